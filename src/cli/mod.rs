@@ -1,0 +1,69 @@
+//! Command-line parsing and dispatch.
+
+mod image;
+mod vm;
+
+use clap::{Parser, Subcommand};
+
+/// driverlab boots NIC driver variants in micro-VMs with the NIC passed through behind a virtual
+/// IOMMU that counts every DMA map, and records throughput next to maps per packet.
+#[derive(Parser)]
+#[command(name = "driverlab", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    /// Log filter for messages on stderr (e.g. `info`, `vmm=debug`); default `warn`, or
+    /// `RUST_LOG`.
+    #[arg(long, global = true, value_name = "FILTER")]
+    pub log_level: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand)]
+pub enum Command {
+    /// Micro-VMs: boot a kernel (or the embedded probe guest) and run it to its end.
+    #[command(subcommand)]
+    Vm(vm::VmCommand),
+    /// Guest images: write out the embedded probe, extract a vmlinux from a bzImage.
+    #[command(subcommand)]
+    Image(image::ImageCommand),
+}
+
+impl Command {
+    /// Runs the subcommand; returns the process exit code.
+    pub fn run(self) -> anyhow::Result<u8> {
+        match self {
+            Command::Vm(cmd) => cmd.run(),
+            Command::Image(cmd) => cmd.run(),
+        }
+    }
+}
+
+/// Sets up `tracing` output on stderr.
+pub fn init_logging(filter: Option<&str>) {
+    let filter = filter
+        .map(tracing_subscriber::EnvFilter::new)
+        .or_else(|| tracing_subscriber::EnvFilter::try_from_default_env().ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+/// An error that carries the exit code it should end the process with.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CodedError {
+    /// What went wrong.
+    pub message: String,
+    /// The process exit code.
+    pub code: u8,
+}
+
+/// The exit code for an error that reached `main`: its own if it carries one, otherwise 1.
+pub fn exit_code_of(error: &anyhow::Error) -> u8 {
+    error.downcast_ref::<CodedError>().map_or(1, |e| e.code)
+}

@@ -1,0 +1,220 @@
+//! Guest RAM: one memfd (so another process, e.g. a vfio-user server, can map it), split around
+//! the 32-bit MMIO hole, and the E820 map that describes it.
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+
+use crate::layout::{EBDA_START, FOUR_GIB, HIGH_MEMORY_START, MMIO_HOLE_START};
+
+/// One MiB.
+pub const MIB: u64 = 1 << 20;
+/// Smallest guest accepted: low memory, the kernel and room to run.
+pub const MIN_MEMORY_MIB: u64 = 4;
+
+/// Errors creating guest memory.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// memfd_create or ftruncate failed.
+    #[error("cannot create the guest memory file: {0}")]
+    Memfd(#[source] std::io::Error),
+    /// Mapping the memory failed.
+    #[error("cannot map guest memory: {0}")]
+    Mmap(String),
+}
+
+/// E820 memory types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum E820Type {
+    /// Usable RAM.
+    Ram = 1,
+    /// Reserved.
+    Reserved = 2,
+    /// ACPI tables, reclaimable.
+    Acpi = 3,
+}
+
+/// One entry of the memory map handed to the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct E820Entry {
+    /// First address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub size: u64,
+    /// Kind of memory.
+    pub kind: E820Type,
+}
+
+/// Where RAM lives in the guest-physical address space.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RamLayout {
+    /// `(guest address, length)` of each RAM range, ascending.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+impl RamLayout {
+    /// RAM of `size` bytes: below the MMIO hole first, the rest from 4 GiB.
+    pub fn new(size: u64) -> RamLayout {
+        let low = size.min(MMIO_HOLE_START);
+        let mut ranges = vec![(0, low)];
+        if size > low {
+            ranges.push((FOUR_GIB, size - low));
+        }
+        RamLayout { ranges }
+    }
+
+    /// End of RAM below the hole.
+    pub fn low_end(&self) -> u64 {
+        self.ranges[0].1
+    }
+
+    /// Total RAM.
+    pub fn size(&self) -> u64 {
+        self.ranges.iter().map(|r| r.1).sum()
+    }
+
+    /// True if `[addr, addr + len)` lies in one RAM range.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        self.ranges
+            .iter()
+            .any(|&(base, size)| addr >= base && end <= base + size)
+    }
+
+    /// The E820 map: low RAM up to the EBDA, the EBDA and BIOS area reserved, RAM from 1 MiB,
+    /// RAM above 4 GiB.
+    pub fn e820(&self) -> Vec<E820Entry> {
+        let low_end = self.low_end();
+        let mut map = vec![
+            E820Entry {
+                addr: 0,
+                size: EBDA_START,
+                kind: E820Type::Ram,
+            },
+            E820Entry {
+                addr: EBDA_START,
+                size: HIGH_MEMORY_START - EBDA_START,
+                kind: E820Type::Reserved,
+            },
+        ];
+        if low_end > HIGH_MEMORY_START {
+            map.push(E820Entry {
+                addr: HIGH_MEMORY_START,
+                size: low_end - HIGH_MEMORY_START,
+                kind: E820Type::Ram,
+            });
+        }
+        map.extend(self.ranges[1..].iter().map(|&(addr, size)| E820Entry {
+            addr,
+            size,
+            kind: E820Type::Ram,
+        }));
+        map
+    }
+}
+
+/// Guest RAM and the file behind it.
+pub struct GuestRam {
+    /// The mapped memory.
+    pub memory: GuestMemoryMmap,
+    /// Its layout.
+    pub layout: RamLayout,
+    /// The memfd backing all ranges, in layout order (range `i` at the file offset that is the sum
+    /// of the lengths before it).
+    pub file: File,
+}
+
+impl GuestRam {
+    /// Creates memfd-backed RAM for `layout`. Pages are only allocated when touched.
+    pub fn new(layout: RamLayout) -> Result<GuestRam, MemoryError> {
+        // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"driverlab-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(MemoryError::Memfd(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(layout.size()).map_err(MemoryError::Memfd)?;
+        let mut offset = 0;
+        let mut regions = Vec::new();
+        for &(addr, size) in &layout.ranges {
+            let clone = file.try_clone().map_err(MemoryError::Memfd)?;
+            regions.push((
+                GuestAddress(addr),
+                size as usize,
+                Some(FileOffset::new(clone, offset)),
+            ));
+            offset += size;
+        }
+        let memory = GuestMemoryMmap::from_ranges_with_files(regions)
+            .map_err(|e| MemoryError::Mmap(e.to_string()))?;
+        Ok(GuestRam {
+            memory,
+            layout,
+            file,
+        })
+    }
+}
+
+/// The host's total RAM in bytes, from /proc/meminfo.
+pub fn host_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestMemoryBackend};
+
+    #[test]
+    fn small_guest_is_one_range_and_e820_accounts_for_legacy_hole() {
+        let layout = RamLayout::new(256 * MIB);
+        assert_eq!(layout.ranges, vec![(0, 256 * MIB)]);
+        let e820 = layout.e820();
+        let ram: u64 = e820
+            .iter()
+            .filter(|e| e.kind == E820Type::Ram)
+            .map(|e| e.size)
+            .sum();
+        assert_eq!(ram, 256 * MIB - (HIGH_MEMORY_START - EBDA_START));
+        assert!(
+            e820.windows(2).all(|w| w[0].addr + w[0].size <= w[1].addr),
+            "sorted, disjoint"
+        );
+    }
+
+    #[test]
+    fn large_guest_skips_the_mmio_hole() {
+        let layout = RamLayout::new(5 << 30);
+        assert_eq!(layout.ranges, vec![(0, 3 << 30), (4 << 30, 2 << 30)]);
+        assert!(!layout.contains(MMIO_HOLE_START, 1));
+        assert!(layout.contains(FOUR_GIB, 2 << 30));
+        assert!(!layout.contains(FOUR_GIB, (2 << 30) + 1));
+        let ram: u64 = layout
+            .e820()
+            .iter()
+            .filter(|e| e.kind == E820Type::Ram)
+            .map(|e| e.size)
+            .sum();
+        assert_eq!(ram, (5 << 30) - (HIGH_MEMORY_START - EBDA_START));
+    }
+
+    #[test]
+    fn ram_is_backed_by_one_shared_file() {
+        let ram = GuestRam::new(RamLayout::new(8 * MIB)).unwrap();
+        ram.memory
+            .write_obj(0xdead_beef_u32, GuestAddress(0x1000))
+            .unwrap();
+        let mut buf = [0u8; 4];
+        std::os::unix::fs::FileExt::read_exact_at(&ram.file, &mut buf, 0x1000).unwrap();
+        assert_eq!(u32::from_le_bytes(buf), 0xdead_beef);
+        assert_eq!(ram.memory.num_regions(), 1);
+    }
+}

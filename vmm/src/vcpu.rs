@@ -1,0 +1,318 @@
+//! vCPU threads: set-up, the run loop that dispatches exits to the buses, and the kick that gets a
+//! thread out of KVM_RUN when the VM stops.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+
+use devices::bus::{Access, Bus};
+use kvm_bindings::{CpuId, kvm_fpu, kvm_run};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use seccompiler::BpfProgram;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
+
+use crate::boot::BootEntry;
+use crate::exit::{ExitCounters, ExitReason, VmStop};
+use crate::x86::{boot_cpu, cpuid, lapic, msr};
+
+/// KVM_INTERNAL_ERROR_EMULATION.
+const SUBERROR_EMULATION: u32 = 1;
+/// KVM_SYSTEM_EVENT_SHUTDOWN, _RESET, _CRASH.
+const SYSTEM_EVENT_SHUTDOWN: u32 = 1;
+const SYSTEM_EVENT_RESET: u32 = 2;
+const SYSTEM_EVENT_CRASH: u32 = 3;
+
+/// The signal used to kick vCPU threads out of KVM_RUN.
+pub fn kick_signal() -> i32 {
+    SIGRTMIN()
+}
+
+thread_local! {
+    /// This thread's `kvm_run` page, for the kick signal handler.
+    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // Setting immediate_exit makes a KVM_RUN that starts after the signal return at once; one
+    // already running was interrupted by the signal itself.
+    KVM_RUN.with(|run| {
+        let run = run.get();
+        if !run.is_null() {
+            // SAFETY: the page belongs to this thread's VcpuFd, which outlives the run loop that
+            // published the pointer; a byte store is async-signal-safe.
+            unsafe { std::ptr::write_volatile(&raw mut (*run).immediate_exit, 1) };
+        }
+    });
+}
+
+/// Installs the kick signal handler (once per process).
+pub fn register_kick_handler() -> std::io::Result<()> {
+    register_signal_handler(kick_signal(), on_kick)
+        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+}
+
+/// Errors setting a vCPU up.
+#[derive(Debug, thiserror::Error)]
+#[error("vCPU {id}: {what}: {source}")]
+pub struct VcpuError {
+    id: u32,
+    what: String,
+    source: kvm_ioctls::Error,
+}
+
+/// One vCPU with what its run loop needs.
+pub struct Vcpu {
+    fd: VcpuFd,
+    id: u32,
+    io_bus: Arc<Bus>,
+    mmio_bus: Arc<Bus>,
+    memory: GuestMemoryMmap,
+    stop: Arc<VmStop>,
+    counters: Arc<ExitCounters>,
+    final_rips: Arc<std::sync::Mutex<Vec<Option<u64>>>>,
+}
+
+/// What the VM shares with each of its vCPUs.
+#[derive(Clone)]
+pub struct VcpuShared {
+    /// Port I/O devices.
+    pub io_bus: Arc<Bus>,
+    /// MMIO devices.
+    pub mmio_bus: Arc<Bus>,
+    /// Guest memory (to describe emulation failures).
+    pub memory: GuestMemoryMmap,
+    /// Where a vCPU reports why the VM must stop.
+    pub stop: Arc<VmStop>,
+    /// Exit counters.
+    pub counters: Arc<ExitCounters>,
+    /// Where each vCPU was when it stopped (filled as the threads end).
+    pub final_rips: Arc<std::sync::Mutex<Vec<Option<u64>>>>,
+}
+
+impl Vcpu {
+    /// Configures `fd` as vCPU `id` of `count`: CPUID, MSRs, FPU, LAPIC; and, for the boot vCPU,
+    /// the entry state. Secondary vCPUs wait for INIT/SIPI from the guest.
+    pub fn new(
+        fd: VcpuFd,
+        id: u32,
+        count: u32,
+        supported_cpuid: &CpuId,
+        tsc_khz: Option<u32>,
+        boot: Option<&BootEntry>,
+        shared: VcpuShared,
+    ) -> Result<Vcpu, VcpuError> {
+        let err = |what: &str| {
+            let what = what.to_string();
+            move |source| VcpuError { id, what, source }
+        };
+        fd.set_cpuid2(&cpuid::configure(supported_cpuid, id, count, tsc_khz))
+            .map_err(err("KVM_SET_CPUID2"))?;
+        let msrs = msr::boot_msrs();
+        let set = fd.set_msrs(&msrs).map_err(err("KVM_SET_MSRS"))?;
+        if set != msrs.as_slice().len() {
+            let index = msr::boot_msr_index(set).unwrap_or(0);
+            return Err(VcpuError {
+                id,
+                what: format!("KVM_SET_MSRS refused MSR {index:#x}"),
+                source: kvm_ioctls::Error::new(libc::EINVAL),
+            });
+        }
+        fd.set_fpu(&kvm_fpu {
+            fcw: 0x37f,
+            mxcsr: 0x1f80,
+            ..Default::default()
+        })
+        .map_err(err("KVM_SET_FPU"))?;
+        let mut lapic = fd.get_lapic().map_err(err("KVM_GET_LAPIC"))?;
+        lapic::configure_lint(&mut lapic);
+        fd.set_lapic(&lapic).map_err(err("KVM_SET_LAPIC"))?;
+        if let Some(entry) = boot {
+            let mut sregs = fd.get_sregs().map_err(err("KVM_GET_SREGS"))?;
+            boot_cpu::configure_sregs(&mut sregs, entry);
+            fd.set_sregs(&sregs).map_err(err("KVM_SET_SREGS"))?;
+            fd.set_regs(&boot_cpu::boot_regs(entry))
+                .map_err(err("KVM_SET_REGS"))?;
+        }
+        Ok(Vcpu {
+            fd,
+            id,
+            io_bus: shared.io_bus,
+            mmio_bus: shared.mmio_bus,
+            memory: shared.memory,
+            stop: shared.stop,
+            counters: shared.counters,
+            final_rips: shared.final_rips,
+        })
+    }
+
+    /// Starts the vCPU's thread, which installs `seccomp` (if any) before entering the guest.
+    pub fn start(mut self, seccomp: Option<BpfProgram>) -> std::io::Result<JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name(format!("vcpu{}", self.id))
+            .spawn(move || {
+                if let Some(filter) = seccomp
+                    && let Err(e) = crate::seccomp::apply(&filter)
+                {
+                    self.stop
+                        .request(ExitReason::VmmError(format!("vCPU {}: {e}", self.id)));
+                    return;
+                }
+                let run = self.fd.get_kvm_run() as *mut kvm_run;
+                KVM_RUN.with(|cell| cell.set(run));
+                self.run_loop(run);
+                KVM_RUN.with(|run| run.set(std::ptr::null_mut()));
+                let rip = self.fd.get_regs().ok().map(|r| r.rip);
+                let mut rips = self.final_rips.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(slot) = rips.get_mut(self.id as usize) {
+                    *slot = rip;
+                }
+            })
+    }
+
+    fn run_loop(&mut self, run: *mut kvm_run) {
+        while !self.stop.is_stopping() {
+            if let Some(reason) = self.run_once(run) {
+                self.stop.request(reason);
+            }
+        }
+    }
+
+    /// Runs the guest until the next exit and handles it; returns a reason if the VM must stop.
+    /// `run` is this vCPU's `kvm_run` page.
+    fn run_once(&mut self, run: *mut kvm_run) -> Option<ExitReason> {
+        let exit = match self.fd.run() {
+            Ok(exit) => exit,
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                // Kicked: the loop condition decides whether to go on.
+                self.fd.set_kvm_immediate_exit(0);
+                return None;
+            }
+            Err(e) => {
+                return Some(ExitReason::VmmError(format!(
+                    "vCPU {}: KVM_RUN failed: {e}",
+                    self.id
+                )));
+            }
+        };
+        match exit {
+            VcpuExit::IoIn(port, data) => {
+                self.counters.io.fetch_add(1, Ordering::Relaxed);
+                for item in data.chunks_mut(io_access_size(run)) {
+                    count_unclaimed(
+                        &self.counters,
+                        self.io_bus.read(port as u64, item),
+                        "in",
+                        port as u64,
+                        &[],
+                    );
+                }
+                None
+            }
+            VcpuExit::IoOut(port, data) => {
+                self.counters.io.fetch_add(1, Ordering::Relaxed);
+                for item in data.chunks(io_access_size(run)) {
+                    count_unclaimed(
+                        &self.counters,
+                        self.io_bus.write(port as u64, item),
+                        "out",
+                        port as u64,
+                        item,
+                    );
+                }
+                None
+            }
+            VcpuExit::MmioRead(addr, data) => {
+                self.counters.mmio.fetch_add(1, Ordering::Relaxed);
+                count_unclaimed(
+                    &self.counters,
+                    self.mmio_bus.read(addr, data),
+                    "mmio read",
+                    addr,
+                    &[],
+                );
+                None
+            }
+            VcpuExit::MmioWrite(addr, data) => {
+                self.counters.mmio.fetch_add(1, Ordering::Relaxed);
+                count_unclaimed(
+                    &self.counters,
+                    self.mmio_bus.write(addr, data),
+                    "mmio write",
+                    addr,
+                    data,
+                );
+                None
+            }
+            VcpuExit::Shutdown => Some(ExitReason::TripleFault),
+            VcpuExit::SystemEvent(kind, _) => Some(match kind {
+                SYSTEM_EVENT_SHUTDOWN => ExitReason::PowerOff,
+                SYSTEM_EVENT_RESET => ExitReason::Reset,
+                SYSTEM_EVENT_CRASH => ExitReason::Panic,
+                other => {
+                    ExitReason::VmmError(format!("vCPU {}: unknown system event {other}", self.id))
+                }
+            }),
+            VcpuExit::FailEntry(hardware_reason, _) => {
+                Some(ExitReason::EntryFailure { hardware_reason })
+            }
+            VcpuExit::InternalError => Some(self.internal_error()),
+            VcpuExit::Hlt => Some(ExitReason::VmmError(format!(
+                "vCPU {}: HLT reached user space",
+                self.id
+            ))),
+            other => Some(ExitReason::VmmError(format!(
+                "vCPU {}: unexpected exit {other:?}",
+                self.id
+            ))),
+        }
+    }
+
+    /// Describes KVM_EXIT_INTERNAL_ERROR: the suberror, RIP and the instruction bytes there.
+    fn internal_error(&mut self) -> ExitReason {
+        // SAFETY: reading the `internal` member of the exit union after KVM reported
+        // KVM_EXIT_INTERNAL_ERROR, which is the member KVM filled.
+        let suberror = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
+        let kind = if suberror == SUBERROR_EMULATION {
+            "emulation failure"
+        } else {
+            "internal error"
+        };
+        let mut detail = format!("{kind} on vCPU {}", self.id);
+        if let Ok(regs) = self.fd.get_regs() {
+            detail.push_str(&format!(" at rip {:#x}", regs.rip));
+            if let Ok(t) = self.fd.translate_gva(regs.rip)
+                && t.valid != 0
+            {
+                let mut code = [0u8; 8];
+                if self
+                    .memory
+                    .read_slice(&mut code, GuestAddress(t.physical_address))
+                    .is_ok()
+                {
+                    let bytes: Vec<String> = code.iter().map(|b| format!("{b:02x}")).collect();
+                    detail.push_str(&format!(" (code {})", bytes.join(" ")));
+                }
+            }
+        }
+        ExitReason::InternalError { suberror, detail }
+    }
+}
+
+/// The size of one access of a KVM_EXIT_IO: string I/O (`rep outsb`) can hand over several
+/// accesses at once, `count` of them of `size` bytes each.
+fn io_access_size(run: *mut kvm_run) -> usize {
+    // SAFETY: `run` is this vCPU's mapped `kvm_run` page and the exit is KVM_EXIT_IO, so the
+    // `io` member is the valid one; the data slice handed out by kvm-ioctls lies elsewhere in the
+    // page.
+    let size = unsafe { std::ptr::read_volatile(&raw const (*run).__bindgen_anon_1.io.size) };
+    usize::from(size.max(1))
+}
+
+fn count_unclaimed(counters: &ExitCounters, access: Access, kind: &str, addr: u64, written: &[u8]) {
+    if access == Access::Unclaimed {
+        counters.unclaimed.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!("unclaimed {kind} at {addr:#x} {written:02x?}");
+    }
+}

@@ -154,6 +154,8 @@ mod tests {
         assert!(stats.first_byte().is_none());
         port.write(1, &[0x02]); // IER: transmitter holding register empty interrupt
         let _ = irq.read();
+        let mut iir = [0u8; 1];
+        port.read(2, &mut iir); // reading IIR acknowledges a pending THR-empty interrupt
         for b in b"hi\n" {
             port.write(0, &[*b]);
         }

@@ -18,7 +18,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use devices::power::{GuestEvent, GuestEventSink};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Process exit codes, one per way a run can end.
 pub mod code {
@@ -181,7 +181,7 @@ pub struct ExitCounters {
 }
 
 /// Counter values in the exit line.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ExitCounts {
     /// Port I/O exits.
     pub io: u64,
@@ -203,19 +203,19 @@ impl ExitCounters {
 }
 
 /// The exit line: `{"vmm":"exit","reason":...,"exit_code":N,...}`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExitSummary {
     /// Always "exit": marks the line.
-    pub vmm: &'static str,
+    pub vmm: String,
     /// [`ExitReason::name`].
-    pub reason: &'static str,
+    pub reason: String,
     /// The process exit code.
     pub exit_code: i32,
     /// Details for errors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     /// The boot protocol used ("pvh", "linux64").
-    pub entry: &'static str,
+    pub entry: String,
     /// vCPUs.
     pub vcpus: u32,
     /// Guest memory in MiB.
@@ -238,6 +238,15 @@ impl ExitSummary {
     pub fn to_json(&self) -> String {
         serde_json::to_string(self)
             .unwrap_or_else(|e| format!("{{\"vmm\":\"exit\",\"error\":\"{e}\"}}"))
+    }
+
+    /// Finds and parses the exit line in a VMM's stderr.
+    pub fn find_in(stderr: &str) -> Option<ExitSummary> {
+        stderr
+            .lines()
+            .rev()
+            .filter(|l| l.starts_with("{\"vmm\":\"exit\""))
+            .find_map(|l| serde_json::from_str(l).ok())
     }
 }
 
@@ -264,6 +273,40 @@ mod tests {
         assert!(!codes.contains(&code::BAD_INPUT));
         assert_eq!(ExitReason::TripleFault.exit_code(), code::RESET);
         assert_ne!(ExitReason::TripleFault.name(), ExitReason::Reset.name());
+    }
+
+    #[test]
+    fn exit_line_round_trips() {
+        let summary = ExitSummary {
+            vmm: "exit".into(),
+            reason: "poweroff".into(),
+            exit_code: 0,
+            detail: None,
+            entry: "pvh".into(),
+            vcpus: 2,
+            memory_mib: 256,
+            setup_ms: 1.5,
+            run_ms: 20.0,
+            first_serial_ms: Some(1.0),
+            serial_bytes: 10,
+            exits: ExitCounts {
+                io: 11,
+                mmio: 0,
+                unclaimed: 0,
+            },
+        };
+        let line = summary.to_json();
+        assert!(
+            line.starts_with(r#"{"vmm":"exit","reason":"poweroff","exit_code":0,"#),
+            "{line}"
+        );
+        let stderr = format!("a log line\n{line}\n");
+        let back = ExitSummary::find_in(&stderr).unwrap();
+        assert_eq!(
+            (back.reason.as_str(), back.vcpus, back.exits.io),
+            ("poweroff", 2, 11)
+        );
+        assert!(ExitSummary::find_in("error: nothing ran").is_none());
     }
 
     #[test]

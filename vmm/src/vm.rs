@@ -170,11 +170,11 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
     }
 
     Ok(ExitSummary {
-        vmm: "exit",
-        reason: reason.name(),
+        vmm: "exit".into(),
+        reason: reason.name().into(),
         exit_code: reason.exit_code(),
         detail,
-        entry: entry.name(),
+        entry: entry.name().into(),
         vcpus: config.vcpus,
         memory_mib: config.memory_mib,
         setup_ms,

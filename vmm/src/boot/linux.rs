@@ -117,7 +117,10 @@ mod tests {
             );
         }
         // Field offsets the boot protocol fixes (Documentation/arch/x86/boot.rst, zero-page.rst).
-        let raw: [u8; 4096] = ram.memory.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
+        let mut raw = [0u8; 4096];
+        ram.memory
+            .read_slice(&mut raw, GuestAddress(ZERO_PAGE_ADDR))
+            .unwrap();
         assert_eq!(raw[0x1e8] as usize, e820.len());
         assert_eq!(
             u32::from_le_bytes(raw[0x202..0x206].try_into().unwrap()),

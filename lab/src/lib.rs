@@ -1,0 +1,12 @@
+//! The lab: the layer between requests (CLI, HTTP) and VMM processes.
+//!
+//! Every micro-VM is its own `driverlab vm run` process (the Firecracker model: a crashed or
+//! seccomp-killed VMM takes down one VM, never the lab). [`vm_process`] starts such a process,
+//! bounds it in time and collects its serial output and exit line; [`probe_report`] reads what
+//! the probe guest reported on the serial port.
+
+pub mod probe_report;
+pub mod vm_process;
+
+pub use probe_report::ProbeReport;
+pub use vm_process::{VmOutcome, VmProcess};

@@ -49,6 +49,13 @@ fn probe_boots_via_pvh_and_reports_what_it_was_given() {
         boot.e820
     );
     assert_eq!(report.section("options").unwrap()["echo"], true);
+    let cpus = report.section("cpus").expect("cpus section");
+    assert_eq!(
+        (cpus["expected"].as_u64(), cpus["started"].as_u64()),
+        (Some(2), Some(2)),
+        "{cpus}"
+    );
+    assert_eq!(cpus["apic_ids"], serde_json::json!([0, 1]));
     let done = report.done().expect("done section");
     assert!(done.ok, "failures: {:?}", done.failures);
     assert_eq!(
@@ -110,6 +117,27 @@ fn memory_above_the_hole_appears_at_4_gib() {
             .all(|e| e.addr + e.size <= 0xc000_0000 || e.addr >= 1 << 32),
         "nothing in the MMIO hole"
     );
+}
+
+#[test]
+fn secondary_vcpus_come_up_through_init_and_sipi() {
+    if !kvm_available("secondary_vcpus_come_up_through_init_and_sipi") {
+        return;
+    }
+    let out = vm_run(&["--kernel", "probe", "--vcpus", "8", "--memory", "64"]);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let report = ProbeReport::parse(&out.serial);
+    let cpus = report.section("cpus").unwrap();
+    assert_eq!(cpus["started"].as_u64(), Some(8), "{cpus}");
+    let mut ids: Vec<u64> = cpus["apic_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, (0..8).collect::<Vec<u64>>());
+    assert!(report.done().unwrap().ok);
 }
 
 #[test]

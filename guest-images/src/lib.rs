@@ -5,6 +5,7 @@
 //! - [`kernel`]: taking kernels apart, e.g. the ELF vmlinux (with its PVH note) out of a
 //!   distribution bzImage.
 
+pub mod initramfs;
 pub mod kernel;
 
 /// The probe guest: an x86-64 ELF with a PVH note, loaded at 1 MiB.

@@ -3,9 +3,12 @@
 //! Every micro-VM is its own `driverlab vm run` process (the Firecracker model: a crashed or
 //! seccomp-killed VMM takes down one VM, never the lab). [`vm_process`] starts such a process,
 //! bounds it in time and collects its serial output and exit line; [`probe_report`] reads what
-//! the probe guest reported on the serial port.
+//! the probe guest reported on the serial port; [`bench`] holds the benchmarks and [`stats`]
+//! their summaries.
 
+pub mod bench;
 pub mod probe_report;
+pub mod stats;
 pub mod vm_process;
 
 pub use probe_report::ProbeReport;

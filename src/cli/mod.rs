@@ -1,5 +1,6 @@
 //! Command-line parsing and dispatch.
 
+mod bench;
 mod image;
 mod vm;
 
@@ -28,6 +29,9 @@ pub enum Command {
     /// Guest images: write out the embedded probe, extract a vmlinux from a bzImage.
     #[command(subcommand)]
     Image(image::ImageCommand),
+    /// Benchmarks that print figures, compared with a reference in the same run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 impl Command {
@@ -36,6 +40,7 @@ impl Command {
         match self {
             Command::Vm(cmd) => cmd.run(),
             Command::Image(cmd) => cmd.run(),
+            Command::Bench(cmd) => cmd.run(),
         }
     }
 }

@@ -8,6 +8,7 @@
 pub mod boot;
 pub mod config;
 pub mod exit;
+pub mod host;
 pub mod layout;
 pub mod memory;
 pub mod seccomp;

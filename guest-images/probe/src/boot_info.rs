@@ -5,8 +5,8 @@ use crate::entry::{ENTRY_LINUX64, ENTRY_PVH};
 
 /// Most memory-map entries the probe keeps (the zero page holds at most 128).
 const MAX_E820: usize = 128;
-/// Longest command line the probe reads.
-const MAX_CMDLINE: usize = 4096;
+/// Longest command line the probe keeps.
+const MAX_CMDLINE: usize = 2048;
 /// `hvm_start_info.magic`.
 const PVH_MAGIC: u32 = 0x336e_c578;
 
@@ -40,12 +40,12 @@ impl Entry {
     }
 }
 
-/// The boot information, copied out of guest memory.
+/// The boot information, copied out of guest memory (so the probe may reuse low memory).
 pub struct BootInfo {
     /// How the probe was entered.
     pub entry: Entry,
-    /// The command line (empty if none was given).
-    pub cmdline: &'static str,
+    cmdline: [u8; MAX_CMDLINE],
+    cmdline_len: usize,
     e820: [E820Entry; MAX_E820],
     e820_len: usize,
     /// ACPI RSDP address handed over by the VMM, 0 when none.
@@ -60,6 +60,11 @@ impl BootInfo {
             ENTRY_LINUX64 => Self::from_zero_page(addr),
             _ => Err("unknown entry kind"),
         }
+    }
+
+    /// The command line (empty if none was given or it is not UTF-8).
+    pub fn cmdline(&self) -> &str {
+        core::str::from_utf8(&self.cmdline[..self.cmdline_len]).unwrap_or("")
     }
 
     /// The memory map.
@@ -77,7 +82,7 @@ impl BootInfo {
         }
         let version: u32 = read(addr + 4);
         let mut info = BootInfo::empty(Entry::Pvh);
-        info.cmdline = cstr(read(addr + 24));
+        info.copy_cmdline(read(addr + 24));
         info.rsdp = read(addr + 32);
         if version >= 1 {
             let memmap: u64 = read(addr + 40);
@@ -106,7 +111,7 @@ impl BootInfo {
         let mut info = BootInfo::empty(Entry::Linux64);
         let cmd_line_ptr =
             read::<u32>(addr + 0x228) as u64 | (read::<u32>(addr + 0xc8) as u64) << 32;
-        info.cmdline = cstr(cmd_line_ptr);
+        info.copy_cmdline(cmd_line_ptr);
         info.rsdp = read(addr + 0x70);
         let entries = (read::<u8>(addr + 0x1e8) as usize).min(MAX_E820);
         for i in 0..entries {
@@ -124,10 +129,26 @@ impl BootInfo {
     fn empty(entry: Entry) -> BootInfo {
         BootInfo {
             entry,
-            cmdline: "",
+            cmdline: [0; MAX_CMDLINE],
+            cmdline_len: 0,
             e820: [E820Entry::default(); MAX_E820],
             e820_len: 0,
             rsdp: 0,
+        }
+    }
+
+    /// Copies the NUL-terminated command line at `addr`.
+    fn copy_cmdline(&mut self, addr: u64) {
+        if addr == 0 || addr >= 1 << 32 {
+            return;
+        }
+        for i in 0..MAX_CMDLINE {
+            let byte: u8 = read(addr + i as u64);
+            if byte == 0 {
+                break;
+            }
+            self.cmdline[i] = byte;
+            self.cmdline_len = i + 1;
         }
     }
 }
@@ -136,15 +157,4 @@ impl BootInfo {
 fn read<T: Copy>(addr: u64) -> T {
     // SAFETY: the low 4 GiB are identity-mapped and readable; the value is plain data.
     unsafe { core::ptr::read_unaligned(addr as *const T) }
-}
-
-/// The NUL-terminated string at `addr`, or "" if there is none or it is not UTF-8.
-fn cstr(addr: u64) -> &'static str {
-    if addr == 0 || addr >= 1 << 32 {
-        return "";
-    }
-    // SAFETY: identity-mapped memory the VMM reserved for the command line; never written later.
-    let bytes = unsafe { core::slice::from_raw_parts(addr as *const u8, MAX_CMDLINE) };
-    let len = bytes.iter().position(|&b| b == 0).unwrap_or(MAX_CMDLINE);
-    core::str::from_utf8(&bytes[..len]).unwrap_or("")
 }

@@ -24,6 +24,9 @@ pub const ENTRY_LINUX64: u64 = 2;
 /// Selector of the CPL0 code segment.
 pub const KERNEL_CS: u16 = 0x08;
 
+/// Most application processors whose APIC IDs are recorded.
+pub const MAX_APS: usize = 64;
+
 /// Size of one interrupt stub; the IDT gate for vector `v` points at `isr_stubs + v * ISR_STUB_SIZE`.
 pub const ISR_STUB_SIZE: u64 = 16;
 
@@ -32,10 +35,16 @@ unsafe extern "C" {
     pub static mut idt: [u64; 512];
     /// First of 256 interrupt stubs, `ISR_STUB_SIZE` bytes apart.
     pub static isr_stubs: u8;
-    /// Interrupts counted per vector by the CPL0 stub.
-    pub static irq_counts: [u64; 256];
     /// The last CPU exception: vector, error code, RIP, CR2 (written by the CPL0 stub).
     pub static fault_info: [u64; 4];
+    /// First byte of the AP real-mode trampoline.
+    pub static ap_trampoline_start: u8;
+    /// End of the AP real-mode trampoline.
+    pub static ap_trampoline_end: u8;
+    /// APs that reached long mode and recorded themselves.
+    pub static ap_ready: u32;
+    /// APIC IDs of the APs, in arrival order.
+    pub static ap_apic_ids: [u32; MAX_APS];
 }
 
 global_asm!(
@@ -163,6 +172,66 @@ isr_common:
     add rsp, 16
     iretq
 
+    /* Application processors: the real-mode trampoline smp.rs copies to AP_TRAMPOLINE_ADDR
+       (SIPI vector AP_TRAMPOLINE_ADDR >> 12). Hand-encoded: 16-bit code, CS base = its address. */
+    .section .rodata.ap_trampoline, "a"
+    .global ap_trampoline_start
+    .global ap_trampoline_end
+ap_trampoline_start:
+    .byte 0xfa                                  /* cli */
+    .byte 0x8c, 0xc8                            /* mov ax, cs */
+    .byte 0x8e, 0xd8                            /* mov ds, ax */
+    .byte 0x66, 0x0f, 0x01, 0x16                /* o32 lgdt [ap_gdt_ptr] */
+    .word ap_gdt_ptr - ap_trampoline_start
+    .byte 0x0f, 0x20, 0xe0                      /* mov eax, cr4 */
+    .byte 0x66, 0x83, 0xc8, 0x20                /* or eax, 0x20 (PAE) */
+    .byte 0x0f, 0x22, 0xe0                      /* mov cr4, eax */
+    .byte 0x66, 0xb8                            /* mov eax, pml4 */
+    .long pml4
+    .byte 0x0f, 0x22, 0xd8                      /* mov cr3, eax */
+    .byte 0x66, 0xb9                            /* mov ecx, EFER */
+    .long 0xc0000080
+    .byte 0x0f, 0x32                            /* rdmsr */
+    .byte 0x66, 0x0d                            /* or eax, LME */
+    .long 0x100
+    .byte 0x0f, 0x30                            /* wrmsr */
+    .byte 0x0f, 0x20, 0xc0                      /* mov eax, cr0 */
+    .byte 0x66, 0x0d                            /* or eax, PG | PE */
+    .long 0x80000001
+    .byte 0x0f, 0x22, 0xc0                      /* mov cr0, eax */
+    .byte 0x66, 0xff, 0x2e                      /* o32 jmp far [ap_far_ptr] */
+    .word ap_far_ptr - ap_trampoline_start
+    .balign 4
+ap_gdt_ptr:
+    .word gdt_end - gdt - 1
+    .long gdt
+ap_far_ptr:
+    .long ap_long_mode
+    .word {kernel_cs}
+ap_trampoline_end:
+
+    .section .text
+    /* An AP in long mode: count itself, record its APIC ID, park. */
+ap_long_mode:
+    mov eax, 0x10
+    mov ds, ax
+    mov es, ax
+    mov ss, ax
+    mov eax, 1
+    lock xadd dword ptr [ap_count], eax
+    cmp eax, {max_aps}
+    jae 1f
+    mov edx, 0xfee00020                 /* LAPIC ID register */
+    mov edx, [rdx]
+    shr edx, 24
+    mov dword ptr [ap_apic_ids + rax * 4], edx
+1:
+    lock inc dword ptr [ap_ready]
+2:
+    cli
+    hlt
+    jmp 2b
+
     .section .data.pagetables, "aw"
     /* Identity map of the low 4 GiB in 2 MiB pages, user-accessible; the top GiB (MMIO) uncached. */
     .balign 4096
@@ -216,6 +285,15 @@ irq_counts:
     .global fault_info
 fault_info:
     .fill 4, 8, 0
+    .global ap_count
+ap_count:
+    .long 0
+    .global ap_ready
+ap_ready:
+    .long 0
+    .global ap_apic_ids
+ap_apic_ids:
+    .fill {max_aps}, 4, 0
     /* 64-bit TSS: RSP0 set at entry, then an all-zero I/O permission bitmap. PVM checks the
        bitmap, not IOPL, before letting CPL3 code do port I/O, so every port is allowed here. */
     .balign 16
@@ -233,4 +311,5 @@ user_stack_top:
     entry_pvh = const ENTRY_PVH,
     entry_linux64 = const ENTRY_LINUX64,
     kernel_cs = const KERNEL_CS,
+    max_aps = const MAX_APS,
 );

@@ -123,18 +123,6 @@ impl Object<'_> {
         self
     }
 
-    /// A fraction written with four decimals (`num / den`); `null` when `den` is zero.
-    pub fn ratio(&mut self, key: &str, num: u64, den: u64) -> &mut Self {
-        self.key(key);
-        if den == 0 {
-            self.out.push(b"null");
-        } else {
-            let scaled = (num as u128 * 10_000 + den as u128 / 2) / den as u128;
-            let _ = write!(self.out, "{}.{:04}", scaled / 10_000, scaled % 10_000);
-        }
-        self
-    }
-
     /// An array field whose elements `items` writes.
     pub fn array(&mut self, key: &str, items: impl FnOnce(&mut Array)) -> &mut Self {
         self.key(key);
@@ -144,18 +132,6 @@ impl Object<'_> {
             first: true,
         });
         self.out.push(b"]");
-        self
-    }
-
-    /// A nested object field.
-    pub fn object(&mut self, key: &str, fields: impl FnOnce(&mut Object)) -> &mut Self {
-        self.key(key);
-        self.out.push(b"{");
-        fields(&mut Object {
-            out: self.out,
-            first: true,
-        });
-        self.out.push(b"}");
         self
     }
 }
@@ -172,6 +148,12 @@ impl Array<'_> {
             self.out.push(b",");
         }
         self.first = false;
+    }
+
+    /// An unsigned integer element.
+    pub fn u64(&mut self, value: u64) {
+        self.separator();
+        let _ = write!(self.out, "{value}");
     }
 
     /// A string element.

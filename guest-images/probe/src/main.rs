@@ -7,11 +7,14 @@ mod boot_info;
 mod entry;
 mod interrupts;
 mod json;
+mod lapic;
 mod options;
 mod port;
 mod power;
 mod report;
 mod serial;
+mod smp;
+mod time;
 
 use boot_info::BootInfo;
 use options::Options;
@@ -22,8 +25,9 @@ extern "C" fn probe_main(boot_info: u64, entry_kind: u64) -> ! {
     interrupts::install();
     match BootInfo::read(boot_info, entry_kind) {
         Ok(boot) => {
-            let options = Options::parse(boot.cmdline);
+            let options = Options::parse(boot.cmdline());
             report_boot(&boot);
+            smp::start_aps();
             if options.echo {
                 report_options(&options);
             }
@@ -37,7 +41,7 @@ extern "C" fn probe_main(boot_info: u64, entry_kind: u64) -> ! {
 fn report_boot(boot: &BootInfo) {
     json::section("boot", |o| {
         o.str("entry", boot.entry.name())
-            .str("cmdline", boot.cmdline)
+            .str("cmdline", boot.cmdline())
             .array("e820", |a| {
                 for e in boot.e820() {
                     a.object(|o| {

@@ -10,16 +10,6 @@ pub fn outb(port: u16, value: u8) {
     }
 }
 
-/// Reads one byte from an I/O port.
-pub fn inb(port: u16) -> u8 {
-    let value: u8;
-    // SAFETY: as for `outb`.
-    unsafe {
-        asm!("in al, dx", out("al") value, in("dx") port, options(nomem, nostack, preserves_flags))
-    }
-    value
-}
-
 /// Writes a buffer to one port with a single `rep outsb`: one VM exit for the whole buffer.
 pub fn outsb(port: u16, bytes: &[u8]) {
     // SAFETY: `rep outsb` only reads `bytes.len()` bytes from `bytes`.

@@ -31,8 +31,9 @@ pub(super) fn write_zero_page(
     initrd: Option<Initrd>,
     e820: &[E820Entry],
 ) -> Result<(), BootError> {
-    let mut params = boot_params::default();
-    params.hdr = match header {
+    let mut hdr = match header {
+        // A bzImage's own header: kept, with the loader's fields filled in. `cmdline_size` stays
+        // the kernel's limit (the boot protocol makes it read-only for loaders).
         Some(hdr) => setup_header {
             loadflags: hdr.loadflags | LOADED_HIGH | CAN_USE_HEAP,
             heap_end_ptr: 0xfe00,
@@ -42,12 +43,16 @@ pub(super) fn write_zero_page(
             boot_flag: BOOT_FLAG,
             header: HDRS,
             kernel_alignment: DEFAULT_KERNEL_ALIGNMENT,
+            cmdline_size: cmdline.len() as u32 + 1,
             ..Default::default()
         },
     };
-    params.hdr.type_of_loader = LOADER_UNDEFINED;
-    params.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
-    params.hdr.cmdline_size = cmdline.len() as u32 + 1;
+    hdr.type_of_loader = LOADER_UNDEFINED;
+    hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
+    let mut params = boot_params {
+        hdr,
+        ..Default::default()
+    };
     if let Some(initrd) = initrd {
         params.hdr.ramdisk_image = initrd.addr as u32;
         params.hdr.ramdisk_size = initrd.size as u32;

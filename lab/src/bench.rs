@@ -1,0 +1,141 @@
+//! Benchmarks that print figures (never assertions): boot-to-poweroff of the probe guest under
+//! driverlab, side by side with QEMU booting the same ELF in the same run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::probe_report::ProbeReport;
+use crate::stats::Summary;
+use crate::vm_process::{ProcessError, VmProcess};
+
+/// Errors running a benchmark.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A driverlab run failed to start.
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    /// A run did not end with the probe's `done` line and a poweroff.
+    #[error("{engine} run {run} did not complete the probe: {detail}")]
+    BadRun {
+        /// Which engine.
+        engine: &'static str,
+        /// Which run.
+        run: usize,
+        /// What happened.
+        detail: String,
+    },
+    /// QEMU could not be started.
+    #[error("cannot run {qemu}: {source} (scripts/bench-boot.sh installs qemu-system-x86)", qemu = qemu.display())]
+    Qemu {
+        /// The QEMU binary.
+        qemu: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What the boot benchmark measured.
+#[derive(Debug)]
+pub struct BootBench {
+    /// driverlab wall times, spawn to exit.
+    pub driverlab: Vec<Duration>,
+    /// driverlab's own `run_ms` (vCPUs started to poweroff).
+    pub driverlab_in_vm: Vec<Duration>,
+    /// QEMU wall times, spawn to exit, if QEMU was run.
+    pub qemu: Vec<Duration>,
+}
+
+impl BootBench {
+    /// driverlab's median wall time over QEMU's.
+    pub fn ratio(&self) -> Option<f64> {
+        let ours = Summary::of_millis(&self.driverlab)?;
+        let theirs = Summary::of_millis(&self.qemu)?;
+        Some(ours.median / theirs.median)
+    }
+}
+
+/// How to run the boot benchmark.
+pub struct BootBenchConfig<'a> {
+    /// The driverlab binary.
+    pub driverlab: &'a Path,
+    /// The probe ELF, for QEMU.
+    pub probe_elf: &'a Path,
+    /// QEMU, if it should run alongside.
+    pub qemu: Option<&'a Path>,
+    /// Runs per engine.
+    pub runs: usize,
+    /// Guest memory in MiB.
+    pub memory_mib: u64,
+}
+
+/// Boots the probe `runs` times under each engine, alternating, and records wall times.
+pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
+    let memory = config.memory_mib.to_string();
+    let ours = VmProcess::new(
+        config.driverlab,
+        ["--kernel", "probe", "--memory", memory.as_str()],
+        Duration::from_secs(30),
+    );
+    let mut result = BootBench {
+        driverlab: Vec::new(),
+        driverlab_in_vm: Vec::new(),
+        qemu: Vec::new(),
+    };
+    for run in 0..config.runs {
+        let out = ours.run()?;
+        let done = ProbeReport::parse(&out.serial).done();
+        if out.code() != Some(0) || !done.is_some_and(|d| d.ok) {
+            return Err(BenchError::BadRun {
+                engine: "driverlab",
+                run,
+                detail: out.stderr,
+            });
+        }
+        result.driverlab.push(out.wall);
+        if let Some(exit) = out.exit {
+            result
+                .driverlab_in_vm
+                .push(Duration::from_secs_f64(exit.run_ms / 1e3));
+        }
+        if let Some(qemu) = config.qemu {
+            result
+                .qemu
+                .push(qemu_boot(qemu, config.probe_elf, &memory, run)?);
+        }
+    }
+    Ok(result)
+}
+
+/// One QEMU microvm boot of the probe; it powers off through `isa-debug-exit`.
+fn qemu_boot(qemu: &Path, probe: &Path, memory: &str, run: usize) -> Result<Duration, BenchError> {
+    let start = Instant::now();
+    let out = Command::new(qemu)
+        .args(["-M", "microvm", "-accel", "kvm", "-m", memory, "-kernel"])
+        .arg(probe)
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-nographic",
+            "-no-reboot",
+            "-serial",
+            "stdio",
+        ])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| BenchError::Qemu {
+            qemu: qemu.to_path_buf(),
+            source,
+        })?;
+    let wall = start.elapsed();
+    let serial = String::from_utf8_lossy(&out.stdout);
+    if !ProbeReport::parse(&serial).done().is_some_and(|d| d.ok) {
+        return Err(BenchError::BadRun {
+            engine: "qemu",
+            run,
+            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(wall)
+}

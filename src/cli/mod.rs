@@ -1,7 +1,9 @@
 //! Command-line parsing and dispatch.
 
 mod bench;
+mod doctor;
 mod image;
+mod serve;
 mod vm;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +31,15 @@ pub enum Command {
     /// Guest images: write out the embedded probe, extract a vmlinux from a bzImage.
     #[command(subcommand)]
     Image(image::ImageCommand),
+    /// Check this host for KVM and PCI passthrough: IOMMU, VFIO, memlock, device binding,
+    /// Thunderbolt. Prints one line per check and the fix for each failure; exit code 1 if any
+    /// check failed.
+    Doctor(doctor::DoctorArgs),
+    /// The lab daemon: the HTTP API (REST under /v1) on a Unix socket. Each VM it runs is its own
+    /// `driverlab vm run` process.
+    Serve(serve::ServeArgs),
+    /// Send one request to a running `driverlab serve` and print the response.
+    Api(serve::ApiArgs),
     /// Benchmarks that print figures, compared with a reference in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -40,6 +51,9 @@ impl Command {
         match self {
             Command::Vm(cmd) => cmd.run(),
             Command::Image(cmd) => cmd.run(),
+            Command::Doctor(args) => doctor::run(args),
+            Command::Serve(args) => serve::serve(args),
+            Command::Api(args) => serve::request(args),
             Command::Bench(cmd) => cmd.run(),
         }
     }

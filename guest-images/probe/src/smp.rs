@@ -16,11 +16,12 @@ const ICR_SIPI_ALL_BUT_SELF: u32 = 0x000c_4600;
 const AP_WAIT_MICROS: u64 = 100_000;
 const EDX_HTT: u32 = 1 << 28;
 
-/// Logical processors the CPU claims: CPUID.1:EBX[23:16] when HTT is set, otherwise one.
+/// Logical processors the CPU claims: CPUID.1:EBX[23:16] when HTT is set (and the field is
+/// filled in: QEMU leaves it 0 for one vCPU), otherwise one.
 fn expected_cpus() -> u32 {
     let leaf1 = __cpuid(1);
     if leaf1.edx & EDX_HTT != 0 {
-        (leaf1.ebx >> 16) & 0xff
+        ((leaf1.ebx >> 16) & 0xff).max(1)
     } else {
         1
     }

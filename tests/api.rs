@@ -19,11 +19,8 @@ impl Drop for Server {
 }
 
 fn start_server(socket: &std::path::Path) -> Server {
-    let child = Command::new(driverlab())
-        .args(["serve", "--socket"])
-        .arg(socket)
-        .spawn()
-        .expect("driverlab serve starts");
+    let child =
+        Command::new(driverlab()).args(["serve", "--socket"]).arg(socket).spawn().expect("driverlab serve starts");
     for _ in 0..500 {
         if socket.exists() {
             break;
@@ -44,34 +41,19 @@ async fn one_http_call_boots_the_probe() {
     let _server = start_server(&socket);
     let client = Client::new(&socket);
 
-    let body =
-        br#"{"kernel":"probe","vcpus":2,"memory_mib":128,"cmdline":"probe.echo=1","timeout_s":30}"#
-            .to_vec();
+    let body = br#"{"kernel":"probe","vcpus":2,"memory_mib":128,"cmdline":"probe.echo=1","timeout_s":30}"#.to_vec();
     let (status, body) = client.request("POST", "/v1/vms", Some(body)).await.unwrap();
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let result: VmResult = serde_json::from_slice(&body).unwrap();
     assert_eq!(result.exit_code, Some(0));
     let exit = result.exit.expect("exit line");
-    assert_eq!(
-        (exit.reason.as_str(), exit.vcpus, exit.memory_mib),
-        ("poweroff", 2, 128)
-    );
-    let names: Vec<&str> = result
-        .probe
-        .iter()
-        .map(|s| s["probe"].as_str().unwrap())
-        .collect();
+    assert_eq!((exit.reason.as_str(), exit.vcpus, exit.memory_mib), ("poweroff", 2, 128));
+    let names: Vec<&str> = result.probe.iter().map(|s| s["probe"].as_str().unwrap()).collect();
     assert_eq!(names, vec!["boot", "cpus", "options", "done"]);
     assert_eq!(result.probe[3]["ok"], true);
 
-    let (status, body) = client
-        .request(
-            "POST",
-            "/v1/vms",
-            Some(br#"{"kernel":"/nonexistent/vmlinux"}"#.to_vec()),
-        )
-        .await
-        .unwrap();
+    let (status, body) =
+        client.request("POST", "/v1/vms", Some(br#"{"kernel":"/nonexistent/vmlinux"}"#.to_vec())).await.unwrap();
     assert_eq!(status, 422);
     let err: ErrorBody = serde_json::from_slice(&body).unwrap();
     assert!(err.error.contains("/nonexistent/vmlinux"), "{}", err.error);

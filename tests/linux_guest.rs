@@ -25,10 +25,7 @@ fn debian_bzimage(test: &str) -> Option<Vec<u8>> {
         );
         return None;
     };
-    Some(
-        std::fs::read(&path)
-            .unwrap_or_else(|e| panic!("DRIVERLAB_TEST_BZIMAGE={}: {e}", path.display())),
-    )
+    Some(std::fs::read(&path).unwrap_or_else(|e| panic!("DRIVERLAB_TEST_BZIMAGE={}: {e}", path.display())))
 }
 
 /// An initramfs whose init prints the marker and reboots (through the i8042 with `reboot=k`).
@@ -37,16 +34,9 @@ fn marker_initramfs(test: &str) -> Option<Vec<u8>> {
         eprintln!("SKIP {test}: needs a static /bin/busybox (Debian package busybox-static)");
         return None;
     };
-    let init = format!(
-        "#!/bin/busybox sh\n/bin/busybox echo {INITRAMFS_MARKER}\n/bin/busybox reboot -f\n"
-    );
+    let init = format!("#!/bin/busybox sh\n/bin/busybox echo {INITRAMFS_MARKER}\n/bin/busybox reboot -f\n");
     let mut archive = guest_images::initramfs::Initramfs::new();
-    archive
-        .dir("bin")
-        .dir("dev")
-        .dir("proc")
-        .file("bin/busybox", 0o755, &busybox)
-        .file("init", 0o755, init.as_bytes());
+    archive.dir("bin").dir("dev").dir("proc").file("bin/busybox", 0o755, &busybox).file("init", 0o755, init.as_bytes());
     Some(archive.finish())
 }
 
@@ -60,8 +50,7 @@ fn debian_vmlinux_boots_via_pvh() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let vmlinux =
-        guest_images::kernel::extract_vmlinux(&bzimage).expect("Debian's bzImage holds a vmlinux");
+    let vmlinux = guest_images::kernel::extract_vmlinux(&bzimage).expect("Debian's bzImage holds a vmlinux");
     let vmlinux = write_file(dir.path(), "vmlinux", &vmlinux);
     let virt = vmm::host::virtualization();
 
@@ -82,21 +71,13 @@ fn debian_vmlinux_boots_via_pvh() {
             "--timeout",
             "120",
         ]);
-        assert!(
-            out.serial.contains(INITRAMFS_MARKER),
-            "initramfs not reached; serial:\n{}",
-            out.serial
-        );
+        assert!(out.serial.contains(INITRAMFS_MARKER), "initramfs not reached; serial:\n{}", out.serial);
         assert_eq!(out.exit.as_ref().map(|e| e.entry.as_str()), Some("pvh"));
         assert_eq!(out.code(), Some(3), "reboot -f resets: {}", out.stderr);
         return;
     }
 
-    assert_eq!(
-        virt,
-        Virtualization::Pvm,
-        "this test knows hardware virtualization and PVM hosts"
-    );
+    assert_eq!(virt, Virtualization::Pvm, "this test knows hardware virtualization and PVM hosts");
     let out = vm_run(&[
         "--kernel",
         &vmlinux,
@@ -107,20 +88,10 @@ fn debian_vmlinux_boots_via_pvh() {
         "--timeout",
         "600",
     ]);
-    assert!(
-        out.serial.contains("Linux version 6.12"),
-        "no banner; serial:\n{}",
-        out.serial
-    );
-    assert!(
-        out.serial
-            .contains("Command line: console=ttyS0 earlyprintk=serial")
-    );
-    let e820: Vec<&str> = out
-        .serial
-        .lines()
-        .filter_map(|l| l.split_once("BIOS-e820: ").map(|(_, rest)| rest.trim()))
-        .collect();
+    assert!(out.serial.contains("Linux version 6.12"), "no banner; serial:\n{}", out.serial);
+    assert!(out.serial.contains("Command line: console=ttyS0 earlyprintk=serial"));
+    let e820: Vec<&str> =
+        out.serial.lines().filter_map(|l| l.split_once("BIOS-e820: ").map(|(_, rest)| rest.trim())).collect();
     assert_eq!(
         e820,
         vec![
@@ -130,22 +101,9 @@ fn debian_vmlinux_boots_via_pvh() {
         ],
         "the kernel's E820 lines must match the VMM's map for 128 MiB"
     );
-    let exit = out
-        .exit
-        .as_ref()
-        .expect("the VMM ends the VM and prints its exit line");
-    assert_eq!(
-        (exit.reason.as_str(), exit.exit_code, exit.entry.as_str()),
-        ("kvm-internal-error", 4, "pvh")
-    );
-    assert!(
-        exit.detail
-            .as_deref()
-            .unwrap_or_default()
-            .contains("emulation failure"),
-        "{:?}",
-        exit.detail
-    );
+    let exit = out.exit.as_ref().expect("the VMM ends the VM and prints its exit line");
+    assert_eq!((exit.reason.as_str(), exit.exit_code, exit.entry.as_str()), ("kvm-internal-error", 4, "pvh"));
+    assert!(exit.detail.as_deref().unwrap_or_default().contains("emulation failure"), "{:?}", exit.detail);
 }
 
 #[test]
@@ -178,36 +136,17 @@ fn debian_bzimage_is_entered_at_its_64_bit_entry() {
             "--timeout",
             "120",
         ]);
-        assert!(
-            out.serial.contains(INITRAMFS_MARKER),
-            "initramfs not reached; serial:\n{}",
-            out.serial
-        );
+        assert!(out.serial.contains(INITRAMFS_MARKER), "initramfs not reached; serial:\n{}", out.serial);
         assert_eq!(out.exit.as_ref().map(|e| e.entry.as_str()), Some("linux64"));
         assert_eq!(out.code(), Some(3), "reboot -f resets: {}", out.stderr);
         return;
     }
 
     assert_eq!(virt, Virtualization::Pvm);
-    let out = vm_run(&[
-        "--kernel",
-        &kernel,
-        "--memory",
-        "256",
-        "--cmdline",
-        "console=ttyS0",
-        "--timeout",
-        "120",
-    ]);
+    let out = vm_run(&["--kernel", &kernel, "--memory", "256", "--cmdline", "console=ttyS0", "--timeout", "120"]);
     let exit = out.exit.as_ref().expect("exit line");
-    assert_eq!(
-        (exit.reason.as_str(), exit.exit_code, exit.entry.as_str()),
-        ("kvm-internal-error", 4, "linux64")
-    );
+    assert_eq!((exit.reason.as_str(), exit.exit_code, exit.entry.as_str()), ("kvm-internal-error", 4, "linux64"));
     let detail = exit.detail.as_deref().unwrap_or_default();
     assert!(detail.contains("emulation failure"), "{detail}");
-    assert!(
-        !detail.contains("rip 0x100200 "),
-        "the decompressor ran past its entry point: {detail}"
-    );
+    assert!(!detail.contains("rip 0x100200 "), "the decompressor ran past its entry point: {detail}");
 }

@@ -15,54 +15,24 @@ fn probe_boots_via_pvh_and_reports_what_it_was_given() {
     if !kvm_available("probe_boots_via_pvh_and_reports_what_it_was_given") {
         return;
     }
-    let out = vm_run(&[
-        "--kernel",
-        "probe",
-        "--memory",
-        "256",
-        "--vcpus",
-        "2",
-        "--cmdline",
-        "probe.echo=1",
-    ]);
+    let out = vm_run(&["--kernel", "probe", "--memory", "256", "--vcpus", "2", "--cmdline", "probe.echo=1"]);
     assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
     let exit = out.exit.as_ref().expect("exit line");
-    assert_eq!(
-        (
-            exit.reason.as_str(),
-            exit.exit_code,
-            exit.entry.as_str(),
-            exit.vcpus
-        ),
-        ("poweroff", 0, "pvh", 2)
-    );
+    assert_eq!((exit.reason.as_str(), exit.exit_code, exit.entry.as_str(), exit.vcpus), ("poweroff", 0, "pvh", 2));
     assert_eq!(exit.serial_bytes as usize, out.serial.len());
 
     let report = ProbeReport::parse(&out.serial);
     let boot = report.boot().expect("boot section");
     assert_eq!(boot.entry, "pvh");
     assert_eq!(boot.cmdline, "probe.echo=1");
-    assert_eq!(
-        boot.usable_ram(),
-        256 * MIB - LEGACY_HOLE,
-        "e820: {:?}",
-        boot.e820
-    );
+    assert_eq!(boot.usable_ram(), 256 * MIB - LEGACY_HOLE, "e820: {:?}", boot.e820);
     assert_eq!(report.section("options").unwrap()["echo"], true);
     let cpus = report.section("cpus").expect("cpus section");
-    assert_eq!(
-        (cpus["expected"].as_u64(), cpus["started"].as_u64()),
-        (Some(2), Some(2)),
-        "{cpus}"
-    );
+    assert_eq!((cpus["expected"].as_u64(), cpus["started"].as_u64()), (Some(2), Some(2)), "{cpus}");
     assert_eq!(cpus["apic_ids"], serde_json::json!([0, 1]));
     let done = report.done().expect("done section");
     assert!(done.ok, "failures: {:?}", done.failures);
-    assert_eq!(
-        report.sections().last().unwrap()["probe"],
-        "done",
-        "done comes last"
-    );
+    assert_eq!(report.sections().last().unwrap()["probe"], "done", "done comes last");
 }
 
 #[test]
@@ -70,29 +40,14 @@ fn probe_boots_via_the_64_bit_entry() {
     if !kvm_available("probe_boots_via_the_64_bit_entry") {
         return;
     }
-    let out = vm_run(&[
-        "--kernel",
-        "probe",
-        "--entry",
-        "linux64",
-        "--memory",
-        "64",
-        "--cmdline",
-        "x probe.echo=0 y",
-    ]);
+    let out = vm_run(&["--kernel", "probe", "--entry", "linux64", "--memory", "64", "--cmdline", "x probe.echo=0 y"]);
     assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
     assert_eq!(out.exit.as_ref().unwrap().entry, "linux64");
     let report = ProbeReport::parse(&out.serial);
     let boot = report.boot().unwrap();
-    assert_eq!(
-        (boot.entry.as_str(), boot.cmdline.as_str()),
-        ("linux64", "x probe.echo=0 y")
-    );
+    assert_eq!((boot.entry.as_str(), boot.cmdline.as_str()), ("linux64", "x probe.echo=0 y"));
     assert_eq!(boot.usable_ram(), 64 * MIB - LEGACY_HOLE);
-    assert!(
-        report.section("options").is_none(),
-        "echo=0 prints no options"
-    );
+    assert!(report.section("options").is_none(), "echo=0 prints no options");
     assert!(report.done().unwrap().ok);
 }
 
@@ -105,18 +60,9 @@ fn memory_above_the_hole_appears_at_4_gib() {
     assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
     let boot = ProbeReport::parse(&out.serial).boot().unwrap();
     assert_eq!(boot.usable_ram(), 4096 * MIB - LEGACY_HOLE);
-    let high = boot
-        .e820
-        .iter()
-        .find(|e| e.addr == 4 << 30)
-        .expect("RAM at 4 GiB");
+    let high = boot.e820.iter().find(|e| e.addr == 4 << 30).expect("RAM at 4 GiB");
     assert_eq!((high.size, high.kind), (1 << 30, 1));
-    assert!(
-        boot.e820
-            .iter()
-            .all(|e| e.addr + e.size <= 0xc000_0000 || e.addr >= 1 << 32),
-        "nothing in the MMIO hole"
-    );
+    assert!(boot.e820.iter().all(|e| e.addr + e.size <= 0xc000_0000 || e.addr >= 1 << 32), "nothing in the MMIO hole");
 }
 
 #[test]
@@ -129,12 +75,7 @@ fn secondary_vcpus_come_up_through_init_and_sipi() {
     let report = ProbeReport::parse(&out.serial);
     let cpus = report.section("cpus").unwrap();
     assert_eq!(cpus["started"].as_u64(), Some(8), "{cpus}");
-    let mut ids: Vec<u64> = cpus["apic_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap())
-        .collect();
+    let mut ids: Vec<u64> = cpus["apic_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
     ids.sort();
     assert_eq!(ids, (0..8).collect::<Vec<u64>>());
     assert!(report.done().unwrap().ok);
@@ -145,22 +86,11 @@ fn unknown_probe_option_is_a_reported_failure() {
     if !kvm_available("unknown_probe_option_is_a_reported_failure") {
         return;
     }
-    let out = vm_run(&[
-        "--kernel",
-        "probe",
-        "--cmdline",
-        "probe.frobnicate=3 probe.echo=maybe",
-    ]);
+    let out = vm_run(&["--kernel", "probe", "--cmdline", "probe.frobnicate=3 probe.echo=maybe"]);
     assert_eq!(out.code(), Some(0));
     let done = ProbeReport::parse(&out.serial).done().unwrap();
     assert!(!done.ok);
-    assert_eq!(
-        done.failures,
-        vec![
-            "unknown option probe.frobnicate",
-            "option needs 0 or 1: probe.echo"
-        ]
-    );
+    assert_eq!(done.failures, vec!["unknown option probe.frobnicate", "option needs 0 or 1: probe.echo"]);
 }
 
 #[test]
@@ -171,23 +101,13 @@ fn each_way_of_ending_has_its_exit_code() {
     let dir = tempfile::tempdir().unwrap();
     let cases: &[(&str, &[u8], i32, &str)] = &[
         // mov al, 0x34; mov dx, 0x600; out dx, al (ACPI S5); jmp $
-        (
-            "poweroff",
-            &[0xb0, 0x34, 0x66, 0xba, 0x00, 0x06, 0xee, 0xeb, 0xfe],
-            0,
-            "poweroff",
-        ),
+        ("poweroff", &[0xb0, 0x34, 0x66, 0xba, 0x00, 0x06, 0xee, 0xeb, 0xfe], 0, "poweroff"),
         // mov al, 0xfe; out 0x64, al (i8042 reset); jmp $
         ("reset", &[0xb0, 0xfe, 0xe6, 0x64, 0xeb, 0xfe], 3, "reset"),
         // ud2 with an empty IDT: #UD, #GP, double fault, triple fault
         ("triple", &[0x0f, 0x0b], 3, "triple-fault"),
         // mov al, 1; mov dx, 0x505; out dx, al (pvpanic); jmp $
-        (
-            "panic",
-            &[0xb0, 0x01, 0x66, 0xba, 0x05, 0x05, 0xee, 0xeb, 0xfe],
-            5,
-            "panic",
-        ),
+        ("panic", &[0xb0, 0x01, 0x66, 0xba, 0x05, 0x05, 0xee, 0xeb, 0xfe], 5, "panic"),
         // jmp $
         ("hang", &[0xeb, 0xfe], 6, "timeout"),
     ];
@@ -195,25 +115,12 @@ fn each_way_of_ending_has_its_exit_code() {
         let kernel = write_file(dir.path(), name, &tiny_elf(code));
         let out = vm_run(&["--kernel", &kernel, "--memory", "16", "--timeout", "1"]);
         assert_eq!(out.code(), Some(want_code), "{name}: stderr {}", out.stderr);
-        let exit = out
-            .exit
-            .as_ref()
-            .unwrap_or_else(|| panic!("{name}: no exit line in {}", out.stderr));
-        assert_eq!(
-            (exit.reason.as_str(), exit.exit_code),
-            (want_reason, want_code),
-            "{name}"
-        );
-        assert_eq!(
-            exit.entry, "linux64",
-            "{name}: an ELF without a PVH note takes the 64-bit entry"
-        );
+        let exit = out.exit.as_ref().unwrap_or_else(|| panic!("{name}: no exit line in {}", out.stderr));
+        assert_eq!((exit.reason.as_str(), exit.exit_code), (want_reason, want_code), "{name}");
+        assert_eq!(exit.entry, "linux64", "{name}: an ELF without a PVH note takes the 64-bit entry");
         if name == "hang" {
             let detail = exit.detail.as_deref().unwrap_or_default();
-            assert!(
-                detail.contains("vCPU 0 at rip 0x100000"),
-                "a hang says where: {detail}"
-            );
+            assert!(detail.contains("vCPU 0 at rip 0x100000"), "a hang says where: {detail}");
         }
     }
 }
@@ -224,16 +131,10 @@ fn assert_bad_input(args: &[&str], needle: &str) {
     full.extend_from_slice(args);
     let (code, stdout, stderr) = driverlab_cmd(&full);
     assert_eq!(code, Some(2), "{args:?}: stderr {stderr}");
-    assert!(
-        stdout.is_empty(),
-        "{args:?}: no guest ran, yet stdout has {stdout}"
-    );
+    assert!(stdout.is_empty(), "{args:?}: no guest ran, yet stdout has {stdout}");
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "{args:?}: one line, got {stderr}");
-    assert!(
-        lines[0].starts_with("error: ") && lines[0].contains(needle),
-        "{args:?}: {stderr} lacks {needle:?}"
-    );
+    assert!(lines[0].starts_with("error: ") && lines[0].contains(needle), "{args:?}: {stderr} lacks {needle:?}");
 }
 
 #[test]
@@ -248,49 +149,20 @@ fn bad_input_is_one_line_and_exit_code_2() {
     let initrd = write_file(dir.path(), "initrd", &vec![0u8; 40 << 20]);
     let long_cmdline = "x".repeat(3000);
 
-    assert_bad_input(
-        &["--kernel", "/nonexistent/vmlinux"],
-        "/nonexistent/vmlinux",
-    );
+    assert_bad_input(&["--kernel", "/nonexistent/vmlinux"], "/nonexistent/vmlinux");
     assert_bad_input(&["--kernel", &text], "not an ELF or bzImage");
     assert_bad_input(&["--kernel", &empty], "empty");
     assert_bad_input(&["--kernel", &truncated], "truncated ELF");
-    assert_bad_input(
-        &["--kernel", &big, "--memory", "32"],
-        "does not fit in guest memory",
-    );
-    assert_bad_input(
-        &["--kernel", "probe", "--memory", "32", "--initrd", &initrd],
-        "does not fit",
-    );
-    assert_bad_input(
-        &["--kernel", "probe", "--initrd", "/nonexistent/initrd"],
-        "initrd /nonexistent/initrd",
-    );
+    assert_bad_input(&["--kernel", &big, "--memory", "32"], "does not fit in guest memory");
+    assert_bad_input(&["--kernel", "probe", "--memory", "32", "--initrd", &initrd], "does not fit");
+    assert_bad_input(&["--kernel", "probe", "--initrd", "/nonexistent/initrd"], "initrd /nonexistent/initrd");
     assert_bad_input(&["--kernel", "probe", "--memory", "0"], "--memory 0");
-    assert_bad_input(
-        &["--kernel", "probe", "--memory", "100000000"],
-        "the host has only",
-    );
-    assert_bad_input(
-        &["--kernel", "probe", "--cmdline", &long_cmdline],
-        "at most 2047",
-    );
+    assert_bad_input(&["--kernel", "probe", "--memory", "100000000"], "the host has only");
+    assert_bad_input(&["--kernel", "probe", "--cmdline", &long_cmdline], "at most 2047");
     assert_bad_input(&["--kernel", "probe", "--vcpus", "0"], "--vcpus 0");
     assert_bad_input(&["--kernel", "probe", "--timeout", "0"], "--timeout");
-    assert_bad_input(
-        &[
-            "--kernel",
-            "probe",
-            "--serial",
-            "/nonexistent/dir/serial.log",
-        ],
-        "--serial",
-    );
-    assert_bad_input(
-        &["--kernel", &text, "--entry", "pvh"],
-        "not an ELF or bzImage",
-    );
+    assert_bad_input(&["--kernel", "probe", "--serial", "/nonexistent/dir/serial.log"], "--serial");
+    assert_bad_input(&["--kernel", &text, "--entry", "pvh"], "not an ELF or bzImage");
 }
 
 #[test]
@@ -311,8 +183,7 @@ fn serial_output_can_go_to_a_file() {
 fn image_probe_writes_the_embedded_guest() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("probe.elf");
-    let (code, stdout, stderr) =
-        driverlab_cmd(&["image", "probe", "--out", path.to_str().unwrap()]);
+    let (code, stdout, stderr) = driverlab_cmd(&["image", "probe", "--out", path.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("probe guest"));
     assert_eq!(std::fs::read(&path).unwrap(), guest_images::PROBE_ELF);

@@ -17,12 +17,8 @@ use crate::ApiError;
 use crate::types::{ErrorBody, HostInfo, Version, VmRequest, VmResult};
 
 /// The routes, as the OpenAPI document lists them (checked by a test).
-pub const ROUTES: &[(&str, &str)] = &[
-    ("get", "/v1/version"),
-    ("get", "/v1/host"),
-    ("get", "/v1/openapi.yaml"),
-    ("post", "/v1/vms"),
-];
+pub const ROUTES: &[(&str, &str)] =
+    &[("get", "/v1/version"), ("get", "/v1/host"), ("get", "/v1/openapi.yaml"), ("post", "/v1/vms")];
 
 /// Most guest memory one request may ask for.
 const MAX_MEMORY_MIB: u64 = 64 * 1024;
@@ -69,51 +65,29 @@ pub async fn serve(
         // A stale socket from a server that is gone.
         let _ = std::fs::remove_file(socket);
     }
-    let listener = tokio::net::UnixListener::bind(socket).map_err(|source| ApiError::Socket {
-        path: socket.to_path_buf(),
-        source,
-    })?;
+    let listener = tokio::net::UnixListener::bind(socket)
+        .map_err(|source| ApiError::Socket { path: socket.to_path_buf(), source })?;
     tracing::info!("serving the driverlab API on {}", socket.display());
-    let result = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let result = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await;
     let _ = std::fs::remove_file(socket);
-    result.map_err(|source| ApiError::Socket {
-        path: socket.to_path_buf(),
-        source,
-    })
+    result.map_err(|source| ApiError::Socket { path: socket.to_path_buf(), source })
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(ErrorBody {
-            error: message.into(),
-        }),
-    )
-        .into_response()
+    (status, Json(ErrorBody { error: message.into() })).into_response()
 }
 
 async fn not_found() -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        "no such endpoint; GET /v1/openapi.yaml lists them",
-    )
+    error(StatusCode::NOT_FOUND, "no such endpoint; GET /v1/openapi.yaml lists them")
 }
 
 async fn version() -> Json<Version> {
-    Json(Version {
-        name: "driverlab".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-    })
+    Json(Version { name: "driverlab".into(), version: env!("CARGO_PKG_VERSION").into() })
 }
 
 async fn host() -> Json<HostInfo> {
     let virt = vmm::host::virtualization();
-    Json(HostInfo {
-        virtualization: virt.describe(),
-        boots_linux: virt.boots_linux(),
-    })
+    Json(HostInfo { virtualization: virt.describe(), boots_linux: virt.boots_linux() })
 }
 
 async fn openapi() -> Response {
@@ -124,13 +98,8 @@ fn check_request(request: &VmRequest) -> Result<(), String> {
     if request.kernel.is_empty() {
         return Err("kernel: give `probe` or a kernel path".into());
     }
-    if !(request.timeout_s.is_finite()
-        && request.timeout_s > 0.0
-        && request.timeout_s <= MAX_TIMEOUT_S)
-    {
-        return Err(format!(
-            "timeout_s: must be more than 0 and at most {MAX_TIMEOUT_S}"
-        ));
+    if !(request.timeout_s.is_finite() && request.timeout_s > 0.0 && request.timeout_s <= MAX_TIMEOUT_S) {
+        return Err(format!("timeout_s: must be more than 0 and at most {MAX_TIMEOUT_S}"));
     }
     if request.memory_mib > MAX_MEMORY_MIB {
         return Err(format!("memory_mib: at most {MAX_MEMORY_MIB} per VM"));
@@ -161,10 +130,7 @@ async fn run_vm(State(state): State<AppState>, body: Bytes) -> Response {
     let request: VmRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("invalid request body: {e}"),
-            );
+            return error(StatusCode::BAD_REQUEST, format!("invalid request body: {e}"));
         }
     };
     if let Err(message) = check_request(&request) {
@@ -177,22 +143,12 @@ async fn run_vm(State(state): State<AppState>, body: Bytes) -> Response {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => {
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("VM task failed: {e}"),
-            );
+            return error(StatusCode::INTERNAL_SERVER_ERROR, format!("VM task failed: {e}"));
         }
     };
     if outcome.code() == Some(vmm::exit::code::BAD_INPUT) {
-        let message = outcome
-            .stderr
-            .lines()
-            .find(|l| l.starts_with("error:"))
-            .unwrap_or("bad input");
-        return error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            message.trim_start_matches("error: ").to_string(),
-        );
+        let message = outcome.stderr.lines().find(|l| l.starts_with("error:")).unwrap_or("bad input");
+        return error(StatusCode::UNPROCESSABLE_ENTITY, message.trim_start_matches("error: ").to_string());
     }
     let probe = ProbeReport::parse(&outcome.serial).sections().to_vec();
     Json(VmResult {
@@ -214,9 +170,7 @@ mod tests {
     async fn start(dir: &Path) -> (PathBuf, tokio::sync::oneshot::Sender<()>) {
         let socket = dir.join("api.sock");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let state = AppState {
-            driverlab: Arc::new(PathBuf::from("/nonexistent/driverlab")),
-        };
+        let state = AppState { driverlab: Arc::new(PathBuf::from("/nonexistent/driverlab")) };
         let path = socket.clone();
         tokio::spawn(async move {
             serve(&path, state, async move {
@@ -244,63 +198,31 @@ mod tests {
         let version: Version = serde_json::from_slice(&body).unwrap();
         assert_eq!(version.name, "driverlab");
 
-        let (status, body) = client
-            .request("POST", "/v1/vms", Some(b"{not json".to_vec()))
-            .await
-            .unwrap();
+        let (status, body) = client.request("POST", "/v1/vms", Some(b"{not json".to_vec())).await.unwrap();
         assert_eq!(status, 400);
         let err: ErrorBody = serde_json::from_slice(&body).unwrap();
-        assert!(
-            err.error.starts_with("invalid request body"),
-            "{}",
-            err.error
-        );
+        assert!(err.error.starts_with("invalid request body"), "{}", err.error);
 
-        let (status, body) = client
-            .request(
-                "POST",
-                "/v1/vms",
-                Some(br#"{"kernel":"probe","colour":"red"}"#.to_vec()),
-            )
-            .await
-            .unwrap();
+        let (status, body) =
+            client.request("POST", "/v1/vms", Some(br#"{"kernel":"probe","colour":"red"}"#.to_vec())).await.unwrap();
         assert_eq!(status, 400, "unknown fields are refused");
         assert!(String::from_utf8_lossy(&body).contains("colour"));
 
-        let (status, _) = client
-            .request(
-                "POST",
-                "/v1/vms",
-                Some(br#"{"kernel":"probe","timeout_s":0}"#.to_vec()),
-            )
-            .await
-            .unwrap();
+        let (status, _) =
+            client.request("POST", "/v1/vms", Some(br#"{"kernel":"probe","timeout_s":0}"#.to_vec())).await.unwrap();
         assert_eq!(status, 422);
 
-        let (status, body) = client
-            .request("POST", "/v1/vms", Some(br#"{"kernel":"probe"}"#.to_vec()))
-            .await
-            .unwrap();
+        let (status, body) = client.request("POST", "/v1/vms", Some(br#"{"kernel":"probe"}"#.to_vec())).await.unwrap();
         assert_eq!(status, 500, "the configured binary does not exist");
         assert!(String::from_utf8_lossy(&body).contains("/nonexistent/driverlab"));
 
         let (status, _) = client.request("GET", "/v2/nothing", None).await.unwrap();
         assert_eq!(status, 404);
-        let (status, body) = client
-            .request("GET", "/v1/openapi.yaml", None)
-            .await
-            .unwrap();
+        let (status, body) = client.request("GET", "/v1/openapi.yaml", None).await.unwrap();
         assert_eq!((status, body.as_slice()), (200, crate::OPENAPI.as_bytes()));
 
         // A second server on the same socket is refused while the first runs.
-        let second = serve(
-            &socket,
-            AppState {
-                driverlab: Arc::new(PathBuf::new()),
-            },
-            async {},
-        )
-        .await;
+        let second = serve(&socket, AppState { driverlab: Arc::new(PathBuf::new()) }, async {}).await;
         assert!(matches!(second, Err(ApiError::InUse(_))));
         stop.send(()).unwrap();
     }
@@ -312,10 +234,7 @@ mod tests {
         let mut documented = Vec::new();
         let mut current = "";
         for line in paths_section.lines() {
-            if let Some(path) = line
-                .strip_prefix("  ")
-                .filter(|l| l.starts_with('/'))
-                .and_then(|l| l.strip_suffix(':'))
+            if let Some(path) = line.strip_prefix("  ").filter(|l| l.starts_with('/')).and_then(|l| l.strip_suffix(':'))
             {
                 current = path;
             } else if let Some(method) = line.strip_prefix("    ").and_then(|l| l.strip_suffix(':'))
@@ -326,10 +245,7 @@ mod tests {
                 break;
             }
         }
-        let mut routes: Vec<(String, String)> = ROUTES
-            .iter()
-            .map(|(m, p)| (m.to_string(), p.to_string()))
-            .collect();
+        let mut routes: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
         documented.sort();
         routes.sort();
         assert_eq!(documented, routes);

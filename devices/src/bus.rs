@@ -1,7 +1,7 @@
 //! Address-range dispatch of guest accesses to devices, one bus per address space (PIO, MMIO).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// A device that answers guest reads and writes on a bus.
 ///
@@ -50,10 +50,11 @@ pub enum Access {
     Unclaimed,
 }
 
-/// A set of non-overlapping address ranges, each served by one device.
-#[derive(Clone, Default)]
+/// A set of non-overlapping address ranges, each served by one device. Ranges can be added and
+/// removed while vCPUs use the bus (PCI BARs move when the guest programs them).
+#[derive(Default)]
 pub struct Bus {
-    slots: BTreeMap<u64, Slot>,
+    slots: RwLock<BTreeMap<u64, Slot>>,
 }
 
 impl Bus {
@@ -63,28 +64,30 @@ impl Bus {
     }
 
     /// Registers `device` for `[base, base + len)`.
-    pub fn insert(
-        &mut self,
-        base: u64,
-        len: u64,
-        device: Arc<Mutex<dyn BusDevice>>,
-    ) -> Result<(), BusError> {
+    pub fn insert(&self, base: u64, len: u64, device: Arc<Mutex<dyn BusDevice>>) -> Result<(), BusError> {
         if len == 0 || base.checked_add(len - 1).is_none() {
             return Err(BusError::InvalidRange { base, len });
         }
         let end = base + (len - 1);
-        if let Some((&prev_base, prev)) = self.slots.range(..=end).next_back()
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        if let Some((&prev_base, prev)) = slots.range(..=end).next_back()
             && prev_base + (prev.len - 1) >= base
         {
             return Err(BusError::Overlap { base, len });
         }
-        self.slots.insert(base, Slot { len, device });
+        slots.insert(base, Slot { len, device });
         Ok(())
     }
 
-    fn find(&self, addr: u64) -> Option<(u64, &Slot)> {
-        let (&base, slot) = self.slots.range(..=addr).next_back()?;
-        (addr - base < slot.len).then_some((base, slot))
+    /// Removes the range registered at `base`; returns whether there was one.
+    pub fn remove(&self, base: u64) -> bool {
+        self.slots.write().unwrap_or_else(|p| p.into_inner()).remove(&base).is_some()
+    }
+
+    fn find(&self, addr: u64) -> Option<(u64, Slot)> {
+        let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        let (&base, slot) = slots.range(..=addr).next_back()?;
+        (addr - base < slot.len).then(|| (base, slot.clone()))
     }
 
     /// Dispatches a guest read; unclaimed reads return all ones, as on real hardware.
@@ -115,9 +118,7 @@ impl Bus {
 
 /// Locks a device, surviving a panic in another vCPU thread that held it.
 fn lock(device: &Mutex<dyn BusDevice>) -> std::sync::MutexGuard<'_, dyn BusDevice + 'static> {
-    device
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    device.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
@@ -143,7 +144,7 @@ mod tests {
 
     #[test]
     fn dispatches_by_offset_and_reports_unclaimed() {
-        let mut bus = Bus::new();
+        let bus = Bus::new();
         let dev = recorder();
         bus.insert(0x3f8, 8, dev.clone()).unwrap();
         let mut data = [0u8; 1];
@@ -158,26 +159,17 @@ mod tests {
 
     #[test]
     fn rejects_overlaps_and_bad_ranges() {
-        let mut bus = Bus::new();
+        let bus = Bus::new();
         bus.insert(0x100, 0x10, recorder()).unwrap();
-        assert!(matches!(
-            bus.insert(0x10f, 1, recorder()),
-            Err(BusError::Overlap { .. })
-        ));
-        assert!(matches!(
-            bus.insert(0xf8, 0x9, recorder()),
-            Err(BusError::Overlap { .. })
-        ));
-        assert!(matches!(
-            bus.insert(0x0, 0, recorder()),
-            Err(BusError::InvalidRange { .. })
-        ));
-        assert!(matches!(
-            bus.insert(u64::MAX, 2, recorder()),
-            Err(BusError::InvalidRange { .. })
-        ));
+        assert!(matches!(bus.insert(0x10f, 1, recorder()), Err(BusError::Overlap { .. })));
+        assert!(matches!(bus.insert(0xf8, 0x9, recorder()), Err(BusError::Overlap { .. })));
+        assert!(matches!(bus.insert(0x0, 0, recorder()), Err(BusError::InvalidRange { .. })));
+        assert!(matches!(bus.insert(u64::MAX, 2, recorder()), Err(BusError::InvalidRange { .. })));
         bus.insert(0x110, 1, recorder()).unwrap();
         bus.insert(u64::MAX, 1, recorder()).unwrap();
         bus.insert(0xf8, 8, recorder()).unwrap();
+        assert!(bus.remove(0x100));
+        assert!(!bus.remove(0x100));
+        bus.insert(0x100, 0x10, recorder()).unwrap();
     }
 }

@@ -72,9 +72,7 @@ impl BusDevice for AcpiPower {
     fn write(&mut self, offset: u64, data: &[u8]) {
         let Some(&value) = data.first() else { return };
         match offset {
-            0 if value & SLP_EN != 0 && (value >> 2) & 0x7 == SLP_TYP_S5 => {
-                self.sink.guest_event(GuestEvent::PowerOff)
-            }
+            0 if value & SLP_EN != 0 && (value >> 2) & 0x7 == SLP_TYP_S5 => self.sink.guest_event(GuestEvent::PowerOff),
             2 if value == ACPI_RESET_VALUE => self.sink.guest_event(GuestEvent::Reset),
             _ => tracing::debug!("ACPI PM register {offset} written with {value:#x}, ignored"),
         }
@@ -167,10 +165,7 @@ mod tests {
         pm.write(0, &[(SLP_TYP_S5 << 2) | SLP_EN]);
         pm.write(2, &[0x01]);
         pm.write(2, &[ACPI_RESET_VALUE]);
-        assert_eq!(
-            *events.0.lock().unwrap(),
-            vec![GuestEvent::PowerOff, GuestEvent::Reset]
-        );
+        assert_eq!(*events.0.lock().unwrap(), vec![GuestEvent::PowerOff, GuestEvent::Reset]);
     }
 
     #[test]
@@ -186,9 +181,6 @@ mod tests {
         assert_eq!(caps[0], 3);
         panic.write(0, &[PVPANIC_CRASH_LOADED]);
         panic.write(0, &[PVPANIC_PANICKED]);
-        assert_eq!(
-            *events.0.lock().unwrap(),
-            vec![GuestEvent::Reset, GuestEvent::Panic]
-        );
+        assert_eq!(*events.0.lock().unwrap(), vec![GuestEvent::Reset, GuestEvent::Panic]);
     }
 }

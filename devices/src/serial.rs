@@ -60,9 +60,7 @@ impl Write for Output {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if !buf.is_empty() {
             self.stats.first_byte.get_or_init(Instant::now);
-            self.stats
-                .bytes
-                .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            self.stats.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         }
         if self.failed {
             // The sink is gone (a closed pipe, a full disk): keep the guest running regardless.
@@ -92,17 +90,8 @@ impl SerialPort {
     /// A UART that raises `interrupt` and writes what the guest sends to `sink`.
     pub fn new(interrupt: EventFd, sink: Box<dyn Write + Send>) -> (Self, Arc<SerialStats>) {
         let stats = Arc::new(SerialStats::default());
-        let output = Output {
-            sink,
-            stats: stats.clone(),
-            failed: false,
-        };
-        (
-            SerialPort {
-                uart: Serial::new(EventFdTrigger(interrupt), output),
-            },
-            stats,
-        )
+        let output = Output { sink, stats: stats.clone(), failed: false };
+        (SerialPort { uart: Serial::new(EventFdTrigger(interrupt), output) }, stats)
     }
 
     /// Flushes buffered output to the sink.

@@ -14,35 +14,17 @@ const S_IFLNK: u32 = 0o120000;
 impl Initramfs {
     /// An empty archive.
     pub fn new() -> Self {
-        Initramfs {
-            data: Vec::new(),
-            next_ino: 1,
-        }
+        Initramfs { data: Vec::new(), next_ino: 1 }
     }
 
     fn entry(&mut self, name: &str, mode: u32, body: &[u8]) {
         let ino = self.next_ino;
         self.next_ino += 1;
         let nlink = if mode & S_IFDIR != 0 { 2 } else { 1 };
-        let fields = [
-            ino,
-            mode,
-            0,
-            0,
-            nlink,
-            0,
-            body.len() as u32,
-            0,
-            0,
-            0,
-            0,
-            name.len() as u32 + 1,
-            0,
-        ];
+        let fields = [ino, mode, 0, 0, nlink, 0, body.len() as u32, 0, 0, 0, 0, name.len() as u32 + 1, 0];
         self.data.extend_from_slice(b"070701");
         for field in fields {
-            self.data
-                .extend_from_slice(format!("{field:08x}").as_bytes());
+            self.data.extend_from_slice(format!("{field:08x}").as_bytes());
         }
         self.data.extend_from_slice(name.as_bytes());
         self.data.push(0);
@@ -89,10 +71,7 @@ mod tests {
     #[test]
     fn newc_layout() {
         let mut archive = Initramfs::new();
-        archive
-            .dir("bin")
-            .file("init", 0o755, b"#!/bin/sh\n")
-            .symlink("sh", "bin/busybox");
+        archive.dir("bin").file("init", 0o755, b"#!/bin/sh\n").symlink("sh", "bin/busybox");
         let data = archive.finish();
         assert!(data.starts_with(b"070701"));
         assert_eq!(data.len() % 4, 0);

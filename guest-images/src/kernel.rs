@@ -60,10 +60,7 @@ impl Compression {
             (b"BZh", Compression::Bzip2),
             (b"\x89LZO", Compression::Lzo),
         ];
-        MAGICS
-            .iter()
-            .find(|(magic, _)| payload.starts_with(magic))
-            .map(|&(_, c)| c)
+        MAGICS.iter().find(|(magic, _)| payload.starts_with(magic)).map(|&(_, c)| c)
     }
 
     /// Its name.
@@ -93,55 +90,35 @@ pub fn bzimage_payload(bzimage: &[u8]) -> Result<&[u8], KernelError> {
     }
     let version = u16::from_le_bytes([bzimage[0x206], bzimage[0x207]]);
     if version < 0x0208 {
-        return Err(KernelError::NotBzImage(
-            "boot protocol older than 2.08 has no payload fields",
-        ));
+        return Err(KernelError::NotBzImage("boot protocol older than 2.08 has no payload fields"));
     }
     let setup_sects = match bzimage[0x1f1] {
         0 => 4,
         n => n as usize,
     };
-    let offset =
-        u32_at(bzimage, 0x248).ok_or(KernelError::NotBzImage("truncated setup header"))? as usize;
-    let length =
-        u32_at(bzimage, 0x24c).ok_or(KernelError::NotBzImage("truncated setup header"))? as usize;
+    let offset = u32_at(bzimage, 0x248).ok_or(KernelError::NotBzImage("truncated setup header"))? as usize;
+    let length = u32_at(bzimage, 0x24c).ok_or(KernelError::NotBzImage("truncated setup header"))? as usize;
     let start = (setup_sects + 1) * 512 + offset;
     bzimage
-        .get(
-            start
-                ..start
-                    .checked_add(length)
-                    .ok_or(KernelError::NotBzImage("payload length overflows"))?,
-        )
-        .ok_or(KernelError::NotBzImage(
-            "payload lies beyond the end of the file",
-        ))
+        .get(start..start.checked_add(length).ok_or(KernelError::NotBzImage("payload length overflows"))?)
+        .ok_or(KernelError::NotBzImage("payload lies beyond the end of the file"))
 }
 
 /// The ELF vmlinux inside a bzImage (it carries the PVH note when the kernel has CONFIG_PVH).
 pub fn extract_vmlinux(bzimage: &[u8]) -> Result<Vec<u8>, KernelError> {
     let payload = bzimage_payload(bzimage)?;
-    let compression =
-        Compression::detect(payload).ok_or(KernelError::Unsupported("an unknown format"))?;
-    let fail = |reason: String| KernelError::Decompress {
-        format: compression.name(),
-        reason,
-    };
+    let compression = Compression::detect(payload).ok_or(KernelError::Unsupported("an unknown format"))?;
+    let fail = |reason: String| KernelError::Decompress { format: compression.name(), reason };
     let mut out = Vec::new();
     match compression {
         Compression::None => out.extend_from_slice(payload),
         Compression::Gzip => {
-            flate2::read::GzDecoder::new(payload)
-                .read_to_end(&mut out)
-                .map_err(|e| fail(e.to_string()))?;
+            flate2::read::GzDecoder::new(payload).read_to_end(&mut out).map_err(|e| fail(e.to_string()))?;
         }
         Compression::Zstd => {
             let mut input = payload;
-            let mut decoder = ruzstd::decoding::StreamingDecoder::new(&mut input)
-                .map_err(|e| fail(e.to_string()))?;
-            decoder
-                .read_to_end(&mut out)
-                .map_err(|e| fail(e.to_string()))?;
+            let mut decoder = ruzstd::decoding::StreamingDecoder::new(&mut input).map_err(|e| fail(e.to_string()))?;
+            decoder.read_to_end(&mut out).map_err(|e| fail(e.to_string()))?;
         }
         Compression::Lz4 => out = lz4_legacy(payload).map_err(fail)?,
         other => return Err(KernelError::Unsupported(other.name())),
@@ -171,8 +148,7 @@ fn lz4_legacy(payload: &[u8]) -> Result<Vec<u8>, String> {
         };
         let start = out.len();
         out.resize(start + BLOCK_MAX, 0);
-        let n = lz4_flex::block::decompress_into(block, &mut out[start..])
-            .map_err(|e| e.to_string())?;
+        let n = lz4_flex::block::decompress_into(block, &mut out[start..]).map_err(|e| e.to_string())?;
         out.truncate(start + n);
         at += size;
     }
@@ -217,10 +193,7 @@ mod tests {
         let vmlinux = fake_vmlinux();
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         gz.write_all(&vmlinux).unwrap();
-        let zstd = ruzstd::encoding::compress_to_vec(
-            &vmlinux[..],
-            ruzstd::encoding::CompressionLevel::Fastest,
-        );
+        let zstd = ruzstd::encoding::compress_to_vec(&vmlinux[..], ruzstd::encoding::CompressionLevel::Fastest);
         let mut lz4 = 0x184c_2102u32.to_le_bytes().to_vec();
         for chunk in vmlinux.chunks(300_000) {
             let block = lz4_flex::block::compress(chunk);
@@ -235,24 +208,12 @@ mod tests {
 
     #[test]
     fn reports_what_it_cannot_do() {
-        assert!(matches!(
-            extract_vmlinux(b"not a kernel at all, clearly"),
-            Err(KernelError::NotBzImage(_))
-        ));
-        assert!(matches!(
-            extract_vmlinux(&bzimage_with(b"\xfd7zXZ\x00rest")),
-            Err(KernelError::Unsupported("xz"))
-        ));
-        assert!(matches!(
-            extract_vmlinux(&bzimage_with(b"\x1f\x8bgarbage")),
-            Err(KernelError::Decompress { .. })
-        ));
+        assert!(matches!(extract_vmlinux(b"not a kernel at all, clearly"), Err(KernelError::NotBzImage(_))));
+        assert!(matches!(extract_vmlinux(&bzimage_with(b"\xfd7zXZ\x00rest")), Err(KernelError::Unsupported("xz"))));
+        assert!(matches!(extract_vmlinux(&bzimage_with(b"\x1f\x8bgarbage")), Err(KernelError::Decompress { .. })));
         let mut bz = bzimage_with(b"\x7fELF");
         bz.truncate(bz.len() - 70);
-        assert!(matches!(
-            extract_vmlinux(&bz),
-            Err(KernelError::NotBzImage(_))
-        ));
+        assert!(matches!(extract_vmlinux(&bz), Err(KernelError::NotBzImage(_))));
         assert!(matches!(extract_vmlinux(&bzimage_with(b"\x7fELF")), Ok(v) if v == b"\x7fELF"));
     }
 }

@@ -19,20 +19,9 @@ mod tests {
     fn probe_is_a_small_x86_64_elf_with_a_pvh_note() {
         assert_eq!(&PROBE_ELF[..4], b"\x7fELF");
         assert_eq!(PROBE_ELF[4], 2, "64-bit");
-        assert_eq!(
-            u16::from_le_bytes([PROBE_ELF[18], PROBE_ELF[19]]),
-            62,
-            "x86-64"
-        );
-        assert!(
-            PROBE_ELF.len() < 256 * 1024,
-            "tens of KiB, got {}",
-            PROBE_ELF.len()
-        );
-        let note = PROBE_ELF
-            .windows(4)
-            .position(|w| w == b"Xen\0")
-            .expect("PVH note name");
+        assert_eq!(u16::from_le_bytes([PROBE_ELF[18], PROBE_ELF[19]]), 62, "x86-64");
+        assert!(PROBE_ELF.len() < 256 * 1024, "tens of KiB, got {}", PROBE_ELF.len());
+        let note = PROBE_ELF.windows(4).position(|w| w == b"Xen\0").expect("PVH note name");
         let note_type = u32::from_le_bytes(PROBE_ELF[note - 4..note].try_into().unwrap());
         assert_eq!(note_type, 18, "XEN_ELFNOTE_PHYS32_ENTRY");
     }

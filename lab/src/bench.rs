@@ -72,36 +72,21 @@ pub struct BootBenchConfig<'a> {
 /// Boots the probe `runs` times under each engine, alternating, and records wall times.
 pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
     let memory = config.memory_mib.to_string();
-    let ours = VmProcess::new(
-        config.driverlab,
-        ["--kernel", "probe", "--memory", memory.as_str()],
-        Duration::from_secs(30),
-    );
-    let mut result = BootBench {
-        driverlab: Vec::new(),
-        driverlab_in_vm: Vec::new(),
-        qemu: Vec::new(),
-    };
+    let ours =
+        VmProcess::new(config.driverlab, ["--kernel", "probe", "--memory", memory.as_str()], Duration::from_secs(30));
+    let mut result = BootBench { driverlab: Vec::new(), driverlab_in_vm: Vec::new(), qemu: Vec::new() };
     for run in 0..config.runs {
         let out = ours.run()?;
         let done = ProbeReport::parse(&out.serial).done();
         if out.code() != Some(0) || !done.is_some_and(|d| d.ok) {
-            return Err(BenchError::BadRun {
-                engine: "driverlab",
-                run,
-                detail: out.stderr,
-            });
+            return Err(BenchError::BadRun { engine: "driverlab", run, detail: out.stderr });
         }
         result.driverlab.push(out.wall);
         if let Some(exit) = out.exit {
-            result
-                .driverlab_in_vm
-                .push(Duration::from_secs_f64(exit.run_ms / 1e3));
+            result.driverlab_in_vm.push(Duration::from_secs_f64(exit.run_ms / 1e3));
         }
         if let Some(qemu) = config.qemu {
-            result
-                .qemu
-                .push(qemu_boot(qemu, config.probe_elf, &memory, run)?);
+            result.qemu.push(qemu_boot(qemu, config.probe_elf, &memory, run)?);
         }
     }
     Ok(result)
@@ -113,21 +98,11 @@ fn qemu_boot(qemu: &Path, probe: &Path, memory: &str, run: usize) -> Result<Dura
     let out = Command::new(qemu)
         .args(["-M", "microvm", "-accel", "kvm", "-m", memory, "-kernel"])
         .arg(probe)
-        .args([
-            "-nodefaults",
-            "-no-user-config",
-            "-nographic",
-            "-no-reboot",
-            "-serial",
-            "stdio",
-        ])
+        .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio"])
         .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
         .stdin(Stdio::null())
         .output()
-        .map_err(|source| BenchError::Qemu {
-            qemu: qemu.to_path_buf(),
-            source,
-        })?;
+        .map_err(|source| BenchError::Qemu { qemu: qemu.to_path_buf(), source })?;
     let wall = start.elapsed();
     let serial = String::from_utf8_lossy(&out.stdout);
     if !ProbeReport::parse(&serial).done().is_some_and(|d| d.ok) {

@@ -45,11 +45,7 @@ pub struct Boot {
 impl Boot {
     /// Total usable RAM in the memory map.
     pub fn usable_ram(&self) -> u64 {
-        self.e820
-            .iter()
-            .filter(|e| e.kind == 1)
-            .map(|e| e.size)
-            .sum()
+        self.e820.iter().filter(|e| e.kind == 1).map(|e| e.size).sum()
     }
 }
 
@@ -101,13 +97,7 @@ mod tests {
         assert_eq!(report.sections().len(), 2);
         let boot = report.boot().unwrap();
         assert_eq!((boot.entry.as_str(), boot.usable_ram()), ("pvh", 654336));
-        assert_eq!(
-            report.done(),
-            Some(Done {
-                ok: false,
-                failures: vec!["x".into()]
-            })
-        );
+        assert_eq!(report.done(), Some(Done { ok: false, failures: vec!["x".into()] }));
         assert!(report.section("viommu").is_none());
     }
 }

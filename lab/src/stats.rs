@@ -39,12 +39,7 @@ impl Summary {
 
     /// Summarises durations in milliseconds.
     pub fn of_millis(samples: &[Duration]) -> Option<Summary> {
-        Summary::of(
-            &samples
-                .iter()
-                .map(|d| d.as_secs_f64() * 1e3)
-                .collect::<Vec<_>>(),
-        )
+        Summary::of(&samples.iter().map(|d| d.as_secs_f64() * 1e3).collect::<Vec<_>>())
     }
 }
 

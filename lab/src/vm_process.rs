@@ -71,11 +71,7 @@ impl VmProcess {
         args: impl IntoIterator<Item = impl Into<OsString>>,
         deadline: Duration,
     ) -> Self {
-        VmProcess {
-            binary: binary.into(),
-            args: args.into_iter().map(Into::into).collect(),
-            deadline,
-        }
+        VmProcess { binary: binary.into(), args: args.into_iter().map(Into::into).collect(), deadline }
     }
 
     /// Runs the process to its end.
@@ -88,10 +84,7 @@ impl VmProcess {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|source| ProcessError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
+            .map_err(|source| ProcessError::Spawn { binary: self.binary.clone(), source })?;
         let stdout = drain(child.stdout.take());
         let stderr = drain(child.stderr.take());
         let mut killed = false;
@@ -100,10 +93,7 @@ impl VmProcess {
                 break status;
             }
             if start.elapsed() > self.deadline && !killed {
-                tracing::warn!(
-                    "VMM process passed its deadline of {:?}; killing it",
-                    self.deadline
-                );
+                tracing::warn!("VMM process passed its deadline of {:?}; killing it", self.deadline);
                 let _ = child.kill();
                 killed = true;
             }
@@ -112,14 +102,7 @@ impl VmProcess {
         let wall = start.elapsed();
         let serial = stdout.join().unwrap_or_default();
         let stderr = stderr.join().unwrap_or_default();
-        Ok(VmOutcome {
-            status,
-            exit: ExitSummary::find_in(&stderr),
-            serial,
-            stderr,
-            wall,
-            killed,
-        })
+        Ok(VmOutcome { status, exit: ExitSummary::find_in(&stderr), serial, stderr, wall, killed })
     }
 }
 
@@ -148,27 +131,15 @@ mod tests {
             "#!/bin/sh\ncase \"$3\" in\n quick) echo serial; echo '{\"vmm\":\"x\"}' >&2; exit 3;;\n slow) exec sleep 5;;\nesac\n",
         )
         .unwrap();
-        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 
-        let out = VmProcess::new(&fake, ["quick"], Duration::from_secs(5))
-            .run()
-            .unwrap();
-        assert_eq!(
-            (out.code(), out.serial.as_str(), out.killed),
-            (Some(3), "serial\n", false)
-        );
+        let out = VmProcess::new(&fake, ["quick"], Duration::from_secs(5)).run().unwrap();
+        assert_eq!((out.code(), out.serial.as_str(), out.killed), (Some(3), "serial\n", false));
         assert!(out.exit.is_none(), "not an exit line");
-        let out = VmProcess::new(&fake, ["slow"], Duration::from_millis(50))
-            .run()
-            .unwrap();
+        let out = VmProcess::new(&fake, ["slow"], Duration::from_millis(50)).run().unwrap();
         assert!(out.killed && out.signal() == Some(libc::SIGKILL));
         assert!(out.wall < Duration::from_secs(4));
-        let missing = VmProcess::new(
-            "/nonexistent/driverlab",
-            Vec::<String>::new(),
-            Duration::from_secs(1),
-        );
+        let missing = VmProcess::new("/nonexistent/driverlab", Vec::<String>::new(), Duration::from_secs(1));
         assert!(matches!(missing.run(), Err(ProcessError::Spawn { .. })));
     }
 }

@@ -21,9 +21,7 @@ pub struct Bdf {
 
 /// Why a PCI address did not parse.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-#[error(
-    "{input:?} is not a PCI address ({reason}); write it as 0000:63:00.0, as lspci -D shows it"
-)]
+#[error("{input:?} is not a PCI address ({reason}); write it as 0000:63:00.0, as lspci -D shows it")]
 pub struct BdfError {
     input: String,
     reason: &'static str,
@@ -40,13 +38,8 @@ impl FromStr for Bdf {
     type Err = BdfError;
 
     fn from_str(input: &str) -> Result<Bdf, BdfError> {
-        let fail = |reason| BdfError {
-            input: input.to_string(),
-            reason,
-        };
-        let (rest, function) = input
-            .rsplit_once('.')
-            .ok_or_else(|| fail("no '.' before the function"))?;
+        let fail = |reason| BdfError { input: input.to_string(), reason };
+        let (rest, function) = input.rsplit_once('.').ok_or_else(|| fail("no '.' before the function"))?;
         let parts: Vec<&str> = rest.split(':').collect();
         let (segment, bus, device) = match parts.as_slice() {
             [segment, bus, device] => (*segment, *bus, *device),
@@ -69,22 +62,13 @@ impl FromStr for Bdf {
         if function > 7 {
             return Err(fail("the function number must be at most 7"));
         }
-        Ok(Bdf {
-            segment,
-            bus,
-            device: device as u8,
-            function: function as u8,
-        })
+        Ok(Bdf { segment, bus, device: device as u8, function: function as u8 })
     }
 }
 
 impl fmt::Display for Bdf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:04x}:{:02x}:{:02x}.{:x}",
-            self.segment, self.bus, self.device, self.function
-        )
+        write!(f, "{:04x}:{:02x}:{:02x}.{:x}", self.segment, self.bus, self.device, self.function)
     }
 }
 
@@ -109,15 +93,7 @@ mod tests {
     #[test]
     fn parses_and_prints_canonically() {
         let bdf: Bdf = "0000:63:00.0".parse().unwrap();
-        assert_eq!(
-            bdf,
-            Bdf {
-                segment: 0,
-                bus: 0x63,
-                device: 0,
-                function: 0
-            }
-        );
+        assert_eq!(bdf, Bdf { segment: 0, bus: 0x63, device: 0, function: 0 });
         assert_eq!(bdf.to_string(), "0000:63:00.0");
         assert_eq!("3:1f.7".parse::<Bdf>().unwrap().to_string(), "0000:03:1f.7");
         assert_eq!("ABCD:ff:1F.7".parse::<Bdf>().unwrap().routing_id(), 0xffff);
@@ -137,10 +113,7 @@ mod tests {
             "63:00.-1",
         ] {
             let err = bad.parse::<Bdf>().unwrap_err().to_string();
-            assert!(
-                err.contains("not a PCI address") && err.contains("0000:63:00.0"),
-                "{bad}: {err}"
-            );
+            assert!(err.contains("not a PCI address") && err.contains("0000:63:00.0"), "{bad}: {err}");
         }
     }
 }

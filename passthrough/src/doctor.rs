@@ -34,32 +34,17 @@ pub struct Check {
 impl Check {
     /// A passing check.
     pub fn pass(name: &'static str, detail: impl Into<String>) -> Check {
-        Check {
-            name,
-            status: Status::Pass,
-            detail: detail.into(),
-            fix: None,
-        }
+        Check { name, status: Status::Pass, detail: detail.into(), fix: None }
     }
 
     /// A warning with its remedy.
     pub fn warn(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
-        Check {
-            name,
-            status: Status::Warn,
-            detail: detail.into(),
-            fix: Some(fix.into()),
-        }
+        Check { name, status: Status::Warn, detail: detail.into(), fix: Some(fix.into()) }
     }
 
     /// A failure with its fix.
     pub fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
-        Check {
-            name,
-            status: Status::Fail,
-            detail: detail.into(),
-            fix: Some(fix.into()),
-        }
+        Check { name, status: Status::Fail, detail: detail.into(), fix: Some(fix.into()) }
     }
 }
 
@@ -96,10 +81,7 @@ impl HostFacts {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
         HostFacts {
-            cmdline: std::fs::read_to_string("/proc/cmdline")
-                .unwrap_or_default()
-                .trim()
-                .to_string(),
+            cmdline: std::fs::read_to_string("/proc/cmdline").unwrap_or_default().trim().to_string(),
             vfio_container: std::path::Path::new("/dev/vfio/vfio").exists(),
             iommufd: std::path::Path::new("/dev/iommu").exists(),
             memlock_limit: memlock_limit(),
@@ -113,28 +95,15 @@ impl HostFacts {
 const CAP_IPC_LOCK: u32 = 14;
 
 fn memlock_limit() -> Option<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes into the struct we pass.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } == 0;
     (ok && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
 }
 
 /// Runs the passthrough checks for `device` (if given) and a guest of `guest_memory` bytes.
-pub fn check(
-    sysfs: &Sysfs,
-    facts: &HostFacts,
-    device: Option<Bdf>,
-    guest_memory: u64,
-) -> Vec<Check> {
-    let mut checks = vec![
-        iommu(sysfs, facts),
-        vfio(facts),
-        memlock(facts, guest_memory),
-        hugepages(facts),
-    ];
+pub fn check(sysfs: &Sysfs, facts: &HostFacts, device: Option<Bdf>, guest_memory: u64) -> Vec<Check> {
+    let mut checks = vec![iommu(sysfs, facts), vfio(facts), memlock(facts, guest_memory), hugepages(facts)];
     if let Some(bdf) = device {
         checks.extend(device_checks(sysfs, bdf));
     }
@@ -147,20 +116,12 @@ fn iommu(sysfs: &Sysfs, facts: &HostFacts) -> Check {
     if !groups.is_empty() {
         return Check::pass("iommu", format!("{} IOMMU groups", groups.len()));
     }
-    let params: Vec<&str> = facts
-        .cmdline
-        .split_whitespace()
-        .filter(|w| w.contains("iommu"))
-        .collect();
+    let params: Vec<&str> = facts.cmdline.split_whitespace().filter(|w| w.contains("iommu")).collect();
     Check::fail(
         "iommu",
         format!(
             "no IOMMU groups in /sys/kernel/iommu_groups (IOMMU parameters on the kernel command line: {})",
-            if params.is_empty() {
-                "none".to_string()
-            } else {
-                params.join(" ")
-            }
+            if params.is_empty() { "none".to_string() } else { params.join(" ") }
         ),
         "enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the firmware set-up, then boot with \
          intel_iommu=on iommu=pt (Intel) or iommu=pt (AMD, where the IOMMU is on by default)",
@@ -184,28 +145,17 @@ fn vfio(facts: &HostFacts) -> Check {
 fn memlock(facts: &HostFacts, guest_memory: u64) -> Check {
     let mib = |b: u64| b >> 20;
     if facts.cap_ipc_lock {
-        return Check::pass(
-            "memlock",
-            "CAP_IPC_LOCK held: VFIO may pin any amount of guest memory",
-        );
+        return Check::pass("memlock", "CAP_IPC_LOCK held: VFIO may pin any amount of guest memory");
     }
     match facts.memlock_limit {
         None => Check::pass("memlock", "RLIMIT_MEMLOCK is unlimited"),
         Some(limit) if limit >= guest_memory => Check::pass(
             "memlock",
-            format!(
-                "RLIMIT_MEMLOCK {} MiB covers {} MiB of guest memory",
-                mib(limit),
-                mib(guest_memory)
-            ),
+            format!("RLIMIT_MEMLOCK {} MiB covers {} MiB of guest memory", mib(limit), mib(guest_memory)),
         ),
         Some(limit) => Check::fail(
             "memlock",
-            format!(
-                "RLIMIT_MEMLOCK is {} KiB; VFIO pins all {} MiB of guest memory",
-                limit >> 10,
-                mib(guest_memory)
-            ),
+            format!("RLIMIT_MEMLOCK is {} KiB; VFIO pins all {} MiB of guest memory", limit >> 10, mib(guest_memory)),
             "run `ulimit -l unlimited` in the shell that starts driverlab, or add `<user> - memlock unlimited` to \
              /etc/security/limits.conf (LimitMEMLOCK=infinity for a systemd service)",
         ),
@@ -214,10 +164,7 @@ fn memlock(facts: &HostFacts, guest_memory: u64) -> Check {
 
 fn hugepages(facts: &HostFacts) -> Check {
     if facts.hugepages > 0 {
-        Check::pass(
-            "hugepages",
-            format!("{} hugepages of 2 MiB reserved", facts.hugepages),
-        )
+        Check::pass("hugepages", format!("{} hugepages of 2 MiB reserved", facts.hugepages))
     } else {
         Check::warn(
             "hugepages",
@@ -239,24 +186,15 @@ fn device_checks(sysfs: &Sysfs, bdf: Bdf) -> Vec<Check> {
     let device = match sysfs.device(bdf) {
         Ok(device) => device,
         Err(e) => {
-            return vec![Check::fail(
-                "device",
-                e.to_string(),
-                "check the address with `lspci -D`",
-            )];
+            return vec![Check::fail("device", e.to_string(), "check the address with `lspci -D`")];
         }
     };
-    let mut checks = vec![Check::pass(
-        "device",
-        format!("{bdf} is {:04x}:{:04x}", device.vendor, device.device),
-    )];
+    let mut checks = vec![Check::pass("device", format!("{bdf} is {:04x}:{:04x}", device.vendor, device.device))];
     checks.push(match device.driver.as_deref() {
         Some("vfio-pci") => Check::pass("driver", format!("{bdf} is bound to vfio-pci")),
-        other => Check::fail(
-            "driver",
-            format!("{bdf} is bound to {}", other.unwrap_or("no driver")),
-            bind_commands(bdf),
-        ),
+        other => {
+            Check::fail("driver", format!("{bdf} is bound to {}", other.unwrap_or("no driver")), bind_commands(bdf))
+        }
     });
     let Some(group) = device.iommu_group else {
         checks.push(Check::fail(
@@ -280,17 +218,11 @@ fn device_checks(sysfs: &Sysfs, bdf: Bdf) -> Vec<Check> {
         })
         .collect();
     checks.push(if unbound.is_empty() {
-        Check::pass(
-            "group",
-            format!("IOMMU group {group}: every endpoint is on vfio-pci or unbound"),
-        )
+        Check::pass("group", format!("IOMMU group {group}: every endpoint is on vfio-pci or unbound"))
     } else {
         Check::fail(
             "group",
-            format!(
-                "IOMMU group {group} also holds {}, which must be bound to vfio-pci too",
-                unbound.join(", ")
-            ),
+            format!("IOMMU group {group} also holds {}, which must be bound to vfio-pci too", unbound.join(", ")),
             "bind each of them to vfio-pci the same way as the device (see the driver check)",
         )
     });
@@ -317,14 +249,8 @@ fn thunderbolt(sysfs: &Sysfs) -> Check {
             .collect();
         Check::fail(
             "thunderbolt",
-            format!(
-                "Thunderbolt devices not authorized: {} (their PCIe tunnels are down)",
-                unauthorized.join(", ")
-            ),
-            format!(
-                "{} (or `boltctl enroll --policy auto UUID`)",
-                commands.join("; ")
-            ),
+            format!("Thunderbolt devices not authorized: {} (their PCIe tunnels are down)", unauthorized.join(", ")),
+            format!("{} (or `boltctl enroll --policy auto UUID`)", commands.join("; ")),
         )
     }
 }
@@ -346,10 +272,7 @@ mod tests {
     }
 
     fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
-        checks
-            .iter()
-            .find(|c| c.name == name)
-            .unwrap_or_else(|| panic!("no {name} check"))
+        checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no {name} check"))
     }
 
     #[test]
@@ -361,79 +284,30 @@ mod tests {
             assert_eq!(c.status, Status::Fail, "{c:?}");
             assert!(c.fix.as_deref().is_some_and(|f| !f.is_empty()));
         }
-        assert!(
-            find(&checks, "iommu")
-                .fix
-                .as_deref()
-                .unwrap()
-                .contains("intel_iommu=on")
-        );
-        assert!(
-            find(&checks, "vfio")
-                .fix
-                .as_deref()
-                .unwrap()
-                .contains("modprobe vfio-pci")
-        );
+        assert!(find(&checks, "iommu").fix.as_deref().unwrap().contains("intel_iommu=on"));
+        assert!(find(&checks, "vfio").fix.as_deref().unwrap().contains("modprobe vfio-pci"));
         assert_eq!(find(&checks, "hugepages").status, Status::Warn);
     }
 
     #[test]
     fn a_device_on_the_wrong_driver_gets_bind_commands() {
         let root = tempfile::tempdir().unwrap();
-        fake::add_device(
-            root.path(),
-            "0000:63:00.0",
-            0x1d6a,
-            0x00b1,
-            Some("atlantic"),
-            Some(7),
-        );
-        fake::add_device(
-            root.path(),
-            "0000:63:00.1",
-            0x1d6a,
-            0x00b1,
-            Some("snd_hda_intel"),
-            Some(7),
-        );
-        fake::add_device(
-            root.path(),
-            "0000:62:00.0",
-            0x8086,
-            0x1234,
-            Some("pcieport"),
-            Some(7),
-        );
-        let facts = HostFacts {
-            vfio_container: true,
-            memlock_limit: None,
-            ..facts()
-        };
-        let checks = check(
-            &Sysfs::at(root.path()),
-            &facts,
-            Some("0000:63:00.0".parse().unwrap()),
-            256 << 20,
-        );
+        fake::add_device(root.path(), "0000:63:00.0", 0x1d6a, 0x00b1, Some("atlantic"), Some(7));
+        fake::add_device(root.path(), "0000:63:00.1", 0x1d6a, 0x00b1, Some("snd_hda_intel"), Some(7));
+        fake::add_device(root.path(), "0000:62:00.0", 0x8086, 0x1234, Some("pcieport"), Some(7));
+        let facts = HostFacts { vfio_container: true, memlock_limit: None, ..facts() };
+        let checks = check(&Sysfs::at(root.path()), &facts, Some("0000:63:00.0".parse().unwrap()), 256 << 20);
         assert_eq!(find(&checks, "iommu").status, Status::Pass);
         assert_eq!(find(&checks, "vfio").status, Status::Pass);
         assert_eq!(find(&checks, "memlock").status, Status::Pass);
         let driver = find(&checks, "driver");
         assert_eq!(driver.status, Status::Fail);
         assert!(driver.detail.contains("atlantic"));
-        assert!(
-            driver
-                .fix
-                .as_deref()
-                .unwrap()
-                .contains("/sys/bus/pci/devices/0000:63:00.0/driver_override")
-        );
+        assert!(driver.fix.as_deref().unwrap().contains("/sys/bus/pci/devices/0000:63:00.0/driver_override"));
         let group = find(&checks, "group");
         assert_eq!(group.status, Status::Fail);
         assert!(
-            group.detail.contains("0000:63:00.1 (snd_hda_intel)")
-                && !group.detail.contains("62:00.0"),
+            group.detail.contains("0000:63:00.1 (snd_hda_intel)") && !group.detail.contains("62:00.0"),
             "{}",
             group.detail
         );
@@ -451,24 +325,14 @@ mod tests {
         let checks = check(&Sysfs::at(root.path()), &facts(), None, 0);
         let tb = find(&checks, "thunderbolt");
         assert_eq!(tb.status, Status::Fail);
-        assert!(
-            tb.fix
-                .as_deref()
-                .unwrap()
-                .contains("/sys/bus/thunderbolt/devices/0-1/authorized")
-        );
+        assert!(tb.fix.as_deref().unwrap().contains("/sys/bus/thunderbolt/devices/0-1/authorized"));
         assert!(!tb.detail.contains("0-0"));
     }
 
     #[test]
     fn a_missing_device_is_one_failure() {
         let root = tempfile::tempdir().unwrap();
-        let checks = check(
-            &Sysfs::at(root.path()),
-            &facts(),
-            Some("0000:99:00.0".parse().unwrap()),
-            0,
-        );
+        let checks = check(&Sysfs::at(root.path()), &facts(), Some("0000:99:00.0".parse().unwrap()), 0);
         assert_eq!(find(&checks, "device").status, Status::Fail);
         assert!(checks.iter().all(|c| c.name != "driver"));
     }

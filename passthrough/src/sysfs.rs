@@ -44,9 +44,7 @@ pub struct HostDevice {
 impl Sysfs {
     /// The host's sysfs.
     pub fn host() -> Sysfs {
-        Sysfs {
-            root: PathBuf::from("/"),
-        }
+        Sysfs { root: PathBuf::from("/") }
     }
 
     /// A sysfs tree rooted at `root` (which contains `sys/`).
@@ -80,21 +78,18 @@ impl Sysfs {
 
     /// The IOMMU groups the host has.
     pub fn iommu_groups(&self) -> Vec<u32> {
-        let mut groups: Vec<u32> = list(&self.path("/sys/kernel/iommu_groups"))
-            .iter()
-            .filter_map(|n| n.parse().ok())
-            .collect();
+        let mut groups: Vec<u32> =
+            list(&self.path("/sys/kernel/iommu_groups")).iter().filter_map(|n| n.parse().ok()).collect();
         groups.sort_unstable();
         groups
     }
 
     /// The devices in IOMMU group `group`.
     pub fn group_members(&self, group: u32) -> Vec<Bdf> {
-        let mut members: Vec<Bdf> =
-            list(&self.path(&format!("/sys/kernel/iommu_groups/{group}/devices")))
-                .iter()
-                .filter_map(|n| n.parse().ok())
-                .collect();
+        let mut members: Vec<Bdf> = list(&self.path(&format!("/sys/kernel/iommu_groups/{group}/devices")))
+            .iter()
+            .filter_map(|n| n.parse().ok())
+            .collect();
         members.sort();
         members
     }
@@ -104,10 +99,7 @@ impl Sysfs {
         let dir = self.path("/sys/bus/thunderbolt/devices");
         let mut names: Vec<String> = list(&dir)
             .into_iter()
-            .filter(|name| {
-                std::fs::read_to_string(dir.join(name).join("authorized"))
-                    .is_ok_and(|v| v.trim() == "0")
-            })
+            .filter(|name| std::fs::read_to_string(dir.join(name).join("authorized")).is_ok_and(|v| v.trim() == "0"))
             .collect();
         names.sort();
         names
@@ -115,16 +107,10 @@ impl Sysfs {
 }
 
 fn read_hex(path: &Path) -> Result<u32, SysfsError> {
-    let text = std::fs::read_to_string(path).map_err(|e| SysfsError::Attribute {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    u32::from_str_radix(text.trim().trim_start_matches("0x"), 16).map_err(|e| {
-        SysfsError::Attribute {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        }
-    })
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| SysfsError::Attribute { path: path.to_path_buf(), reason: e.to_string() })?;
+    u32::from_str_radix(text.trim().trim_start_matches("0x"), 16)
+        .map_err(|e| SysfsError::Attribute { path: path.to_path_buf(), reason: e.to_string() })
 }
 
 /// The file name a symlink points at (`driver` -> `.../drivers/vfio-pci` gives `vfio-pci`).
@@ -135,12 +121,7 @@ fn link_name(path: &Path) -> Option<String> {
 
 fn list(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
+        .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default()
 }
 
@@ -151,14 +132,7 @@ pub(crate) mod fake {
     use std::path::Path;
 
     /// Adds PCI device `bdf` with IDs, an optional driver and an optional IOMMU group.
-    pub fn add_device(
-        root: &Path,
-        bdf: &str,
-        vendor: u16,
-        device: u16,
-        driver: Option<&str>,
-        group: Option<u32>,
-    ) {
+    pub fn add_device(root: &Path, bdf: &str, vendor: u16, device: u16, driver: Option<&str>, group: Option<u32>) {
         let dir = root.join("sys/bus/pci/devices").join(bdf);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("vendor"), format!("0x{vendor:04x}\n")).unwrap();
@@ -184,24 +158,12 @@ mod tests {
     #[test]
     fn reads_ids_driver_and_group() {
         let root = tempfile::tempdir().unwrap();
-        fake::add_device(
-            root.path(),
-            "0000:63:00.0",
-            0x1d6a,
-            0x00b1,
-            Some("vfio-pci"),
-            Some(14),
-        );
+        fake::add_device(root.path(), "0000:63:00.0", 0x1d6a, 0x00b1, Some("vfio-pci"), Some(14));
         fake::add_device(root.path(), "0000:63:00.1", 0x1d6a, 0x00b2, None, Some(14));
         let sysfs = Sysfs::at(root.path());
         let dev = sysfs.device("0000:63:00.0".parse().unwrap()).unwrap();
         assert_eq!(
-            (
-                dev.vendor,
-                dev.device,
-                dev.driver.as_deref(),
-                dev.iommu_group
-            ),
+            (dev.vendor, dev.device, dev.driver.as_deref(), dev.iommu_group),
             (0x1d6a, 0xb1, Some("vfio-pci"), Some(14))
         );
         assert_eq!(sysfs.iommu_groups(), vec![14]);

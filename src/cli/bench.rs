@@ -32,12 +32,7 @@ impl BenchCommand {
     /// Runs the benchmark and prints its figures.
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
-            BenchCommand::Boot {
-                runs,
-                memory,
-                qemu,
-                no_qemu,
-            } => boot(runs, memory, (!no_qemu).then_some(qemu)),
+            BenchCommand::Boot { runs, memory, qemu, no_qemu } => boot(runs, memory, (!no_qemu).then_some(qemu)),
         }
     }
 }
@@ -58,29 +53,16 @@ fn boot(runs: usize, memory: u64, qemu: Option<PathBuf>) -> anyhow::Result<u8> {
     let probe = dir.join("probe.elf");
     std::fs::write(&probe, guest_images::PROBE_ELF)?;
     let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
-    let config = BootBenchConfig {
-        driverlab: &driverlab,
-        probe_elf: &probe,
-        qemu: qemu.as_deref(),
-        runs,
-        memory_mib: memory,
-    };
+    let config =
+        BootBenchConfig { driverlab: &driverlab, probe_elf: &probe, qemu: qemu.as_deref(), runs, memory_mib: memory };
     let result = bench::boot(&config);
     let _ = std::fs::remove_dir_all(&dir);
     let result = result?;
 
-    println!(
-        "boot to poweroff of the probe guest, {memory} MiB, {runs} runs per engine, wall ms (spawn to exit)"
-    );
-    println!(
-        "{:<28} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "engine", "n", "min", "p10", "median", "p90", "max"
-    );
+    println!("boot to poweroff of the probe guest, {memory} MiB, {runs} runs per engine, wall ms (spawn to exit)");
+    println!("{:<28} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9}", "engine", "n", "min", "p10", "median", "p90", "max");
     row("driverlab", Summary::of_millis(&result.driverlab));
-    row(
-        "  of which in the VM",
-        Summary::of_millis(&result.driverlab_in_vm),
-    );
+    row("  of which in the VM", Summary::of_millis(&result.driverlab_in_vm));
     if qemu.is_some() {
         row("qemu -M microvm", Summary::of_millis(&result.qemu));
     }

@@ -40,12 +40,7 @@ fn kvm_check() -> Check {
 /// Runs the checks; exit code 1 if any failed.
 pub fn run(args: DoctorArgs) -> anyhow::Result<u8> {
     let mut checks = vec![kvm_check()];
-    checks.extend(doctor::check(
-        &Sysfs::host(),
-        &HostFacts::read(),
-        args.device,
-        args.memory << 20,
-    ));
+    checks.extend(doctor::check(&Sysfs::host(), &HostFacts::read(), args.device, args.memory << 20));
     if args.json {
         println!("{}", serde_json::to_string_pretty(&checks)?);
     } else {

@@ -32,21 +32,14 @@ impl ImageCommand {
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
             ImageCommand::Probe { out } => {
-                std::fs::write(&out, guest_images::PROBE_ELF)
-                    .with_context(|| format!("writing {}", out.display()))?;
-                println!(
-                    "{}: probe guest, {} bytes",
-                    out.display(),
-                    guest_images::PROBE_ELF.len()
-                );
+                std::fs::write(&out, guest_images::PROBE_ELF).with_context(|| format!("writing {}", out.display()))?;
+                println!("{}: probe guest, {} bytes", out.display(), guest_images::PROBE_ELF.len());
             }
             ImageCommand::Vmlinux { from, out } => {
-                let bzimage =
-                    std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
-                let vmlinux = guest_images::kernel::extract_vmlinux(&bzimage)
-                    .with_context(|| from.display().to_string())?;
-                std::fs::write(&out, &vmlinux)
-                    .with_context(|| format!("writing {}", out.display()))?;
+                let bzimage = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+                let vmlinux =
+                    guest_images::kernel::extract_vmlinux(&bzimage).with_context(|| from.display().to_string())?;
+                std::fs::write(&out, &vmlinux).with_context(|| format!("writing {}", out.display()))?;
                 println!("{}: vmlinux, {} bytes", out.display(), vmlinux.len());
             }
         }

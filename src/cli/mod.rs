@@ -65,11 +65,7 @@ pub fn init_logging(filter: Option<&str>) {
         .map(tracing_subscriber::EnvFilter::new)
         .or_else(|| tracing_subscriber::EnvFilter::try_from_default_env().ok())
         .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
 }
 
 /// An error that carries the exit code it should end the process with.

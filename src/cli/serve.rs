@@ -54,9 +54,7 @@ async fn shutdown_signal() {
 pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
     let socket = args.socket.unwrap_or_else(server::default_socket);
     let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
-    let state = AppState {
-        driverlab: Arc::new(driverlab),
-    };
+    let state = AppState { driverlab: Arc::new(driverlab) };
     eprintln!("driverlab API on {}", socket.display());
     runtime()?.block_on(server::serve(&socket, state, shutdown_signal()))?;
     Ok(0)
@@ -69,12 +67,7 @@ pub fn request(args: ApiArgs) -> anyhow::Result<u8> {
     let method = args.method.to_uppercase();
     let (status, body) = runtime()?
         .block_on(client.request(&method, &args.path, args.data.map(String::into_bytes)))
-        .with_context(|| {
-            format!(
-                "is `driverlab serve --socket {}` running?",
-                socket.display()
-            )
-        })?;
+        .with_context(|| format!("is `driverlab serve --socket {}` running?", socket.display()))?;
     println!("{}", String::from_utf8_lossy(&body));
     Ok(u8::from(status >= 400))
 }

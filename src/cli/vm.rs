@@ -73,28 +73,19 @@ pub struct RunArgs {
 }
 
 fn bad_input(message: String) -> anyhow::Error {
-    CodedError {
-        message,
-        code: vmm::exit::code::BAD_INPUT as u8,
-    }
-    .into()
+    CodedError { message, code: vmm::exit::code::BAD_INPUT as u8 }.into()
 }
 
 fn run(args: RunArgs) -> anyhow::Result<u8> {
     let kernel = match args.kernel.as_str() {
-        "probe" => KernelSource::Embedded {
-            name: "probe",
-            image: guest_images::PROBE_ELF,
-        },
+        "probe" => KernelSource::Embedded { name: "probe", image: guest_images::PROBE_ELF },
         path => KernelSource::File(PathBuf::from(path)),
     };
     let timeout = match args.timeout {
         None => None,
         Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
         Some(s) => {
-            return Err(bad_input(format!(
-                "--timeout {s}: must be a positive number of seconds"
-            )));
+            return Err(bad_input(format!("--timeout {s}: must be a positive number of seconds")));
         }
     };
     let config = VmConfig {
@@ -117,10 +108,6 @@ fn run(args: RunArgs) -> anyhow::Result<u8> {
             eprintln!("{}", summary.to_json());
             Ok(summary.exit_code as u8)
         }
-        Err(e) => Err(CodedError {
-            message: e.to_string(),
-            code: e.exit_code() as u8,
-        }
-        .into()),
+        Err(e) => Err(CodedError { message: e.to_string(), code: e.exit_code() as u8 }.into()),
     }
 }

@@ -14,11 +14,7 @@ pub fn driverlab() -> PathBuf {
 
 /// True if /dev/kvm can be opened; otherwise prints why the calling test skips.
 pub fn kvm_available(test: &str) -> bool {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
+    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
         Ok(_) => true,
         Err(e) => {
             eprintln!("SKIP {test}: /dev/kvm is not usable here ({e}); KVM tests need it");
@@ -29,17 +25,12 @@ pub fn kvm_available(test: &str) -> bool {
 
 /// Runs `driverlab vm run ARGS` with a generous backstop deadline.
 pub fn vm_run(args: &[&str]) -> VmOutcome {
-    VmProcess::new(driverlab(), args, Duration::from_secs(300))
-        .run()
-        .expect("driverlab starts")
+    VmProcess::new(driverlab(), args, Duration::from_secs(300)).run().expect("driverlab starts")
 }
 
 /// Runs `driverlab ARGS` (any subcommand) and returns (exit code, stdout, stderr).
 pub fn driverlab_cmd(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = std::process::Command::new(driverlab())
-        .args(args)
-        .output()
-        .expect("driverlab starts");
+    let out = std::process::Command::new(driverlab()).args(args).output().expect("driverlab starts");
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -39,14 +39,9 @@ impl KernelSource {
     pub fn read(&self) -> Result<Cow<'static, [u8]>, ConfigError> {
         match self {
             KernelSource::Embedded { image, .. } => Ok(Cow::Borrowed(image)),
-            KernelSource::File(path) => {
-                std::fs::read(path)
-                    .map(Cow::Owned)
-                    .map_err(|e| ConfigError::Kernel {
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    })
-            }
+            KernelSource::File(path) => std::fs::read(path)
+                .map(Cow::Owned)
+                .map_err(|e| ConfigError::Kernel { path: path.clone(), reason: e.to_string() }),
         }
     }
 }
@@ -68,14 +63,9 @@ impl SerialOutput {
     pub fn open(&self) -> Result<Box<dyn Write + Send>, ConfigError> {
         Ok(match self {
             SerialOutput::Stdout => Box::new(std::io::stdout()),
-            SerialOutput::File(path) => {
-                Box::new(LineWriter::new(File::create(path).map_err(|e| {
-                    ConfigError::Serial {
-                        path: path.clone(),
-                        reason: e.to_string(),
-                    }
-                })?))
-            }
+            SerialOutput::File(path) => Box::new(LineWriter::new(
+                File::create(path).map_err(|e| ConfigError::Serial { path: path.clone(), reason: e.to_string() })?,
+            )),
             SerialOutput::Discard => Box::new(std::io::sink()),
         })
     }
@@ -166,10 +156,7 @@ impl VmConfig {
         }
         let host = host_memory().unwrap_or(u64::MAX);
         if self.memory_mib.saturating_mul(MIB) > host {
-            return Err(ConfigError::MemoryExceedsHost {
-                asked: self.memory_mib,
-                host: host / MIB,
-            });
+            return Err(ConfigError::MemoryExceedsHost { asked: self.memory_mib, host: host / MIB });
         }
         if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
             return Err(ConfigError::Vcpus(self.vcpus));
@@ -189,57 +176,20 @@ mod tests {
     fn validation_names_the_option() {
         let ok = VmConfig::default();
         assert_eq!(ok.validate(), Ok(()));
-        let zero = VmConfig {
-            memory_mib: 0,
-            ..VmConfig::default()
-        };
+        let zero = VmConfig { memory_mib: 0, ..VmConfig::default() };
         assert_eq!(zero.validate(), Err(ConfigError::MemoryTooSmall(0)));
-        assert!(
-            zero.validate()
-                .unwrap_err()
-                .to_string()
-                .starts_with("--memory 0")
-        );
-        let huge = VmConfig {
-            memory_mib: u64::MAX / MIB,
-            ..VmConfig::default()
-        };
-        assert!(matches!(
-            huge.validate(),
-            Err(ConfigError::MemoryExceedsHost { .. })
-        ));
-        assert_eq!(
-            VmConfig {
-                vcpus: 0,
-                ..VmConfig::default()
-            }
-            .validate(),
-            Err(ConfigError::Vcpus(0))
-        );
-        assert_eq!(
-            VmConfig {
-                vcpus: 255,
-                ..VmConfig::default()
-            }
-            .validate(),
-            Err(ConfigError::Vcpus(255))
-        );
-        let t = VmConfig {
-            timeout: Some(Duration::ZERO),
-            ..VmConfig::default()
-        };
+        assert!(zero.validate().unwrap_err().to_string().starts_with("--memory 0"));
+        let huge = VmConfig { memory_mib: u64::MAX / MIB, ..VmConfig::default() };
+        assert!(matches!(huge.validate(), Err(ConfigError::MemoryExceedsHost { .. })));
+        assert_eq!(VmConfig { vcpus: 0, ..VmConfig::default() }.validate(), Err(ConfigError::Vcpus(0)));
+        assert_eq!(VmConfig { vcpus: 255, ..VmConfig::default() }.validate(), Err(ConfigError::Vcpus(255)));
+        let t = VmConfig { timeout: Some(Duration::ZERO), ..VmConfig::default() };
         assert_eq!(t.validate(), Err(ConfigError::ZeroTimeout));
     }
 
     #[test]
     fn unreadable_kernel_names_the_path() {
-        let err = KernelSource::File("/nonexistent/vmlinux".into())
-            .read()
-            .unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with("kernel image /nonexistent/vmlinux: "),
-            "{err}"
-        );
+        let err = KernelSource::File("/nonexistent/vmlinux".into()).read().unwrap_err();
+        assert!(err.to_string().starts_with("kernel image /nonexistent/vmlinux: "), "{err}");
     }
 }

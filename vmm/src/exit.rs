@@ -97,12 +97,10 @@ impl ExitReason {
     /// Details worth printing, if any.
     pub fn detail(&self) -> Option<String> {
         match self {
-            ExitReason::InternalError { suberror, detail } => {
-                Some(format!("suberror {suberror}: {detail}"))
+            ExitReason::InternalError { suberror, detail } => Some(format!("suberror {suberror}: {detail}")),
+            ExitReason::EntryFailure { hardware_reason } => {
+                Some(format!("hardware entry failure reason {hardware_reason:#x}"))
             }
-            ExitReason::EntryFailure { hardware_reason } => Some(format!(
-                "hardware entry failure reason {hardware_reason:#x}"
-            )),
             ExitReason::VmmError(e) => Some(e.clone()),
             _ => None,
         }
@@ -144,16 +142,8 @@ impl VmStop {
     pub fn wait(&self, timeout: Option<Duration>) -> Option<ExitReason> {
         let guard = self.reason.lock().unwrap_or_else(|p| p.into_inner());
         let guard = match timeout {
-            Some(t) => {
-                self.changed
-                    .wait_timeout_while(guard, t, |r| r.is_none())
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0
-            }
-            None => self
-                .changed
-                .wait_while(guard, |r| r.is_none())
-                .unwrap_or_else(|p| p.into_inner()),
+            Some(t) => self.changed.wait_timeout_while(guard, t, |r| r.is_none()).unwrap_or_else(|p| p.into_inner()).0,
+            None => self.changed.wait_while(guard, |r| r.is_none()).unwrap_or_else(|p| p.into_inner()),
         };
         guard.clone()
     }
@@ -236,17 +226,12 @@ pub struct ExitSummary {
 impl ExitSummary {
     /// The exit line as JSON.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self)
-            .unwrap_or_else(|e| format!("{{\"vmm\":\"exit\",\"error\":\"{e}\"}}"))
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"vmm\":\"exit\",\"error\":\"{e}\"}}"))
     }
 
     /// Finds and parses the exit line in a VMM's stderr.
     pub fn find_in(stderr: &str) -> Option<ExitSummary> {
-        stderr
-            .lines()
-            .rev()
-            .filter(|l| l.starts_with("{\"vmm\":\"exit\""))
-            .find_map(|l| serde_json::from_str(l).ok())
+        stderr.lines().rev().filter(|l| l.starts_with("{\"vmm\":\"exit\"")).find_map(|l| serde_json::from_str(l).ok())
     }
 }
 
@@ -261,10 +246,7 @@ mod tests {
             ExitReason::PowerOff,
             ExitReason::VmmError("x".into()),
             ExitReason::Reset,
-            ExitReason::InternalError {
-                suberror: 1,
-                detail: "x".into(),
-            },
+            ExitReason::InternalError { suberror: 1, detail: "x".into() },
             ExitReason::Panic,
             ExitReason::Timeout,
         ];
@@ -289,23 +271,13 @@ mod tests {
             run_ms: 20.0,
             first_serial_ms: Some(1.0),
             serial_bytes: 10,
-            exits: ExitCounts {
-                io: 11,
-                mmio: 0,
-                unclaimed: 0,
-            },
+            exits: ExitCounts { io: 11, mmio: 0, unclaimed: 0 },
         };
         let line = summary.to_json();
-        assert!(
-            line.starts_with(r#"{"vmm":"exit","reason":"poweroff","exit_code":0,"#),
-            "{line}"
-        );
+        assert!(line.starts_with(r#"{"vmm":"exit","reason":"poweroff","exit_code":0,"#), "{line}");
         let stderr = format!("a log line\n{line}\n");
         let back = ExitSummary::find_in(&stderr).unwrap();
-        assert_eq!(
-            (back.reason.as_str(), back.vcpus, back.exits.io),
-            ("poweroff", 2, 11)
-        );
+        assert_eq!((back.reason.as_str(), back.vcpus, back.exits.io), ("poweroff", 2, 11));
         assert!(ExitSummary::find_in("error: nothing ran").is_none());
     }
 

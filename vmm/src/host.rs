@@ -26,9 +26,7 @@ impl Virtualization {
     pub fn describe(&self) -> String {
         match self {
             Virtualization::Hardware(flag) => format!("hardware virtualization ({flag})"),
-            Virtualization::Pvm => {
-                "PVM: guest ring 0 is emulated, so unmodified Linux does not boot".into()
-            }
+            Virtualization::Pvm => "PVM: guest ring 0 is emulated, so unmodified Linux does not boot".into(),
             Virtualization::Unknown => "KVM without recognised hardware virtualization".into(),
             Virtualization::Unavailable(why) => format!("no usable /dev/kvm ({why})"),
         }
@@ -37,11 +35,7 @@ impl Virtualization {
 
 /// Detects what /dev/kvm offers on this host.
 pub fn virtualization() -> Virtualization {
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
         return Virtualization::Unavailable(e.to_string());
     }
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -49,10 +43,7 @@ pub fn virtualization() -> Virtualization {
 }
 
 fn classify(cpuinfo: &str, pvm_loaded: bool) -> Virtualization {
-    let flags = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("flags"))
-        .unwrap_or_default();
+    let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or_default();
     let has = |flag: &str| flags.split_whitespace().any(|f| f == flag);
     if has("vmx") {
         Virtualization::Hardware("vmx")
@@ -71,18 +62,9 @@ mod tests {
 
     #[test]
     fn classifies_by_cpu_flags_then_module() {
-        assert_eq!(
-            classify("flags\t: fpu vmx sse\n", false),
-            Virtualization::Hardware("vmx")
-        );
-        assert_eq!(
-            classify("flags\t: fpu svm\n", true),
-            Virtualization::Hardware("svm")
-        );
-        assert_eq!(
-            classify("flags\t: fpu hypervisor vmxnet\n", true),
-            Virtualization::Pvm
-        );
+        assert_eq!(classify("flags\t: fpu vmx sse\n", false), Virtualization::Hardware("vmx"));
+        assert_eq!(classify("flags\t: fpu svm\n", true), Virtualization::Hardware("svm"));
+        assert_eq!(classify("flags\t: fpu hypervisor vmxnet\n", true), Virtualization::Pvm);
         assert_eq!(classify("flags\t: fpu\n", false), Virtualization::Unknown);
         assert!(!Virtualization::Pvm.boots_linux());
     }

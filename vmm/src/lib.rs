@@ -70,10 +70,6 @@ impl Error {
             Error::Boot(e) => e.is_bad_input(),
             _ => false,
         };
-        if bad_input {
-            exit::code::BAD_INPUT
-        } else {
-            exit::code::VMM_ERROR
-        }
+        if bad_input { exit::code::BAD_INPUT } else { exit::code::VMM_ERROR }
     }
 }

@@ -80,9 +80,7 @@ impl RamLayout {
         let Some(end) = addr.checked_add(len) else {
             return false;
         };
-        self.ranges
-            .iter()
-            .any(|&(base, size)| addr >= base && end <= base + size)
+        self.ranges.iter().any(|&(base, size)| addr >= base && end <= base + size)
     }
 
     /// The E820 map: low RAM up to the EBDA, the EBDA and BIOS area reserved, RAM from 1 MiB,
@@ -90,29 +88,13 @@ impl RamLayout {
     pub fn e820(&self) -> Vec<E820Entry> {
         let low_end = self.low_end();
         let mut map = vec![
-            E820Entry {
-                addr: 0,
-                size: EBDA_START,
-                kind: E820Type::Ram,
-            },
-            E820Entry {
-                addr: EBDA_START,
-                size: HIGH_MEMORY_START - EBDA_START,
-                kind: E820Type::Reserved,
-            },
+            E820Entry { addr: 0, size: EBDA_START, kind: E820Type::Ram },
+            E820Entry { addr: EBDA_START, size: HIGH_MEMORY_START - EBDA_START, kind: E820Type::Reserved },
         ];
         if low_end > HIGH_MEMORY_START {
-            map.push(E820Entry {
-                addr: HIGH_MEMORY_START,
-                size: low_end - HIGH_MEMORY_START,
-                kind: E820Type::Ram,
-            });
+            map.push(E820Entry { addr: HIGH_MEMORY_START, size: low_end - HIGH_MEMORY_START, kind: E820Type::Ram });
         }
-        map.extend(self.ranges[1..].iter().map(|&(addr, size)| E820Entry {
-            addr,
-            size,
-            kind: E820Type::Ram,
-        }));
+        map.extend(self.ranges[1..].iter().map(|&(addr, size)| E820Entry { addr, size, kind: E820Type::Ram }));
         map
     }
 }
@@ -143,20 +125,11 @@ impl GuestRam {
         let mut regions = Vec::new();
         for &(addr, size) in &layout.ranges {
             let clone = file.try_clone().map_err(MemoryError::Memfd)?;
-            regions.push((
-                GuestAddress(addr),
-                size as usize,
-                Some(FileOffset::new(clone, offset)),
-            ));
+            regions.push((GuestAddress(addr), size as usize, Some(FileOffset::new(clone, offset))));
             offset += size;
         }
-        let memory = GuestMemoryMmap::from_ranges_with_files(regions)
-            .map_err(|e| MemoryError::Mmap(e.to_string()))?;
-        Ok(GuestRam {
-            memory,
-            layout,
-            file,
-        })
+        let memory = GuestMemoryMmap::from_ranges_with_files(regions).map_err(|e| MemoryError::Mmap(e.to_string()))?;
+        Ok(GuestRam { memory, layout, file })
     }
 }
 
@@ -178,16 +151,9 @@ mod tests {
         let layout = RamLayout::new(256 * MIB);
         assert_eq!(layout.ranges, vec![(0, 256 * MIB)]);
         let e820 = layout.e820();
-        let ram: u64 = e820
-            .iter()
-            .filter(|e| e.kind == E820Type::Ram)
-            .map(|e| e.size)
-            .sum();
+        let ram: u64 = e820.iter().filter(|e| e.kind == E820Type::Ram).map(|e| e.size).sum();
         assert_eq!(ram, 256 * MIB - (HIGH_MEMORY_START - EBDA_START));
-        assert!(
-            e820.windows(2).all(|w| w[0].addr + w[0].size <= w[1].addr),
-            "sorted, disjoint"
-        );
+        assert!(e820.windows(2).all(|w| w[0].addr + w[0].size <= w[1].addr), "sorted, disjoint");
     }
 
     #[test]
@@ -197,21 +163,14 @@ mod tests {
         assert!(!layout.contains(MMIO_HOLE_START, 1));
         assert!(layout.contains(FOUR_GIB, 2 << 30));
         assert!(!layout.contains(FOUR_GIB, (2 << 30) + 1));
-        let ram: u64 = layout
-            .e820()
-            .iter()
-            .filter(|e| e.kind == E820Type::Ram)
-            .map(|e| e.size)
-            .sum();
+        let ram: u64 = layout.e820().iter().filter(|e| e.kind == E820Type::Ram).map(|e| e.size).sum();
         assert_eq!(ram, (5 << 30) - (HIGH_MEMORY_START - EBDA_START));
     }
 
     #[test]
     fn ram_is_backed_by_one_shared_file() {
         let ram = GuestRam::new(RamLayout::new(8 * MIB)).unwrap();
-        ram.memory
-            .write_obj(0xdead_beef_u32, GuestAddress(0x1000))
-            .unwrap();
+        ram.memory.write_obj(0xdead_beef_u32, GuestAddress(0x1000)).unwrap();
         let mut buf = [0u8; 4];
         std::os::unix::fs::FileExt::read_exact_at(&ram.file, &mut buf, 0x1000).unwrap();
         assert_eq!(u32::from_le_bytes(buf), 0xdead_beef);

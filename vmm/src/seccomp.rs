@@ -8,8 +8,7 @@ use std::collections::BTreeMap;
 
 use kvm_bindings::{KVMIO, kvm_regs, kvm_sregs, kvm_translation};
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 
 /// KVM ioctl request numbers (kvm-ioctls keeps its own private).
@@ -69,30 +68,17 @@ pub struct Filters {
 }
 
 fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, SeccompError> {
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::KillProcess,
-        SeccompAction::Allow,
-        TargetArch::x86_64,
-    )
-    .map_err(|e| SeccompError(e.to_string()))?;
-    filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| SeccompError(e.to_string()))
+    let filter = SeccompFilter::new(rules, SeccompAction::KillProcess, SeccompAction::Allow, TargetArch::x86_64)
+        .map_err(|e| SeccompError(e.to_string()))?;
+    filter.try_into().map_err(|e: seccompiler::BackendError| SeccompError(e.to_string()))
 }
 
 fn allow_all(syscalls: &[i64]) -> BTreeMap<i64, Vec<SeccompRule>> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        syscalls.iter().map(|&nr| (nr, vec![])).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = syscalls.iter().map(|&nr| (nr, vec![])).collect();
     // Debug builds of std check a descriptor with fcntl(F_GETFD) before closing it.
-    let getfd = SeccompCondition::new(
-        1,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Eq,
-        libc::F_GETFD as u64,
-    )
-    .and_then(|c| SeccompRule::new(vec![c]))
-    .expect("a valid single-condition rule");
+    let getfd = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::F_GETFD as u64)
+        .and_then(|c| SeccompRule::new(vec![c]))
+        .expect("a valid single-condition rule");
     rules.insert(libc::SYS_fcntl, vec![getfd]);
     rules
 }
@@ -101,9 +87,8 @@ fn ioctl_requests(requests: &[u64]) -> Result<Vec<SeccompRule>, SeccompError> {
     requests
         .iter()
         .map(|&request| {
-            let condition =
-                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
-                    .map_err(|e| SeccompError(e.to_string()))?;
+            let condition = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
+                .map_err(|e| SeccompError(e.to_string()))?;
             SeccompRule::new(vec![condition]).map_err(|e| SeccompError(e.to_string()))
         })
         .collect()
@@ -126,10 +111,7 @@ pub fn vcpu_filter() -> Result<BpfProgram, SeccompError> {
 
 /// Both filters.
 pub fn filters() -> Result<Filters, SeccompError> {
-    Ok(Filters {
-        main: main_filter()?,
-        vcpu: vcpu_filter()?,
-    })
+    Ok(Filters { main: main_filter()?, vcpu: vcpu_filter()? })
 }
 
 /// Installs `filter` on the calling thread.
@@ -158,11 +140,7 @@ mod tests {
         let mut status = 0;
         // SAFETY: waiting for our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
-        if libc::WIFSIGNALED(status) {
-            (true, libc::WTERMSIG(status))
-        } else {
-            (false, libc::WEXITSTATUS(status))
-        }
+        if libc::WIFSIGNALED(status) { (true, libc::WTERMSIG(status)) } else { (false, libc::WEXITSTATUS(status)) }
     }
 
     #[test]

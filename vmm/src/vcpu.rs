@@ -49,8 +49,7 @@ extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_v
 
 /// Installs the kick signal handler (once per process).
 pub fn register_kick_handler() -> std::io::Result<()> {
-    register_signal_handler(kick_signal(), on_kick)
-        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+    register_signal_handler(kick_signal(), on_kick).map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
 }
 
 /// Errors setting a vCPU up.
@@ -107,8 +106,7 @@ impl Vcpu {
             let what = what.to_string();
             move |source| VcpuError { id, what, source }
         };
-        fd.set_cpuid2(&cpuid::configure(supported_cpuid, id, count, tsc_khz))
-            .map_err(err("KVM_SET_CPUID2"))?;
+        fd.set_cpuid2(&cpuid::configure(supported_cpuid, id, count, tsc_khz)).map_err(err("KVM_SET_CPUID2"))?;
         let msrs = msr::boot_msrs();
         let set = fd.set_msrs(&msrs).map_err(err("KVM_SET_MSRS"))?;
         if set != msrs.as_slice().len() {
@@ -119,12 +117,7 @@ impl Vcpu {
                 source: kvm_ioctls::Error::new(libc::EINVAL),
             });
         }
-        fd.set_fpu(&kvm_fpu {
-            fcw: 0x37f,
-            mxcsr: 0x1f80,
-            ..Default::default()
-        })
-        .map_err(err("KVM_SET_FPU"))?;
+        fd.set_fpu(&kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() }).map_err(err("KVM_SET_FPU"))?;
         let mut lapic = fd.get_lapic().map_err(err("KVM_GET_LAPIC"))?;
         lapic::configure_lint(&mut lapic);
         fd.set_lapic(&lapic).map_err(err("KVM_SET_LAPIC"))?;
@@ -132,8 +125,7 @@ impl Vcpu {
             let mut sregs = fd.get_sregs().map_err(err("KVM_GET_SREGS"))?;
             boot_cpu::configure_sregs(&mut sregs, entry);
             fd.set_sregs(&sregs).map_err(err("KVM_SET_SREGS"))?;
-            fd.set_regs(&boot_cpu::boot_regs(entry))
-                .map_err(err("KVM_SET_REGS"))?;
+            fd.set_regs(&boot_cpu::boot_regs(entry)).map_err(err("KVM_SET_REGS"))?;
         }
         Ok(Vcpu {
             fd,
@@ -149,26 +141,23 @@ impl Vcpu {
 
     /// Starts the vCPU's thread, which installs `seccomp` (if any) before entering the guest.
     pub fn start(mut self, seccomp: Option<BpfProgram>) -> std::io::Result<JoinHandle<()>> {
-        std::thread::Builder::new()
-            .name(format!("vcpu{}", self.id))
-            .spawn(move || {
-                if let Some(filter) = seccomp
-                    && let Err(e) = crate::seccomp::apply(&filter)
-                {
-                    self.stop
-                        .request(ExitReason::VmmError(format!("vCPU {}: {e}", self.id)));
-                    return;
-                }
-                let run = self.fd.get_kvm_run() as *mut kvm_run;
-                KVM_RUN.with(|cell| cell.set(run));
-                self.run_loop(run);
-                KVM_RUN.with(|run| run.set(std::ptr::null_mut()));
-                let rip = self.fd.get_regs().ok().map(|r| r.rip);
-                let mut rips = self.final_rips.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(slot) = rips.get_mut(self.id as usize) {
-                    *slot = rip;
-                }
-            })
+        std::thread::Builder::new().name(format!("vcpu{}", self.id)).spawn(move || {
+            if let Some(filter) = seccomp
+                && let Err(e) = crate::seccomp::apply(&filter)
+            {
+                self.stop.request(ExitReason::VmmError(format!("vCPU {}: {e}", self.id)));
+                return;
+            }
+            let run = self.fd.get_kvm_run() as *mut kvm_run;
+            KVM_RUN.with(|cell| cell.set(run));
+            self.run_loop(run);
+            KVM_RUN.with(|run| run.set(std::ptr::null_mut()));
+            let rip = self.fd.get_regs().ok().map(|r| r.rip);
+            let mut rips = self.final_rips.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = rips.get_mut(self.id as usize) {
+                *slot = rip;
+            }
+        })
     }
 
     fn run_loop(&mut self, run: *mut kvm_run) {
@@ -190,59 +179,32 @@ impl Vcpu {
                 return None;
             }
             Err(e) => {
-                return Some(ExitReason::VmmError(format!(
-                    "vCPU {}: KVM_RUN failed: {e}",
-                    self.id
-                )));
+                return Some(ExitReason::VmmError(format!("vCPU {}: KVM_RUN failed: {e}", self.id)));
             }
         };
         match exit {
             VcpuExit::IoIn(port, data) => {
                 self.counters.io.fetch_add(1, Ordering::Relaxed);
                 for item in data.chunks_mut(io_access_size(run)) {
-                    count_unclaimed(
-                        &self.counters,
-                        self.io_bus.read(port as u64, item),
-                        "in",
-                        port as u64,
-                        &[],
-                    );
+                    count_unclaimed(&self.counters, self.io_bus.read(port as u64, item), "in", port as u64, &[]);
                 }
                 None
             }
             VcpuExit::IoOut(port, data) => {
                 self.counters.io.fetch_add(1, Ordering::Relaxed);
                 for item in data.chunks(io_access_size(run)) {
-                    count_unclaimed(
-                        &self.counters,
-                        self.io_bus.write(port as u64, item),
-                        "out",
-                        port as u64,
-                        item,
-                    );
+                    count_unclaimed(&self.counters, self.io_bus.write(port as u64, item), "out", port as u64, item);
                 }
                 None
             }
             VcpuExit::MmioRead(addr, data) => {
                 self.counters.mmio.fetch_add(1, Ordering::Relaxed);
-                count_unclaimed(
-                    &self.counters,
-                    self.mmio_bus.read(addr, data),
-                    "mmio read",
-                    addr,
-                    &[],
-                );
+                count_unclaimed(&self.counters, self.mmio_bus.read(addr, data), "mmio read", addr, &[]);
                 None
             }
             VcpuExit::MmioWrite(addr, data) => {
                 self.counters.mmio.fetch_add(1, Ordering::Relaxed);
-                count_unclaimed(
-                    &self.counters,
-                    self.mmio_bus.write(addr, data),
-                    "mmio write",
-                    addr,
-                    data,
-                );
+                count_unclaimed(&self.counters, self.mmio_bus.write(addr, data), "mmio write", addr, data);
                 None
             }
             VcpuExit::Shutdown => Some(ExitReason::TripleFault),
@@ -250,22 +212,12 @@ impl Vcpu {
                 SYSTEM_EVENT_SHUTDOWN => ExitReason::PowerOff,
                 SYSTEM_EVENT_RESET => ExitReason::Reset,
                 SYSTEM_EVENT_CRASH => ExitReason::Panic,
-                other => {
-                    ExitReason::VmmError(format!("vCPU {}: unknown system event {other}", self.id))
-                }
+                other => ExitReason::VmmError(format!("vCPU {}: unknown system event {other}", self.id)),
             }),
-            VcpuExit::FailEntry(hardware_reason, _) => {
-                Some(ExitReason::EntryFailure { hardware_reason })
-            }
+            VcpuExit::FailEntry(hardware_reason, _) => Some(ExitReason::EntryFailure { hardware_reason }),
             VcpuExit::InternalError => Some(self.internal_error()),
-            VcpuExit::Hlt => Some(ExitReason::VmmError(format!(
-                "vCPU {}: HLT reached user space",
-                self.id
-            ))),
-            other => Some(ExitReason::VmmError(format!(
-                "vCPU {}: unexpected exit {other:?}",
-                self.id
-            ))),
+            VcpuExit::Hlt => Some(ExitReason::VmmError(format!("vCPU {}: HLT reached user space", self.id))),
+            other => Some(ExitReason::VmmError(format!("vCPU {}: unexpected exit {other:?}", self.id))),
         }
     }
 
@@ -274,11 +226,7 @@ impl Vcpu {
         // SAFETY: reading the `internal` member of the exit union after KVM reported
         // KVM_EXIT_INTERNAL_ERROR, which is the member KVM filled.
         let suberror = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
-        let kind = if suberror == SUBERROR_EMULATION {
-            "emulation failure"
-        } else {
-            "internal error"
-        };
+        let kind = if suberror == SUBERROR_EMULATION { "emulation failure" } else { "internal error" };
         let mut detail = format!("{kind} on vCPU {}", self.id);
         if let Ok(regs) = self.fd.get_regs() {
             detail.push_str(&format!(" at rip {:#x}", regs.rip));
@@ -286,11 +234,7 @@ impl Vcpu {
                 && t.valid != 0
             {
                 let mut code = [0u8; 8];
-                if self
-                    .memory
-                    .read_slice(&mut code, GuestAddress(t.physical_address))
-                    .is_ok()
-                {
+                if self.memory.read_slice(&mut code, GuestAddress(t.physical_address)).is_ok() {
                     let bytes: Vec<String> = code.iter().map(|b| format!("{b:02x}")).collect();
                     detail.push_str(&format!(" (code {})", bytes.join(" ")));
                 }

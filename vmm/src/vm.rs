@@ -6,13 +6,10 @@ use std::time::{Duration, Instant};
 
 use devices::bus::Bus;
 use devices::power::{
-    ACPI_PM_BASE, ACPI_PM_LEN, AcpiPower, GuestEventSink, I8042, I8042_BASE, I8042_LEN,
-    PVPANIC_PORT, PostCode, PvPanic,
+    ACPI_PM_BASE, ACPI_PM_LEN, AcpiPower, GuestEventSink, I8042, I8042_BASE, I8042_LEN, PVPANIC_PORT, PostCode, PvPanic,
 };
 use devices::serial::{COM1_BASE, COM1_IRQ, COM1_LEN, SerialPort};
-use kvm_bindings::{
-    KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config, kvm_userspace_memory_region,
-};
+use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
@@ -59,36 +56,22 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
 
     let kvm = Kvm::new().map_err(|source| Error::KvmUnavailable(source.to_string()))?;
     let vm = kvm.create_vm().map_err(kvm_error("KVM_CREATE_VM"))?;
-    vm.set_tss_address(KVM_TSS_ADDRESS)
-        .map_err(kvm_error("KVM_SET_TSS_ADDR"))?;
-    vm.create_irq_chip()
-        .map_err(kvm_error("KVM_CREATE_IRQCHIP"))?;
-    let pit = kvm_pit_config {
-        flags: KVM_PIT_SPEAKER_DUMMY,
-        ..Default::default()
-    };
+    vm.set_tss_address(KVM_TSS_ADDRESS).map_err(kvm_error("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip().map_err(kvm_error("KVM_CREATE_IRQCHIP"))?;
+    let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
     vm.create_pit2(pit).map_err(kvm_error("KVM_CREATE_PIT2"))?;
     register_memory(&vm, &ram)?;
 
     let stop = Arc::new(VmStop::new());
     let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(Error::Io)?;
-    vm.register_irqfd(&serial_irq, COM1_IRQ)
-        .map_err(kvm_error("KVM_IRQFD (COM1)"))?;
+    vm.register_irqfd(&serial_irq, COM1_IRQ).map_err(kvm_error("KVM_IRQFD (COM1)"))?;
     let (serial, serial_stats) = SerialPort::new(serial_irq, serial_sink);
     let serial = Arc::new(Mutex::new(serial));
     let sink: Arc<dyn GuestEventSink> = stop.clone();
-    let mut io_bus = Bus::new();
+    let io_bus = Bus::new();
     io_bus.insert(COM1_BASE, COM1_LEN, serial.clone())?;
-    io_bus.insert(
-        ACPI_PM_BASE,
-        ACPI_PM_LEN,
-        Arc::new(Mutex::new(AcpiPower::new(sink.clone()))),
-    )?;
-    io_bus.insert(
-        I8042_BASE,
-        I8042_LEN,
-        Arc::new(Mutex::new(I8042::new(sink.clone()))),
-    )?;
+    io_bus.insert(ACPI_PM_BASE, ACPI_PM_LEN, Arc::new(Mutex::new(AcpiPower::new(sink.clone()))))?;
+    io_bus.insert(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042::new(sink.clone()))))?;
     io_bus.insert(PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic::new(sink))))?;
     io_bus.insert(0x80, 1, Arc::new(Mutex::new(PostCode)))?;
 
@@ -101,35 +84,19 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
         counters: counters.clone(),
         final_rips: Arc::new(Mutex::new(vec![None; config.vcpus as usize])),
     };
-    let supported = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(kvm_error("KVM_GET_SUPPORTED_CPUID"))?;
+    let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_error("KVM_GET_SUPPORTED_CPUID"))?;
     let mut vcpus = Vec::with_capacity(config.vcpus as usize);
     let mut tsc_khz = None;
     for id in 0..config.vcpus {
-        let fd = vm
-            .create_vcpu(id as u64)
-            .map_err(kvm_error("KVM_CREATE_VCPU"))?;
+        let fd = vm.create_vcpu(id as u64).map_err(kvm_error("KVM_CREATE_VCPU"))?;
         if id == 0 {
             tsc_khz = fd.get_tsc_khz().ok();
         }
         let boot = (id == 0).then_some(&entry);
-        vcpus.push(Vcpu::new(
-            fd,
-            id,
-            config.vcpus,
-            &supported,
-            tsc_khz,
-            boot,
-            shared.clone(),
-        )?);
+        vcpus.push(Vcpu::new(fd, id, config.vcpus, &supported, tsc_khz, boot, shared.clone())?);
     }
 
-    let filters = if config.seccomp {
-        Some(crate::seccomp::filters()?)
-    } else {
-        None
-    };
+    let filters = if config.seccomp { Some(crate::seccomp::filters()?) } else { None };
     vcpu::register_kick_handler().map_err(Error::Io)?;
     let started = Instant::now();
     let setup_ms = ms(started - setup_start);
@@ -138,9 +105,7 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
         match vcpu.start(filters.as_ref().map(|f| f.vcpu.clone())) {
             Ok(handle) => threads.push(handle),
             Err(e) => {
-                stop.request(ExitReason::VmmError(format!(
-                    "cannot start a vCPU thread: {e}"
-                )));
+                stop.request(ExitReason::VmmError(format!("cannot start a vCPU thread: {e}")));
                 break;
             }
         }
@@ -153,15 +118,12 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
 
     let reason = stop.wait(config.timeout).unwrap_or_else(|| {
         stop.request(ExitReason::Timeout);
-        stop.wait(Some(Duration::ZERO))
-            .unwrap_or(ExitReason::Timeout)
+        stop.wait(Some(Duration::ZERO)).unwrap_or(ExitReason::Timeout)
     });
     let stopped = Instant::now();
     stop_vcpus(threads);
     let detail = match &reason {
-        ExitReason::Timeout => Some(describe_rips(
-            &shared.final_rips.lock().unwrap_or_else(|p| p.into_inner()),
-        )),
+        ExitReason::Timeout => Some(describe_rips(&shared.final_rips.lock().unwrap_or_else(|p| p.into_inner()))),
         other => other.detail(),
     };
     {
@@ -179,9 +141,7 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
         memory_mib: config.memory_mib,
         setup_ms,
         run_ms: ms(stopped - started),
-        first_serial_ms: serial_stats
-            .first_byte()
-            .map(|t| ms(t.saturating_duration_since(started))),
+        first_serial_ms: serial_stats.first_byte().map(|t| ms(t.saturating_duration_since(started))),
         serial_bytes: serial_stats.bytes(),
         exits: counters.counts(),
     })
@@ -218,8 +178,7 @@ fn register_memory(vm: &VmFd, ram: &GuestRam) -> Result<(), Error> {
         };
         // SAFETY: the region is mapped for as long as `ram` lives, which is longer than the VM's
         // vCPUs run (they are joined before `run` returns).
-        unsafe { vm.set_user_memory_region(mapping) }
-            .map_err(kvm_error("KVM_SET_USER_MEMORY_REGION"))?;
+        unsafe { vm.set_user_memory_region(mapping) }.map_err(kvm_error("KVM_SET_USER_MEMORY_REGION"))?;
     }
     Ok(())
 }

@@ -89,11 +89,7 @@ impl BootInfo {
             let entries: u32 = read(addr + 48);
             for i in 0..(entries as usize).min(MAX_E820) {
                 let e = memmap + i as u64 * 24;
-                info.e820[i] = E820Entry {
-                    addr: read(e),
-                    size: read(e + 8),
-                    kind: read(e + 16),
-                };
+                info.e820[i] = E820Entry { addr: read(e), size: read(e + 8), kind: read(e + 16) };
             }
             info.e820_len = (entries as usize).min(MAX_E820);
         }
@@ -109,18 +105,13 @@ impl BootInfo {
             return Err("boot_params has no HdrS setup header");
         }
         let mut info = BootInfo::empty(Entry::Linux64);
-        let cmd_line_ptr =
-            read::<u32>(addr + 0x228) as u64 | (read::<u32>(addr + 0xc8) as u64) << 32;
+        let cmd_line_ptr = read::<u32>(addr + 0x228) as u64 | (read::<u32>(addr + 0xc8) as u64) << 32;
         info.copy_cmdline(cmd_line_ptr);
         info.rsdp = read(addr + 0x70);
         let entries = (read::<u8>(addr + 0x1e8) as usize).min(MAX_E820);
         for i in 0..entries {
             let e = addr + 0x2d0 + i as u64 * 20;
-            info.e820[i] = E820Entry {
-                addr: read(e),
-                size: read(e + 8),
-                kind: read(e + 16),
-            };
+            info.e820[i] = E820Entry { addr: read(e), size: read(e + 8), kind: read(e + 16) };
         }
         info.e820_len = entries;
         Ok(info)

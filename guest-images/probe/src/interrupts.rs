@@ -12,10 +12,8 @@ pub fn install() {
     let stubs = &raw const entry::isr_stubs as u64;
     for vector in 0..256u64 {
         let handler = stubs + vector * ISR_STUB_SIZE;
-        let low = (handler & 0xffff)
-            | (KERNEL_CS as u64) << 16
-            | GATE_INTERRUPT << 40
-            | ((handler >> 16) & 0xffff) << 48;
+        let low =
+            (handler & 0xffff) | (KERNEL_CS as u64) << 16 | GATE_INTERRUPT << 40 | ((handler >> 16) & 0xffff) << 48;
         let high = handler >> 32;
         // SAFETY: the probe is single-threaded and interrupts are still disabled.
         unsafe {
@@ -30,13 +28,9 @@ pub fn install() {
 #[unsafe(no_mangle)]
 extern "C" fn probe_fault() -> ! {
     // SAFETY: written once by the CPL0 exception stub before it returned here.
-    let [vector, error, rip, cr2] =
-        unsafe { core::ptr::read_volatile(&raw const entry::fault_info) };
+    let [vector, error, rip, cr2] = unsafe { core::ptr::read_volatile(&raw const entry::fault_info) };
     json::section("fault", |o| {
-        o.u64("vector", vector)
-            .u64("error", error)
-            .u64("rip", rip)
-            .u64("cr2", cr2);
+        o.u64("vector", vector).u64("error", error).u64("rip", rip).u64("cr2", cr2);
     });
     report::fail("cpu exception");
     report::done();

@@ -15,10 +15,7 @@ pub struct Out {
 
 impl Out {
     fn new() -> Self {
-        Out {
-            buf: [0; CHUNK],
-            len: 0,
-        }
+        Out { buf: [0; CHUNK], len: 0 }
     }
 
     fn push(&mut self, bytes: &[u8]) {
@@ -77,10 +74,7 @@ pub fn section(name: &str, fields: impl FnOnce(&mut Object)) {
     let mut out = Out::new();
     out.push(b"{\"probe\":");
     out.string(name);
-    let mut object = Object {
-        out: &mut out,
-        first: false,
-    };
+    let mut object = Object { out: &mut out, first: false };
     fields(&mut object);
     out.push(b"}\n");
     out.flush();
@@ -127,10 +121,7 @@ impl Object<'_> {
     pub fn array(&mut self, key: &str, items: impl FnOnce(&mut Array)) -> &mut Self {
         self.key(key);
         self.out.push(b"[");
-        items(&mut Array {
-            out: self.out,
-            first: true,
-        });
+        items(&mut Array { out: self.out, first: true });
         self.out.push(b"]");
         self
     }
@@ -166,10 +157,7 @@ impl Array<'_> {
     pub fn object(&mut self, fields: impl FnOnce(&mut Object)) {
         self.separator();
         self.out.push(b"{");
-        fields(&mut Object {
-            out: self.out,
-            first: true,
-        });
+        fields(&mut Object { out: self.out, first: true });
         self.out.push(b"}");
     }
 }

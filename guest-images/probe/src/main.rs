@@ -40,17 +40,13 @@ extern "C" fn probe_main(boot_info: u64, entry_kind: u64) -> ! {
 
 fn report_boot(boot: &BootInfo) {
     json::section("boot", |o| {
-        o.str("entry", boot.entry.name())
-            .str("cmdline", boot.cmdline())
-            .array("e820", |a| {
-                for e in boot.e820() {
-                    a.object(|o| {
-                        o.u64("addr", e.addr)
-                            .u64("size", e.size)
-                            .u64("type", e.kind as u64);
-                    });
-                }
-            });
+        o.str("entry", boot.entry.name()).str("cmdline", boot.cmdline()).array("e820", |a| {
+            for e in boot.e820() {
+                a.object(|o| {
+                    o.u64("addr", e.addr).u64("size", e.size).u64("type", e.kind as u64);
+                });
+            }
+        });
     });
 }
 
@@ -64,8 +60,7 @@ fn report_options(options: &Options) {
 fn panic(info: &core::panic::PanicInfo) -> ! {
     json::section("panic", |o| {
         if let Some(location) = info.location() {
-            o.str("file", location.file())
-                .u64("line", location.line() as u64);
+            o.str("file", location.file()).u64("line", location.line() as u64);
         }
         if let Some(message) = info.message().as_str() {
             o.str("message", message);

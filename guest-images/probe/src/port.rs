@@ -5,9 +5,7 @@ use core::arch::asm;
 /// Writes one byte to an I/O port.
 pub fn outb(port: u16, value: u8) {
     // SAFETY: port writes have no memory effects visible to Rust; the probe owns the machine.
-    unsafe {
-        asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags))
-    }
+    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
 }
 
 /// Writes a buffer to one port with a single `rep outsb`: one VM exit for the whole buffer.

@@ -27,12 +27,7 @@ struct FailureCell(UnsafeCell<Failures>);
 unsafe impl Sync for FailureCell {}
 
 static FAILURES: FailureCell = FailureCell(UnsafeCell::new(Failures {
-    items: [const {
-        Failure {
-            text: [0; MAX_MESSAGE],
-            len: 0,
-        }
-    }; MAX_FAILURES],
+    items: [const { Failure { text: [0; MAX_MESSAGE], len: 0 } }; MAX_FAILURES],
     count: 0,
 }));
 
@@ -80,10 +75,7 @@ pub fn done() {
                 }
             });
             if failures.count > MAX_FAILURES {
-                o.u64(
-                    "failures_not_listed",
-                    (failures.count - MAX_FAILURES) as u64,
-                );
+                o.u64("failures_not_listed", (failures.count - MAX_FAILURES) as u64);
             }
         })
     });

@@ -20,11 +20,7 @@ const EDX_HTT: u32 = 1 << 28;
 /// filled in: QEMU leaves it 0 for one vCPU), otherwise one.
 fn expected_cpus() -> u32 {
     let leaf1 = __cpuid(1);
-    if leaf1.edx & EDX_HTT != 0 {
-        ((leaf1.ebx >> 16) & 0xff).max(1)
-    } else {
-        1
-    }
+    if leaf1.edx & EDX_HTT != 0 { ((leaf1.ebx >> 16) & 0xff).max(1) } else { 1 }
 }
 
 fn ready() -> u32 {
@@ -48,27 +44,20 @@ pub fn start_aps() {
         // The MP specification sends STARTUP twice; the second only if the APs did not show.
         for _ in 0..2 {
             lapic::send_ipi(ICR_SIPI_ALL_BUT_SELF | vector);
-            if time::wait_until(time::deadline_after_micros(AP_WAIT_MICROS), || {
-                ready() + 1 >= expected
-            }) {
+            if time::wait_until(time::deadline_after_micros(AP_WAIT_MICROS), || ready() + 1 >= expected) {
                 break;
             }
         }
     }
     let started = ready() + 1;
     json::section("cpus", |o| {
-        o.u64("expected", expected as u64)
-            .u64("started", started as u64)
-            .array("apic_ids", |a| {
-                a.u64(lapic::id() as u64);
-                for i in 0..(started as usize - 1).min(MAX_APS) {
-                    // SAFETY: written by AP `i` before it incremented `ap_ready`.
-                    a.u64(
-                        unsafe { core::ptr::read_volatile(&raw const entry::ap_apic_ids[i]) }
-                            as u64,
-                    );
-                }
-            });
+        o.u64("expected", expected as u64).u64("started", started as u64).array("apic_ids", |a| {
+            a.u64(lapic::id() as u64);
+            for i in 0..(started as usize - 1).min(MAX_APS) {
+                // SAFETY: written by AP `i` before it incremented `ap_ready`.
+                a.u64(unsafe { core::ptr::read_volatile(&raw const entry::ap_apic_ids[i]) } as u64);
+            }
+        });
     });
     if started != expected {
         report::fail("not every CPU started");

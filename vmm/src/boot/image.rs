@@ -108,10 +108,7 @@ fn read_u64(data: &[u8], at: usize) -> Option<u64> {
 
 fn parse_elf(data: &[u8], ram: &RamLayout) -> Result<ElfInfo, ImageError> {
     if data.len() < ELF64_EHDR_SIZE {
-        return Err(ImageError::TruncatedElf(format!(
-            "{} bytes, shorter than an ELF header",
-            data.len()
-        )));
+        return Err(ImageError::TruncatedElf(format!("{} bytes, shorter than an ELF header", data.len())));
     }
     if data[4] != ELFCLASS64 {
         return Err(ImageError::UnsupportedElf("not a 64-bit ELF"));
@@ -130,13 +127,9 @@ fn parse_elf(data: &[u8], ram: &RamLayout) -> Result<ElfInfo, ImageError> {
         return Err(ImageError::UnsupportedElf("program header size is not 56"));
     }
     if phoff < ELF64_EHDR_SIZE as u64 {
-        return Err(ImageError::UnsupportedElf(
-            "program headers overlap the ELF header",
-        ));
+        return Err(ImageError::UnsupportedElf("program headers overlap the ELF header"));
     }
-    let table_end = phnum
-        .checked_mul(ELF64_PHDR_SIZE as u64)
-        .and_then(|n| n.checked_add(phoff));
+    let table_end = phnum.checked_mul(ELF64_PHDR_SIZE as u64).and_then(|n| n.checked_add(phoff));
     if table_end.is_none_or(|end| end > data.len() as u64) {
         return Err(ImageError::TruncatedElf(format!(
             "{phnum} program headers at offset {phoff:#x}, file is {} bytes",
@@ -158,10 +151,7 @@ fn parse_elf(data: &[u8], ram: &RamLayout) -> Result<ElfInfo, ImageError> {
             continue;
         }
         loads += 1;
-        if offset
-            .checked_add(filesz)
-            .is_none_or(|e| e > data.len() as u64)
-        {
+        if offset.checked_add(filesz).is_none_or(|e| e > data.len() as u64) {
             return Err(ImageError::TruncatedElf(format!(
                 "segment {i} needs bytes {offset:#x}..{:#x}, file is {} bytes",
                 offset.saturating_add(filesz),
@@ -182,9 +172,7 @@ fn parse_elf(data: &[u8], ram: &RamLayout) -> Result<ElfInfo, ImageError> {
         return Err(ImageError::UnsupportedElf("no loadable segment"));
     }
     if entry < crate::layout::HIGH_MEMORY_START || !ram.contains(entry, 1) {
-        return Err(ImageError::UnsupportedElf(
-            "entry point outside the loaded kernel",
-        ));
+        return Err(ImageError::UnsupportedElf("entry point outside the loaded kernel"));
     }
     Ok(ElfInfo { entry, end })
 }
@@ -200,31 +188,20 @@ fn parse_bzimage(data: &[u8], ram: &RamLayout) -> Result<BzImageInfo, ImageError
     }
     let header_end = 0x264; // through init_size
     if data.len() < header_end {
-        return Err(ImageError::UnsupportedBzImage(format!(
-            "truncated setup header ({} bytes)",
-            data.len()
-        )));
+        return Err(ImageError::UnsupportedBzImage(format!("truncated setup header ({} bytes)", data.len())));
     }
     let xloadflags = read_u16(data, 0x236).unwrap_or(0);
     if xloadflags & XLF_KERNEL_64 == 0 {
-        return Err(ImageError::UnsupportedBzImage(
-            "no 64-bit entry point (XLF_KERNEL_64 clear)".into(),
-        ));
+        return Err(ImageError::UnsupportedBzImage("no 64-bit entry point (XLF_KERNEL_64 clear)".into()));
     }
     let setup_sects = match data[SETUP_HEADER_OFFSET] {
         0 => 4,
         n => n as u64,
     };
     let setup_size = (setup_sects + 1) * 512;
-    let payload = (data.len() as u64)
-        .checked_sub(setup_size)
-        .filter(|&p| p > 0)
-        .ok_or_else(|| {
-            ImageError::UnsupportedBzImage(format!(
-                "{} bytes, but its setup code alone takes {setup_size}",
-                data.len()
-            ))
-        })?;
+    let payload = (data.len() as u64).checked_sub(setup_size).filter(|&p| p > 0).ok_or_else(|| {
+        ImageError::UnsupportedBzImage(format!("{} bytes, but its setup code alone takes {setup_size}", data.len()))
+    })?;
     let init_size = read_u32(data, 0x260).unwrap_or(0);
     let needed = payload.max(init_size as u64);
     if !ram.contains(BZIMAGE_LOAD_ADDR, needed) {
@@ -301,71 +278,30 @@ pub(crate) mod tests {
     #[test]
     fn recognises_elf_and_bzimage() {
         let info = KernelImage::parse(&elf(0x10_0000, 0x100, 0x2000), &ram(16)).unwrap();
-        assert_eq!(
-            info,
-            KernelImage::Elf(ElfInfo {
-                entry: 0x10_0000,
-                end: 0x10_2000
-            })
-        );
-        let KernelImage::BzImage(bz) =
-            KernelImage::parse(&bzimage(0x020f, 4096, 0x10000), &ram(16)).unwrap()
-        else {
+        assert_eq!(info, KernelImage::Elf(ElfInfo { entry: 0x10_0000, end: 0x10_2000 }));
+        let KernelImage::BzImage(bz) = KernelImage::parse(&bzimage(0x020f, 4096, 0x10000), &ram(16)).unwrap() else {
             panic!("not a bzImage")
         };
-        assert_eq!(
-            (bz.protocol, bz.cmdline_max, bz.payload),
-            (0x020f, 2047, 4096)
-        );
+        assert_eq!((bz.protocol, bz.cmdline_max, bz.payload), (0x020f, 2047, 4096));
     }
 
     #[test]
     fn rejects_what_it_cannot_boot() {
         let r = ram(16);
-        assert!(matches!(
-            KernelImage::parse(b"", &r),
-            Err(ImageError::UnknownFormat(_))
-        ));
-        assert!(matches!(
-            KernelImage::parse(b"#!/bin/sh\necho", &r),
-            Err(ImageError::UnknownFormat(_))
-        ));
+        assert!(matches!(KernelImage::parse(b"", &r), Err(ImageError::UnknownFormat(_))));
+        assert!(matches!(KernelImage::parse(b"#!/bin/sh\necho", &r), Err(ImageError::UnknownFormat(_))));
         let whole = elf(0x10_0000, 0x100, 0x100);
-        assert!(matches!(
-            KernelImage::parse(&whole[..40], &r),
-            Err(ImageError::TruncatedElf(_))
-        ));
-        assert!(matches!(
-            KernelImage::parse(&whole[..0x1050], &r),
-            Err(ImageError::TruncatedElf(_))
-        ));
+        assert!(matches!(KernelImage::parse(&whole[..40], &r), Err(ImageError::TruncatedElf(_))));
+        assert!(matches!(KernelImage::parse(&whole[..0x1050], &r), Err(ImageError::TruncatedElf(_))));
         let mut class32 = whole.clone();
         class32[4] = 1;
-        assert!(matches!(
-            KernelImage::parse(&class32, &r),
-            Err(ImageError::UnsupportedElf(_))
-        ));
-        assert!(matches!(
-            KernelImage::parse(&elf(0x10_0000, 0x100, 32 * MIB), &r),
-            Err(ImageError::DoesNotFit(_))
-        ));
-        assert!(matches!(
-            KernelImage::parse(&elf(0x1000, 0x100, 0x100), &r),
-            Err(ImageError::DoesNotFit(_))
-        ));
-        assert!(matches!(
-            KernelImage::parse(&bzimage(0x0206, 4096, 0), &r),
-            Err(ImageError::UnsupportedBzImage(_))
-        ));
-        assert!(matches!(
-            KernelImage::parse(&bzimage(0x020f, 4096, 64 << 20), &r),
-            Err(ImageError::DoesNotFit(_))
-        ));
+        assert!(matches!(KernelImage::parse(&class32, &r), Err(ImageError::UnsupportedElf(_))));
+        assert!(matches!(KernelImage::parse(&elf(0x10_0000, 0x100, 32 * MIB), &r), Err(ImageError::DoesNotFit(_))));
+        assert!(matches!(KernelImage::parse(&elf(0x1000, 0x100, 0x100), &r), Err(ImageError::DoesNotFit(_))));
+        assert!(matches!(KernelImage::parse(&bzimage(0x0206, 4096, 0), &r), Err(ImageError::UnsupportedBzImage(_))));
+        assert!(matches!(KernelImage::parse(&bzimage(0x020f, 4096, 64 << 20), &r), Err(ImageError::DoesNotFit(_))));
         let mut no64 = bzimage(0x020f, 4096, 0);
         no64[0x236] = 0;
-        assert!(matches!(
-            KernelImage::parse(&no64, &r),
-            Err(ImageError::UnsupportedBzImage(_))
-        ));
+        assert!(matches!(KernelImage::parse(&no64, &r), Err(ImageError::UnsupportedBzImage(_))));
     }
 }

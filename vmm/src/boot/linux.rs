@@ -34,11 +34,9 @@ pub(super) fn write_zero_page(
     let mut hdr = match header {
         // A bzImage's own header: kept, with the loader's fields filled in. `cmdline_size` stays
         // the kernel's limit (the boot protocol makes it read-only for loaders).
-        Some(hdr) => setup_header {
-            loadflags: hdr.loadflags | LOADED_HIGH | CAN_USE_HEAP,
-            heap_end_ptr: 0xfe00,
-            ..hdr
-        },
+        Some(hdr) => {
+            setup_header { loadflags: hdr.loadflags | LOADED_HIGH | CAN_USE_HEAP, heap_end_ptr: 0xfe00, ..hdr }
+        }
         None => setup_header {
             boot_flag: BOOT_FLAG,
             header: HDRS,
@@ -49,10 +47,7 @@ pub(super) fn write_zero_page(
     };
     hdr.type_of_loader = LOADER_UNDEFINED;
     hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
-    let mut params = boot_params {
-        hdr,
-        ..Default::default()
-    };
+    let mut params = boot_params { hdr, ..Default::default() };
     if let Some(initrd) = initrd {
         params.hdr.ramdisk_image = initrd.addr as u32;
         params.hdr.ramdisk_size = initrd.size as u32;
@@ -66,18 +61,11 @@ pub(super) fn write_zero_page(
         });
     }
     for (slot, entry) in params.e820_table.iter_mut().zip(e820) {
-        *slot = boot_e820_entry {
-            addr: entry.addr,
-            size: entry.size,
-            r#type: entry.kind as u32,
-        };
+        *slot = boot_e820_entry { addr: entry.addr, size: entry.size, r#type: entry.kind as u32 };
     }
     params.e820_entries = e820.len() as u8;
     mem.write_obj(params, GuestAddress(ZERO_PAGE_ADDR))
-        .map_err(|e| BootError::GuestMemory {
-            what: "the zero page",
-            reason: e.to_string(),
-        })
+        .map_err(|e| BootError::GuestMemory { what: "the zero page", reason: e.to_string() })
 }
 
 #[cfg(test)]
@@ -97,53 +85,30 @@ mod tests {
             cmdline_size: 2047,
             ..Default::default()
         };
-        let initrd = Initrd {
-            addr: 0x300_0000,
-            size: 0x1234,
-        };
+        let initrd = Initrd { addr: 0x300_0000, size: 0x1234 };
         write_zero_page(&ram.memory, Some(bz), "console=ttyS0", Some(initrd), &e820).unwrap();
         let p: boot_params = ram.memory.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
         let hdr = p.hdr;
         assert_eq!({ hdr.header }, HDRS);
         assert_eq!({ hdr.version }, 0x020f, "the kernel's own header is kept");
         assert_eq!(hdr.type_of_loader, LOADER_UNDEFINED);
-        assert_eq!(
-            hdr.loadflags & (LOADED_HIGH | CAN_USE_HEAP),
-            LOADED_HIGH | CAN_USE_HEAP
-        );
+        assert_eq!(hdr.loadflags & (LOADED_HIGH | CAN_USE_HEAP), LOADED_HIGH | CAN_USE_HEAP);
         assert_eq!({ hdr.cmd_line_ptr }, CMDLINE_ADDR as u32);
         assert_eq!({ hdr.ramdisk_image }, 0x300_0000);
         assert_eq!({ hdr.ramdisk_size }, 0x1234);
         assert_eq!(p.e820_entries as usize, e820.len());
         for (got, want) in p.e820_table.iter().zip(&e820) {
-            assert_eq!(
-                ({ got.addr }, { got.size }, { got.r#type }),
-                (want.addr, want.size, want.kind as u32)
-            );
+            assert_eq!(({ got.addr }, { got.size }, { got.r#type }), (want.addr, want.size, want.kind as u32));
         }
         // Field offsets the boot protocol fixes (Documentation/arch/x86/boot.rst, zero-page.rst).
         let mut raw = [0u8; 4096];
-        ram.memory
-            .read_slice(&mut raw, GuestAddress(ZERO_PAGE_ADDR))
-            .unwrap();
+        ram.memory.read_slice(&mut raw, GuestAddress(ZERO_PAGE_ADDR)).unwrap();
         assert_eq!(raw[0x1e8] as usize, e820.len());
-        assert_eq!(
-            u32::from_le_bytes(raw[0x202..0x206].try_into().unwrap()),
-            HDRS
-        );
+        assert_eq!(u32::from_le_bytes(raw[0x202..0x206].try_into().unwrap()), HDRS);
         assert_eq!(raw[0x210], LOADER_UNDEFINED);
-        assert_eq!(
-            u32::from_le_bytes(raw[0x228..0x22c].try_into().unwrap()),
-            CMDLINE_ADDR as u32
-        );
-        assert_eq!(
-            u32::from_le_bytes(raw[0x218..0x21c].try_into().unwrap()),
-            0x300_0000
-        );
-        assert_eq!(
-            u64::from_le_bytes(raw[0x2d0 + 20..0x2d0 + 28].try_into().unwrap()),
-            e820[1].addr
-        );
+        assert_eq!(u32::from_le_bytes(raw[0x228..0x22c].try_into().unwrap()), CMDLINE_ADDR as u32);
+        assert_eq!(u32::from_le_bytes(raw[0x218..0x21c].try_into().unwrap()), 0x300_0000);
+        assert_eq!(u64::from_le_bytes(raw[0x2d0 + 20..0x2d0 + 28].try_into().unwrap()), e820[1].addr);
     }
 
     #[test]

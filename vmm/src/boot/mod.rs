@@ -18,9 +18,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 pub use image::{BzImageInfo, ElfInfo, ImageError, KernelImage};
 
-use crate::layout::{
-    CMDLINE_ADDR, CMDLINE_SPACE, HIGH_MEMORY_START, PVH_INFO_ADDR, ZERO_PAGE_ADDR,
-};
+use crate::layout::{CMDLINE_ADDR, CMDLINE_SPACE, HIGH_MEMORY_START, PVH_INFO_ADDR, ZERO_PAGE_ADDR};
 use crate::memory::{E820Entry, RamLayout};
 
 /// Longest command line for kernels without a setup header to say otherwise (x86
@@ -150,10 +148,8 @@ pub fn load(
     ram: &RamLayout,
     e820: &[E820Entry],
 ) -> Result<BootEntry, BootError> {
-    let image = KernelImage::parse(request.kernel, ram).map_err(|source| BootError::Image {
-        path: request.kernel_name.to_string(),
-        source,
-    })?;
+    let image = KernelImage::parse(request.kernel, ram)
+        .map_err(|source| BootError::Image { path: request.kernel_name.to_string(), source })?;
     let load_error = |e: linux_loader::loader::Error| BootError::Load {
         path: request.kernel_name.to_string(),
         reason: e.to_string(),
@@ -179,17 +175,11 @@ pub fn load(
             match (use_pvh, pvh) {
                 (true, Some(entry)) => {
                     pvh::write_start_info(mem, request.cmdline, initrd, e820)?;
-                    Ok(BootEntry::Pvh {
-                        entry,
-                        start_info: PVH_INFO_ADDR,
-                    })
+                    Ok(BootEntry::Pvh { entry, start_info: PVH_INFO_ADDR })
                 }
                 _ => {
                     linux::write_zero_page(mem, None, request.cmdline, initrd, e820)?;
-                    Ok(BootEntry::Linux64 {
-                        entry: elf.entry,
-                        boot_params: ZERO_PAGE_ADDR,
-                    })
+                    Ok(BootEntry::Linux64 { entry: elf.entry, boot_params: ZERO_PAGE_ADDR })
                 }
             }
         }
@@ -200,18 +190,9 @@ pub fn load(
             let loaded = BzImage::load(mem, None, &mut reader, highmem).map_err(load_error)?;
             write_cmdline(mem, request.cmdline, bz.cmdline_max as usize)?;
             let kernel_end = loaded.kernel_load.0 + bz.payload.max(bz.init_size as u64);
-            let initrd = load_initrd(
-                mem,
-                ram,
-                request.initrd,
-                kernel_end,
-                bz.initrd_addr_max as u64,
-            )?;
+            let initrd = load_initrd(mem, ram, request.initrd, kernel_end, bz.initrd_addr_max as u64)?;
             linux::write_zero_page(mem, loaded.setup_header, request.cmdline, initrd, e820)?;
-            Ok(BootEntry::Linux64 {
-                entry: loaded.kernel_load.0 + 0x200,
-                boot_params: ZERO_PAGE_ADDR,
-            })
+            Ok(BootEntry::Linux64 { entry: loaded.kernel_load.0 + 0x200, boot_params: ZERO_PAGE_ADDR })
         }
     }
 }
@@ -219,10 +200,7 @@ pub fn load(
 fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str, max: usize) -> Result<(), BootError> {
     let max = max.min(CMDLINE_SPACE as usize - 1);
     if cmdline.len() > max {
-        return Err(BootError::CmdlineTooLong {
-            len: cmdline.len(),
-            max,
-        });
+        return Err(BootError::CmdlineTooLong { len: cmdline.len(), max });
     }
     if cmdline.contains('\0') {
         return Err(BootError::CmdlineNul);
@@ -230,10 +208,7 @@ fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str, max: usize) -> Result<(),
     let mut bytes = cmdline.as_bytes().to_vec();
     bytes.push(0);
     mem.write_slice(&bytes, GuestAddress(CMDLINE_ADDR))
-        .map_err(|e| BootError::GuestMemory {
-            what: "the command line",
-            reason: e.to_string(),
-        })
+        .map_err(|e| BootError::GuestMemory { what: "the command line", reason: e.to_string() })
 }
 
 /// A loaded initrd: guest address and size.
@@ -260,10 +235,7 @@ fn load_initrd(
     addr_max: u64,
 ) -> Result<Option<Initrd>, BootError> {
     let Some(path) = path else { return Ok(None) };
-    let fail = |reason: String| BootError::Initrd {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let fail = |reason: String| BootError::Initrd { path: path.to_path_buf(), reason };
     let mut file = File::open(path).map_err(|e| fail(e.to_string()))?;
     let size = file.metadata().map_err(|e| fail(e.to_string()))?.len();
     if size == 0 {
@@ -292,40 +264,17 @@ mod tests {
     }
 
     fn request<'a>(kernel: &'a [u8], cmdline: &'a str, protocol: EntryProtocol) -> BootRequest<'a> {
-        BootRequest {
-            kernel_name: "test",
-            kernel,
-            initrd: None,
-            cmdline,
-            protocol,
-        }
+        BootRequest { kernel_name: "test", kernel, initrd: None, cmdline, protocol }
     }
 
     #[test]
     fn elf_without_pvh_note_takes_the_64_bit_entry() {
         let ram = guest(16);
         let kernel = image::tests::elf(0x20_0000, 0x10, 0x10);
-        let entry = load(
-            &request(&kernel, "x", EntryProtocol::Auto),
-            &ram.memory,
-            &ram.layout,
-            &ram.layout.e820(),
-        )
-        .unwrap();
-        assert_eq!(
-            entry,
-            BootEntry::Linux64 {
-                entry: 0x20_0000,
-                boot_params: ZERO_PAGE_ADDR
-            }
-        );
-        let err = load(
-            &request(&kernel, "x", EntryProtocol::Pvh),
-            &ram.memory,
-            &ram.layout,
-            &[],
-        )
-        .unwrap_err();
+        let entry =
+            load(&request(&kernel, "x", EntryProtocol::Auto), &ram.memory, &ram.layout, &ram.layout.e820()).unwrap();
+        assert_eq!(entry, BootEntry::Linux64 { entry: 0x20_0000, boot_params: ZERO_PAGE_ADDR });
+        let err = load(&request(&kernel, "x", EntryProtocol::Pvh), &ram.memory, &ram.layout, &[]).unwrap_err();
         assert!(matches!(err, BootError::NoPvhNote(_)) && err.is_bad_input());
     }
 
@@ -333,20 +282,10 @@ mod tests {
     fn bzimage_enters_at_load_address_plus_0x200() {
         let ram = guest(32);
         let kernel = image::tests::bzimage(0x020f, 8192, 0x40_0000);
-        let entry = load(
-            &request(&kernel, "console=ttyS0", EntryProtocol::Auto),
-            &ram.memory,
-            &ram.layout,
-            &ram.layout.e820(),
-        )
-        .unwrap();
-        assert_eq!(
-            entry,
-            BootEntry::Linux64 {
-                entry: 0x10_0200,
-                boot_params: ZERO_PAGE_ADDR
-            }
-        );
+        let entry =
+            load(&request(&kernel, "console=ttyS0", EntryProtocol::Auto), &ram.memory, &ram.layout, &ram.layout.e820())
+                .unwrap();
+        assert_eq!(entry, BootEntry::Linux64 { entry: 0x10_0200, boot_params: ZERO_PAGE_ADDR });
     }
 
     #[test]
@@ -354,44 +293,17 @@ mod tests {
         let ram = guest(16);
         let kernel = image::tests::bzimage(0x020f, 8192, 0);
         let long = "a".repeat(2048);
-        let err = load(
-            &request(&kernel, &long, EntryProtocol::Auto),
-            &ram.memory,
-            &ram.layout,
-            &[],
-        )
-        .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                BootError::CmdlineTooLong {
-                    len: 2048,
-                    max: 2047
-                }
-            ),
-            "{err}"
-        );
-        let err = load(
-            &request(&kernel, "a\0b", EntryProtocol::Auto),
-            &ram.memory,
-            &ram.layout,
-            &[],
-        )
-        .unwrap_err();
+        let err = load(&request(&kernel, &long, EntryProtocol::Auto), &ram.memory, &ram.layout, &[]).unwrap_err();
+        assert!(matches!(err, BootError::CmdlineTooLong { len: 2048, max: 2047 }), "{err}");
+        let err = load(&request(&kernel, "a\0b", EntryProtocol::Auto), &ram.memory, &ram.layout, &[]).unwrap_err();
         assert!(matches!(err, BootError::CmdlineNul));
     }
 
     #[test]
     fn initrd_goes_high_and_must_fit() {
         let layout = RamLayout::new(64 * MIB);
-        assert_eq!(
-            initrd_placement(&layout, 4 * MIB + 1, 0x20_0000, u64::MAX),
-            Some(60 * MIB - PAGE_SIZE)
-        );
-        assert_eq!(
-            initrd_placement(&layout, MIB, 0x20_0000, 32 * MIB - 1),
-            Some(31 * MIB)
-        );
+        assert_eq!(initrd_placement(&layout, 4 * MIB + 1, 0x20_0000, u64::MAX), Some(60 * MIB - PAGE_SIZE));
+        assert_eq!(initrd_placement(&layout, MIB, 0x20_0000, 32 * MIB - 1), Some(31 * MIB));
         assert_eq!(initrd_placement(&layout, 63 * MIB, 2 * MIB, u64::MAX), None);
         assert_eq!(initrd_placement(&layout, 128 * MIB, 0, u64::MAX), None);
     }
@@ -400,8 +312,7 @@ mod tests {
     fn initrd_is_loaded_or_refused_clearly() {
         let ram = guest(16);
         let kernel = image::tests::elf(0x20_0000, 0x10, 0x10);
-        let dir =
-            std::env::temp_dir().join(format!("driverlab-initrd-test-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("driverlab-initrd-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let small = dir.join("small");
         std::fs::write(&small, b"initrd!").unwrap();
@@ -410,31 +321,20 @@ mod tests {
         load(&req, &ram.memory, &ram.layout, &[]).unwrap();
         let params: linux_loader::loader::bootparam::boot_params =
             ram.memory.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
-        let (addr, size) = (
-            params.hdr.ramdisk_image as u64,
-            params.hdr.ramdisk_size as u64,
-        );
+        let (addr, size) = (params.hdr.ramdisk_image as u64, params.hdr.ramdisk_size as u64);
         assert_eq!(size, 7);
         let mut back = [0u8; 7];
-        ram.memory
-            .read_slice(&mut back, GuestAddress(addr))
-            .unwrap();
+        ram.memory.read_slice(&mut back, GuestAddress(addr)).unwrap();
         assert_eq!(&back, b"initrd!");
 
         let big = dir.join("big");
         std::fs::write(&big, vec![0u8; 20 << 20]).unwrap();
         req.initrd = Some(&big);
         let err = load(&req, &ram.memory, &ram.layout, &[]).unwrap_err();
-        assert!(
-            matches!(err, BootError::Initrd { .. }) && err.to_string().contains("does not fit"),
-            "{err}"
-        );
+        assert!(matches!(err, BootError::Initrd { .. }) && err.to_string().contains("does not fit"), "{err}");
         let missing = dir.join("missing");
         req.initrd = Some(&missing);
-        assert!(matches!(
-            load(&req, &ram.memory, &ram.layout, &[]),
-            Err(BootError::Initrd { .. })
-        ));
+        assert!(matches!(load(&req, &ram.memory, &ram.layout, &[]), Err(BootError::Initrd { .. })));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

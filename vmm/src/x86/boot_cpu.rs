@@ -69,10 +69,7 @@ pub fn segment(descriptor: u64, selector: u16) -> kvm_segment {
 
 /// Writes the GDT, the (empty) IDT and, for the 64-bit entry, page tables identity-mapping the
 /// low 4 GiB with 2 MiB pages.
-pub fn write_tables(
-    mem: &GuestMemoryMmap,
-    entry: &BootEntry,
-) -> Result<(), vm_memory::GuestMemoryError> {
+pub fn write_tables(mem: &GuestMemoryMmap, entry: &BootEntry) -> Result<(), vm_memory::GuestMemoryError> {
     let gdt: Vec<u8> = gdt(entry).iter().flat_map(|d| d.to_le_bytes()).collect();
     mem.write_slice(&gdt, GuestAddress(GDT_ADDR))?;
     mem.write_obj(0u64, GuestAddress(IDT_ADDR))?;
@@ -87,8 +84,7 @@ pub fn write_tables(
         }
         for page in 0..PAGE_DIRECTORIES * 512 {
             let at = 0x2000 + page as usize * 8;
-            tables[at..at + 8]
-                .copy_from_slice(&((page << 21) | PTE_PRESENT_RW | PTE_PS).to_le_bytes());
+            tables[at..at + 8].copy_from_slice(&((page << 21) | PTE_PRESENT_RW | PTE_PS).to_le_bytes());
         }
         mem.write_slice(&tables, GuestAddress(PML4_ADDR))?;
     }
@@ -127,10 +123,7 @@ pub fn configure_sregs(sregs: &mut kvm_sregs, entry: &BootEntry) {
 
 /// General-purpose registers at entry.
 pub fn boot_regs(entry: &BootEntry) -> kvm_regs {
-    let mut regs = kvm_regs {
-        rflags: 0x2,
-        ..Default::default()
-    };
+    let mut regs = kvm_regs { rflags: 0x2, ..Default::default() };
     match *entry {
         BootEntry::Pvh { entry, start_info } => {
             regs.rip = entry;
@@ -151,31 +144,20 @@ mod tests {
     use super::*;
     use crate::memory::{GuestRam, MIB, RamLayout};
 
-    const LINUX64: BootEntry = BootEntry::Linux64 {
-        entry: 0x100200,
-        boot_params: 0x7000,
-    };
-    const PVH: BootEntry = BootEntry::Pvh {
-        entry: 0x100000,
-        start_info: 0x6000,
-    };
+    const LINUX64: BootEntry = BootEntry::Linux64 { entry: 0x100200, boot_params: 0x7000 };
+    const PVH: BootEntry = BootEntry::Pvh { entry: 0x100000, start_info: 0x6000 };
 
     #[test]
     fn segments_decode_from_descriptors() {
         let cs = segment(CODE64, BOOT_CS);
         assert_eq!(
-            (
-                cs.base, cs.limit, cs.type_, cs.present, cs.l, cs.db, cs.g, cs.s
-            ),
+            (cs.base, cs.limit, cs.type_, cs.present, cs.l, cs.db, cs.g, cs.s),
             (0, 0xffff_ffff, 0xb, 1, 1, 0, 1, 1)
         );
         let cs32 = segment(CODE32, BOOT_CS);
         assert_eq!((cs32.l, cs32.db), (0, 1));
         let tr = segment(TSS, BOOT_TSS);
-        assert_eq!(
-            (tr.limit, tr.type_, tr.s, tr.present, tr.unusable),
-            (0x67, 0xb, 0, 1, 0)
-        );
+        assert_eq!((tr.limit, tr.type_, tr.s, tr.present, tr.unusable), (0x67, 0xb, 0, 1, 0));
         assert_eq!(segment(0, 0).unusable, 1);
     }
 
@@ -184,34 +166,18 @@ mod tests {
         let mut sregs = kvm_sregs::default();
         configure_sregs(&mut sregs, &LINUX64);
         assert_eq!(sregs.cr0 & (CR0_PE | CR0_PG), CR0_PE | CR0_PG);
-        assert_eq!(
-            (sregs.cr3, sregs.cr4 & CR4_PAE, sregs.efer),
-            (PML4_ADDR, CR4_PAE, EFER_LME | EFER_LMA)
-        );
-        assert_eq!(
-            (sregs.cs.selector, sregs.cs.l, sregs.ds.selector),
-            (BOOT_CS, 1, BOOT_DS)
-        );
+        assert_eq!((sregs.cr3, sregs.cr4 & CR4_PAE, sregs.efer), (PML4_ADDR, CR4_PAE, EFER_LME | EFER_LMA));
+        assert_eq!((sregs.cs.selector, sregs.cs.l, sregs.ds.selector), (BOOT_CS, 1, BOOT_DS));
         let regs = boot_regs(&LINUX64);
         assert_eq!((regs.rip, regs.rsi, regs.rflags), (0x100200, 0x7000, 2));
     }
 
     #[test]
     fn pvh_entry_state_is_flat_protected_mode_without_paging() {
-        let mut sregs = kvm_sregs {
-            cr0: CR0_PG,
-            efer: EFER_LME,
-            ..Default::default()
-        };
+        let mut sregs = kvm_sregs { cr0: CR0_PG, efer: EFER_LME, ..Default::default() };
         configure_sregs(&mut sregs, &PVH);
-        assert_eq!(
-            (sregs.cr0 & CR0_PG, sregs.cr0 & CR0_PE, sregs.efer),
-            (0, CR0_PE, 0)
-        );
-        assert_eq!(
-            (sregs.cs.db, sregs.cs.l, sregs.cs.limit),
-            (1, 0, 0xffff_ffff)
-        );
+        assert_eq!((sregs.cr0 & CR0_PG, sregs.cr0 & CR0_PE, sregs.efer), (0, CR0_PE, 0));
+        assert_eq!((sregs.cs.db, sregs.cs.l, sregs.cs.limit), (1, 0, 0xffff_ffff));
         assert_eq!(boot_regs(&PVH).rbx, 0x6000);
     }
 

@@ -105,19 +105,11 @@ mod tests {
     use super::*;
 
     fn entry(function: u32, index: u32) -> kvm_cpuid_entry2 {
-        kvm_cpuid_entry2 {
-            function,
-            index,
-            ..Default::default()
-        }
+        kvm_cpuid_entry2 { function, index, ..Default::default() }
     }
 
     fn find(cpuid: &CpuId, function: u32, index: u32) -> kvm_cpuid_entry2 {
-        *cpuid
-            .as_slice()
-            .iter()
-            .find(|e| e.function == function && e.index == index)
-            .unwrap()
+        *cpuid.as_slice().iter().find(|e| e.function == function && e.index == index).unwrap()
     }
 
     #[test]
@@ -126,11 +118,7 @@ mod tests {
             entry(LEAF_FEATURES, 0),
             entry(LEAF_EXT_TOPOLOGY, 0),
             entry(LEAF_EXT_TOPOLOGY, 1),
-            kvm_cpuid_entry2 {
-                function: LEAF_HYPERVISOR,
-                eax: 0x4000_0001,
-                ..Default::default()
-            },
+            kvm_cpuid_entry2 { function: LEAF_HYPERVISOR, eax: 0x4000_0001, ..Default::default() },
             entry(LEAF_AMD_SIZE, 0),
         ])
         .unwrap();
@@ -142,18 +130,8 @@ mod tests {
         assert_ne!(f.ecx & ECX_HYPERVISOR, 0);
         let core = find(&c, LEAF_EXT_TOPOLOGY, 1);
         assert_eq!((core.eax, core.ebx, core.ecx >> 8, core.edx), (2, 3, 2, 2));
-        assert_eq!(
-            find(&c, LEAF_EXT_TOPOLOGY, 2).ecx >> 8,
-            0,
-            "level 2 is invalid"
-        );
-        assert_eq!(
-            c.as_slice()
-                .iter()
-                .filter(|e| e.function == LEAF_EXT_TOPOLOGY)
-                .count(),
-            3
-        );
+        assert_eq!(find(&c, LEAF_EXT_TOPOLOGY, 2).ecx >> 8, 0, "level 2 is invalid");
+        assert_eq!(c.as_slice().iter().filter(|e| e.function == LEAF_EXT_TOPOLOGY).count(), 3);
         assert_eq!(find(&c, LEAF_AMD_SIZE, 0).ecx & 0xff, 2);
         assert_eq!(find(&c, LEAF_HYPERVISOR, 0).eax, LEAF_HYPERVISOR_TIMING);
         assert_eq!(find(&c, LEAF_HYPERVISOR_TIMING, 0).eax, 2_500_000);

@@ -25,17 +25,9 @@ fn with_delivery_mode(reg: u32, mode: u32) -> u32 {
 /// Sets LINT0 to ExtINT and LINT1 to NMI.
 pub fn configure_lint(lapic: &mut kvm_lapic_state) {
     let lvt0 = get_reg(lapic, APIC_LVT0);
-    set_reg(
-        lapic,
-        APIC_LVT0,
-        with_delivery_mode(lvt0, DELIVERY_MODE_EXTINT),
-    );
+    set_reg(lapic, APIC_LVT0, with_delivery_mode(lvt0, DELIVERY_MODE_EXTINT));
     let lvt1 = get_reg(lapic, APIC_LVT1);
-    set_reg(
-        lapic,
-        APIC_LVT1,
-        with_delivery_mode(lvt1, DELIVERY_MODE_NMI),
-    );
+    set_reg(lapic, APIC_LVT1, with_delivery_mode(lvt1, DELIVERY_MODE_NMI));
 }
 
 #[cfg(test)]

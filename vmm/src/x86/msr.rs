@@ -32,14 +32,8 @@ pub fn boot_msrs() -> Msrs {
         (MSR_IA32_MISC_ENABLE, MISC_ENABLE_FAST_STRING),
         (MSR_MTRR_DEF_TYPE, MTRR_ENABLE_WRITEBACK),
     ];
-    let entries: Vec<kvm_msr_entry> = values
-        .iter()
-        .map(|&(index, data)| kvm_msr_entry {
-            index,
-            data,
-            ..Default::default()
-        })
-        .collect();
+    let entries: Vec<kvm_msr_entry> =
+        values.iter().map(|&(index, data)| kvm_msr_entry { index, data, ..Default::default() }).collect();
     Msrs::from_entries(&entries).expect("fewer entries than the kvm_msrs limit")
 }
 

@@ -1,0 +1,32 @@
+//! How devices raise message-signalled interrupts without the VMM in the delivery path: each
+//! vector is an EventFd registered with KVM as an irqfd on a GSI whose route carries the MSI
+//! address and data. The VMM implements [`MsiInterrupts`] with KVM's GSI routing.
+
+use vmm_sys_util::eventfd::EventFd;
+
+/// An MSI message: where and what the device writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MsiMessage {
+    /// Address (0xFEEx_xxxx on x86).
+    pub address: u64,
+    /// Data.
+    pub data: u32,
+}
+
+/// Errors setting up interrupt delivery.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupt routing: {0}")]
+pub struct InterruptError(pub String);
+
+/// The VMM's interrupt routing, as devices see it.
+pub trait MsiInterrupts: Send + Sync {
+    /// Allocates a GSI for an MSI route.
+    fn allocate_gsi(&self) -> Result<u32, InterruptError>;
+    /// Points `gsi` at `message`.
+    fn set_route(&self, gsi: u32, message: MsiMessage) -> Result<(), InterruptError>;
+    /// Delivers `gsi` whenever `fd` is signalled (KVM_IRQFD). If `fd` is already signalled, the
+    /// interrupt is delivered at once.
+    fn register_irqfd(&self, gsi: u32, fd: &EventFd) -> Result<(), InterruptError>;
+    /// Stops delivering `gsi` from `fd`; signals then stay pending in `fd`.
+    fn unregister_irqfd(&self, gsi: u32, fd: &EventFd) -> Result<(), InterruptError>;
+}

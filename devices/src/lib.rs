@@ -9,3 +9,4 @@ pub mod interrupt;
 pub mod pci;
 pub mod power;
 pub mod serial;
+pub mod virtio;

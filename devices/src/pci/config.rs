@@ -86,7 +86,10 @@ impl PciConfiguration {
             next_capability: FIRST_CAPABILITY,
         };
         c.regs[0] = ids.vendor as u32 | (ids.device as u32) << 16;
-        c.regs[2] = ids.revision as u32 | (ids.class[2] as u32) << 8 | (ids.class[1] as u32) << 16 | (ids.class[0] as u32) << 24;
+        c.regs[2] = ids.revision as u32
+            | (ids.class[2] as u32) << 8
+            | (ids.class[1] as u32) << 16
+            | (ids.class[0] as u32) << 24;
         c.regs[0x2c / 4] = ids.subsystem_vendor as u32 | (ids.subsystem as u32) << 16;
         let command_bits = (COMMAND_IO | COMMAND_MEMORY | COMMAND_BUS_MASTER | COMMAND_INTX_DISABLE) as u32;
         c.writable[COMMAND / 4] = command_bits;
@@ -242,7 +245,14 @@ mod tests {
     use super::*;
 
     fn ids() -> PciIds {
-        PciIds { vendor: 0x1af4, device: 0x1057, subsystem_vendor: 0x1af4, subsystem: 0x40, class: [0x08, 0x06, 0], revision: 1 }
+        PciIds {
+            vendor: 0x1af4,
+            device: 0x1057,
+            subsystem_vendor: 0x1af4,
+            subsystem: 0x40,
+            class: [0x08, 0x06, 0],
+            revision: 1,
+        }
     }
 
     fn read32(c: &PciConfiguration, offset: usize) -> u32 {

@@ -114,10 +114,7 @@ impl MsixConfig {
     pub fn table_read(&self, offset: u64, data: &mut [u8]) {
         for (i, b) in data.iter_mut().enumerate() {
             let at = offset + i as u64;
-            *b = self
-                .vectors
-                .get((at / ENTRY_SIZE) as usize)
-                .map_or(0, |v| v.entry[(at % ENTRY_SIZE) as usize]);
+            *b = self.vectors.get((at / ENTRY_SIZE) as usize).map_or(0, |v| v.entry[(at % ENTRY_SIZE) as usize]);
         }
     }
 

@@ -182,9 +182,8 @@ impl PciConfigIo {
     }
 
     fn target(&self) -> Option<(u8, u8, usize)> {
-        (self.address & CONFIG_ENABLE != 0).then(|| {
-            ((self.address >> 16) as u8, (self.address >> 8) as u8, (self.address & 0xfc) as usize)
-        })
+        (self.address & CONFIG_ENABLE != 0)
+            .then(|| ((self.address >> 16) as u8, (self.address >> 8) as u8, (self.address & 0xfc) as usize))
     }
 }
 
@@ -276,7 +275,14 @@ mod tests {
     }
 
     fn echo() -> Arc<Mutex<Echo>> {
-        let ids = PciIds { vendor: 0x1234, device: 0x5678, subsystem_vendor: 0, subsystem: 0, class: [0xff, 0, 0], revision: 0 };
+        let ids = PciIds {
+            vendor: 0x1234,
+            device: 0x5678,
+            subsystem_vendor: 0,
+            subsystem: 0,
+            class: [0xff, 0, 0],
+            revision: 0,
+        };
         let mut config = PciConfiguration::new(ids);
         config.add_bar(0, 0x1000, BarKind::Memory32).unwrap();
         config.set_bar_address(0, 0xc000_0000);

@@ -4,8 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-apt_install build-essential curl ca-certificates busybox-static
+apt_install build-essential curl ca-certificates xz-utils busybox-static
 ensure_rust
 DRIVERLAB_TEST_BZIMAGE="$(scripts/fetch-debian-kernel.sh 6.12)"
-export DRIVERLAB_TEST_BZIMAGE
+DRIVERLAB_IASL="$(scripts/fetch-iasl.sh)"
+export DRIVERLAB_TEST_BZIMAGE DRIVERLAB_IASL
 cargo test --workspace --locked

@@ -62,7 +62,10 @@ fn memory_above_the_hole_appears_at_4_gib() {
     assert_eq!(boot.usable_ram(), 4096 * MIB - LEGACY_HOLE);
     let high = boot.e820.iter().find(|e| e.addr == 4 << 30).expect("RAM at 4 GiB");
     assert_eq!((high.size, high.kind), (1 << 30, 1));
-    assert!(boot.e820.iter().all(|e| e.addr + e.size <= 0xc000_0000 || e.addr >= 1 << 32), "nothing in the MMIO hole");
+    let ram = boot.e820.iter().filter(|e| e.kind == 1);
+    assert!(ram.clone().all(|e| e.addr + e.size <= 0xc000_0000 || e.addr >= 1 << 32), "no RAM in the MMIO hole");
+    let ecam = boot.e820.iter().find(|e| e.addr == 0xe000_0000).expect("the ECAM window is reserved");
+    assert_eq!((ecam.size, ecam.kind), (1 << 20, 2));
 }
 
 #[test]

@@ -67,6 +67,14 @@ pub struct RunArgs {
     /// Boot protocol.
     #[arg(long, value_enum, default_value = "auto")]
     pub entry: Entry,
+    /// Put a virtio-iommu in front of every PCI endpoint (described to the guest by ACPI VIOT).
+    /// Without it, device DMA is identity-mapped.
+    #[arg(long)]
+    pub iommu: bool,
+    /// With --iommu: whether endpoints the guest has not attached to a domain bypass translation
+    /// (the virtio-iommu `bypass` field at reset).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub iommu_bypass: bool,
     /// Debugging only: run without the seccomp filters.
     #[arg(long)]
     pub no_seccomp: bool,
@@ -102,6 +110,7 @@ fn run(args: RunArgs) -> anyhow::Result<u8> {
             Entry::Pvh => EntryProtocol::Pvh,
             Entry::Linux64 => EntryProtocol::Linux64,
         },
+        iommu: args.iommu.then_some(vmm::platform::IommuConfig { bypass: args.iommu_bypass }),
     };
     match vmm::run(&config) {
         Ok(summary) => {

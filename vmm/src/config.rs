@@ -92,6 +92,8 @@ pub struct VmConfig {
     pub seccomp: bool,
     /// Which boot entry to use.
     pub entry: EntryProtocol,
+    /// A virtio-iommu in front of every PCI endpoint.
+    pub iommu: Option<crate::platform::IommuConfig>,
 }
 
 impl Default for VmConfig {
@@ -106,6 +108,7 @@ impl Default for VmConfig {
             timeout: None,
             seccomp: true,
             entry: EntryProtocol::Auto,
+            iommu: None,
         }
     }
 }

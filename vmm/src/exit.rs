@@ -221,6 +221,9 @@ pub struct ExitSummary {
     pub serial_bytes: u64,
     /// Exits handled by the VMM.
     pub exits: ExitCounts,
+    /// What the virtio-iommu counted, with `--iommu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub viommu: Option<devices::virtio::iommu::stats::IommuCounts>,
 }
 
 impl ExitSummary {
@@ -272,6 +275,7 @@ mod tests {
             first_serial_ms: Some(1.0),
             serial_bytes: 10,
             exits: ExitCounts { io: 11, mmio: 0, unclaimed: 0 },
+            viommu: None,
         };
         let line = summary.to_json();
         assert!(line.starts_with(r#"{"vmm":"exit","reason":"poweroff","exit_code":0,"#), "{line}");

@@ -7,8 +7,12 @@
 //! 0x0000_6040  PVH module list            0x0010_0000  kernel (bzImage) / ELF segments from here
 //! 0x0000_6100  PVH memory map             0xc000_0000  32-bit MMIO hole (1 GiB) up to 4 GiB
 //! 0x0000_7000  zero page (boot_params)    4 GiB        RAM above the hole
-//! 0x0000_8ff0  boot stack top
+//! 0x0000_8ff0  boot stack top            0xc000_0000  PCI 32-bit MMIO window (512 MiB)
+//! 0x000e_0000  ACPI RSDP, then tables     0xe000_0000  PCI ECAM, bus 0 (1 MiB)
+//!                                         0xfec0_0000  IOAPIC, 0xfee0_0000 LAPIC
 //! ```
+//!
+//! The PCI 64-bit window starts at the first GiB boundary above RAM and 4 GiB.
 
 /// Boot GDT.
 pub const GDT_ADDR: u64 = 0x500;
@@ -40,3 +44,28 @@ pub const HIGH_MEMORY_START: u64 = 0x10_0000;
 pub const MMIO_HOLE_START: u64 = 0xc000_0000;
 /// End of the 32-bit MMIO hole, where RAM resumes.
 pub const FOUR_GIB: u64 = 0x1_0000_0000;
+/// ACPI RSDP, where Linux also finds it by scanning the BIOS area.
+pub const ACPI_RSDP_ADDR: u64 = 0xe_0000;
+/// ACPI tables follow the RSDP.
+pub const ACPI_TABLES_ADDR: u64 = 0xe_0040;
+/// End of the space for ACPI tables.
+pub const ACPI_TABLES_END: u64 = HIGH_MEMORY_START;
+/// PCI 32-bit memory window for BARs.
+pub const PCI_MMIO32_START: u64 = MMIO_HOLE_START;
+/// Its size.
+pub const PCI_MMIO32_SIZE: u64 = 0x2000_0000;
+/// PCI ECAM window (bus 0 only).
+pub const PCI_ECAM_BASE: u64 = 0xe000_0000;
+/// Its size: one bus.
+pub const PCI_ECAM_SIZE: u64 = 0x10_0000;
+/// IOAPIC MMIO.
+pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
+/// Local APIC MMIO.
+pub const LAPIC_ADDR: u64 = 0xfee0_0000;
+/// Size of the PCI 64-bit memory window.
+pub const PCI_MMIO64_SIZE: u64 = 64 << 30;
+
+/// Start of the PCI 64-bit window for a guest whose RAM ends at `ram_end`.
+pub fn pci_mmio64_start(ram_end: u64) -> u64 {
+    ram_end.max(FOUR_GIB).next_multiple_of(1 << 30)
+}

@@ -5,12 +5,15 @@
 //! created ([`vm`]), vCPU threads run the guest ([`vcpu`]) under seccomp ([`seccomp`]), and the run
 //! ends with an [`ExitSummary`] whose exit code says how the guest stopped ([`exit`]).
 
+pub mod acpi;
 pub mod boot;
 pub mod config;
 pub mod exit;
 pub mod host;
+pub mod interrupts;
 pub mod layout;
 pub mod memory;
+pub mod platform;
 pub mod seccomp;
 pub mod vcpu;
 pub mod vm;
@@ -56,6 +59,9 @@ pub enum Error {
     /// The seccomp filters could not be built.
     #[error(transparent)]
     Seccomp(#[from] seccomp::SeccompError),
+    /// The platform (PCI, ACPI, interrupt routing) could not be assembled.
+    #[error("platform: {0}")]
+    Platform(String),
     /// Another system call failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),

@@ -6,7 +6,7 @@ use std::os::fd::FromRawFd;
 
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
-use crate::layout::{EBDA_START, FOUR_GIB, HIGH_MEMORY_START, MMIO_HOLE_START};
+use crate::layout::{EBDA_START, FOUR_GIB, HIGH_MEMORY_START, MMIO_HOLE_START, PCI_ECAM_BASE, PCI_ECAM_SIZE};
 
 /// One MiB.
 pub const MIB: u64 = 1 << 20;
@@ -70,6 +70,11 @@ impl RamLayout {
         self.ranges[0].1
     }
 
+    /// End of the highest RAM range.
+    pub fn end(&self) -> u64 {
+        self.ranges.last().map_or(0, |&(addr, size)| addr + size)
+    }
+
     /// Total RAM.
     pub fn size(&self) -> u64 {
         self.ranges.iter().map(|r| r.1).sum()
@@ -83,8 +88,8 @@ impl RamLayout {
         self.ranges.iter().any(|&(base, size)| addr >= base && end <= base + size)
     }
 
-    /// The E820 map: low RAM up to the EBDA, the EBDA and BIOS area reserved, RAM from 1 MiB,
-    /// RAM above 4 GiB.
+    /// The E820 map: low RAM up to the EBDA, the EBDA and BIOS area (with the ACPI tables)
+    /// reserved, RAM from 1 MiB, the PCI ECAM window reserved, RAM above 4 GiB.
     pub fn e820(&self) -> Vec<E820Entry> {
         let low_end = self.low_end();
         let mut map = vec![
@@ -94,6 +99,7 @@ impl RamLayout {
         if low_end > HIGH_MEMORY_START {
             map.push(E820Entry { addr: HIGH_MEMORY_START, size: low_end - HIGH_MEMORY_START, kind: E820Type::Ram });
         }
+        map.push(E820Entry { addr: PCI_ECAM_BASE, size: PCI_ECAM_SIZE, kind: E820Type::Reserved });
         map.extend(self.ranges[1..].iter().map(|&(addr, size)| E820Entry { addr, size, kind: E820Type::Ram }));
         map
     }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use kvm_bindings::{KVMIO, kvm_regs, kvm_sregs, kvm_translation};
+use kvm_bindings::{KVMIO, kvm_irq_routing, kvm_irqfd, kvm_regs, kvm_sregs, kvm_translation};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
@@ -15,14 +15,16 @@ use seccompiler::{
 mod request {
     #![allow(missing_docs)]
     use super::*;
-    use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iowr_nr};
+    use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
     ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
     ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
     ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_sregs);
     ioctl_iowr_nr!(KVM_TRANSLATE, KVMIO, 0x85, kvm_translation);
+    ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
+    ioctl_iow_nr!(KVM_IRQFD, KVMIO, 0x76, kvm_irqfd);
 }
-use request::{KVM_GET_REGS, KVM_GET_SREGS, KVM_RUN, KVM_TRANSLATE};
+use request::{KVM_GET_REGS, KVM_GET_SREGS, KVM_IRQFD, KVM_RUN, KVM_SET_GSI_ROUTING, KVM_TRANSLATE};
 
 /// Errors building the filters.
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +106,9 @@ pub fn main_filter() -> Result<BpfProgram, SeccompError> {
 /// A vCPU thread's filter.
 pub fn vcpu_filter() -> Result<BpfProgram, SeccompError> {
     let mut rules = allow_all(COMMON);
-    let requests = [KVM_RUN(), KVM_GET_REGS(), KVM_GET_SREGS(), KVM_TRANSLATE()].map(u64::from);
+    // Device emulation on the vCPU thread reprograms MSI routes and irqfds (MSI-X table writes).
+    let requests = [KVM_RUN(), KVM_GET_REGS(), KVM_GET_SREGS(), KVM_TRANSLATE(), KVM_SET_GSI_ROUTING(), KVM_IRQFD()]
+        .map(u64::from);
     rules.insert(libc::SYS_ioctl, ioctl_requests(&requests)?);
     compile(rules)
 }

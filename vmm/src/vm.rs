@@ -4,22 +4,20 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use devices::bus::Bus;
-use devices::power::{
-    ACPI_PM_BASE, ACPI_PM_LEN, AcpiPower, GuestEventSink, I8042, I8042_BASE, I8042_LEN, PVPANIC_PORT, PostCode, PvPanic,
-};
-use devices::serial::{COM1_BASE, COM1_IRQ, COM1_LEN, SerialPort};
+use devices::power::GuestEventSink;
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use vmm_sys_util::signal::Killable;
 
 use crate::Error;
 use crate::boot::{self, BootRequest};
 use crate::config::VmConfig;
 use crate::exit::{ExitCounters, ExitReason, ExitSummary, VmStop};
+use crate::interrupts::KvmInterrupts;
+use crate::layout::ACPI_RSDP_ADDR;
 use crate::memory::{GuestRam, MIB, RamLayout};
+use crate::platform::{self, PlatformConfig};
 use crate::vcpu::{self, Vcpu, VcpuShared};
 use crate::x86::boot_cpu;
 
@@ -49,6 +47,7 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
         initrd: config.initrd.as_deref(),
         cmdline: &config.cmdline,
         protocol: config.entry,
+        rsdp: Some(ACPI_RSDP_ADDR),
     };
     let entry = boot::load(&request, &ram.memory, &ram.layout, &e820)?;
     boot_cpu::write_tables(&ram.memory, &entry).map_err(|e| Error::GuestMemory(e.to_string()))?;
@@ -62,23 +61,20 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
     vm.create_pit2(pit).map_err(kvm_error("KVM_CREATE_PIT2"))?;
     register_memory(&vm, &ram)?;
 
+    let vm = Arc::new(vm);
+    let interrupts = Arc::new(KvmInterrupts::new(vm.clone()).map_err(|e| Error::Platform(e.to_string()))?);
     let stop = Arc::new(VmStop::new());
-    let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(Error::Io)?;
-    vm.register_irqfd(&serial_irq, COM1_IRQ).map_err(kvm_error("KVM_IRQFD (COM1)"))?;
-    let (serial, serial_stats) = SerialPort::new(serial_irq, serial_sink);
-    let serial = Arc::new(Mutex::new(serial));
-    let sink: Arc<dyn GuestEventSink> = stop.clone();
-    let io_bus = Bus::new();
-    io_bus.insert(COM1_BASE, COM1_LEN, serial.clone())?;
-    io_bus.insert(ACPI_PM_BASE, ACPI_PM_LEN, Arc::new(Mutex::new(AcpiPower::new(sink.clone()))))?;
-    io_bus.insert(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042::new(sink.clone()))))?;
-    io_bus.insert(PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic::new(sink))))?;
-    io_bus.insert(0x80, 1, Arc::new(Mutex::new(PostCode)))?;
+    let events: Arc<dyn GuestEventSink> = stop.clone();
+    let platform_config = PlatformConfig { vcpus: config.vcpus, iommu: config.iommu };
+    let platform = platform::build(&vm, &ram, interrupts, events, serial_sink, platform_config)?;
+    let tables = crate::acpi::build(&platform.acpi).map_err(|e| Error::Platform(e.to_string()))?;
+    crate::acpi::write(&ram.memory, &tables).map_err(|e| Error::Platform(e.to_string()))?;
+    let serial = platform.serial.clone();
 
     let counters = Arc::new(ExitCounters::default());
     let shared = VcpuShared {
-        io_bus: Arc::new(io_bus),
-        mmio_bus: Arc::new(Bus::new()),
+        io_bus: platform.io_bus.clone(),
+        mmio_bus: platform.mmio_bus.clone(),
         memory: ram.memory.clone(),
         stop: stop.clone(),
         counters: counters.clone(),
@@ -141,8 +137,9 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
         memory_mib: config.memory_mib,
         setup_ms,
         run_ms: ms(stopped - started),
-        first_serial_ms: serial_stats.first_byte().map(|t| ms(t.saturating_duration_since(started))),
-        serial_bytes: serial_stats.bytes(),
+        first_serial_ms: platform.serial_stats.first_byte().map(|t| ms(t.saturating_duration_since(started))),
+        serial_bytes: platform.serial_stats.bytes(),
+        viommu: platform.iommu.as_ref().map(|iommu| iommu.counts()),
         exits: counters.counts(),
     })
 }

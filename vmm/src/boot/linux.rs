@@ -29,6 +29,7 @@ pub(super) fn write_zero_page(
     header: Option<setup_header>,
     cmdline: &str,
     initrd: Option<Initrd>,
+    rsdp: Option<u64>,
     e820: &[E820Entry],
 ) -> Result<(), BootError> {
     let mut hdr = match header {
@@ -48,6 +49,7 @@ pub(super) fn write_zero_page(
     hdr.type_of_loader = LOADER_UNDEFINED;
     hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
     let mut params = boot_params { hdr, ..Default::default() };
+    params.acpi_rsdp_addr = rsdp.unwrap_or(0);
     if let Some(initrd) = initrd {
         params.hdr.ramdisk_image = initrd.addr as u32;
         params.hdr.ramdisk_size = initrd.size as u32;
@@ -86,7 +88,7 @@ mod tests {
             ..Default::default()
         };
         let initrd = Initrd { addr: 0x300_0000, size: 0x1234 };
-        write_zero_page(&ram.memory, Some(bz), "console=ttyS0", Some(initrd), &e820).unwrap();
+        write_zero_page(&ram.memory, Some(bz), "console=ttyS0", Some(initrd), Some(0xe0000), &e820).unwrap();
         let p: boot_params = ram.memory.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
         let hdr = p.hdr;
         assert_eq!({ hdr.header }, HDRS);
@@ -97,6 +99,7 @@ mod tests {
         assert_eq!({ hdr.ramdisk_image }, 0x300_0000);
         assert_eq!({ hdr.ramdisk_size }, 0x1234);
         assert_eq!(p.e820_entries as usize, e820.len());
+        assert_eq!({ p.acpi_rsdp_addr }, 0xe0000);
         for (got, want) in p.e820_table.iter().zip(&e820) {
             assert_eq!(({ got.addr }, { got.size }, { got.r#type }), (want.addr, want.size, want.kind as u32));
         }
@@ -114,7 +117,7 @@ mod tests {
     #[test]
     fn elf_kernels_get_a_minimal_header() {
         let ram = GuestRam::new(RamLayout::new(16 * MIB)).unwrap();
-        write_zero_page(&ram.memory, None, "", None, &[]).unwrap();
+        write_zero_page(&ram.memory, None, "", None, None, &[]).unwrap();
         let p: boot_params = ram.memory.read_obj(GuestAddress(ZERO_PAGE_ADDR)).unwrap();
         let hdr = p.hdr;
         assert_eq!(

@@ -138,6 +138,8 @@ pub struct BootRequest<'a> {
     pub cmdline: &'a str,
     /// Which entry to use.
     pub protocol: EntryProtocol,
+    /// Where the ACPI RSDP is, to hand over in the boot information.
+    pub rsdp: Option<u64>,
 }
 
 /// Loads the kernel, the command line and the initrd into `mem` and writes the boot information
@@ -174,11 +176,11 @@ pub fn load(
             let initrd = load_initrd(mem, ram, request.initrd, elf.end, u32::MAX as u64)?;
             match (use_pvh, pvh) {
                 (true, Some(entry)) => {
-                    pvh::write_start_info(mem, request.cmdline, initrd, e820)?;
+                    pvh::write_start_info(mem, request.cmdline, initrd, request.rsdp, e820)?;
                     Ok(BootEntry::Pvh { entry, start_info: PVH_INFO_ADDR })
                 }
                 _ => {
-                    linux::write_zero_page(mem, None, request.cmdline, initrd, e820)?;
+                    linux::write_zero_page(mem, None, request.cmdline, initrd, request.rsdp, e820)?;
                     Ok(BootEntry::Linux64 { entry: elf.entry, boot_params: ZERO_PAGE_ADDR })
                 }
             }
@@ -191,7 +193,7 @@ pub fn load(
             write_cmdline(mem, request.cmdline, bz.cmdline_max as usize)?;
             let kernel_end = loaded.kernel_load.0 + bz.payload.max(bz.init_size as u64);
             let initrd = load_initrd(mem, ram, request.initrd, kernel_end, bz.initrd_addr_max as u64)?;
-            linux::write_zero_page(mem, loaded.setup_header, request.cmdline, initrd, e820)?;
+            linux::write_zero_page(mem, loaded.setup_header, request.cmdline, initrd, request.rsdp, e820)?;
             Ok(BootEntry::Linux64 { entry: loaded.kernel_load.0 + 0x200, boot_params: ZERO_PAGE_ADDR })
         }
     }
@@ -264,7 +266,7 @@ mod tests {
     }
 
     fn request<'a>(kernel: &'a [u8], cmdline: &'a str, protocol: EntryProtocol) -> BootRequest<'a> {
-        BootRequest { kernel_name: "test", kernel, initrd: None, cmdline, protocol }
+        BootRequest { kernel_name: "test", kernel, initrd: None, cmdline, protocol, rsdp: Some(0xe0000) }
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub(super) fn write_start_info(
     mem: &GuestMemoryMmap,
     cmdline: &str,
     initrd: Option<Initrd>,
+    rsdp: Option<u64>,
     e820: &[E820Entry],
 ) -> Result<(), BootError> {
     if e820.len() > PVH_MEMMAP_MAX {
@@ -41,6 +42,7 @@ pub(super) fn write_start_info(
         cmdline_paddr: if cmdline.is_empty() { 0 } else { CMDLINE_ADDR },
         memmap_paddr: PVH_MEMMAP_ADDR,
         memmap_entries: e820.len() as u32,
+        rsdp_paddr: rsdp.unwrap_or(0),
         ..Default::default()
     };
     if let Some(initrd) = initrd {
@@ -62,7 +64,7 @@ mod tests {
         let ram = GuestRam::new(RamLayout::new(32 * MIB)).unwrap();
         let e820 = ram.layout.e820();
         let initrd = Initrd { addr: 0x100_0000, size: 99 };
-        write_start_info(&ram.memory, "probe.echo=1", Some(initrd), &e820).unwrap();
+        write_start_info(&ram.memory, "probe.echo=1", Some(initrd), Some(0xe0000), &e820).unwrap();
         let info: hvm_start_info = ram.memory.read_obj(GuestAddress(PVH_INFO_ADDR)).unwrap();
         assert_eq!((info.magic, info.version), (PVH_MAGIC, 1));
         assert_eq!(
@@ -70,6 +72,7 @@ mod tests {
             (CMDLINE_ADDR, PVH_MEMMAP_ADDR, e820.len())
         );
         assert_eq!((info.nr_modules, info.modlist_paddr), (1, PVH_MODLIST_ADDR));
+        assert_eq!(info.rsdp_paddr, 0xe0000);
         let module: hvm_modlist_entry = ram.memory.read_obj(GuestAddress(PVH_MODLIST_ADDR)).unwrap();
         assert_eq!((module.paddr, module.size), (0x100_0000, 99));
         let last: hvm_memmap_table_entry =

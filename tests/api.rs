@@ -49,8 +49,8 @@ async fn one_http_call_boots_the_probe() {
     let exit = result.exit.expect("exit line");
     assert_eq!((exit.reason.as_str(), exit.vcpus, exit.memory_mib), ("poweroff", 2, 128));
     let names: Vec<&str> = result.probe.iter().map(|s| s["probe"].as_str().unwrap()).collect();
-    assert_eq!(names, vec!["boot", "cpus", "options", "done"]);
-    assert_eq!(result.probe[3]["ok"], true);
+    assert_eq!(names, vec!["boot", "acpi", "cpus", "pci", "options", "done"]);
+    assert_eq!(result.probe[5]["ok"], true);
 
     let (status, body) =
         client.request("POST", "/v1/vms", Some(br#"{"kernel":"/nonexistent/vmlinux"}"#.to_vec())).await.unwrap();

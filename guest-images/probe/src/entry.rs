@@ -35,6 +35,8 @@ unsafe extern "C" {
     pub static mut idt: [u64; 512];
     /// First of 256 interrupt stubs, `ISR_STUB_SIZE` bytes apart.
     pub static isr_stubs: u8;
+    /// Interrupts counted per vector by the CPL0 stub.
+    pub static irq_counts: [u64; 256];
     /// The last CPU exception: vector, error code, RIP, CR2 (written by the CPL0 stub).
     pub static fault_info: [u64; 4];
     /// First byte of the AP real-mode trampoline.
@@ -116,10 +118,11 @@ common64:
     ltr ax
     lidt [idt_ptr]
     mov rsp, offset kernel_stack_top
-    /* Drop to CPL3 with IOPL=3 and interrupts off. */
+    /* Drop to CPL3 with IOPL=3 and interrupts on: PVM does not let CPL3 run sti/cli, and no
+       interrupt source is programmed before the CPL3 code has filled the IDT. */
     push 0x1b                           /* SS: user data */
     push offset user_stack_top - 8      /* RSP, as if `call` had pushed a return address */
-    push 0x3002                         /* RFLAGS: IOPL=3 */
+    push 0x3202                         /* RFLAGS: IOPL=3, IF */
     push 0x23                           /* CS: user code */
     push offset probe_main
     iretq

@@ -24,6 +24,12 @@ pub fn install() {
     }
 }
 
+/// How many times `vector` has been delivered.
+pub fn count(vector: u8) -> u64 {
+    // SAFETY: an aligned u64 that the CPL0 stub increments atomically.
+    unsafe { core::ptr::read_volatile(&raw const entry::irq_counts[vector as usize]) }
+}
+
 /// CPL3 landing point after a CPU exception: reports it and ends the run as a panic.
 #[unsafe(no_mangle)]
 extern "C" fn probe_fault() -> ! {

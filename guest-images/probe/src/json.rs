@@ -161,3 +161,33 @@ impl Array<'_> {
         self.out.push(b"}");
     }
 }
+
+/// A short string formatted on the stack (`write!` into it, then `as_str`).
+pub struct StackString<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> StackString<N> {
+    /// An empty string.
+    pub fn new() -> Self {
+        StackString { buf: [0; N], len: 0 }
+    }
+
+    /// The text written so far.
+    pub fn as_str(&self) -> &str {
+        core::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+}
+
+impl<const N: usize> Write for StackString<N> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        if end > N {
+            return Err(fmt::Error);
+        }
+        self.buf[self.len..end].copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}

@@ -3,6 +3,9 @@
 /// Base of the xAPIC MMIO page.
 const LAPIC_BASE: u64 = 0xfee0_0000;
 const REG_ID: u64 = 0x20;
+const REG_SVR: u64 = 0xf0;
+/// Spurious-interrupt vector register: APIC software-enabled, spurious vector 0xff.
+const SVR_ENABLE_SPURIOUS_FF: u32 = 0x1ff;
 const REG_ICR_LOW: u64 = 0x300;
 const REG_ICR_HIGH: u64 = 0x310;
 /// ICR delivery status: the IPI is still being sent.
@@ -16,6 +19,11 @@ fn read(reg: u64) -> u32 {
 fn write(reg: u64, value: u32) {
     // SAFETY: as for `read`; writes to LAPIC registers have no effect on Rust memory.
     unsafe { core::ptr::write_volatile((LAPIC_BASE + reg) as *mut u32, value) }
+}
+
+/// Software-enables the local APIC; until then it accepts no fixed interrupts (MSIs).
+pub fn enable() {
+    write(REG_SVR, SVR_ENABLE_SPURIOUS_FF);
 }
 
 /// This CPU's APIC ID.

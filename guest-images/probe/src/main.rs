@@ -3,31 +3,57 @@
 #![no_std]
 #![no_main]
 
+mod acpi;
 mod boot_info;
 mod entry;
 mod interrupts;
 mod json;
 mod lapic;
+mod mmio;
 mod options;
+mod pci;
 mod port;
 mod power;
 mod report;
 mod serial;
 mod smp;
 mod time;
+mod viommu;
+mod virtio;
 
+use acpi::Acpi;
 use boot_info::BootInfo;
 use options::Options;
+use pci::{Ecam, Function};
+
+/// MAP/UNMAP pairs timed on a virtio-iommu when `probe.viommu_ops` is not given.
+const DEFAULT_VIOMMU_OPS: u32 = 64;
 
 /// CPL3 entry, reached from `entry.rs` with the boot information pointer and the entry kind.
 #[unsafe(no_mangle)]
 extern "C" fn probe_main(boot_info: u64, entry_kind: u64) -> ! {
     interrupts::install();
+    lapic::enable();
     match BootInfo::read(boot_info, entry_kind) {
         Ok(boot) => {
             let options = Options::parse(boot.cmdline());
             report_boot(&boot);
-            smp::start_aps();
+            let acpi = Acpi::read(&boot);
+            match &acpi {
+                Some(acpi) => acpi.report(),
+                None => report::fail("no ACPI RSDP"),
+            }
+            smp::start_aps(acpi.as_ref().and_then(|a| a.lapics));
+            if let Some(acpi) = &acpi
+                && let Some(base) = acpi.ecam
+            {
+                let ecam = Ecam::new(base);
+                let mut functions = [Function::default(); pci::MAX_FUNCTIONS];
+                let count = ecam.enumerate(&mut functions);
+                pci::report(&functions[..count]);
+                let ops = options.viommu_ops.unwrap_or(DEFAULT_VIOMMU_OPS);
+                viommu::run(acpi, ecam, &functions[..count], ops, options.viommu_ops.is_some());
+            }
             if options.echo {
                 report_options(&options);
             }
@@ -53,6 +79,9 @@ fn report_boot(boot: &BootInfo) {
 fn report_options(options: &Options) {
     json::section("options", |o| {
         o.bool("echo", options.echo);
+        if let Some(ops) = options.viommu_ops {
+            o.u64("viommu_ops", ops as u64);
+        }
     });
 }
 

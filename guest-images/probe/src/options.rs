@@ -7,6 +7,9 @@ use crate::report;
 pub struct Options {
     /// `probe.echo=1`: report the parsed options in an `options` section.
     pub echo: bool,
+    /// `probe.viommu_ops=N`: MAP/UNMAP pairs to time on the virtio-iommu (default 64 when
+    /// there is one; giving it makes a missing virtio-iommu a failure).
+    pub viommu_ops: Option<u32>,
 }
 
 impl Options {
@@ -20,6 +23,7 @@ impl Options {
             let (key, value) = option.split_once('=').unwrap_or((option, "1"));
             match key {
                 "echo" => options.echo = flag(key, value),
+                "viommu_ops" => options.viommu_ops = number(key, value),
                 _ => report::fail_with("unknown option probe.", key),
             }
         }
@@ -34,6 +38,16 @@ fn flag(key: &str, value: &str) -> bool {
         _ => {
             report::fail_with("option needs 0 or 1: probe.", key);
             false
+        }
+    }
+}
+
+fn number(key: &str, value: &str) -> Option<u32> {
+    match value.parse() {
+        Ok(n) => Some(n),
+        Err(_) => {
+            report::fail_with("option needs a number: probe.", key);
+            None
         }
     }
 }

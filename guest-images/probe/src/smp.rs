@@ -29,8 +29,10 @@ fn ready() -> u32 {
 }
 
 /// Starts the APs and reports `{"probe":"cpus","expected":N,"started":N,"apic_ids":[...]}`.
-pub fn start_aps() {
-    let expected = expected_cpus();
+/// `madt_cpus` (enabled processors in the MADT), when known, says how many to expect; CPUID
+/// otherwise.
+pub fn start_aps(madt_cpus: Option<u32>) {
+    let expected = madt_cpus.unwrap_or_else(expected_cpus);
     if expected > 1 {
         // SAFETY: the trampoline symbols delimit bytes of the probe image; the destination is
         // low memory the VMM left free (boot information was copied out at entry).

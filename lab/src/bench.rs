@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use vmm::exit::IommuCounts;
+
 use crate::probe_report::ProbeReport;
 use crate::stats::Summary;
 use crate::vm_process::{ProcessError, VmProcess};
@@ -113,4 +115,33 @@ fn qemu_boot(qemu: &Path, probe: &Path, memory: &str, run: usize) -> Result<Dura
         });
     }
     Ok(wall)
+}
+
+/// What the virtio-iommu benchmark measured: the probe's `viommu` section and the VMM's counts.
+#[derive(Debug)]
+pub struct ViommuBench {
+    /// The probe's `viommu` section.
+    pub guest: serde_json::Value,
+    /// The exit line's `viommu` counts.
+    pub device: Option<IommuCounts>,
+}
+
+/// Boots the probe with `--iommu` and `probe.viommu_ops=ops`; returns its measurements.
+pub fn viommu(driverlab: &Path, ops: u32) -> Result<ViommuBench, BenchError> {
+    let cmdline = format!("probe.viommu_ops={ops}");
+    let args = ["--kernel", "probe", "--iommu", "--cmdline", cmdline.as_str(), "--timeout", "600"];
+    let out = VmProcess::new(driverlab, args, Duration::from_secs(660)).run()?;
+    let report = ProbeReport::parse(&out.serial);
+    let done = report.done();
+    let guest = report.section("viommu").cloned();
+    match (out.code(), done, guest) {
+        (Some(0), Some(done), Some(guest)) if done.ok => {
+            Ok(ViommuBench { guest, device: out.exit.and_then(|e| e.viommu) })
+        }
+        (code, done, _) => Err(BenchError::BadRun {
+            engine: "driverlab",
+            run: 0,
+            detail: format!("exit code {code:?}, probe {done:?}, stderr: {}", out.stderr.trim()),
+        }),
+    }
 }

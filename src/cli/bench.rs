@@ -26,6 +26,13 @@ pub enum BenchCommand {
         #[arg(long)]
         no_qemu: bool,
     },
+    /// virtio-iommu MAP and UNMAP round trips as the probe guest sees them (notify to MSI-X
+    /// completion), at 4 KiB and 2 MiB, next to a null request (the transport alone).
+    Viommu {
+        /// MAP/UNMAP pairs (alternating 4 KiB and 2 MiB).
+        #[arg(long, default_value_t = 4000)]
+        ops: u32,
+    },
 }
 
 impl BenchCommand {
@@ -33,6 +40,7 @@ impl BenchCommand {
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
             BenchCommand::Boot { runs, memory, qemu, no_qemu } => boot(runs, memory, (!no_qemu).then_some(qemu)),
+            BenchCommand::Viommu { ops } => viommu(ops),
         }
     }
 }
@@ -68,6 +76,33 @@ fn boot(runs: usize, memory: u64, qemu: Option<PathBuf>) -> anyhow::Result<u8> {
     }
     if let Some(ratio) = result.ratio() {
         println!("driverlab / qemu (medians): {ratio:.3}   goal: at most 0.5");
+    }
+    Ok(0)
+}
+
+fn viommu(ops: u32) -> anyhow::Result<u8> {
+    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
+    let result = bench::viommu(&driverlab, ops)?;
+    let g = &result.guest;
+    let value = |key: &str| g[key].as_u64().unwrap_or(0);
+    println!("virtio-iommu round trip as the probe guest sees it (notify to MSI-X completion), {ops} pairs");
+    println!("{:<34} {:>12} {:>12} {:>10}", "request", "median ns", "p99 ns", "ops/s");
+    for (name, key) in [
+        ("MAP 4 KiB", "map_4k"),
+        ("UNMAP 4 KiB", "unmap_4k"),
+        ("MAP 2 MiB", "map_2m"),
+        ("UNMAP 2 MiB", "unmap_2m"),
+        ("null request (transport only)", "null"),
+    ] {
+        let median = value(&format!("{key}_ns_median"));
+        let ops_per_s = if median > 0 { 1e9 / median as f64 } else { 0.0 };
+        println!("{name:<34} {median:>12} {:>12} {ops_per_s:>10.0}", value(&format!("{key}_ns_p99")));
+    }
+    if let Some(device) = result.device {
+        println!(
+            "handling in the VMM (all requests): median {} ns, p99 {} ns; {} maps, {} unmaps counted",
+            device.request_ns_p50, device.request_ns_p99, device.maps, device.unmaps
+        );
     }
     Ok(0)
 }

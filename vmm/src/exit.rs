@@ -18,6 +18,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use devices::power::{GuestEvent, GuestEventSink};
+pub use devices::virtio::iommu::stats::IommuCounts;
 use serde::{Deserialize, Serialize};
 
 /// Process exit codes, one per way a run can end.
@@ -223,7 +224,7 @@ pub struct ExitSummary {
     pub exits: ExitCounts,
     /// What the virtio-iommu counted, with `--iommu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub viommu: Option<devices::virtio::iommu::stats::IommuCounts>,
+    pub viommu: Option<IommuCounts>,
 }
 
 impl ExitSummary {

@@ -127,9 +127,14 @@ mod tests {
     #[test]
     fn legacy_routes_match_the_madt_override() {
         let routes = legacy_routes();
-        // SAFETY (of the union reads below): every legacy entry is an irqchip route.
-        let pins: Vec<(u32, u32, u32)> =
-            routes.iter().map(|r| (r.gsi, unsafe { r.u.irqchip.irqchip }, unsafe { r.u.irqchip.pin })).collect();
+        let pins: Vec<(u32, u32, u32)> = routes
+            .iter()
+            .map(|r| {
+                // SAFETY: every legacy entry is an irqchip route, so `irqchip` is the union member set.
+                let chip = unsafe { r.u.irqchip };
+                (r.gsi, chip.irqchip, chip.pin)
+            })
+            .collect();
         assert!(pins.contains(&(0, KVM_IRQCHIP_IOAPIC, 2)), "ISA IRQ 0 -> pin 2");
         assert!(pins.contains(&(4, KVM_IRQCHIP_IOAPIC, 4)) && pins.contains(&(4, KVM_IRQCHIP_PIC_MASTER, 4)), "COM1");
         assert!(pins.contains(&(9, KVM_IRQCHIP_PIC_SLAVE, 1)));

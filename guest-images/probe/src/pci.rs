@@ -167,10 +167,9 @@ pub fn report(functions: &[Function]) {
                     let _ = write!(bdf, "00:{:02x}.{:x}", f.device, f.function);
                     let _ = write!(id, "{:04x}:{:04x}", f.vendor, f.id);
                     let _ = write!(class, "{:06x}", f.class);
-                    d.str("bdf", bdf.as_str())
-                        .str("id", id.as_str())
-                        .str("class", class.as_str())
-                        .array("bars", |bars| {
+                    d.str("bdf", bdf.as_str()).str("id", id.as_str()).str("class", class.as_str()).array(
+                        "bars",
+                        |bars| {
                             for (index, &(addr, size, kind)) in f.bars.iter().enumerate() {
                                 if size == 0 {
                                     continue;
@@ -184,7 +183,8 @@ pub fn report(functions: &[Function]) {
                                     b.u64("bar", index as u64).u64("addr", addr).u64("size", size).str("kind", kind);
                                 });
                             }
-                        });
+                        },
+                    );
                 });
             }
         });

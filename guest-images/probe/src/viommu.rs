@@ -18,7 +18,12 @@ const T_ATTACH: u8 = 1;
 const T_MAP: u8 = 3;
 const T_UNMAP: u8 = 4;
 const T_PROBE: u8 = 5;
+/// A request type the device does not know: it returns the buffer unwritten. Its round trip is
+/// the transport's cost alone (notify exit, used ring, MSI-X), the reference for MAP and UNMAP.
+const T_NULL: u8 = 0x7f;
 const MAP_READ_WRITE: u32 = 3;
+/// What `Driver::request` reports for a buffer the device returned without a status.
+const NO_STATUS: u8 = 0xff;
 /// The interrupt vector request completions arrive on.
 const COMPLETION_VECTOR: u8 = 0x41;
 /// MSI-X table entry of the request queue (entry 0 stays for configuration changes).
@@ -34,10 +39,12 @@ const COMPLETION_TIMEOUT_US: u64 = 1_000_000;
 /// Bytes of a PROBE request's properties the probe offers (the device asks for at most this).
 const MAX_PROBE_SIZE: usize = 1024;
 
-/// Round-trip times, by kind (map, unmap) and size (4 KiB, 2 MiB).
+/// Round-trip times, by kind (map, unmap) and size (4 KiB, 2 MiB), and of null requests.
 struct Samples {
     ns: [[[u32; MAX_SAMPLES]; 2]; 2],
     len: [[usize; 2]; 2],
+    null: [u32; MAX_SAMPLES],
+    null_len: usize,
 }
 
 struct SampleCell(UnsafeCell<Samples>);
@@ -45,7 +52,12 @@ struct SampleCell(UnsafeCell<Samples>);
 // SAFETY: the probe's single CPL3 thread is the only user.
 unsafe impl Sync for SampleCell {}
 
-static SAMPLES: SampleCell = SampleCell(UnsafeCell::new(Samples { ns: [[[0; MAX_SAMPLES]; 2]; 2], len: [[0; 2]; 2] }));
+static SAMPLES: SampleCell = SampleCell(UnsafeCell::new(Samples {
+    ns: [[[0; MAX_SAMPLES]; 2]; 2],
+    len: [[0; 2]; 2],
+    null: [0; MAX_SAMPLES],
+    null_len: 0,
+}));
 
 struct QueueCell(UnsafeCell<QueueMemory>);
 
@@ -80,7 +92,7 @@ struct Driver {
 
 impl Driver {
     /// Sends one request and waits for its completion interrupt. Returns (status byte of the
-    /// tail, round trip in ns) or `None` on timeout.
+    /// tail, or `NO_STATUS`; round trip in ns) or `None` if the request never completed.
     fn request(&mut self, request: &[u8], reply_len: usize) -> Option<(u8, u64)> {
         // SAFETY: single-threaded; the device only touches these while the request is in flight,
         // and the probe waits for it to finish.
@@ -97,11 +109,10 @@ impl Driver {
         // Without the interrupt the request may still have completed: that is a failure of
         // interrupt delivery, not of the request.
         let used = self.queue.poll()? as usize;
-        if used < 4 || used > reply_len {
-            return Some((0xff, 0));
-        }
         let ns = (end - start) * 1_000_000 / self.tsc_khz;
-        Some((buffers.reply[used - 4], ns))
+        // The status is the last byte the device wrote; a buffer returned unwritten has none.
+        let status = if (4..=reply_len).contains(&used) { buffers.reply[used - 4] } else { NO_STATUS };
+        Some((status, ns))
     }
 }
 
@@ -262,7 +273,11 @@ fn exercise(driver: &mut Driver, domain: u32, endpoint: u32, probe_size: usize, 
             if status != 0 {
                 return Err(if kind == 0 { "MAP failed" } else { "UNMAP failed" });
             }
-            if kind == 0 { maps += 1 } else { unmaps += 1 }
+            if kind == 0 {
+                maps += 1
+            } else {
+                unmaps += 1
+            }
             let n = &mut samples.len[kind][size_index];
             if *n < MAX_SAMPLES {
                 samples.ns[kind][size_index][*n] = ns as u32;
@@ -270,6 +285,15 @@ fn exercise(driver: &mut Driver, domain: u32, endpoint: u32, probe_size: usize, 
             }
         }
     }
+    samples.null_len = 0;
+    for _ in 0..ops.min(MAX_SAMPLES as u32) {
+        let (_, ns) = driver.request(&[T_NULL, 0, 0, 0], 4).ok_or("a null request did not complete")?;
+        samples.null[samples.null_len] = ns as u32;
+        samples.null_len += 1;
+    }
+    let null = &mut samples.null[..samples.null_len];
+    null.sort_unstable();
+    let (null_median, null_p99) = (percentile(null, 50), percentile(null, 99));
     let msix = driver.interrupts_ok;
     let mut by_size = [[(0u64, 0u64); 2]; 2];
     for (kind, row) in by_size.iter_mut().enumerate() {
@@ -305,6 +329,8 @@ fn exercise(driver: &mut Driver, domain: u32, endpoint: u32, probe_size: usize, 
             .u64("map_2m_ns_p99", by_size[0][1].1)
             .u64("unmap_2m_ns_median", by_size[1][1].0)
             .u64("unmap_2m_ns_p99", by_size[1][1].1)
+            .u64("null_ns_median", null_median)
+            .u64("null_ns_p99", null_p99)
             .bool("msix", msix);
     });
     if !msi_window {

@@ -81,7 +81,8 @@ impl VirtioPci {
         }
         let msix_cap = msix.ok_or("no MSI-X capability")?;
         let table = ecam.read32(d, func, msix_cap + 4);
-        let msix_table = bar_base(f, (table & 7) as u8).ok_or("the MSI-X table names a missing BAR")? + (table & !7) as u64;
+        let msix_table =
+            bar_base(f, (table & 7) as u8).ok_or("the MSI-X table names a missing BAR")? + (table & !7) as u64;
         let command = ecam.read16(d, func, 4);
         ecam.write16(d, func, 4, command | 0x6);
         Ok(VirtioPci {

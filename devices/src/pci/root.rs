@@ -182,8 +182,11 @@ impl PciConfigIo {
     }
 
     fn target(&self) -> Option<(u8, u8, usize)> {
-        (self.address & CONFIG_ENABLE != 0)
-            .then_some(((self.address >> 16) as u8, (self.address >> 8) as u8, (self.address & 0xfc) as usize))
+        (self.address & CONFIG_ENABLE != 0).then_some((
+            (self.address >> 16) as u8,
+            (self.address >> 8) as u8,
+            (self.address & 0xfc) as usize,
+        ))
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub mod bus;
 pub mod interrupt;
+pub mod models;
 pub mod pci;
 pub mod power;
 pub mod serial;

@@ -1,12 +1,22 @@
-//! PCI passthrough: handing a host device to a guest.
+//! PCI passthrough: handing a device to a guest.
 //!
-//! - [`bdf`]: PCI addresses as users write them (`0000:63:00.0`).
-//! - [`sysfs`]: what the host knows about a device: IDs, driver, IOMMU group.
-//! - [`doctor`]: the host preflight behind `driverlab doctor`: one check per requirement, each
-//!   failure with the exact fix.
+//! - [`backend`]: the [`backend::VfioBackend`] trait, and its two implementations,
+//!   [`kernel_vfio`] (a device bound to vfio-pci) and [`vfio_user`] (a device served by another
+//!   process).
+//! - [`device`]: the passed-through PCI function, one implementation over either backend.
+//! - [`dma`]: what the device may DMA to, mirrored from the virtio-iommu or identity.
+//! - [`slots`]: mmapped BAR windows as guest memory.
+//! - [`bdf`], [`sysfs`], [`doctor`]: PCI addresses, host inspection, the preflight behind
+//!   `driverlab doctor`.
 
+pub mod backend;
 pub mod bdf;
+pub mod device;
+pub mod dma;
 pub mod doctor;
+pub mod kernel_vfio;
+pub mod slots;
 pub mod sysfs;
+pub mod vfio_user;
 
 pub use bdf::Bdf;

@@ -44,6 +44,10 @@ pub trait DmaMapListener: Send + Sync {
     fn map(&self, iova: u64, gpa: u64, size: u64, write: bool) -> Result<(), String>;
     /// `[iova, iova + size)` no longer translates.
     fn unmap(&self, iova: u64, size: u64) -> Result<(), String>;
+    /// The endpoint enters (`true`) or leaves bypass mode: all guest memory at IOVA = GPA.
+    fn bypass(&self, _enabled: bool) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// One mapping, `[start, end]` inclusive.
@@ -118,7 +122,7 @@ pub struct AddressSpaces {
     domains: BTreeMap<u32, Domain>,
     listeners: BTreeMap<u32, Arc<dyn DmaMapListener>>,
     /// Config field `bypass`: unattached endpoints bypass translation.
-    pub bypass: bool,
+    bypass: bool,
 }
 
 /// The effect of a successful request, for accounting.
@@ -199,9 +203,13 @@ impl AddressSpaces {
             }
             self.detach_endpoint(endpoint, old);
         }
+        let was_bypass = self.in_bypass(endpoint);
         let entry = self.domains.entry(domain).or_insert_with(|| Domain { bypass, ..Domain::default() });
         entry.endpoints.insert(endpoint);
         self.endpoints.insert(endpoint, Some(domain));
+        if was_bypass != bypass {
+            self.notify_bypass(endpoint, bypass);
+        }
         // A listener joining a domain sees the mappings it already has.
         if let Some(listener) = self.listeners.get(&endpoint) {
             for m in self.domains[&domain].mappings.values() {
@@ -223,6 +231,7 @@ impl AddressSpaces {
                 }
             }
         }
+        let was_bypass = self.in_bypass(endpoint);
         self.endpoints.insert(endpoint, None);
         if let Some(d) = self.domains.get_mut(&domain) {
             d.endpoints.remove(&endpoint);
@@ -230,6 +239,43 @@ impl AddressSpaces {
                 // The last endpoint left: the domain and its mappings cease to exist.
                 self.domains.remove(&domain);
             }
+        }
+        if was_bypass != self.bypass {
+            self.notify_bypass(endpoint, self.bypass);
+        }
+    }
+
+    /// Whether `endpoint` is in bypass mode (unattached with `bypass` set, or in a bypass domain).
+    pub fn in_bypass(&self, endpoint: u32) -> bool {
+        match self.endpoints.get(&endpoint) {
+            Some(Some(domain)) => self.domains.get(domain).is_some_and(|d| d.bypass),
+            Some(None) => self.bypass,
+            None => false,
+        }
+    }
+
+    fn notify_bypass(&self, endpoint: u32, enabled: bool) {
+        if let Some(listener) = self.listeners.get(&endpoint)
+            && let Err(e) = listener.bypass(enabled)
+        {
+            tracing::warn!("endpoint {endpoint}: {} bypass failed: {e}", if enabled { "entering" } else { "leaving" });
+        }
+    }
+
+    /// The `bypass` config field.
+    pub fn bypass(&self) -> bool {
+        self.bypass
+    }
+
+    /// Sets the `bypass` config field; unattached endpoints enter or leave bypass mode.
+    pub fn set_bypass(&mut self, enabled: bool) {
+        if self.bypass == enabled {
+            return;
+        }
+        self.bypass = enabled;
+        let unattached: Vec<u32> = self.endpoints.iter().filter(|(_, d)| d.is_none()).map(|(&ep, _)| ep).collect();
+        for endpoint in unattached {
+            self.notify_bypass(endpoint, enabled);
         }
     }
 
@@ -483,7 +529,7 @@ mod tests {
     fn translation_and_faults() {
         let mut s = spaces();
         assert_eq!(s.translate(0, 0x1000, 4, Access::Read), Err(Fault::NotAttached));
-        s.bypass = true;
+        s.set_bypass(true);
         assert_eq!(s.translate(0, 0x1234, 4, Access::Write), Ok(0x1234), "bypass: identity");
         s.attach(1, 0, 0, true);
         s.map(1, 0x1000, 0x2fff, 0x8000, MAP_F_READ, false);
@@ -512,6 +558,36 @@ mod tests {
             self.log.lock().unwrap().push(format!("unmap {iova:#x} {size:#x}"));
             Ok(())
         }
+        fn bypass(&self, enabled: bool) -> Result<(), String> {
+            self.log.lock().unwrap().push(format!("bypass {enabled}"));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn listeners_hear_bypass_transitions_before_mappings() {
+        let mut s = AddressSpaces::new(limits(), [0, 0x10], true);
+        let rec = Arc::new(Recorder::default());
+        s.set_listener(0, rec.clone());
+        s.attach(1, 0x10, 0, true);
+        s.map(1, 0x1000, 0x1fff, 0x8000, RW, false);
+        s.attach(1, 0, 0, true); // joins a domain with a mapping: leave bypass, then replay
+        s.detach(1, 0); // back to bypass
+        s.set_bypass(false); // unattached and no longer bypassing
+        s.attach(2, 0, ATTACH_F_BYPASS, true); // a bypass domain
+        let log = rec.log.lock().unwrap().clone();
+        assert_eq!(
+            log,
+            vec![
+                "bypass false",
+                "map 0x1000 0x8000 0x1000 true",
+                "unmap 0x1000 0x1000",
+                "bypass true",
+                "bypass false",
+                "bypass true"
+            ]
+        );
+        assert!(s.in_bypass(0) && !s.in_bypass(0x10));
     }
 
     #[test]

@@ -67,9 +67,13 @@ impl IommuHandle {
         self.spaces.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Routes the maps and unmaps of `endpoint` to `listener`.
-    pub fn set_listener(&self, endpoint: u32, listener: Arc<dyn DmaMapListener>) {
-        self.spaces().set_listener(endpoint, listener);
+    /// Routes the maps and unmaps of `endpoint` to `listener`; tells it at once whether the
+    /// endpoint starts in bypass mode.
+    pub fn set_listener(&self, endpoint: u32, listener: Arc<dyn DmaMapListener>) -> Result<(), String> {
+        let mut spaces = self.spaces();
+        let bypass = spaces.in_bypass(endpoint);
+        spaces.set_listener(endpoint, listener.clone());
+        if bypass { listener.bypass(true) } else { Ok(()) }
     }
 
     /// Translates a DMA access; a refused access is counted as a fault.
@@ -132,7 +136,7 @@ impl VirtioIommu {
         c[24..28].copy_from_slice(&DOMAIN_RANGE.0.to_le_bytes());
         c[28..32].copy_from_slice(&DOMAIN_RANGE.1.to_le_bytes());
         c[32..36].copy_from_slice(&PROBE_SIZE.to_le_bytes());
-        c[36] = self.handle.spaces().bypass as u8;
+        c[36] = self.handle.spaces().bypass() as u8;
         c
     }
 
@@ -281,7 +285,7 @@ impl VirtioDevice for VirtioIommu {
             && let Some(&value) = data.first()
         {
             if value <= 1 {
-                self.handle.spaces().bypass = value == 1;
+                self.handle.spaces().set_bypass(value == 1);
             } else {
                 tracing::debug!("virtio-iommu: driver wrote {value} to bypass; ignored");
             }
@@ -315,7 +319,7 @@ impl VirtioDevice for VirtioIommu {
         let mut spaces = self.handle.spaces();
         let live = spaces.live_mappings();
         spaces.reset();
-        spaces.bypass = self.initial_bypass;
+        spaces.set_bypass(self.initial_bypass);
         drop(spaces);
         self.handle.stats.mappings_dropped(live);
     }

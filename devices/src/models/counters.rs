@@ -1,0 +1,50 @@
+//! A driverlab extension to the vfio-user device: region 9, read-only, where a model publishes
+//! what it counted (DMA maps, unmaps, refused DMA) so the VMM can put it in its exit line. Clients
+//! that do not know it (QEMU) ignore it.
+
+/// VFIO region index of the counters (the first device-specific index after VGA).
+pub const COUNTERS_REGION: u32 = 9;
+/// Size of the counters region.
+pub const COUNTERS_SIZE: u64 = 64;
+
+/// What a model counts. Encoded as little-endian u64s in this order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ModelCounters {
+    /// DMA_MAP requests received.
+    pub dma_maps: u64,
+    /// DMA_UNMAP requests received.
+    pub dma_unmaps: u64,
+    /// DMA accesses refused because nothing was mapped there.
+    pub dma_faults: u64,
+    /// Interrupts signalled.
+    pub interrupts: u64,
+}
+
+impl ModelCounters {
+    /// The region's contents.
+    pub fn encode(&self) -> [u8; COUNTERS_SIZE as usize] {
+        let mut out = [0u8; COUNTERS_SIZE as usize];
+        for (i, v) in [self.dma_maps, self.dma_unmaps, self.dma_faults, self.interrupts].into_iter().enumerate() {
+            out[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// Decodes the region's contents.
+    pub fn decode(data: &[u8]) -> Option<ModelCounters> {
+        let at = |i: usize| Some(u64::from_le_bytes(data.get(i * 8..i * 8 + 8)?.try_into().ok()?));
+        Some(ModelCounters { dma_maps: at(0)?, dma_unmaps: at(1)?, dma_faults: at(2)?, interrupts: at(3)? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let c = ModelCounters { dma_maps: 3, dma_unmaps: 2, dma_faults: 1, interrupts: 9 };
+        assert_eq!(ModelCounters::decode(&c.encode()), Some(c));
+        assert_eq!(ModelCounters::decode(&[0; 8]), None);
+    }
+}

@@ -1,0 +1,236 @@
+//! Serving a device model over vfio-user (the `vfio_user` crate's server), one client at a time;
+//! the model is reset and its DMA maps dropped whenever a client goes away.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_MSIX_IRQ_INDEX,
+    VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE, vfio_region_info,
+};
+use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, Server, ServerBackend, ServerRegion};
+
+use super::counters::{COUNTERS_REGION, COUNTERS_SIZE};
+use super::dma::DmaSpace;
+use crate::pci::PciConfiguration;
+
+/// VFIO region index of configuration space.
+const CONFIG_REGION: u32 = 7;
+
+/// Errors serving a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The socket could not be set up.
+    #[error("socket {path}: {reason}")]
+    Socket {
+        /// The path.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The eventfds a client gave for the model's MSI-X vectors.
+#[derive(Default)]
+pub struct MsixVectors {
+    fds: Mutex<Vec<Option<File>>>,
+}
+
+impl MsixVectors {
+    /// Signals vector `vector`; false if the client gave no eventfd for it.
+    pub fn signal(&self, vector: usize) -> bool {
+        let fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
+        match fds.get(vector) {
+            Some(Some(fd)) => {
+                let mut writer: &File = fd;
+                writer.write_all(&1u64.to_le_bytes()).is_ok()
+            }
+            _ => false,
+        }
+    }
+
+    fn set(&self, start: usize, fds: Vec<File>) {
+        let mut slots = self.fds.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, fd) in fds.into_iter().enumerate() {
+            let at = start + i;
+            if slots.len() <= at {
+                slots.resize_with(at + 1, || None);
+            }
+            slots[at] = Some(fd);
+        }
+    }
+
+    fn clear(&self) {
+        self.fds.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+/// One BAR of a model.
+pub struct ModelBar {
+    /// Size in bytes (a power of two).
+    pub size: u64,
+    /// A memfd the client may mmap the BAR from (shared memory BARs).
+    pub shared: Option<File>,
+}
+
+/// A device model behind a vfio-user server.
+pub trait Model: Send {
+    /// The model's name, for logs.
+    fn name(&self) -> &'static str;
+    /// Its configuration space.
+    fn config(&mut self) -> &mut PciConfiguration;
+    /// Its BARs, by index.
+    fn bars(&self) -> Vec<Option<ModelBar>>;
+    /// Number of MSI-X vectors.
+    fn msix_vectors(&self) -> u32;
+    /// A BAR read.
+    fn bar_read(&mut self, bar: u32, offset: u64, data: &mut [u8]);
+    /// A BAR write.
+    fn bar_write(&mut self, bar: u32, offset: u64, data: &[u8]);
+    /// Back to the power-on state.
+    fn reset(&mut self);
+    /// What it may DMA to.
+    fn dma(&self) -> Arc<DmaSpace>;
+    /// The client's MSI-X eventfds.
+    fn vectors(&self) -> Arc<MsixVectors>;
+}
+
+struct Adapter<'a> {
+    model: &'a mut dyn Model,
+}
+
+fn invalid() -> std::io::Error {
+    std::io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+impl ServerBackend for Adapter<'_> {
+    fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> std::io::Result<()> {
+        match region {
+            0..=5 => self.model.bar_read(region, offset, data),
+            CONFIG_REGION => self.model.config().read(offset as usize, data),
+            COUNTERS_REGION => {
+                let counters = self.model.dma().counters().encode();
+                let start = (offset as usize).min(counters.len());
+                let end = (start + data.len()).min(counters.len());
+                data.fill(0);
+                data[..end - start].copy_from_slice(&counters[start..end]);
+            }
+            _ => return Err(invalid()),
+        }
+        Ok(())
+    }
+
+    fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        match region {
+            0..=5 => self.model.bar_write(region, offset, data),
+            CONFIG_REGION => self.model.config().write(offset as usize, data),
+            _ => return Err(invalid()),
+        }
+        Ok(())
+    }
+
+    fn dma_map(
+        &mut self,
+        flags: DmaMapFlags,
+        offset: u64,
+        address: u64,
+        size: u64,
+        fd: Option<File>,
+    ) -> std::io::Result<()> {
+        // Without a file descriptor the client would expect DMA_READ/DMA_WRITE messages, which
+        // these models do not use: refuse.
+        let file = fd.ok_or_else(invalid)?;
+        self.model.dma().map(address, size, &file, offset, flags.contains(DmaMapFlags::WRITE))
+    }
+
+    fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> std::io::Result<()> {
+        if flags.contains(DmaUnmapFlags::UNMAP_ALL) {
+            self.model.dma().unmap(0, u64::MAX);
+        } else {
+            self.model.dma().unmap(address, size);
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) -> std::io::Result<()> {
+        self.model.reset();
+        Ok(())
+    }
+
+    fn set_irqs(&mut self, index: u32, flags: u32, start: u32, count: u32, fds: Vec<File>) -> std::io::Result<()> {
+        if index != VFIO_PCI_MSIX_IRQ_INDEX {
+            return if count == 0 { Ok(()) } else { Err(invalid()) };
+        }
+        let vectors = self.model.vectors();
+        if flags & VFIO_IRQ_SET_DATA_NONE != 0 && count == 0 {
+            vectors.clear();
+        } else if flags & VFIO_IRQ_SET_DATA_EVENTFD != 0 {
+            if start + count > self.model.msix_vectors() || fds.len() != count as usize {
+                return Err(invalid());
+            }
+            vectors.set(start as usize, fds);
+        }
+        Ok(())
+    }
+}
+
+fn region(index: u32, size: u64, flags: u32) -> ServerRegion {
+    ServerRegion {
+        region_info: vfio_region_info { argsz: 32, flags, index, cap_offset: 0, size, offset: 0 },
+        sparse_areas: Vec::new(),
+        mmap_fd: None,
+    }
+}
+
+/// Serves `model` on `socket` (which must not exist). Each client gets a freshly reset model;
+/// `on_disconnect` runs after each client. With `once`, returns after the first client.
+pub fn serve(
+    socket: &Path,
+    model: &mut dyn Model,
+    once: bool,
+    mut on_disconnect: impl FnMut(&dyn Model),
+) -> Result<(), ServeError> {
+    let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+    let bars = model.bars();
+    let mut regions = Vec::new();
+    for index in 0..6u32 {
+        match bars.get(index as usize).and_then(Option::as_ref) {
+            Some(bar) => {
+                let mut r = region(index, bar.size, rw);
+                if let Some(file) = &bar.shared {
+                    r.region_info.flags |= VFIO_REGION_INFO_FLAG_MMAP;
+                    r.mmap_fd = Some(file.as_raw_fd());
+                }
+                regions.push(r);
+            }
+            None => regions.push(region(index, 0, 0)),
+        }
+    }
+    regions.push(region(6, 0, 0)); // no expansion ROM
+    regions.push(region(CONFIG_REGION, 256, rw));
+    regions.push(region(8, 0, 0)); // no VGA
+    regions.push(region(COUNTERS_REGION, COUNTERS_SIZE, VFIO_REGION_INFO_FLAG_READ));
+    let irqs = vec![
+        IrqInfo { index: 0, flags: 0, count: 0 },
+        IrqInfo { index: 1, flags: 0, count: 0 },
+        IrqInfo { index: VFIO_PCI_MSIX_IRQ_INDEX, flags: VFIO_IRQ_INFO_EVENTFD, count: model.msix_vectors() },
+    ];
+    let server = Server::new(socket, true, irqs, regions)
+        .map_err(|e| ServeError::Socket { path: socket.display().to_string(), reason: e.to_string() })?;
+    loop {
+        model.reset();
+        let result = server.run(&mut Adapter { model: &mut *model });
+        if let Err(e) = result {
+            tracing::warn!("{}: client connection ended: {e}", model.name());
+        }
+        model.dma().clear();
+        model.vectors().clear();
+        on_disconnect(&*model);
+        if once {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Guest memory for a passed-through device's DMA: all of RAM at IOVA = GPA without an IOMMU (or
+//! while the endpoint is in bypass), and, behind the virtio-iommu, exactly what the guest maps.
+
+use std::sync::Mutex;
+
+use devices::virtio::iommu::domains::DmaMapListener;
+
+use crate::backend::{BackendError, GuestRamMap};
+use crate::device::{SharedBackend, lock};
+
+/// Mirrors a device's view of guest memory into its backend.
+pub struct DmaMirror {
+    backend: SharedBackend,
+    ram: GuestRamMap,
+    identity: Mutex<bool>,
+}
+
+impl DmaMirror {
+    /// A mirror for `backend` over guest RAM `ram`.
+    pub fn new(backend: SharedBackend, ram: GuestRamMap) -> Self {
+        DmaMirror { backend, ram, identity: Mutex::new(false) }
+    }
+
+    /// Maps all guest RAM at IOVA = GPA.
+    pub fn map_identity(&self) -> Result<(), BackendError> {
+        let mut identity = self.identity.lock().unwrap_or_else(|p| p.into_inner());
+        if *identity {
+            return Ok(());
+        }
+        let mut backend = lock(&self.backend);
+        for (i, range) in self.ram.ranges().iter().enumerate() {
+            if let Err(e) = backend.dma_map(range.gpa, range.size, range.gpa, true) {
+                for done in &self.ram.ranges()[..i] {
+                    let _ = backend.dma_unmap(done.gpa, done.size);
+                }
+                return Err(e);
+            }
+        }
+        *identity = true;
+        Ok(())
+    }
+
+    /// Removes the identity mapping.
+    pub fn unmap_identity(&self) -> Result<(), BackendError> {
+        let mut identity = self.identity.lock().unwrap_or_else(|p| p.into_inner());
+        if !*identity {
+            return Ok(());
+        }
+        let mut backend = lock(&self.backend);
+        for range in self.ram.ranges() {
+            backend.dma_unmap(range.gpa, range.size)?;
+        }
+        *identity = false;
+        Ok(())
+    }
+}
+
+impl DmaMapListener for DmaMirror {
+    fn map(&self, iova: u64, gpa: u64, size: u64, write: bool) -> Result<(), String> {
+        lock(&self.backend).dma_map(iova, size, gpa, write).map_err(|e| e.to_string())
+    }
+
+    fn unmap(&self, iova: u64, size: u64) -> Result<(), String> {
+        lock(&self.backend).dma_unmap(iova, size).map_err(|e| e.to_string())
+    }
+
+    fn bypass(&self, enabled: bool) -> Result<(), String> {
+        if enabled { self.map_identity() } else { self.unmap_identity() }.map_err(|e| e.to_string())
+    }
+}

@@ -494,3 +494,235 @@ impl PciDevice for PciPassthroughDevice {
         decoded_bars(&self.shadow)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::RegionInfo;
+    use devices::interrupt::{InterruptError, MsiMessage};
+    use vmm_sys_util::eventfd::EventFd;
+
+    #[derive(Default)]
+    struct Log {
+        forwarded_writes: Vec<(u32, u64, Vec<u8>)>,
+        msix_enabled: Option<usize>,
+        resets: u32,
+    }
+
+    /// An AQC-like function: 64-bit BAR 0 (64 KiB), 64-bit BAR 2 (4 KiB, MSI-X table and PBA),
+    /// an expansion ROM, capabilities PM -> MSI -> MSI-X -> PCIe, multifunction header.
+    struct FakeBackend {
+        config: [u8; 256],
+        regions: Vec<RegionInfo>,
+        log: Arc<Mutex<Log>>,
+        fail_bar_reads: bool,
+    }
+
+    fn fake(log: Arc<Mutex<Log>>, fail_bar_reads: bool) -> FakeBackend {
+        let mut c = [0u8; 256];
+        c[0..4].copy_from_slice(&0x00b1_1d6au32.to_le_bytes());
+        c[0x06] = 1 << 4;
+        c[0x08..0x0c].copy_from_slice(&0x0200_0001u32.to_le_bytes());
+        c[0x0e] = 0x80; // multifunction
+        c[0x10] = 0x04; // 64-bit memory
+        c[0x18] = 0x04;
+        c[0x3d] = 1; // INTA
+        c[0x34] = 0x40;
+        c[0x40..0x42].copy_from_slice(&[0x01, 0x50]); // PM -> MSI
+        c[0x50..0x52].copy_from_slice(&[0x05, 0x70]); // MSI -> MSI-X
+        c[0x70..0x72].copy_from_slice(&[0x11, 0xa0]); // MSI-X -> PCIe
+        c[0x72..0x74].copy_from_slice(&9u16.to_le_bytes()); // 10 vectors
+        c[0x74..0x78].copy_from_slice(&2u32.to_le_bytes()); // table: BAR 2, offset 0
+        c[0x78..0x7c].copy_from_slice(&(0x800u32 | 2).to_le_bytes()); // PBA: BAR 2, offset 0x800
+        c[0xa0..0xa2].copy_from_slice(&[0x10, 0x00]); // PCIe, end
+        let region = |index, size| RegionInfo { index, flags: 3, size, mmap: None, sparse: Vec::new() };
+        let regions = vec![
+            region(0, 0x10000),
+            region(1, 0),
+            region(2, 0x1000),
+            region(3, 0),
+            region(4, 0),
+            region(5, 0),
+            region(6, 0x10000),
+            region(7, 256),
+        ];
+        FakeBackend { config: c, regions, log, fail_bar_reads }
+    }
+
+    impl VfioBackend for FakeBackend {
+        fn name(&self) -> &str {
+            "fake"
+        }
+        fn region(&self, index: u32) -> Option<&RegionInfo> {
+            self.regions.get(index as usize)
+        }
+        fn irq_count(&mut self, index: u32) -> Result<u32, BackendError> {
+            Ok(if index == irq::MSIX { 10 } else { 0 })
+        }
+        fn read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), BackendError> {
+            if index == region::CONFIG {
+                let at = offset as usize;
+                data.copy_from_slice(&self.config[at..at + data.len()]);
+                // BARs answer size probes like hardware.
+                if (0x10..0x28).contains(&at) && self.config[at..at + 4] == [0xff; 4] {
+                    data.copy_from_slice(&0xffff_0004u32.to_le_bytes()[..data.len()]);
+                }
+                return Ok(());
+            }
+            if self.fail_bar_reads {
+                return Err(BackendError::Broken("fake: peer closed the socket".into()));
+            }
+            data.fill(0x5a);
+            Ok(())
+        }
+        fn write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+            if index == region::CONFIG {
+                let at = offset as usize;
+                self.config[at..at + data.len()].copy_from_slice(data);
+            }
+            self.log.lock().unwrap().forwarded_writes.push((index, offset, data.to_vec()));
+            Ok(())
+        }
+        fn enable_msix(&mut self, fds: &[&EventFd]) -> Result<(), BackendError> {
+            self.log.lock().unwrap().msix_enabled = Some(fds.len());
+            Ok(())
+        }
+        fn disable_msix(&mut self) -> Result<(), BackendError> {
+            self.log.lock().unwrap().msix_enabled = None;
+            Ok(())
+        }
+        fn dma_map(&mut self, _: u64, _: u64, _: u64, _: bool) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn dma_unmap(&mut self, _: u64, _: u64) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn reset(&mut self) -> Result<(), BackendError> {
+            self.log.lock().unwrap().resets += 1;
+            Ok(())
+        }
+    }
+
+    struct Interrupts(Mutex<u32>);
+
+    impl MsiInterrupts for Interrupts {
+        fn allocate_gsi(&self) -> Result<u32, InterruptError> {
+            let mut next = self.0.lock().unwrap();
+            *next += 1;
+            Ok(*next)
+        }
+        fn set_route(&self, _: u32, _: MsiMessage) -> Result<(), InterruptError> {
+            Ok(())
+        }
+        fn register_irqfd(&self, _: u32, _: &EventFd) -> Result<(), InterruptError> {
+            Ok(())
+        }
+        fn unregister_irqfd(&self, _: u32, _: &EventFd) -> Result<(), InterruptError> {
+            Ok(())
+        }
+    }
+
+    struct NoSlots;
+
+    impl GuestMemorySlots for NoSlots {
+        fn map(&self, _: u64, _: u64, _: u64) -> Result<u32, String> {
+            Err("no slots in this test".into())
+        }
+        fn unmap(&self, _: u32) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    fn device(fail_bar_reads: bool) -> (PciPassthroughDevice, Arc<Mutex<Log>>) {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let backend: SharedBackend = Arc::new(Mutex::new(Box::new(fake(log.clone(), fail_bar_reads))));
+        let mut next = 0xc000_0000;
+        let dev = PciPassthroughDevice::new(
+            backend,
+            Arc::new(Interrupts(Mutex::new(23))),
+            Arc::new(NoSlots),
+            |_, size, _| {
+                let at = next;
+                next += size;
+                Ok(at)
+            },
+        )
+        .unwrap();
+        // The health check at start probes BARs through the device; what follows is the guest's.
+        log.lock().unwrap().forwarded_writes.clear();
+        (dev, log)
+    }
+
+    #[test]
+    fn header_is_shadowed() {
+        let (mut dev, log) = device(false);
+        assert_eq!(log.lock().unwrap().resets, 1, "reset before use");
+        assert_eq!(dev.config_read(0), 0x00b1_1d6a);
+        assert_eq!((dev.config_read(0x0c / 4) >> 16) & 0xff, 0x00, "multifunction masked");
+        assert_eq!((dev.config_read(0x3c / 4) >> 8) & 0xff, 0, "no INTx pin");
+        assert_eq!(dev.config_read(0x30 / 4), 0, "ROM hidden");
+        dev.config_write(0x30, &[0xff; 4]);
+        assert_eq!(dev.config_read(0x30 / 4), 0);
+        assert_eq!(dev.config_read(0x10 / 4), 0xc000_0004, "BAR 0 at its guest address");
+        dev.config_write(0x10, &[0xff; 4]);
+        assert_eq!(dev.config_read(0x10 / 4), 0xffff_0004, "size probe: 64 KiB");
+        dev.config_write(0x10, &0xd000_0000u32.to_le_bytes());
+        dev.config_write(0x04, &2u16.to_le_bytes());
+        let bars = dev.bar_mappings();
+        assert_eq!(
+            bars.iter().map(|b| (b.bar, b.addr, b.size)).collect::<Vec<_>>(),
+            vec![(0, 0xd000_0000, 0x10000), (2, 0xc001_0000, 0x1000)]
+        );
+        let forwarded = &log.lock().unwrap().forwarded_writes;
+        assert!(forwarded.iter().any(|(r, o, _)| *r == region::CONFIG && *o == 4), "command forwarded");
+        assert!(!forwarded.iter().any(|(r, o, _)| *r == region::CONFIG && *o == 0x10), "BARs stay in the shadow");
+    }
+
+    #[test]
+    fn msi_is_hidden_and_msix_is_emulated() {
+        let (mut dev, log) = device(false);
+        let mut chain = Vec::new();
+        let mut next = (dev.config_read(0x34 / 4) & 0xff) as usize;
+        while next != 0 {
+            let header = dev.config_read(next / 4);
+            chain.push((next, header as u8));
+            next = ((header >> 8) & 0xfc) as usize;
+        }
+        assert_eq!(chain, vec![(0x40, 0x01), (0x70, 0x11), (0xa0, 0x10)]);
+        // The MSI-X table lives in BAR 2 and is not forwarded.
+        dev.bar_write(2, 0, &0xfee0_0000u32.to_le_bytes());
+        let mut back = [0u8; 4];
+        dev.bar_read(2, 0, &mut back);
+        assert_eq!(u32::from_le_bytes(back), 0xfee0_0000);
+        dev.config_write(0x72, &0x8000u16.to_le_bytes());
+        assert_eq!(log.lock().unwrap().msix_enabled, Some(10));
+        assert_ne!(dev.config_read(0x70 / 4) >> 16 & 0x8000, 0, "enable bit reads back");
+        dev.config_write(0x72, &0u16.to_le_bytes());
+        assert_eq!(log.lock().unwrap().msix_enabled, None);
+        assert!(
+            !log.lock().unwrap().forwarded_writes.iter().any(|(r, _, _)| *r == 2),
+            "no table write reached the device"
+        );
+        dev.config_write(0xa8, &[1, 2]);
+        assert!(
+            log.lock()
+                .unwrap()
+                .forwarded_writes
+                .iter()
+                .any(|(r, o, d)| *r == region::CONFIG && *o == 0xa8 && d == &[1, 2])
+        );
+    }
+
+    #[test]
+    fn a_broken_backend_ends_the_devices_use() {
+        let (mut dev, _log) = device(true);
+        let mut data = [0u8; 4];
+        dev.bar_read(0, 0x10, &mut data);
+        assert_eq!(data, [0xff; 4]);
+        assert!(dev.failure().unwrap().contains("peer closed"));
+        dev.bar_read(0, 0x10, &mut data);
+        assert_eq!(data, [0xff; 4]);
+        assert_eq!(dev.config_read(0xa0 / 4), 0xffff_ffff, "forwarded config reads stop too");
+        assert_eq!(dev.config_read(0), 0x00b1_1d6a, "the shadowed header still answers");
+    }
+}

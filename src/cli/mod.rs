@@ -3,6 +3,7 @@
 mod bench;
 mod doctor;
 mod image;
+mod model;
 mod serve;
 mod vm;
 
@@ -31,6 +32,9 @@ pub enum Command {
     /// Guest images: write out the embedded probe, extract a vmlinux from a bzImage.
     #[command(subcommand)]
     Image(image::ImageCommand),
+    /// Device models served over vfio-user, for passthrough without hardware.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
     /// Check this host for KVM and PCI passthrough: IOMMU, VFIO, memlock, device binding,
     /// Thunderbolt. Prints one line per check and the fix for each failure; exit code 1 if any
     /// check failed.
@@ -51,6 +55,7 @@ impl Command {
         match self {
             Command::Vm(cmd) => cmd.run(),
             Command::Image(cmd) => cmd.run(),
+            Command::Model(cmd) => cmd.run(),
             Command::Doctor(args) => doctor::run(args),
             Command::Serve(args) => serve::serve(args),
             Command::Api(args) => serve::request(args),

@@ -75,6 +75,11 @@ pub struct RunArgs {
     /// (the virtio-iommu `bypass` field at reset).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub iommu_bypass: bool,
+    /// Pass a device through: `vfio=0000:63:00.0` (a host device bound to vfio-pci) or
+    /// `vfio-user=/path/to/socket` (a device served over vfio-user, e.g. by `driverlab model`).
+    /// Repeatable; devices appear at 00:02.0, 00:03.0, ...
+    #[arg(long = "device", value_name = "vfio=BDF|vfio-user=SOCKET")]
+    pub devices: Vec<vmm::DeviceSpec>,
     /// Debugging only: run without the seccomp filters.
     #[arg(long)]
     pub no_seccomp: bool,
@@ -111,6 +116,7 @@ fn run(args: RunArgs) -> anyhow::Result<u8> {
             Entry::Linux64 => EntryProtocol::Linux64,
         },
         iommu: args.iommu.then_some(vmm::platform::IommuConfig { bypass: args.iommu_bypass }),
+        devices: args.devices,
     };
     match vmm::run(&config) {
         Ok(summary) => {

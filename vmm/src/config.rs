@@ -46,6 +46,36 @@ impl KernelSource {
     }
 }
 
+/// A device to pass through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// A host PCI device bound to vfio-pci.
+    Vfio(passthrough::Bdf),
+    /// A device served over vfio-user on a Unix socket.
+    VfioUser(PathBuf),
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('=') {
+            Some(("vfio", bdf)) => bdf.parse().map(DeviceSpec::Vfio).map_err(|e| e.to_string()),
+            Some(("vfio-user", path)) if !path.is_empty() => Ok(DeviceSpec::VfioUser(PathBuf::from(path))),
+            _ => Err(format!("{s:?}: write vfio=0000:63:00.0 or vfio-user=/path/to/socket")),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Vfio(bdf) => write!(f, "vfio={bdf}"),
+            DeviceSpec::VfioUser(path) => write!(f, "vfio-user={}", path.display()),
+        }
+    }
+}
+
 /// Where the guest's serial output goes.
 #[derive(Debug, Clone, Default)]
 pub enum SerialOutput {
@@ -94,6 +124,8 @@ pub struct VmConfig {
     pub entry: EntryProtocol,
     /// A virtio-iommu in front of every PCI endpoint.
     pub iommu: Option<crate::platform::IommuConfig>,
+    /// Devices to pass through, in bus order.
+    pub devices: Vec<DeviceSpec>,
 }
 
 impl Default for VmConfig {
@@ -109,6 +141,7 @@ impl Default for VmConfig {
             seccomp: true,
             entry: EntryProtocol::Auto,
             iommu: None,
+            devices: Vec::new(),
         }
     }
 }
@@ -188,6 +221,15 @@ mod tests {
         assert_eq!(VmConfig { vcpus: 255, ..VmConfig::default() }.validate(), Err(ConfigError::Vcpus(255)));
         let t = VmConfig { timeout: Some(Duration::ZERO), ..VmConfig::default() };
         assert_eq!(t.validate(), Err(ConfigError::ZeroTimeout));
+    }
+
+    #[test]
+    fn device_specs_parse() {
+        assert_eq!("vfio=0000:63:00.0".parse::<DeviceSpec>().unwrap().to_string(), "vfio=0000:63:00.0");
+        assert_eq!("vfio-user=/tmp/x.sock".parse::<DeviceSpec>(), Ok(DeviceSpec::VfioUser("/tmp/x.sock".into())));
+        assert!("vfio=63:00".parse::<DeviceSpec>().unwrap_err().contains("not a PCI address"));
+        assert!("usb=1".parse::<DeviceSpec>().unwrap_err().contains("vfio-user="));
+        assert!("vfio-user=".parse::<DeviceSpec>().is_err());
     }
 
     #[test]

@@ -225,6 +225,26 @@ pub struct ExitSummary {
     /// What the virtio-iommu counted, with `--iommu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub viommu: Option<IommuCounts>,
+    /// Passed-through devices.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceSummary>,
+}
+
+/// A passed-through device in the exit line.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceSummary {
+    /// How it was given (`vfio=...`, `vfio-user=...`).
+    pub device: String,
+    /// Where the guest saw it.
+    pub bdf: String,
+    /// Why it stopped being used, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What a driverlab model counted (vfio-user models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<devices::models::counters::ModelCounters>,
+    /// Whether the reset at teardown left the device healthy.
+    pub reset_ok: bool,
 }
 
 impl ExitSummary {
@@ -277,6 +297,7 @@ mod tests {
             serial_bytes: 10,
             exits: ExitCounts { io: 11, mmio: 0, unclaimed: 0 },
             viommu: None,
+            devices: Vec::new(),
         };
         let line = summary.to_json();
         assert!(line.starts_with(r#"{"vmm":"exit","reason":"poweroff","exit_code":0,"#), "{line}");

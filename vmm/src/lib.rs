@@ -13,6 +13,7 @@ pub mod host;
 pub mod interrupts;
 pub mod layout;
 pub mod memory;
+pub mod memory_slots;
 pub mod platform;
 pub mod seccomp;
 pub mod vcpu;
@@ -20,7 +21,7 @@ pub mod vm;
 pub mod x86;
 
 pub use boot::EntryProtocol;
-pub use config::{ConfigError, KernelSource, SerialOutput, VmConfig};
+pub use config::{ConfigError, DeviceSpec, KernelSource, SerialOutput, VmConfig};
 pub use exit::{ExitReason, ExitSummary};
 pub use vm::run;
 
@@ -59,6 +60,14 @@ pub enum Error {
     /// The seccomp filters could not be built.
     #[error(transparent)]
     Seccomp(#[from] seccomp::SeccompError),
+    /// A device to pass through cannot be used.
+    #[error("device {device}: {reason}")]
+    Device {
+        /// The device as given (`vfio=...`, `vfio-user=...`).
+        device: String,
+        /// Why.
+        reason: String,
+    },
     /// The platform (PCI, ACPI, interrupt routing) could not be assembled.
     #[error("platform: {0}")]
     Platform(String),
@@ -72,7 +81,7 @@ impl Error {
     /// [`exit::code::VMM_ERROR`] otherwise.
     pub fn exit_code(&self) -> i32 {
         let bad_input = match self {
-            Error::Config(_) => true,
+            Error::Config(_) | Error::Device { .. } => true,
             Error::Boot(e) => e.is_bad_input(),
             _ => false,
         };

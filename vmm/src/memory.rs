@@ -139,6 +139,32 @@ impl GuestRam {
     }
 }
 
+impl GuestRam {
+    /// Guest RAM as a passthrough backend needs it to map DMA: guest ranges, where this process
+    /// has them, and where they are in the memfd.
+    pub fn dma_view(&self) -> passthrough::backend::GuestRamMap {
+        use std::os::fd::AsRawFd;
+        use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+        let mut offset = 0;
+        let ranges = self
+            .memory
+            .iter()
+            .map(|region| {
+                let range = passthrough::backend::RamRange {
+                    gpa: region.start_addr().0,
+                    size: region.len(),
+                    host_addr: region.as_ptr() as u64,
+                    fd: self.file.as_raw_fd(),
+                    fd_offset: offset,
+                };
+                offset += region.len();
+                range
+            })
+            .collect();
+        passthrough::backend::GuestRamMap::new(ranges)
+    }
+}
+
 /// The host's total RAM in bytes, from /proc/meminfo.
 pub fn host_memory() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;

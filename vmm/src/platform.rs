@@ -19,21 +19,52 @@ use kvm_ioctls::VmFd;
 use vm_allocator::{AddressAllocator, AllocPolicy};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use devices::models::counters::{COUNTERS_REGION, ModelCounters};
+use devices::pci::BarKind;
+use passthrough::backend::{BackendError, VfioBackend};
+use passthrough::device::{PciPassthroughDevice, SharedBackend};
+use passthrough::dma::DmaMirror;
+use passthrough::kernel_vfio::KernelVfio;
+use passthrough::slots::GuestMemorySlots;
+use passthrough::vfio_user::{self, VfioUserClient};
+
 use crate::Error;
 use crate::acpi::{AcpiPlatform, ViotTopology};
-use crate::layout::{PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_MMIO32_SIZE, PCI_MMIO32_START, pci_mmio64_start};
+use crate::config::DeviceSpec;
+use crate::exit::DeviceSummary;
+use crate::layout::{
+    PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE, pci_mmio64_start,
+};
 use crate::memory::GuestRam;
 
 /// Device number of the virtio-iommu on bus 0 (requester ID 0x0008).
 pub const VIOMMU_DEVICE: u8 = 1;
+/// Device number of the first passed-through device.
+pub const FIRST_PASSTHROUGH_DEVICE: u8 = 2;
+/// BARs this large go to the 64-bit window.
+const LARGE_BAR: u64 = 256 << 20;
 
 /// How the platform is put together.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PlatformConfig {
     /// vCPUs, for the MADT.
     pub vcpus: u32,
     /// A virtio-iommu, and whether unattached endpoints bypass it.
     pub iommu: Option<IommuConfig>,
+    /// Devices to pass through.
+    pub devices: Vec<DeviceSpec>,
+}
+
+/// A passed-through device on the bus.
+pub struct Passthrough {
+    /// How the user named it.
+    pub spec: DeviceSpec,
+    /// Its address on the guest's bus.
+    pub bdf: String,
+    /// The device.
+    pub device: Arc<Mutex<PciPassthroughDevice>>,
+    /// Its DMA view.
+    pub mirror: Arc<DmaMirror>,
 }
 
 /// virtio-iommu options.
@@ -59,6 +90,8 @@ pub struct Platform {
     pub iommu: Option<IommuHandle>,
     /// What the ACPI tables must describe.
     pub acpi: AcpiPlatform,
+    /// Passed-through devices.
+    pub passthrough: Vec<Passthrough>,
 }
 
 fn requester_id(device: u8) -> u16 {
@@ -70,6 +103,7 @@ pub fn build(
     vm: &VmFd,
     ram: &GuestRam,
     interrupts: Arc<dyn MsiInterrupts>,
+    slots: Arc<dyn GuestMemorySlots>,
     events: Arc<dyn GuestEventSink>,
     serial_sink: Box<dyn Write + Send>,
     config: PlatformConfig,
@@ -90,20 +124,16 @@ pub fn build(
     let pci = Arc::new(Mutex::new(PciRoot::new(mmio_bus.clone(), io_bus.clone())));
     io_bus.insert(CONFIG_IO_BASE, CONFIG_IO_LEN, Arc::new(Mutex::new(PciConfigIo::new(pci.clone()))))?;
     mmio_bus.insert(PCI_ECAM_BASE, PCI_ECAM_SIZE, Arc::new(Mutex::new(PciConfigMmio::new(pci.clone()))))?;
-    let mut mmio32 = AddressAllocator::new(PCI_MMIO32_START, PCI_MMIO32_SIZE)
-        .map_err(|e| Error::Platform(format!("PCI window: {e:?}")))?;
-    let mut bar = |size: u64| {
-        mmio32
-            .allocate(size, size, AllocPolicy::FirstMatch)
-            .map(|range| range.start())
-            .map_err(|_| Error::Platform(format!("no room for a {size:#x}-byte BAR in the 32-bit PCI window")))
-    };
+    let mut windows = BarWindows::new(pci_mmio64_start(ram.layout.end()))?;
+    let passthrough_devices: Vec<u8> = (0..config.devices.len()).map(|i| FIRST_PASSTHROUGH_DEVICE + i as u8).collect();
 
     let mut iommu = None;
     let mut viot = None;
     if let Some(options) = config.iommu {
-        // Every function on bus 0 but the IOMMU itself is behind it: today the host bridge.
-        let endpoints: Vec<u32> = lock(&pci).functions().into_iter().map(u32::from).collect();
+        // Every function on bus 0 but the IOMMU itself is behind it: the host bridge and the
+        // passed-through devices.
+        let mut endpoints: Vec<u32> = lock(&pci).functions().into_iter().map(u32::from).collect();
+        endpoints.extend(passthrough_devices.iter().map(|&d| requester_id(d) as u32));
         let ram_ranges = ram.layout.ranges.iter().map(|&(addr, size)| (addr, addr + size)).collect();
         let device = VirtioIommu::new(endpoints, ram_ranges, options.bypass);
         iommu = Some(device.handle());
@@ -112,8 +142,8 @@ pub fn build(
             device,
             iommu::PCI_CLASS,
             ram.memory.clone(),
-            interrupts,
-            bar(VIRTIO_BAR_SIZE)?,
+            interrupts.clone(),
+            windows.place(VIRTIO_BAR_SIZE, BarKind::Memory64).map_err(Error::Platform)?,
         )
         .map_err(|e| Error::Platform(format!("virtio-iommu: {e}")))?;
         lock(&pci)
@@ -123,8 +153,109 @@ pub fn build(
         viot = Some(ViotTopology { iommu: own, endpoints: vec![(0, own - 1), (own + 8, 0xff)] });
     }
 
+    let mut passthrough = Vec::new();
+    for (spec, &number) in config.devices.iter().zip(&passthrough_devices) {
+        let bdf = format!("00:{number:02x}.0");
+        let fail = |reason: String| Error::Device { device: spec.to_string(), reason };
+        let backend: Box<dyn VfioBackend> = match spec {
+            DeviceSpec::Vfio(host_bdf) => {
+                Box::new(KernelVfio::open(*host_bdf, ram.dma_view()).map_err(|e| fail(e.to_string()))?)
+            }
+            DeviceSpec::VfioUser(socket) => Box::new(
+                VfioUserClient::connect(socket, ram.dma_view(), vfio_user::DEFAULT_TIMEOUT)
+                    .map_err(|e| fail(e.to_string()))?,
+            ),
+        };
+        let backend: SharedBackend = Arc::new(Mutex::new(backend));
+        let device = PciPassthroughDevice::new(backend.clone(), interrupts.clone(), slots.clone(), |_, size, kind| {
+            windows.place(size, kind)
+        })
+        .map_err(|e| fail(e.to_string()))?;
+        let mirror = Arc::new(DmaMirror::new(backend, ram.dma_view()));
+        match &iommu {
+            Some(handle) => handle
+                .set_listener(requester_id(number) as u32, mirror.clone())
+                .map_err(|e| fail(format!("initial DMA mapping: {e}")))?,
+            None => mirror.map_identity().map_err(|e| fail(format!("mapping guest RAM for DMA: {e}")))?,
+        }
+        let device = Arc::new(Mutex::new(device));
+        lock(&pci).add_device(number, device.clone()).map_err(|e| fail(e.to_string()))?;
+        passthrough.push(Passthrough { spec: spec.clone(), bdf, device, mirror });
+    }
+
     let acpi = AcpiPlatform { vcpus: config.vcpus, pci_mmio64_start: pci_mmio64_start(ram.layout.end()), viommu: viot };
-    Ok(Platform { io_bus, mmio_bus, serial, serial_stats, pci, iommu, acpi })
+    Ok(Platform { io_bus, mmio_bus, serial, serial_stats, pci, iommu, acpi, passthrough })
+}
+
+/// Where BARs go: the 32-bit window, or the 64-bit one for large 64-bit BARs (or when the 32-bit
+/// window is full).
+struct BarWindows {
+    low: AddressAllocator,
+    high: AddressAllocator,
+}
+
+impl BarWindows {
+    fn new(high_start: u64) -> Result<Self, Error> {
+        let window =
+            |start, size| AddressAllocator::new(start, size).map_err(|e| Error::Platform(format!("PCI window: {e:?}")));
+        Ok(BarWindows { low: window(PCI_MMIO32_START, PCI_MMIO32_SIZE)?, high: window(high_start, PCI_MMIO64_SIZE)? })
+    }
+
+    fn place(&mut self, size: u64, kind: BarKind) -> Result<u64, String> {
+        let take = |window: &mut AddressAllocator| {
+            window.allocate(size, size, AllocPolicy::FirstMatch).map(|r| r.start()).ok()
+        };
+        let placed = match kind {
+            // No I/O port window is handed out: the BAR stays unassigned (and undecoded).
+            BarKind::Io => return Ok(0),
+            BarKind::Memory64 if size >= LARGE_BAR => take(&mut self.high).or_else(|| take(&mut self.low)),
+            BarKind::Memory64 => take(&mut self.low).or_else(|| take(&mut self.high)),
+            BarKind::Memory32 => take(&mut self.low),
+        };
+        placed.ok_or_else(|| format!("no room for a {size:#x}-byte BAR in the PCI windows"))
+    }
+}
+
+impl Platform {
+    /// At the end of a run: collects what passed-through devices counted, folds refused DMA into
+    /// the IOMMU's fault count, takes their DMA mappings down and resets them.
+    pub fn teardown(&self) -> Vec<DeviceSummary> {
+        let mut summaries = Vec::new();
+        for p in &self.passthrough {
+            let mut device = lock(&p.device);
+            let backend = device.backend();
+            let counters = read_counters(&backend);
+            if let (Some(iommu), Some(counters)) = (&self.iommu, counters) {
+                iommu.record_faults(counters.dma_faults);
+            }
+            let _ = p.mirror.unmap_identity();
+            let error = device.failure().map(str::to_string);
+            let reset_ok = match device.reset() {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!("{}: reset at teardown: {e}", p.spec);
+                    false
+                }
+            };
+            summaries.push(DeviceSummary { device: p.spec.to_string(), bdf: p.bdf.clone(), error, counters, reset_ok });
+        }
+        summaries
+    }
+}
+
+/// Reads a driverlab model's counters region, if the device has one.
+fn read_counters(backend: &SharedBackend) -> Option<ModelCounters> {
+    let mut backend = passthrough::device::lock(backend);
+    backend.region(COUNTERS_REGION)?;
+    let mut data = [0u8; 32];
+    match backend.read(COUNTERS_REGION, 0, &mut data) {
+        Ok(()) => ModelCounters::decode(&data),
+        Err(BackendError::Invalid(_)) => None,
+        Err(e) => {
+            tracing::warn!("reading the device's counters: {e}");
+            None
+        }
+    }
 }
 
 fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

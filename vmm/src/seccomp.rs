@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use kvm_bindings::{KVMIO, kvm_irq_routing, kvm_irqfd, kvm_regs, kvm_sregs, kvm_translation};
+use kvm_bindings::{
+    KVMIO, kvm_irq_routing, kvm_irqfd, kvm_regs, kvm_sregs, kvm_translation, kvm_userspace_memory_region,
+};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
@@ -23,8 +25,24 @@ mod request {
     ioctl_iowr_nr!(KVM_TRANSLATE, KVMIO, 0x85, kvm_translation);
     ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
     ioctl_iow_nr!(KVM_IRQFD, KVMIO, 0x76, kvm_irqfd);
+    ioctl_iow_nr!(KVM_SET_USER_MEMORY_REGION, KVMIO, 0x46, kvm_userspace_memory_region);
+
+    const VFIO_TYPE: u32 = b';' as u32;
+    const VFIO_BASE: u32 = 100;
+    ioctl_io_nr!(VFIO_DEVICE_SET_IRQS, VFIO_TYPE, VFIO_BASE + 10);
+    ioctl_io_nr!(VFIO_DEVICE_RESET, VFIO_TYPE, VFIO_BASE + 11);
+    ioctl_io_nr!(VFIO_IOMMU_MAP_DMA, VFIO_TYPE, VFIO_BASE + 13);
+    ioctl_io_nr!(VFIO_IOMMU_UNMAP_DMA, VFIO_TYPE, VFIO_BASE + 14);
 }
-use request::{KVM_GET_REGS, KVM_GET_SREGS, KVM_IRQFD, KVM_RUN, KVM_SET_GSI_ROUTING, KVM_TRANSLATE};
+use request::{
+    KVM_GET_REGS, KVM_GET_SREGS, KVM_IRQFD, KVM_RUN, KVM_SET_GSI_ROUTING, KVM_SET_USER_MEMORY_REGION, KVM_TRANSLATE,
+    VFIO_DEVICE_RESET, VFIO_DEVICE_SET_IRQS, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA,
+};
+
+/// What passed-through devices need from any thread: MSI-X eventfds, DMA maps, reset.
+fn device_ioctls() -> [u64; 4] {
+    [VFIO_DEVICE_SET_IRQS(), VFIO_DEVICE_RESET(), VFIO_IOMMU_MAP_DMA(), VFIO_IOMMU_UNMAP_DMA()].map(u64::from)
+}
 
 /// Errors building the filters.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +74,14 @@ const COMMON: &[i64] = &[
     libc::SYS_tgkill,
     libc::SYS_write,
     libc::SYS_writev,
+    // Passed-through devices: vfio-user sockets, kernel VFIO region access.
+    libc::SYS_pread64,
+    libc::SYS_pwrite64,
+    libc::SYS_read,
+    libc::SYS_recvfrom,
+    libc::SYS_recvmsg,
+    libc::SYS_sendmsg,
+    libc::SYS_sendto,
 ];
 
 /// The main thread, once the vCPUs run: wait, stop the vCPUs, print the summary, exit.
@@ -100,15 +126,28 @@ fn ioctl_requests(requests: &[u64]) -> Result<Vec<SeccompRule>, SeccompError> {
 pub fn main_filter() -> Result<BpfProgram, SeccompError> {
     let mut rules = allow_all(COMMON);
     rules.extend(allow_all(MAIN_ONLY));
+    // Teardown: passed-through devices are reset and their DMA maps taken down.
+    rules.insert(libc::SYS_ioctl, ioctl_requests(&device_ioctls())?);
     compile(rules)
 }
 
 /// A vCPU thread's filter.
 pub fn vcpu_filter() -> Result<BpfProgram, SeccompError> {
     let mut rules = allow_all(COMMON);
-    // Device emulation on the vCPU thread reprograms MSI routes and irqfds (MSI-X table writes).
-    let requests = [KVM_RUN(), KVM_GET_REGS(), KVM_GET_SREGS(), KVM_TRANSLATE(), KVM_SET_GSI_ROUTING(), KVM_IRQFD()]
-        .map(u64::from);
+    // Device emulation on the vCPU thread reprograms MSI routes and irqfds (MSI-X table writes),
+    // moves passed-through BAR windows (KVM slots), and drives passed-through devices.
+    let mut requests: Vec<u64> = [
+        KVM_RUN(),
+        KVM_GET_REGS(),
+        KVM_GET_SREGS(),
+        KVM_TRANSLATE(),
+        KVM_SET_GSI_ROUTING(),
+        KVM_IRQFD(),
+        KVM_SET_USER_MEMORY_REGION(),
+    ]
+    .map(u64::from)
+    .to_vec();
+    requests.extend(device_ioctls());
     rules.insert(libc::SYS_ioctl, ioctl_requests(&requests)?);
     compile(rules)
 }

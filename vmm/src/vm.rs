@@ -17,6 +17,7 @@ use crate::exit::{ExitCounters, ExitReason, ExitSummary, VmStop};
 use crate::interrupts::KvmInterrupts;
 use crate::layout::ACPI_RSDP_ADDR;
 use crate::memory::{GuestRam, MIB, RamLayout};
+use crate::memory_slots::KvmSlots;
 use crate::platform::{self, PlatformConfig};
 use crate::vcpu::{self, Vcpu, VcpuShared};
 use crate::x86::boot_cpu;
@@ -65,8 +66,9 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
     let interrupts = Arc::new(KvmInterrupts::new(vm.clone()).map_err(|e| Error::Platform(e.to_string()))?);
     let stop = Arc::new(VmStop::new());
     let events: Arc<dyn GuestEventSink> = stop.clone();
-    let platform_config = PlatformConfig { vcpus: config.vcpus, iommu: config.iommu };
-    let platform = platform::build(&vm, &ram, interrupts, events, serial_sink, platform_config)?;
+    let platform_config = PlatformConfig { vcpus: config.vcpus, iommu: config.iommu, devices: config.devices.clone() };
+    let slots = Arc::new(KvmSlots::new(vm.clone(), ram.memory.num_regions() as u32));
+    let platform = platform::build(&vm, &ram, interrupts, slots, events, serial_sink, platform_config)?;
     let tables = crate::acpi::build(&platform.acpi).map_err(|e| Error::Platform(e.to_string()))?;
     crate::acpi::write(&ram.memory, &tables).map_err(|e| Error::Platform(e.to_string()))?;
     let serial = platform.serial.clone();
@@ -126,6 +128,7 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
         let mut serial = serial.lock().unwrap_or_else(|p| p.into_inner());
         serial.flush();
     }
+    let devices = platform.teardown();
 
     Ok(ExitSummary {
         vmm: "exit".into(),
@@ -140,6 +143,7 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
         first_serial_ms: platform.serial_stats.first_byte().map(|t| ms(t.saturating_duration_since(started))),
         serial_bytes: platform.serial_stats.bytes(),
         viommu: platform.iommu.as_ref().map(|iommu| iommu.counts()),
+        devices,
         exits: counters.counts(),
     })
 }

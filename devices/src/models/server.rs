@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use vfio_bindings::bindings::vfio::{
     VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_MSIX_IRQ_INDEX,
     VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE, vfio_region_info,
+    vfio_region_sparse_mmap_area,
 };
-use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, Server, ServerBackend, ServerRegion};
+use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, Server, ServerBackend, ServerRegion, SparseArea};
 
 use super::counters::{COUNTERS_REGION, COUNTERS_SIZE};
 use super::dma::DmaSpace;
@@ -203,6 +204,10 @@ pub fn serve(
                 if let Some(file) = &bar.shared {
                     r.region_info.flags |= VFIO_REGION_INFO_FLAG_MMAP;
                     r.mmap_fd = Some(file.as_raw_fd());
+                    // The server sends the file descriptor along with region capabilities only:
+                    // describe the whole BAR as one sparse mmap area.
+                    r.sparse_areas =
+                        vec![SparseArea { area: vfio_region_sparse_mmap_area { offset: 0, size: bar.size } }];
                 }
                 regions.push(r);
             }

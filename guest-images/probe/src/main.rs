@@ -17,6 +17,7 @@ mod power;
 mod report;
 mod serial;
 mod smp;
+mod testdev;
 mod time;
 mod viommu;
 mod virtio;
@@ -52,7 +53,8 @@ extern "C" fn probe_main(boot_info: u64, entry_kind: u64) -> ! {
                 let count = ecam.enumerate(&mut functions);
                 pci::report(&functions[..count]);
                 let ops = options.viommu_ops.unwrap_or(DEFAULT_VIOMMU_OPS);
-                viommu::run(acpi, ecam, &functions[..count], ops, options.viommu_ops.is_some());
+                let mut viommu = viommu::run(acpi, ecam, &functions[..count], ops, options.viommu_ops.is_some());
+                testdev::run(ecam, &functions[..count], viommu.as_mut());
             }
             if options.echo {
                 report_options(&options);

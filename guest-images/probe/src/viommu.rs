@@ -22,7 +22,7 @@ const T_PROBE: u8 = 5;
 /// the transport's cost alone (notify exit, used ring, MSI-X), the reference for MAP and UNMAP.
 const T_NULL: u8 = 0x7f;
 const MAP_READ_WRITE: u32 = 3;
-/// What `Driver::request` reports for a buffer the device returned without a status.
+/// What `Viommu::request` reports for a buffer the device returned without a status.
 const NO_STATUS: u8 = 0xff;
 /// The interrupt vector request completions arrive on.
 const COMPLETION_VECTOR: u8 = 0x41;
@@ -83,14 +83,47 @@ fn completions() -> u64 {
     interrupts::count(COMPLETION_VECTOR)
 }
 
-struct Driver {
+/// A driven virtio-iommu, kept for other devices' DMA (the test device maps through it).
+pub struct Viommu {
     transport: VirtioPci,
     queue: Virtqueue,
     tsc_khz: u64,
     interrupts_ok: bool,
+    /// The first domain ID the device allows.
+    pub first_domain: u32,
+    ranges: [(u16, u16); 8],
+    range_count: usize,
 }
 
-impl Driver {
+impl Viommu {
+    /// Whether the VIOT puts requester ID `rid` behind this IOMMU.
+    pub fn translates(&self, rid: u16) -> bool {
+        self.ranges[..self.range_count].iter().any(|&(first, last)| (first..=last).contains(&rid))
+    }
+
+    fn simple(&mut self, request: &[u8], what: &'static str) -> Result<(), &'static str> {
+        match self.request(request, 4) {
+            Some((0, _)) => Ok(()),
+            Some(_) => Err(what),
+            None => Err("a virtio-iommu request did not complete"),
+        }
+    }
+
+    /// ATTACH `endpoint` to `domain`.
+    pub fn attach(&mut self, domain: u32, endpoint: u32) -> Result<(), &'static str> {
+        self.simple(&attach(domain, endpoint), "ATTACH failed")
+    }
+
+    /// MAP `[iova, iova + size)` to `gpa`, readable and writable.
+    pub fn map(&mut self, domain: u32, iova: u64, size: u64, gpa: u64) -> Result<(), &'static str> {
+        self.simple(&map(domain, iova, size, gpa), "MAP failed")
+    }
+
+    /// UNMAP `[iova, iova + size)`.
+    pub fn unmap(&mut self, domain: u32, iova: u64, size: u64) -> Result<(), &'static str> {
+        self.simple(&unmap(domain, iova, size), "UNMAP failed")
+    }
+
     /// Sends one request and waits for its completion interrupt. Returns (status byte of the
     /// tail, or `NO_STATUS`; round trip in ns) or `None` if the request never completed.
     fn request(&mut self, request: &[u8], reply_len: usize) -> Option<(u8, u64)> {
@@ -204,26 +237,28 @@ fn merged_percentile(a: &[u32], b: &[u32], q: u64) -> u64 {
 }
 
 /// Runs the virtio-iommu checks and reports `{"probe":"viommu",...}`. `ops` MAP/UNMAP pairs
-/// alternate 4 KiB and 2 MiB. `required` makes a missing device a failure.
-pub fn run(acpi: &Acpi, ecam: Ecam, functions: &[Function], ops: u32, required: bool) {
+/// alternate 4 KiB and 2 MiB. `required` makes a missing device a failure. Returns the driver for
+/// other devices to use.
+pub fn run(acpi: &Acpi, ecam: Ecam, functions: &[Function], ops: u32, required: bool) -> Option<Viommu> {
     let Some(f) = functions.iter().find(|f| f.vendor == VIRTIO_VENDOR && f.id == VIRTIO_IOMMU_ID) else {
         if required {
             report::fail("probe.viommu_ops given, but there is no virtio-iommu");
         }
-        return;
+        return None;
     };
     match drive(acpi, ecam, functions, f, ops) {
-        Ok(()) => {}
+        Ok(viommu) => Some(viommu),
         Err(why) => {
             json::section("viommu", |o| {
                 o.bool("attached", false).str("error", why);
             });
             report::fail(why);
+            None
         }
     }
 }
 
-fn drive(acpi: &Acpi, ecam: Ecam, functions: &[Function], f: &Function, ops: u32) -> Result<(), &'static str> {
+fn drive(acpi: &Acpi, ecam: Ecam, functions: &[Function], f: &Function, ops: u32) -> Result<Viommu, &'static str> {
     let transport = VirtioPci::new(ecam, f)?;
     transport.negotiate(F_PROBE | F_INPUT_RANGE | F_DOMAIN_RANGE, F_MAP_UNMAP)?;
     let domain: u32 = transport.config::<u32>(24).max(1);
@@ -245,11 +280,13 @@ fn drive(acpi: &Acpi, ecam: Ecam, functions: &[Function], f: &Function, ops: u32
         .ok_or("no PCI function is behind the virtio-iommu")? as u32;
 
     let tsc_khz = time::tsc_khz().ok_or("the TSC rate is unknown (no hypervisor timing leaf)")?;
-    let mut driver = Driver { transport, queue, tsc_khz, interrupts_ok: true };
-    exercise(&mut driver, domain, endpoint, probe_size, ops)
+    let mut driver =
+        Viommu { transport, queue, tsc_khz, interrupts_ok: true, first_domain: domain, ranges, range_count: count };
+    exercise(&mut driver, domain, endpoint, probe_size, ops)?;
+    Ok(driver)
 }
 
-fn exercise(driver: &mut Driver, domain: u32, endpoint: u32, probe_size: usize, ops: u32) -> Result<(), &'static str> {
+fn exercise(driver: &mut Viommu, domain: u32, endpoint: u32, probe_size: usize, ops: u32) -> Result<(), &'static str> {
     let (status, _) = driver.request(&probe_request(endpoint), probe_size + 4).ok_or("PROBE did not complete")?;
     if status != 0 {
         return Err("PROBE failed");

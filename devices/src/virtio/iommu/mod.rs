@@ -90,9 +90,11 @@ impl IommuHandle {
         self.stats.counts()
     }
 
-    /// Counts a DMA fault seen elsewhere (e.g. by a device model that checks its own mappings).
-    pub fn record_fault(&self) {
-        self.stats.fault();
+    /// Counts DMA faults seen elsewhere (e.g. by a device model that checks its own mappings).
+    pub fn record_faults(&self, count: u64) {
+        for _ in 0..count {
+            self.stats.fault();
+        }
     }
 }
 

@@ -1,0 +1,164 @@
+//! Passthrough end to end: the real binary serves the conformance device over vfio-user, another
+//! boots the probe against it, with and without the virtio-iommu in front.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{driverlab, driverlab_cmd, kvm_available, vm_run};
+use lab::ProbeReport;
+
+struct Model {
+    child: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_testdev() -> Model {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("testdev.sock");
+    let child = Command::new(driverlab())
+        .args(["model", "testdev", "--once", "--socket"])
+        .arg(&socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..500 {
+        if socket.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(socket.exists(), "the model is serving");
+    Model { child, socket, _dir: dir }
+}
+
+fn device_arg(socket: &Path) -> String {
+    format!("vfio-user={}", socket.display())
+}
+
+#[test]
+fn testdev_behind_the_virtio_iommu() {
+    if !kvm_available("testdev_behind_the_virtio_iommu") {
+        return;
+    }
+    let model = start_testdev();
+    let device = device_arg(&model.socket);
+    let out = vm_run(&["--kernel", "probe", "--iommu", "--device", &device, "--cmdline", "probe.viommu_ops=10"]);
+    assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
+    let report = ProbeReport::parse(&out.serial);
+    assert!(report.done().unwrap().ok, "{:?}", report.done());
+    let t = report.section("testdev").expect("testdev section");
+    for key in ["iommu", "bar0_ok", "bar2_ok", "msix", "dma_write_ok", "dma_read_ok", "unmapped_dma_refused"] {
+        assert_eq!(t[key], true, "{key}: {t}");
+    }
+    let pci = report.section("pci").unwrap();
+    assert!(pci["devices"].as_array().unwrap().iter().any(|d| d["bdf"] == "00:02.0" && d["id"] == "d1ab:7e57"));
+
+    let exit = out.exit.unwrap();
+    let viommu = exit.viommu.expect("viommu counts");
+    assert_eq!((viommu.maps, viommu.unmaps), (11, 11), "10 timed pairs and the test device's buffer");
+    assert_eq!(viommu.faults, 1, "the refused DMA is counted as an IOMMU fault");
+    let dev = &exit.devices[0];
+    assert_eq!((dev.bdf.as_str(), dev.reset_ok, dev.error.as_deref()), ("00:02.0", true, None));
+    let counters = dev.counters.expect("model counters");
+    assert_eq!(counters.dma_faults, 1);
+    assert_eq!(counters.interrupts, 3, "one MSI-X interrupt per DMA command");
+    // The identity map while in bypass, then the guest's one buffer.
+    assert_eq!(counters.dma_maps, 2);
+}
+
+#[test]
+fn testdev_without_iommu_gets_identity_dma() {
+    if !kvm_available("testdev_without_iommu_gets_identity_dma") {
+        return;
+    }
+    let model = start_testdev();
+    let device = device_arg(&model.socket);
+    let out = vm_run(&["--kernel", "probe", "--device", &device]);
+    assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
+    let report = ProbeReport::parse(&out.serial);
+    assert!(report.done().unwrap().ok, "{:?}", report.done());
+    let t = report.section("testdev").unwrap();
+    assert_eq!(t["iommu"], false);
+    for key in ["bar0_ok", "bar2_ok", "msix", "dma_write_ok", "dma_read_ok", "unmapped_dma_refused"] {
+        assert_eq!(t[key], true, "{key}: {t}");
+    }
+    let exit = out.exit.unwrap();
+    assert!(exit.viommu.is_none());
+    assert_eq!(exit.devices[0].counters.unwrap().dma_maps, 1, "all of RAM, once");
+}
+
+#[test]
+fn a_model_that_dies_mid_run_ends_the_devices_use_not_the_vm() {
+    if !kvm_available("a_model_that_dies_mid_run_ends_the_devices_use_not_the_vm") {
+        return;
+    }
+    let mut model = start_testdev();
+    let device = device_arg(&model.socket);
+    // The virtio-iommu exercise keeps the guest busy (without touching the model) while the model
+    // is killed; the test device is driven afterwards.
+    let args = ["--kernel", "probe", "--iommu", "--device", &device, "--cmdline", "probe.viommu_ops=20000"];
+    let run = std::thread::spawn({
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        move || vm_run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    model.child.kill().unwrap();
+    let out = run.join().unwrap();
+    assert_eq!(out.code(), Some(0), "the VM went on: {}", out.stderr);
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    let report = ProbeReport::parse(&out.serial);
+    let done = report.done().unwrap();
+    assert!(!done.ok && done.failures.iter().any(|f| f.starts_with("testdev")), "{done:?}");
+    let dev = &out.exit.unwrap().devices[0];
+    assert!(dev.error.is_some(), "{dev:?}");
+    assert!(!dev.reset_ok);
+}
+
+#[test]
+fn unusable_devices_are_refused_before_the_guest_runs() {
+    let (code, stdout, stderr) =
+        driverlab_cmd(&["vm", "run", "--kernel", "probe", "--device", "vfio-user=/nonexistent/model.sock"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stdout.is_empty());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("device vfio-user=/nonexistent/model.sock") && stderr.contains("cannot connect"),
+        "{stderr}"
+    );
+
+    let (code, _, stderr) = driverlab_cmd(&["vm", "run", "--kernel", "probe", "--device", "vfio=0000:7f:1f.7"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("vfio=0000:7f:1f.7"), "{stderr}");
+
+    let (code, _, stderr) = driverlab_cmd(&["vm", "run", "--kernel", "probe", "--device", "vfio=63:00"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("not a PCI address"), "{stderr}");
+}
+
+#[test]
+fn doctor_says_plainly_whether_vfio_is_there() {
+    let (code, stdout, _) = driverlab_cmd(&["doctor"]);
+    let vfio = Path::new("/dev/vfio/vfio").exists() || Path::new("/dev/iommu").exists();
+    let line = stdout.lines().find(|l| l.contains(" vfio ")).expect("a vfio check");
+    if vfio {
+        assert!(line.starts_with("PASS"), "{line}");
+    } else {
+        assert!(line.starts_with("FAIL") && stdout.contains("modprobe vfio-pci"), "{stdout}");
+        assert_eq!(code, Some(1), "a failed check fails the command");
+    }
+    let (_, json, _) = driverlab_cmd(&["doctor", "--json"]);
+    let checks: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(checks.as_array().unwrap().iter().any(|c| c["name"] == "vfio"));
+}

@@ -129,10 +129,10 @@ pub trait VfioBackend: Send {
     fn read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), BackendError>;
     /// Writes `data` at `offset` of region `index`.
     fn write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), BackendError>;
-    /// Signals `fds[i]` for MSI-X vector `i`.
-    fn enable_msix(&mut self, fds: &[&EventFd]) -> Result<(), BackendError>;
-    /// Stops MSI-X.
-    fn disable_msix(&mut self) -> Result<(), BackendError>;
+    /// Signals `fds[i]` for vector `i` of interrupt index `index` (`irq::MSI` or `irq::MSIX`).
+    fn enable_irqs(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), BackendError>;
+    /// Stops interrupt index `index`.
+    fn disable_irqs(&mut self, index: u32) -> Result<(), BackendError>;
     /// Lets the device DMA to `[iova, iova + size)`, which is guest RAM at `gpa`.
     fn dma_map(&mut self, iova: u64, size: u64, gpa: u64, write: bool) -> Result<(), BackendError>;
     /// Takes the mapping at `[iova, iova + size)` away.

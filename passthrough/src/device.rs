@@ -1,18 +1,19 @@
 //! One PCI device passed through to the guest over a [`VfioBackend`].
 //!
 //! Configuration space is shadowed where the VMM owns the meaning: the header (IDs, BARs at guest
-//! addresses, command register, ROM hidden, multifunction masked, no INTx), the MSI-X capability
-//! (emulated; MSI is hidden from the capability list so drivers use MSI-X), and the capability
-//! chain around what is hidden. Everything else is forwarded. BARs are trapped and forwarded,
+//! addresses, command register, ROM hidden, multifunction masked, no INTx), the MSI and MSI-X
+//! capabilities (emulated), and the capability chain (rebuilt, so a device's looping chain still
+//! ends). Everything else is forwarded. BARs are trapped and forwarded,
 //! except the parts a backend lets the VMM mmap, which become KVM memory slots (never the MSI-X
-//! table or PBA pages: those stay trapped and emulated). MSI-X vectors are EventFds the device
-//! signals directly, wired to irqfds.
+//! table or PBA pages: those stay trapped and emulated). MSI and MSI-X vectors are EventFds the
+//! device signals directly, wired to irqfds.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use devices::interrupt::MsiInterrupts;
 use devices::pci::config::{BarKind, NUM_BARS, PciConfiguration, PciIds};
 use devices::pci::device::{BarMapping, PciDevice, decoded_bars};
+use devices::pci::msi::{self, MsiConfig};
 use devices::pci::msix::{self, MsixConfig};
 
 use crate::backend::{BackendError, VfioBackend, irq, region};
@@ -26,7 +27,6 @@ pub fn lock(backend: &SharedBackend) -> MutexGuard<'_, Box<dyn VfioBackend>> {
     backend.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-const CAP_ID_MSI: u8 = 0x05;
 const CAP_POINTER: usize = 0x34;
 const HEADER_END: usize = 0x40;
 const HEADER_TYPE: usize = 0x0e;
@@ -70,6 +70,10 @@ pub struct PciPassthroughDevice {
     /// MSI-X message control as the guest last wrote it.
     msix_control: u16,
     msix_enabled_in_device: bool,
+    /// The MSI capability's offset and state.
+    msi: Option<(usize, MsiConfig)>,
+    /// MSI vectors the device currently signals.
+    msi_vectors_in_device: u16,
     bar_windows: Vec<BarWindow>,
     slots: Arc<dyn GuestMemorySlots>,
     failed: Option<String>,
@@ -149,10 +153,10 @@ impl PciPassthroughDevice {
             index += if kind == BarKind::Memory64 { 2 } else { 1 };
         }
 
-        // Capabilities: MSI-X emulated, MSI hidden.
+        // Capabilities: MSI and MSI-X emulated, the chain rebuilt.
         let caps = capabilities(&config);
         let mut msix = None;
-        let kept: Vec<usize> = caps.iter().filter(|&&(_, id)| id != CAP_ID_MSI).map(|&(offset, _)| offset).collect();
+        let kept: Vec<usize> = caps.iter().map(|&(offset, _)| offset).collect();
         let mut next_overrides = Vec::new();
         for (i, &offset) in kept.iter().enumerate() {
             let shown = kept.get(i + 1).copied().unwrap_or(0) as u8;
@@ -173,8 +177,15 @@ impl PciPassthroughDevice {
                 pba_bar: (pba & 7) as usize,
                 pba_offset: (pba & !7) as u64,
             };
-            let table = MsixConfig::new(count, interrupts).map_err(|e| unhealthy(e.to_string()))?;
+            let table = MsixConfig::new(count, interrupts.clone()).map_err(|e| unhealthy(e.to_string()))?;
             msix = Some((layout, table));
+        }
+        let mut msi = None;
+        if let Some(&(cap, _)) = caps.iter().find(|&&(_, id)| id == msi::CAPABILITY_ID) {
+            let max = lock(&backend).irq_count(irq::MSI)?.max(1);
+            let state = MsiConfig::new(u16_at(&config, cap + 2), max, interrupts.clone())
+                .map_err(|e| unhealthy(e.to_string()))?;
+            msi = Some((cap, state));
         }
         let mut device = PciPassthroughDevice {
             name,
@@ -186,6 +197,8 @@ impl PciPassthroughDevice {
             msix,
             msix_control: 0,
             msix_enabled_in_device: false,
+            msi,
+            msi_vectors_in_device: 0,
             bar_windows: Vec::new(),
             slots,
             failed: None,
@@ -303,9 +316,9 @@ impl PciPassthroughDevice {
         }
         let result = if enable {
             let fds: Vec<_> = (0..table.count()).filter_map(|v| table.eventfd(v)).collect();
-            lock(&self.backend).enable_msix(&fds)
+            lock(&self.backend).enable_irqs(irq::MSIX, &fds)
         } else {
-            lock(&self.backend).disable_msix()
+            lock(&self.backend).disable_irqs(irq::MSIX)
         };
         match result {
             Ok(()) => self.msix_enabled_in_device = enable,
@@ -313,11 +326,34 @@ impl PciPassthroughDevice {
         }
     }
 
+    /// Hands the device the EventFds of the MSI vectors the guest enabled, when that changed.
+    fn msi_written(&mut self) {
+        let Some((_, state)) = self.msi.as_ref() else { return };
+        let wanted = state.enabled_vectors();
+        if wanted == self.msi_vectors_in_device {
+            return;
+        }
+        let fds: Vec<_> = (0..wanted).filter_map(|v| state.eventfd(v)).collect();
+        let result = if wanted > 0 {
+            lock(&self.backend).enable_irqs(irq::MSI, &fds)
+        } else {
+            lock(&self.backend).disable_irqs(irq::MSI)
+        };
+        match result {
+            Ok(()) => self.msi_vectors_in_device = wanted,
+            Err(e) => self.fail(e),
+        }
+    }
+
     /// Resets the device and checks it (at teardown, or between runs).
     pub fn reset(&mut self) -> Result<(), DeviceError> {
         if self.msix_enabled_in_device {
-            let _ = lock(&self.backend).disable_msix();
+            let _ = lock(&self.backend).disable_irqs(irq::MSIX);
             self.msix_enabled_in_device = false;
+        }
+        if self.msi_vectors_in_device > 0 {
+            let _ = lock(&self.backend).disable_irqs(irq::MSI);
+            self.msi_vectors_in_device = 0;
         }
         reset_and_check(&self.backend, Some(&self.original)).map(|_| ())
     }
@@ -415,6 +451,14 @@ impl PciDevice for PciPassthroughDevice {
             control |= self.msix_control & msix::CONTROL_FUNCTION_MASK;
             bytes[2..4].copy_from_slice(&control.to_le_bytes());
         }
+        if let Some((cap, state)) = &self.msi {
+            for (i, b) in bytes.iter_mut().enumerate() {
+                let at = offset + i;
+                if at >= cap + 2 && at < cap + state.size() {
+                    state.read(at - cap, std::slice::from_mut(b));
+                }
+            }
+        }
         value = u32::from_le_bytes(bytes);
         value
     }
@@ -448,6 +492,16 @@ impl PciDevice for PciPassthroughDevice {
                 }
                 self.msix_control = u16::from_le_bytes(word);
                 self.msix_control_written(self.msix_control);
+                return;
+            }
+        }
+        if let Some((cap, state)) = self.msi.as_mut() {
+            let (start, end) = (*cap + 2, *cap + state.size());
+            if offset < end && offset + data.len() > start {
+                let from = offset.max(start);
+                let to = (offset + data.len()).min(end);
+                state.write(from - *cap, &data[from - offset..to - offset]);
+                self.msi_written();
                 return;
             }
         }
@@ -506,6 +560,7 @@ mod tests {
     struct Log {
         forwarded_writes: Vec<(u32, u64, Vec<u8>)>,
         msix_enabled: Option<usize>,
+        msi_enabled: Option<usize>,
         resets: u32,
     }
 
@@ -530,6 +585,7 @@ mod tests {
         c[0x34] = 0x40;
         c[0x40..0x42].copy_from_slice(&[0x01, 0x50]); // PM -> MSI
         c[0x50..0x52].copy_from_slice(&[0x05, 0x70]); // MSI -> MSI-X
+        c[0x52..0x54].copy_from_slice(&(0x0180u16 | 3 << 1).to_le_bytes()); // 64-bit, maskable, 8 vectors
         c[0x70..0x72].copy_from_slice(&[0x11, 0xa0]); // MSI-X -> PCIe
         c[0x72..0x74].copy_from_slice(&9u16.to_le_bytes()); // 10 vectors
         c[0x74..0x78].copy_from_slice(&2u32.to_le_bytes()); // table: BAR 2, offset 0
@@ -557,7 +613,11 @@ mod tests {
             self.regions.get(index as usize)
         }
         fn irq_count(&mut self, index: u32) -> Result<u32, BackendError> {
-            Ok(if index == irq::MSIX { 10 } else { 0 })
+            Ok(match index {
+                irq::MSIX => 10,
+                irq::MSI => 4,
+                _ => 0,
+            })
         }
         fn read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), BackendError> {
             if index == region::CONFIG {
@@ -583,12 +643,14 @@ mod tests {
             self.log.lock().unwrap().forwarded_writes.push((index, offset, data.to_vec()));
             Ok(())
         }
-        fn enable_msix(&mut self, fds: &[&EventFd]) -> Result<(), BackendError> {
-            self.log.lock().unwrap().msix_enabled = Some(fds.len());
+        fn enable_irqs(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), BackendError> {
+            let mut log = self.log.lock().unwrap();
+            *if index == irq::MSI { &mut log.msi_enabled } else { &mut log.msix_enabled } = Some(fds.len());
             Ok(())
         }
-        fn disable_msix(&mut self) -> Result<(), BackendError> {
-            self.log.lock().unwrap().msix_enabled = None;
+        fn disable_irqs(&mut self, index: u32) -> Result<(), BackendError> {
+            let mut log = self.log.lock().unwrap();
+            *if index == irq::MSI { &mut log.msi_enabled } else { &mut log.msix_enabled } = None;
             Ok(())
         }
         fn dma_map(&mut self, _: u64, _: u64, _: u64, _: bool) -> Result<(), BackendError> {
@@ -679,7 +741,7 @@ mod tests {
     }
 
     #[test]
-    fn msi_is_hidden_and_msix_is_emulated() {
+    fn msi_and_msix_are_emulated() {
         let (mut dev, log) = device(false);
         let mut chain = Vec::new();
         let mut next = (dev.config_read(0x34 / 4) & 0xff) as usize;
@@ -688,7 +750,7 @@ mod tests {
             chain.push((next, header as u8));
             next = ((header >> 8) & 0xfc) as usize;
         }
-        assert_eq!(chain, vec![(0x40, 0x01), (0x70, 0x11), (0xa0, 0x10)]);
+        assert_eq!(chain, vec![(0x40, 0x01), (0x50, 0x05), (0x70, 0x11), (0xa0, 0x10)]);
         // The MSI-X table lives in BAR 2 and is not forwarded.
         dev.bar_write(2, 0, &0xfee0_0000u32.to_le_bytes());
         let mut back = [0u8; 4];
@@ -711,6 +773,34 @@ mod tests {
                 .iter()
                 .any(|(r, o, d)| *r == region::CONFIG && *o == 0xa8 && d == &[1, 2])
         );
+    }
+
+    #[test]
+    fn msi_vectors_reach_the_device_as_eventfds() {
+        let (mut dev, log) = device(false);
+        let control = dev.config_read(0x50 / 4) >> 16;
+        assert_eq!(control & 0x180, 0x180, "64-bit and per-vector mask as the device has them");
+        assert_eq!(control >> 1 & 7, 2, "multiple message capable: 4, what the backend delivers");
+        dev.config_write(0x54, &0xfee0_0000u32.to_le_bytes());
+        dev.config_write(0x5c, &0x41u16.to_le_bytes());
+        assert_eq!(dev.config_read(0x54 / 4), 0xfee0_0000, "address in the shadow");
+        dev.config_write(0x52, &(1u16 | 1 << 4).to_le_bytes());
+        assert_eq!(log.lock().unwrap().msi_enabled, Some(2), "two vectors enabled");
+        assert_eq!(dev.config_read(0x50 / 4) >> 16 & 1, 1, "enable reads back");
+        dev.config_write(0x50, &0u32.to_le_bytes());
+        assert_eq!(log.lock().unwrap().msi_enabled, None);
+        assert_eq!(dev.config_read(0x50 / 4) & 0xffff, 0x7005, "ID and next pointer are not writable");
+        assert!(
+            !log.lock()
+                .unwrap()
+                .forwarded_writes
+                .iter()
+                .any(|(r, o, _)| *r == region::CONFIG && (0x50..0x68).contains(o)),
+            "the MSI capability stays in the VMM"
+        );
+        dev.config_write(0x52, &1u16.to_le_bytes());
+        dev.reset().unwrap();
+        assert_eq!(log.lock().unwrap().msi_enabled, None, "reset disables MSI in the device");
     }
 
     #[test]

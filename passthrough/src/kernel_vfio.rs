@@ -14,7 +14,7 @@ use vfio_ioctls::{VfioContainer, VfioDevice, VfioOps, VfioRegionInfoCap};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::Bdf;
-use crate::backend::{BackendError, GuestRamMap, RegionInfo, VfioBackend, irq, region};
+use crate::backend::{BackendError, GuestRamMap, RegionInfo, VfioBackend, region};
 
 /// A device bound to vfio-pci, in its own container.
 pub struct KernelVfio {
@@ -101,12 +101,12 @@ impl VfioBackend for KernelVfio {
         Ok(())
     }
 
-    fn enable_msix(&mut self, fds: &[&EventFd]) -> Result<(), BackendError> {
-        self.device.enable_irq(irq::MSIX, fds.to_vec()).map_err(|e| host(&self.name, e))
+    fn enable_irqs(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), BackendError> {
+        self.device.enable_irq(index, fds.to_vec()).map_err(|e| host(&self.name, e))
     }
 
-    fn disable_msix(&mut self) -> Result<(), BackendError> {
-        self.device.disable_irq(irq::MSIX).map_err(|e| host(&self.name, e))
+    fn disable_irqs(&mut self, index: u32) -> Result<(), BackendError> {
+        self.device.disable_irq(index).map_err(|e| host(&self.name, e))
     }
 
     fn dma_map(&mut self, iova: u64, size: u64, gpa: u64, _write: bool) -> Result<(), BackendError> {

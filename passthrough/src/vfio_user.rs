@@ -16,7 +16,7 @@ use std::time::Duration;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use crate::backend::{BackendError, GuestRamMap, RegionInfo, VfioBackend, irq, region};
+use crate::backend::{BackendError, GuestRamMap, RegionInfo, VfioBackend, region};
 
 const HEADER_SIZE: usize = 16;
 /// Largest reply accepted (a region read of 1 MiB plus its header).
@@ -377,14 +377,14 @@ impl VfioBackend for VfioUserClient {
         self.transact(CMD_REGION_WRITE, &body, &[], "REGION_WRITE").map(|_| ())
     }
 
-    fn enable_msix(&mut self, fds: &[&EventFd]) -> Result<(), BackendError> {
+    fn enable_irqs(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), BackendError> {
         let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
         // The socket carries at most 16 descriptors per message: send them in batches.
         for (batch, chunk) in raw.chunks(16).enumerate() {
             let mut body = [0u8; 20];
             body[0..4].copy_from_slice(&20u32.to_le_bytes());
             body[4..8].copy_from_slice(&(IRQ_SET_DATA_EVENTFD | IRQ_SET_ACTION_TRIGGER).to_le_bytes());
-            body[8..12].copy_from_slice(&irq::MSIX.to_le_bytes());
+            body[8..12].copy_from_slice(&index.to_le_bytes());
             body[12..16].copy_from_slice(&((batch * 16) as u32).to_le_bytes());
             body[16..20].copy_from_slice(&(chunk.len() as u32).to_le_bytes());
             self.transact(CMD_DEVICE_SET_IRQS, &body, chunk, "DEVICE_SET_IRQS")?;
@@ -392,8 +392,8 @@ impl VfioBackend for VfioUserClient {
         Ok(())
     }
 
-    fn disable_msix(&mut self) -> Result<(), BackendError> {
-        self.set_irqs(irq::MSIX, IRQ_SET_DATA_NONE | IRQ_SET_ACTION_TRIGGER, &[], 0)
+    fn disable_irqs(&mut self, index: u32) -> Result<(), BackendError> {
+        self.set_irqs(index, IRQ_SET_DATA_NONE | IRQ_SET_ACTION_TRIGGER, &[], 0)
     }
 
     fn dma_map(&mut self, iova: u64, size: u64, gpa: u64, write: bool) -> Result<(), BackendError> {

@@ -1,16 +1,19 @@
 //! PCI: configuration space, the device trait, the root complex with its two configuration
-//! mechanisms (0xCF8/0xCFC and ECAM), and MSI-X.
+//! mechanisms (0xCF8/0xCFC and ECAM), MSI and MSI-X.
 //!
 //! Emulated devices (virtio) and, later, passed-through devices implement [`PciDevice`]; the
 //! [`PciRoot`] maps their BARs onto the MMIO bus wherever the guest programs them.
 
 pub mod config;
 pub mod device;
+pub mod msi;
 pub mod msix;
 pub mod root;
+mod vector;
 
 pub use config::{BarKind, PciConfiguration, PciIds};
 pub use device::{BarMapping, PciDevice};
+pub use msi::MsiConfig;
 pub use msix::MsixConfig;
 pub use root::{PciConfigIo, PciConfigMmio, PciRoot};
 
@@ -34,6 +37,9 @@ pub enum PciError {
     /// No room for a BAR in the MMIO windows.
     #[error("no room for a BAR of {0:#x} bytes in the PCI MMIO windows")]
     NoAddressSpace(u64),
+    /// MSI set-up failed.
+    #[error("MSI: {0}")]
+    Msi(String),
     /// MSI-X set-up failed.
     #[error("MSI-X: {0}")]
     Msix(String),

@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::PciError;
+use super::vector::MsiVector;
 use crate::interrupt::{MsiInterrupts, MsiMessage};
 
 /// MSI-X capability ID.
@@ -24,11 +25,7 @@ const VECTOR_MASKED: u32 = 1;
 
 struct Vector {
     entry: [u8; ENTRY_SIZE as usize],
-    pending: bool,
-    gsi: u32,
-    fd: EventFd,
-    route: Option<MsiMessage>,
-    armed: bool,
+    irq: MsiVector,
 }
 
 impl Vector {
@@ -61,11 +58,10 @@ impl MsixConfig {
         }
         let mut vectors = Vec::with_capacity(count as usize);
         for _ in 0..count {
-            let gsi = interrupts.allocate_gsi().map_err(|e| PciError::Msix(e.to_string()))?;
-            let fd = EventFd::new(EFD_NONBLOCK).map_err(|e| PciError::Msix(e.to_string()))?;
+            let irq = MsiVector::new(interrupts.as_ref()).map_err(|e| PciError::Msix(e.to_string()))?;
             let mut entry = [0u8; ENTRY_SIZE as usize];
             entry[12] = VECTOR_MASKED as u8;
-            vectors.push(Vector { entry, pending: false, gsi, fd, route: None, armed: false });
+            vectors.push(Vector { entry, irq });
         }
         Ok(MsixConfig { vectors, enabled: false, function_masked: false, interrupts })
     }
@@ -145,7 +141,7 @@ impl MsixConfig {
         for (i, b) in data.iter_mut().enumerate() {
             let first = (offset + i as u64) * 8;
             *b = (0..8u64)
-                .filter(|bit| self.vectors.get((first + bit) as usize).is_some_and(|v| v.pending))
+                .filter(|bit| self.vectors.get((first + bit) as usize).is_some_and(|v| v.irq.pending()))
                 .fold(0, |acc, bit| acc | 1 << bit);
         }
     }
@@ -153,53 +149,27 @@ impl MsixConfig {
     /// The device signals `vector`: delivered now, or latched if the vector cannot fire.
     pub fn notify(&mut self, vector: u16) {
         let Some(v) = self.vectors.get_mut(vector as usize) else { return };
-        if v.armed {
-            if let Err(e) = v.fd.write(1) {
-                tracing::warn!("MSI-X vector {vector}: {e}");
-            }
-        } else {
-            v.pending = true;
+        if let Err(e) = v.irq.notify() {
+            tracing::warn!("MSI-X vector {vector}: {e}");
         }
     }
 
     /// The EventFd behind `vector` (a passed-through device signals it directly).
     pub fn eventfd(&self, vector: u16) -> Option<&EventFd> {
-        self.vectors.get(vector as usize).map(|v| &v.fd)
+        self.vectors.get(vector as usize).map(|v| v.irq.fd())
     }
 
     /// Whether `vector` has a latched interrupt.
     pub fn pending(&self, vector: u16) -> bool {
-        self.vectors.get(vector as usize).is_some_and(|v| v.pending)
+        self.vectors.get(vector as usize).is_some_and(|v| v.irq.pending())
     }
 
     /// Brings vector `index`'s route and irqfd in line with the table and control bits.
     fn update(&mut self, index: usize) {
-        let deliverable = self.enabled && !self.function_masked && !self.vectors[index].masked();
-        let interrupts = self.interrupts.clone();
         let v = &mut self.vectors[index];
-        let result = if deliverable {
-            let message = v.message();
-            let mut result = Ok(());
-            if v.route != Some(message) {
-                result = interrupts.set_route(v.gsi, message);
-                v.route = Some(message);
-            }
-            if result.is_ok() && !v.armed {
-                result = interrupts.register_irqfd(v.gsi, &v.fd);
-                v.armed = result.is_ok();
-            }
-            if v.armed && v.pending {
-                v.pending = false;
-                let _ = v.fd.write(1);
-            }
-            result
-        } else if v.armed {
-            v.armed = false;
-            interrupts.unregister_irqfd(v.gsi, &v.fd)
-        } else {
-            Ok(())
-        };
-        if let Err(e) = result {
+        let deliverable = self.enabled && !self.function_masked && !v.masked();
+        let message = deliverable.then(|| v.message());
+        if let Err(e) = v.irq.steer(self.interrupts.as_ref(), message) {
             tracing::warn!("MSI-X vector {index}: {e}");
         }
     }
@@ -266,7 +236,7 @@ pub(crate) mod tests {
         program(&mut msix, 1, 0xfee0_0000, 0x41, false);
         assert!(fake.irqfds.lock().unwrap().is_empty(), "MSI-X still disabled");
         msix.set_control(CONTROL_ENABLE);
-        let gsi = msix.vectors[1].gsi;
+        let gsi = msix.vectors[1].irq.gsi;
         assert_eq!(fake.routes.lock().unwrap()[&gsi], MsiMessage { address: 0xfee0_0000, data: 0x41 });
         assert!(fake.irqfds.lock().unwrap().contains_key(&gsi));
         assert!(!msix.pending(1), "the latched interrupt fired on enable");

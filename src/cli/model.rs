@@ -1,9 +1,14 @@
-//! `driverlab model ...`: device models served over vfio-user.
+//! `driverlab model ...`: device models served over vfio-user, and the AQC100's control socket.
 
-use std::path::PathBuf;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 
-use anyhow::Context;
-use clap::Subcommand;
+use anyhow::{Context, bail};
+use clap::{Subcommand, ValueEnum};
+use devices::models::aqc100::backend::{Backend, unplugged};
+use devices::models::aqc100::generator::{GeneratorConfig, generator};
+use devices::models::aqc100::{Aqc100, Aqc100Handle, MacAddress, tap};
 use devices::models::server::{self, Model};
 use devices::models::testdev::TestDevice;
 
@@ -21,6 +26,64 @@ pub enum ModelCommand {
         #[arg(long)]
         once: bool,
     },
+    /// A software Aquantia AQC100 10G NIC (1d6a:00b1) that the Linux atlantic driver drives:
+    /// firmware interface, link at 10G, RX/TX rings with checksum offload and TSO, MSI-X. Its
+    /// wire is a host TAP device (--tap), a frame generator (--generate), or nothing. Serves one
+    /// client at a time until killed (or only one with --once); prints what it counted (DMA
+    /// maps and unmaps from the client, frames moved) after each client.
+    Aqc100 {
+        /// Unix socket to serve on (must not exist).
+        #[arg(long, value_name = "PATH")]
+        socket: PathBuf,
+        /// Host TAP interface to use as the wire (created if missing; needs CAP_NET_ADMIN).
+        #[arg(long, value_name = "IF", conflicts_with = "generate")]
+        tap: Option<String>,
+        /// Generate received frames: `pps=N` (0 or absent: as fast as the guest takes them,
+        /// never dropping), `size=B` (60-16384, default 1514), `count=N` (default unlimited).
+        /// Transmitted frames are counted. Example: --generate size=1514,count=20000
+        #[arg(long, value_name = "SPEC")]
+        generate: Option<String>,
+        /// Permanent MAC address the driver reads from the firmware.
+        #[arg(long, value_name = "MAC", default_value = "02:1d:6a:00:00:01")]
+        mac: MacAddress,
+        /// Also listen on this Unix socket for control commands (see `driverlab model control`).
+        #[arg(long, value_name = "PATH")]
+        control: Option<PathBuf>,
+        /// Serve a single client, then exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Talk to a running `driverlab model aqc100 --control PATH`: print its status and counters
+    /// as JSON, or take its link down or up.
+    Control {
+        /// The model's control socket.
+        #[arg(value_name = "PATH")]
+        socket: PathBuf,
+        /// What to do.
+        #[arg(value_enum, default_value = "status")]
+        command: ControlCommand,
+    },
+}
+
+/// Control commands.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ControlCommand {
+    /// Status and counters as one JSON object.
+    Status,
+    /// Take the link down (the driver sees it go down).
+    LinkDown,
+    /// Let the link come up again.
+    LinkUp,
+}
+
+impl ControlCommand {
+    fn wire(self) -> &'static str {
+        match self {
+            ControlCommand::Status => "status",
+            ControlCommand::LinkDown => "link down",
+            ControlCommand::LinkUp => "link up",
+        }
+    }
 }
 
 impl ModelCommand {
@@ -29,19 +92,91 @@ impl ModelCommand {
         match self {
             ModelCommand::Testdev { socket, once } => {
                 let mut model = TestDevice::new().context("creating the test device")?;
-                serve(&socket, &mut model, once)
+                serve(&socket, &mut model, once, None)
+            }
+            ModelCommand::Aqc100 { socket, tap, generate, mac, control, once } => {
+                let backend = backend(tap.as_deref(), generate.as_deref(), mac)?;
+                let mut model = Aqc100::new(mac, backend).context("starting the AQC100 model")?;
+                eprintln!("aqc100 {mac} on {}", model.backend_description());
+                let handle = model.handle();
+                if let Some(path) = &control {
+                    listen(path, handle.clone())?;
+                }
+                let result = serve(&socket, &mut model, once, Some(&handle));
+                if let Some(path) = &control {
+                    let _ = std::fs::remove_file(path);
+                }
+                result
+            }
+            ModelCommand::Control { socket, command } => {
+                let mut stream = UnixStream::connect(&socket).with_context(|| {
+                    format!("{}: is `driverlab model aqc100 --control` running there?", socket.display())
+                })?;
+                writeln!(stream, "{}", command.wire())?;
+                let mut reply = String::new();
+                BufReader::new(stream).read_line(&mut reply)?;
+                print!("{reply}");
+                let value: serde_json::Value = serde_json::from_str(&reply).context("reply is not JSON")?;
+                Ok(if value.get("error").is_some() { 1 } else { 0 })
             }
         }
     }
 }
 
-fn serve(socket: &std::path::Path, model: &mut dyn Model, once: bool) -> anyhow::Result<u8> {
+fn backend(tap_name: Option<&str>, generate: Option<&str>, mac: MacAddress) -> anyhow::Result<Backend> {
+    Ok(match (tap_name, generate) {
+        (Some(name), _) => tap::tap(name)?,
+        (None, Some(spec)) => {
+            let config: GeneratorConfig = spec.parse().map_err(|e| anyhow::anyhow!("--generate {spec}: {e}"))?;
+            generator(config, mac.0).0
+        }
+        (None, None) => unplugged(),
+    })
+}
+
+fn status_json(handle: &Aqc100Handle) -> serde_json::Value {
+    serde_json::json!({"model": "aqc100", "status": handle.status(), "counters": handle.counters()})
+}
+
+/// Answers control commands on `path`, one line in, one JSON line out, in a thread.
+fn listen(path: &Path, handle: Aqc100Handle) -> anyhow::Result<()> {
+    if path.exists() {
+        bail!("{}: already exists; remove it or choose another --control path", path.display());
+    }
+    let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::thread::Builder::new().name("aqc100-control".into()).spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut line = String::new();
+            let Ok(mut writer) = stream.try_clone() else { continue };
+            if BufReader::new(stream).read_line(&mut line).is_err() {
+                continue;
+            }
+            let reply = match line.trim() {
+                "status" => status_json(&handle),
+                "link down" | "link up" => {
+                    handle.set_link(line.trim() == "link up");
+                    status_json(&handle)
+                }
+                other => {
+                    serde_json::json!({"error": format!("unknown command `{other}`; use status, link up, link down")})
+                }
+            };
+            let _ = writeln!(writer, "{reply}");
+        }
+    })?;
+    Ok(())
+}
+
+fn serve(socket: &Path, model: &mut dyn Model, once: bool, nic: Option<&Aqc100Handle>) -> anyhow::Result<u8> {
     eprintln!("{} serving vfio-user on {}", model.name(), socket.display());
     let mut clients = 0u64;
     server::serve(socket, model, once, |model| {
         clients += 1;
-        let counters = model.dma().counters();
-        println!("{}", serde_json::json!({"model": model.name(), "client": clients, "counters": counters}));
+        let mut line = serde_json::json!({"model": model.name(), "client": clients, "counters": model.counters()});
+        if let Some(nic) = nic {
+            line["status"] = serde_json::to_value(nic.status()).unwrap_or_default();
+        }
+        println!("{line}");
     })?;
     Ok(0)
 }

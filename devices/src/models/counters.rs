@@ -18,13 +18,35 @@ pub struct ModelCounters {
     pub dma_faults: u64,
     /// Interrupts signalled.
     pub interrupts: u64,
+    /// Frames the device wrote into guest memory (a NIC's received frames).
+    #[serde(default)]
+    pub rx_frames: u64,
+    /// Bytes of those frames.
+    #[serde(default)]
+    pub rx_bytes: u64,
+    /// Frames the device read from guest memory and sent.
+    #[serde(default)]
+    pub tx_frames: u64,
+    /// Bytes of those frames.
+    #[serde(default)]
+    pub tx_bytes: u64,
 }
 
 impl ModelCounters {
     /// The region's contents.
     pub fn encode(&self) -> [u8; COUNTERS_SIZE as usize] {
         let mut out = [0u8; COUNTERS_SIZE as usize];
-        for (i, v) in [self.dma_maps, self.dma_unmaps, self.dma_faults, self.interrupts].into_iter().enumerate() {
+        let values = [
+            self.dma_maps,
+            self.dma_unmaps,
+            self.dma_faults,
+            self.interrupts,
+            self.rx_frames,
+            self.rx_bytes,
+            self.tx_frames,
+            self.tx_bytes,
+        ];
+        for (i, v) in values.into_iter().enumerate() {
             out[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }
         out
@@ -33,7 +55,16 @@ impl ModelCounters {
     /// Decodes the region's contents.
     pub fn decode(data: &[u8]) -> Option<ModelCounters> {
         let at = |i: usize| Some(u64::from_le_bytes(data.get(i * 8..i * 8 + 8)?.try_into().ok()?));
-        Some(ModelCounters { dma_maps: at(0)?, dma_unmaps: at(1)?, dma_faults: at(2)?, interrupts: at(3)? })
+        Some(ModelCounters {
+            dma_maps: at(0)?,
+            dma_unmaps: at(1)?,
+            dma_faults: at(2)?,
+            interrupts: at(3)?,
+            rx_frames: at(4).unwrap_or(0),
+            rx_bytes: at(5).unwrap_or(0),
+            tx_frames: at(6).unwrap_or(0),
+            tx_bytes: at(7).unwrap_or(0),
+        })
     }
 }
 
@@ -43,8 +74,19 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let c = ModelCounters { dma_maps: 3, dma_unmaps: 2, dma_faults: 1, interrupts: 9 };
+        let c = ModelCounters {
+            dma_maps: 3,
+            dma_unmaps: 2,
+            dma_faults: 1,
+            interrupts: 9,
+            rx_frames: 5,
+            rx_bytes: 7570,
+            tx_frames: 1,
+            tx_bytes: 60,
+        };
         assert_eq!(ModelCounters::decode(&c.encode()), Some(c));
         assert_eq!(ModelCounters::decode(&[0; 8]), None);
+        let old = ModelCounters::decode(&c.encode()[..32]).unwrap();
+        assert_eq!((old.interrupts, old.rx_frames), (9, 0), "a 32-byte region from an older model");
     }
 }

@@ -14,7 +14,7 @@ use vfio_bindings::bindings::vfio::{
 };
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, Server, ServerBackend, ServerRegion, SparseArea};
 
-use super::counters::{COUNTERS_REGION, COUNTERS_SIZE};
+use super::counters::{COUNTERS_REGION, COUNTERS_SIZE, ModelCounters};
 use super::dma::DmaSpace;
 use crate::pci::PciConfiguration;
 
@@ -53,7 +53,7 @@ impl MsixVectors {
         }
     }
 
-    fn set(&self, start: usize, fds: Vec<File>) {
+    pub(crate) fn set(&self, start: usize, fds: Vec<File>) {
         let mut slots = self.fds.lock().unwrap_or_else(|p| p.into_inner());
         for (i, fd) in fds.into_iter().enumerate() {
             let at = start + i;
@@ -97,6 +97,10 @@ pub trait Model: Send {
     fn dma(&self) -> Arc<DmaSpace>;
     /// The client's MSI-X eventfds.
     fn vectors(&self) -> Arc<MsixVectors>;
+    /// What the model counted (published in the counters region and printed per client).
+    fn counters(&self) -> ModelCounters {
+        self.dma().counters()
+    }
 }
 
 struct Adapter<'a> {
@@ -113,7 +117,7 @@ impl ServerBackend for Adapter<'_> {
             0..=5 => self.model.bar_read(region, offset, data),
             CONFIG_REGION => self.model.config().read(offset as usize, data),
             COUNTERS_REGION => {
-                let counters = self.model.dma().counters().encode();
+                let counters = self.model.counters().encode();
                 let start = (offset as usize).min(counters.len());
                 let end = (start + data.len()).min(counters.len());
                 data.fill(0);

@@ -1,0 +1,236 @@
+//! A deterministic frame source for the NIC: UDP/IPv4 frames of one size addressed to the NIC,
+//! each carrying a sequence number, either as fast as the ring takes them (the default: nothing
+//! is dropped, the guest sets the pace) or at a fixed rate (frames that find no descriptor are
+//! dropped, as on a wire). Its sink counts what the guest transmits.
+
+use std::io;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::backend::{Backend, FrameSink, FrameSource, Readiness};
+use super::offload;
+
+/// Smallest frame (Ethernet minimum without FCS).
+pub const MIN_SIZE: usize = 60;
+/// Largest frame.
+pub const MAX_SIZE: usize = 16_384;
+/// Where the sequence number sits in each frame (start of the UDP payload).
+pub const SEQUENCE_OFFSET: usize = 42;
+/// The generator's own MAC address (the "peer").
+pub const PEER_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0x01];
+
+/// Generator settings, as `pps=N,size=B,count=N` (all optional).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GeneratorConfig {
+    /// Frames per second; `None` (or 0): as fast as the guest takes them, never dropping.
+    pub pps: Option<u64>,
+    /// Frame size in bytes, FCS excluded.
+    pub size: usize,
+    /// Stop after this many frames.
+    pub count: Option<u64>,
+}
+
+impl Default for GeneratorConfig {
+    fn default() -> Self {
+        GeneratorConfig { pps: None, size: 1514, count: None }
+    }
+}
+
+impl FromStr for GeneratorConfig {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut config = GeneratorConfig::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, value) = item.split_once('=').ok_or_else(|| format!("`{item}`: expected key=value"))?;
+            let number: u64 = value.parse().map_err(|_| format!("`{item}`: {value} is not a whole number"))?;
+            match key {
+                "pps" => config.pps = (number > 0).then_some(number),
+                "size" => config.size = number as usize,
+                "count" => config.count = Some(number),
+                _ => return Err(format!("`{key}`: unknown; use pps=N, size=B and count=N")),
+            }
+        }
+        if !(MIN_SIZE..=MAX_SIZE).contains(&config.size) {
+            return Err(format!("size={}: frames are {MIN_SIZE} to {MAX_SIZE} bytes", config.size));
+        }
+        Ok(config)
+    }
+}
+
+impl std::fmt::Display for GeneratorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "generator {} B ", self.size)?;
+        match self.pps {
+            Some(pps) => write!(f, "at {pps} frames/s")?,
+            None => write!(f, "flat out")?,
+        }
+        if let Some(count) = self.count {
+            write!(f, ", {count} frames")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the guest transmitted into the generator.
+#[derive(Debug, Default)]
+pub struct SinkCounts {
+    /// Frames.
+    pub frames: AtomicU64,
+    /// Bytes.
+    pub bytes: AtomicU64,
+}
+
+struct Source {
+    config: GeneratorConfig,
+    template: Vec<u8>,
+    /// Checksum sum of the template with a zero sequence number.
+    base_sum: u64,
+    sent: u64,
+    start: Instant,
+}
+
+impl Source {
+    fn due(&self) -> Option<Instant> {
+        let pps = self.config.pps?;
+        Some(self.start + Duration::from_nanos((self.sent as u128 * 1_000_000_000 / pps as u128) as u64))
+    }
+
+    fn exhausted(&self) -> bool {
+        self.config.count.is_some_and(|c| self.sent >= c)
+    }
+}
+
+/// Builds the frame template: headers, a zero sequence number, a fixed byte pattern.
+fn template(size: usize, dst: [u8; 6]) -> (Vec<u8>, u64) {
+    let mut f = vec![0u8; size];
+    f[..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&PEER_MAC);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    f[14] = 0x45;
+    f[16..18].copy_from_slice(&((size - 14) as u16).to_be_bytes());
+    f[22] = 64;
+    f[23] = 17;
+    f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+    f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+    f[34..36].copy_from_slice(&9u16.to_be_bytes());
+    f[36..38].copy_from_slice(&9u16.to_be_bytes());
+    f[38..40].copy_from_slice(&((size - 34) as u16).to_be_bytes());
+    for (i, b) in f[SEQUENCE_OFFSET + 8..].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    offload::insert_checksums(&mut f, true, false);
+    let udp_len = size - 34;
+    let pseudo = offload::sum16(&f[26..34], 17 + udp_len as u64);
+    let base_sum = offload::sum16(&f[34..], pseudo);
+    (f, base_sum)
+}
+
+impl FrameSource for Source {
+    fn receive(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if self.exhausted() || self.due().is_some_and(|due| Instant::now() < due) {
+            return Ok(None);
+        }
+        let size = self.template.len().min(buf.len());
+        let frame = &mut buf[..size];
+        frame.copy_from_slice(&self.template[..size]);
+        let seq = self.sent.to_be_bytes();
+        frame[SEQUENCE_OFFSET..SEQUENCE_OFFSET + 8].copy_from_slice(&seq);
+        let mut checksum = offload::fold(offload::sum16(&seq, self.base_sum));
+        if checksum == 0 {
+            checksum = 0xffff;
+        }
+        frame[40..42].copy_from_slice(&checksum.to_be_bytes());
+        self.sent += 1;
+        Ok(Some(size))
+    }
+
+    fn readiness(&self) -> Readiness {
+        if self.exhausted() {
+            return Readiness::Exhausted;
+        }
+        self.due().map_or(Readiness::At(Instant::now()), Readiness::At)
+    }
+
+    fn lossless(&self) -> bool {
+        self.config.pps.is_none()
+    }
+
+    fn max_frame(&self) -> usize {
+        self.config.size
+    }
+
+    fn carrier(&mut self) -> bool {
+        true
+    }
+}
+
+struct Sink(Arc<SinkCounts>);
+
+impl FrameSink for Sink {
+    fn transmit(&mut self, frame: &[u8]) -> io::Result<()> {
+        self.0.frames.fetch_add(1, Ordering::Relaxed);
+        self.0.bytes.fetch_add(frame.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A generator backend sending to `dst`, and the counts of what the guest sent it.
+pub fn generator(config: GeneratorConfig, dst: [u8; 6]) -> (Backend, Arc<SinkCounts>) {
+    let (template, base_sum) = template(config.size, dst);
+    let counts = Arc::new(SinkCounts::default());
+    let source = Source { config, template, base_sum, sent: 0, start: Instant::now() };
+    let backend =
+        Backend { source: Box::new(source), sink: Box::new(Sink(counts.clone())), description: config.to_string() };
+    (backend, counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_refuses() {
+        assert_eq!("".parse::<GeneratorConfig>().unwrap(), GeneratorConfig::default());
+        let c: GeneratorConfig = "pps=1000, size=64,count=5".parse().unwrap();
+        assert_eq!(c, GeneratorConfig { pps: Some(1000), size: 64, count: Some(5) });
+        assert_eq!("pps=0".parse::<GeneratorConfig>().unwrap().pps, None, "0 is flat out");
+        assert!("size=59".parse::<GeneratorConfig>().unwrap_err().contains("60 to"));
+        assert!("speed=3".parse::<GeneratorConfig>().unwrap_err().contains("unknown"));
+        assert!("pps".parse::<GeneratorConfig>().is_err());
+        assert!("pps=x".parse::<GeneratorConfig>().is_err());
+    }
+
+    #[test]
+    fn frames_are_valid_numbered_and_counted() {
+        let config = GeneratorConfig { pps: None, size: 1514, count: Some(3) };
+        let (mut backend, _) = generator(config, [2, 0, 0, 0, 0, 9]);
+        let mut buf = vec![0u8; 2048];
+        for seq in 0..3u64 {
+            let len = backend.source.receive(&mut buf).unwrap().unwrap();
+            assert_eq!(len, 1514);
+            let frame = &buf[..len];
+            assert_eq!(&frame[..6], &[2, 0, 0, 0, 0, 9]);
+            assert_eq!(frame[SEQUENCE_OFFSET..SEQUENCE_OFFSET + 8], seq.to_be_bytes());
+            let check = offload::check_rx(frame, true, true);
+            assert_eq!(check.status, crate::models::aqc100::regs::RXD_STAT_L4_VALID, "frame {seq}");
+        }
+        assert_eq!(backend.source.receive(&mut buf).unwrap(), None);
+        assert_eq!(backend.source.readiness(), Readiness::Exhausted);
+    }
+
+    #[test]
+    fn paced_frames_wait_for_their_time() {
+        let config = GeneratorConfig { pps: Some(1), size: 60, count: None };
+        let (mut backend, counts) = generator(config, [2, 0, 0, 0, 0, 9]);
+        let mut buf = [0u8; 64];
+        assert!(backend.source.receive(&mut buf).unwrap().is_some(), "the first is due at once");
+        assert_eq!(backend.source.receive(&mut buf).unwrap(), None, "the next in a second");
+        assert!(matches!(backend.source.readiness(), Readiness::At(_)));
+        assert!(!backend.source.lossless());
+        backend.sink.transmit(&[0; 100]).unwrap();
+        assert_eq!(counts.bytes.load(Ordering::Relaxed), 100);
+    }
+}

@@ -1,0 +1,140 @@
+//! The receive path: filter a frame, write it into the buffers of RX ring 0's next descriptors
+//! (2 KiB each by default; a longer frame spans several), write the descriptors back with DD,
+//! EOP, length, packet type and checksum status, and raise the ring's interrupt.
+//!
+//! Data is written before its descriptor, and each descriptor's status word (which holds DD)
+//! is written last, so a driver polling DD never sees a half-written frame.
+
+use super::interrupts::RingEvent;
+use super::nic::{Effects, Nic};
+use super::offload;
+use super::regs;
+use super::stats::Destination;
+use crate::models::dma::DmaSpace;
+
+/// The ring every received frame goes to.
+const RX_RING: usize = 0;
+/// Write-back type word: a DMA error on this frame.
+const TYPE_DMA_ERROR: u32 = 0x1000;
+
+/// What became of a received frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxOutcome {
+    /// Written into guest memory.
+    Delivered,
+    /// No filter takes it.
+    Filtered,
+    /// Reception is off, the link is down, or the ring lacks free descriptors.
+    Dropped,
+    /// Guest memory refused the DMA; the descriptors were written back with the error bit.
+    DmaError,
+}
+
+impl Nic {
+    /// Whether reception is on at all (link up, RX enabled, ring 0 enabled).
+    fn receiving(&self) -> bool {
+        self.link_up() && self.stored(regs::RX_BUFFER_ENABLE) & 1 != 0 && self.rx[RX_RING].enabled()
+    }
+
+    /// Whether a frame of `len` bytes would find descriptors now.
+    pub fn rx_room(&self, len: usize) -> bool {
+        let ring = &self.rx[RX_RING];
+        self.receiving() && ring.owned() as usize >= len.div_ceil(ring.buffer_bytes()).max(1)
+    }
+
+    /// Whether a unicast filter, promiscuous mode, or the group bit lets `frame` in.
+    fn accepts(&self, frame: &[u8]) -> bool {
+        if frame.len() < 14 {
+            return false;
+        }
+        if self.stored(regs::L2_FILTER_CONTROL) & regs::PROMISCUOUS != 0 || frame[0] & 1 == 1 {
+            return true;
+        }
+        let dst_hi = u16::from_be_bytes([frame[0], frame[1]]) as u32;
+        let dst_lo = u32::from_be_bytes([frame[2], frame[3], frame[4], frame[5]]);
+        (0..regs::UNICAST_FILTERS).any(|f| {
+            let hi = self.stored(regs::UNICAST_FILTER_HI + 8 * f);
+            hi & regs::UNICAST_FILTER_ENABLE != 0
+                && hi & 0xffff == dst_hi
+                && self.stored(regs::UNICAST_FILTER_LO + 8 * f) == dst_lo
+        })
+    }
+
+    /// Receives one frame from the wire.
+    pub fn receive(&mut self, frame: &[u8], dma: &DmaSpace) -> (RxOutcome, Effects) {
+        let mut effects = Effects::default();
+        if !self.link_up() {
+            self.stats.rx_dropped += 1;
+            return (RxOutcome::Dropped, effects);
+        }
+        if !self.accepts(frame) {
+            self.stats.rx_filtered += 1;
+            return (RxOutcome::Filtered, effects);
+        }
+        if !self.rx_room(frame.len()) {
+            self.stats.rx_dropped += 1;
+            return (RxOutcome::Dropped, effects);
+        }
+        let ring = self.rx[RX_RING];
+        let stripped;
+        let (frame, vlan) = match offload::parse(frame) {
+            layers if layers.vlan && ring.strips_vlan() => {
+                let tag = u16::from_be_bytes([frame[14], frame[15]]);
+                let mut untagged = Vec::with_capacity(frame.len() - 4);
+                untagged.extend_from_slice(&frame[..12]);
+                untagged.extend_from_slice(&frame[16..]);
+                stripped = untagged;
+                (&stripped[..], Some(tag))
+            }
+            _ => (frame, None),
+        };
+        let checks = self.stored(regs::RX_CHECKSUM_CONTROL);
+        let mut check =
+            offload::check_rx(frame, checks & regs::RX_CHECKSUM_IPV4 != 0, checks & regs::RX_CHECKSUM_L4 != 0);
+        if vlan.is_some() {
+            check.packet_type |= regs::RXD_PACKET_TYPE_VLAN;
+        }
+        let buffer = ring.buffer_bytes();
+        let pieces = frame.len().div_ceil(buffer).max(1);
+        let mut failed = false;
+        for (i, chunk) in frame.chunks(buffer).enumerate() {
+            let mut address = [0u8; 8];
+            let ok = dma.read(ring.descriptor(i as u32), &mut address).is_ok()
+                && dma.write(u64::from_le_bytes(address), chunk).is_ok();
+            failed |= !ok;
+        }
+        let mut type_word =
+            check.packet_type << regs::RXD_PACKET_TYPE_SHIFT | check.checked << regs::RXD_CHECKSUM_CHECKED_SHIFT;
+        if failed {
+            type_word |= TYPE_DMA_ERROR;
+        }
+        for i in 0..pieces {
+            let last = i + 1 == pieces;
+            let mut status = regs::RXD_DD;
+            if last {
+                status |= regs::RXD_EOP | check.status;
+            }
+            let mut tail = [0u8; 8];
+            tail[0..2].copy_from_slice(&status.to_le_bytes());
+            tail[2..4].copy_from_slice(&(frame.len() as u16).to_le_bytes());
+            tail[6..8].copy_from_slice(&vlan.unwrap_or(0).to_le_bytes());
+            let at = ring.descriptor(i as u32);
+            let mut head = [0u8; 8];
+            head[0..4].copy_from_slice(&type_word.to_le_bytes());
+            // The first half (type, RSS hash) before the second (status with DD, length).
+            if dma.write(at, &head).is_err() || dma.write(at + 8, &tail).is_err() {
+                failed = true;
+            }
+        }
+        self.rx[RX_RING].advance(pieces as u32);
+        let outcome = if failed {
+            self.stats.rx_errors += 1;
+            RxOutcome::DmaError
+        } else {
+            self.stats.rx.count(Destination::of(frame), frame.len());
+            RxOutcome::Delivered
+        };
+        effects.vectors = self.raise_ring(RingEvent::Rx(RX_RING));
+        (outcome, effects)
+    }
+}

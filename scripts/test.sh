@@ -8,5 +8,6 @@ apt_install build-essential curl ca-certificates xz-utils busybox-static
 ensure_rust
 DRIVERLAB_TEST_BZIMAGE="$(scripts/fetch-debian-kernel.sh 6.12)"
 DRIVERLAB_IASL="$(scripts/fetch-iasl.sh)"
-export DRIVERLAB_TEST_BZIMAGE DRIVERLAB_IASL
+DRIVERLAB_ATLANTIC_SOURCE="$(scripts/fetch-atlantic-source.sh)"
+export DRIVERLAB_TEST_BZIMAGE DRIVERLAB_IASL DRIVERLAB_ATLANTIC_SOURCE
 cargo test --workspace --locked

@@ -19,7 +19,7 @@ use kvm_ioctls::VmFd;
 use vm_allocator::{AddressAllocator, AllocPolicy};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use devices::models::counters::{COUNTERS_REGION, ModelCounters};
+use devices::models::counters::{COUNTERS_REGION, COUNTERS_SIZE, ModelCounters};
 use devices::pci::BarKind;
 use passthrough::backend::{BackendError, VfioBackend};
 use passthrough::device::{PciPassthroughDevice, SharedBackend};
@@ -246,10 +246,11 @@ impl Platform {
 /// Reads a driverlab model's counters region, if the device has one.
 fn read_counters(backend: &SharedBackend) -> Option<ModelCounters> {
     let mut backend = passthrough::device::lock(backend);
-    backend.region(COUNTERS_REGION)?;
-    let mut data = [0u8; 32];
-    match backend.read(COUNTERS_REGION, 0, &mut data) {
-        Ok(()) => ModelCounters::decode(&data),
+    let size = backend.region(COUNTERS_REGION)?.size.min(COUNTERS_SIZE) as usize;
+    let mut data = [0u8; COUNTERS_SIZE as usize];
+    let data = &mut data[..size];
+    match backend.read(COUNTERS_REGION, 0, data) {
+        Ok(()) => ModelCounters::decode(data),
         Err(BackendError::Invalid(_)) => None,
         Err(e) => {
             tracing::warn!("reading the device's counters: {e}");

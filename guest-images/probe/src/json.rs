@@ -110,6 +110,15 @@ impl Object<'_> {
         self
     }
 
+    /// `numerator / denominator` as a decimal number with four places (0 when the denominator
+    /// is 0).
+    pub fn ratio(&mut self, key: &str, numerator: u64, denominator: u64) -> &mut Self {
+        self.key(key);
+        let scaled = if denominator == 0 { 0 } else { (numerator as u128 * 10_000 / denominator as u128) as u64 };
+        let _ = write!(self.out, "{}.{:04}", scaled / 10_000, scaled % 10_000);
+        self
+    }
+
     /// A boolean field.
     pub fn bool(&mut self, key: &str, value: bool) -> &mut Self {
         self.key(key);

@@ -5,16 +5,19 @@
 
 mod acpi;
 mod boot_info;
+mod dma;
 mod entry;
 mod interrupts;
 mod json;
 mod lapic;
 mod mmio;
+mod nic;
 mod options;
 mod pci;
 mod port;
 mod power;
 mod report;
+mod rx_buffers;
 mod serial;
 mod smp;
 mod testdev;
@@ -55,6 +58,7 @@ extern "C" fn probe_main(boot_info: u64, entry_kind: u64) -> ! {
                 let ops = options.viommu_ops.unwrap_or(DEFAULT_VIOMMU_OPS);
                 let mut viommu = viommu::run(acpi, ecam, &functions[..count], ops, options.viommu_ops.is_some());
                 testdev::run(ecam, &functions[..count], viommu.as_mut());
+                nic::run(ecam, &functions[..count], viommu.as_mut(), options.nic());
             }
             if options.echo {
                 report_options(&options);
@@ -83,6 +87,9 @@ fn report_options(options: &Options) {
         o.bool("echo", options.echo);
         if let Some(ops) = options.viommu_ops {
             o.u64("viommu_ops", ops as u64);
+        }
+        if let Some(nic) = options.nic() {
+            o.str("nic", "aqc100").str("rx", nic.strategy.name()).u64("frames", nic.frames as u64);
         }
     });
 }

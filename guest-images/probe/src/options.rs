@@ -1,6 +1,11 @@
 //! Options read from the command line as `probe.KEY=VALUE`; other words are ignored.
 
+use crate::nic::NicOptions;
 use crate::report;
+use crate::rx_buffers::Strategy;
+
+/// Frames the NIC section receives when `probe.frames` is not given.
+const DEFAULT_FRAMES: u32 = 1000;
 
 /// What the command line asked the probe to do.
 #[derive(Default)]
@@ -10,6 +15,12 @@ pub struct Options {
     /// `probe.viommu_ops=N`: MAP/UNMAP pairs to time on the virtio-iommu (default 64 when
     /// there is one; giving it makes a missing virtio-iommu a failure).
     pub viommu_ops: Option<u32>,
+    /// `probe.nic=aqc100`: drive the AQC100 (a missing one is then a failure).
+    pub nic: bool,
+    /// `probe.rx=flip|order3|pool`: the RX buffer strategy (default flip).
+    pub rx: Option<Strategy>,
+    /// `probe.frames=N`: frames to receive (default 1000).
+    pub frames: Option<u32>,
 }
 
 impl Options {
@@ -24,10 +35,30 @@ impl Options {
             match key {
                 "echo" => options.echo = flag(key, value),
                 "viommu_ops" => options.viommu_ops = number(key, value),
+                "nic" => match value {
+                    "aqc100" => options.nic = true,
+                    _ => report::fail_with("probe.nic supports aqc100, not ", value),
+                },
+                "rx" => match Strategy::parse(value) {
+                    Some(strategy) => options.rx = Some(strategy),
+                    None => report::fail_with("probe.rx is flip, order3 or pool, not ", value),
+                },
+                "frames" => options.frames = number(key, value),
                 _ => report::fail_with("unknown option probe.", key),
             }
         }
+        if !options.nic && (options.rx.is_some() || options.frames.is_some()) {
+            report::fail("probe.rx and probe.frames need probe.nic=aqc100");
+        }
         options
+    }
+
+    /// What the NIC section should do, if it should run.
+    pub fn nic(&self) -> Option<NicOptions> {
+        self.nic.then(|| NicOptions {
+            strategy: self.rx.unwrap_or(Strategy::Flip),
+            frames: self.frames.unwrap_or(DEFAULT_FRAMES),
+        })
     }
 }
 

@@ -33,6 +33,27 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 4000)]
         ops: u32,
     },
+    /// The AQC100 model's receive path on this host alone: frames per second one core writes
+    /// into mapped guest memory (descriptor read, copy, checksum check, write-back), next to bare
+    /// copies of the same frames and to twice 10GbE line rate.
+    ModelRx {
+        /// Frames to receive.
+        #[arg(long, default_value_t = 2_000_000)]
+        frames: u64,
+        /// Frame size in bytes.
+        #[arg(long, default_value_t = 1514)]
+        size: usize,
+    },
+    /// The probe guest receiving from the AQC100 model behind the virtio-iommu, once per RX
+    /// buffer strategy: frames per second and IOMMU maps per frame, side by side.
+    Nic {
+        /// Frames per strategy.
+        #[arg(long, default_value_t = 20_000)]
+        frames: u32,
+        /// Strategies to compare.
+        #[arg(long, value_delimiter = ',', default_value = "flip,order3,pool")]
+        strategies: Vec<String>,
+    },
 }
 
 impl BenchCommand {
@@ -41,6 +62,8 @@ impl BenchCommand {
         match self {
             BenchCommand::Boot { runs, memory, qemu, no_qemu } => boot(runs, memory, (!no_qemu).then_some(qemu)),
             BenchCommand::Viommu { ops } => viommu(ops),
+            BenchCommand::ModelRx { frames, size } => model_rx(frames, size),
+            BenchCommand::Nic { frames, strategies } => nic(frames, &strategies),
         }
     }
 }
@@ -102,6 +125,52 @@ fn viommu(ops: u32) -> anyhow::Result<u8> {
         println!(
             "handling in the VMM (all requests): median {} ns, p99 {} ns; {} maps, {} unmaps counted",
             device.request_ns_p50, device.request_ns_p99, device.maps, device.unmaps
+        );
+    }
+    Ok(0)
+}
+
+fn model_rx(frames: u64, size: usize) -> anyhow::Result<u8> {
+    if !(60..=16_384).contains(&size) {
+        anyhow::bail!("--size {size}: frames are 60 to 16384 bytes");
+    }
+    let result = lab::bench::nic::model_rx(frames, size)?;
+    let target = 2.0 * lab::bench::nic::LINE_RATE_1514;
+    println!("AQC100 model receive path, one core, {} frames of {} bytes", result.frames, result.size);
+    println!("{:<34} {:>12} {:>10}", "", "frames/s", "Gbit/s");
+    let gbps = |pps: f64| pps * result.size as f64 * 8.0 / 1e9;
+    println!(
+        "{:<34} {:>12.0} {:>10.2}",
+        "model (filter, DMA, checks, WB)",
+        result.model_pps(),
+        gbps(result.model_pps())
+    );
+    println!("{:<34} {:>12.0} {:>10.2}", "bare DMA copies (reference)", result.copy_pps(), gbps(result.copy_pps()));
+    println!("{:<34} {:>12.0} {:>10.2}", "2 x 10GbE line rate (1514 B)", target, gbps(target));
+    println!("model / target: {:.2}   goal: at least 1.00 (with 1514-byte frames)", result.model_pps() / target);
+    Ok(0)
+}
+
+fn nic(frames: u32, strategies: &[String]) -> anyhow::Result<u8> {
+    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
+    let names: Vec<&str> = strategies.iter().map(String::as_str).collect();
+    let runs = lab::bench::nic::nic(&driverlab, &names, frames)?;
+    println!("probe guest receiving {frames} frames of 1514 bytes from the AQC100 model behind the virtio-iommu");
+    println!(
+        "{:<10} {:>12} {:>10} {:>12} {:>12} {:>10}",
+        "strategy", "frames/s", "Gbit/s", "maps/frame", "iommu maps", "vs first"
+    );
+    let first = runs.first().map(|r| r.pps()).unwrap_or(1.0);
+    for run in &runs {
+        let pps = run.pps();
+        println!(
+            "{:<10} {:>12.0} {:>10.3} {:>12} {:>12} {:>10.2}",
+            run.strategy,
+            pps,
+            pps * 1514.0 * 8.0 / 1e9,
+            run.nic["maps_per_frame"],
+            run.nic["iommu_maps"],
+            pps / first
         );
     }
     Ok(0)

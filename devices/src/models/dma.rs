@@ -36,6 +36,59 @@ impl Drop for Mapping {
     }
 }
 
+/// The DMA space, held for a run of accesses.
+pub struct DmaAccess<'a> {
+    inner: std::sync::MutexGuard<'a, Inner>,
+}
+
+impl DmaAccess<'_> {
+    fn access(&mut self, iova: u64, len: usize, write: bool, copy: impl FnOnce(*mut u8)) -> Result<(), DmaFault> {
+        let inner = &mut *self.inner;
+        let fault = |read_only| DmaFault { iova, len, read_only };
+        let target = inner.maps.range(..=iova).next_back().and_then(|(&start, m)| {
+            let end = iova.checked_add(len as u64)?;
+            (end <= start + m.size).then_some((m.host, iova - start, m.writable))
+        });
+        match target {
+            Some((_, _, false)) if write => {
+                inner.counters.dma_faults += 1;
+                Err(fault(true))
+            }
+            Some((host, offset, _)) => {
+                // SAFETY: `offset + len` lies inside the mapping (checked above).
+                copy(unsafe { host.add(offset as usize) });
+                Ok(())
+            }
+            None => {
+                inner.counters.dma_faults += 1;
+                tracing::warn!("refused DMA of {len} bytes at IOVA {iova:#x}: not mapped");
+                Err(fault(false))
+            }
+        }
+    }
+
+    /// Reads guest memory at `iova` into `buf`.
+    pub fn read(&mut self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        let len = buf.len();
+        let dst = buf.as_mut_ptr();
+        self.access(iova, len, false, |src| {
+            // SAFETY: `src..src+len` is mapped guest memory; `dst` is our buffer. The guest may
+            // change the memory concurrently, so this is a plain byte copy of whatever is there.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+        })
+    }
+
+    /// Writes `buf` to guest memory at `iova`.
+    pub fn write(&mut self, iova: u64, buf: &[u8]) -> Result<(), DmaFault> {
+        let len = buf.len();
+        let src = buf.as_ptr();
+        self.access(iova, len, true, |dst| {
+            // SAFETY: `dst..dst+len` is mapped, writable guest memory.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+        })
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     maps: BTreeMap<u64, Mapping>,
@@ -100,50 +153,19 @@ impl DmaSpace {
         self.inner().maps.clear();
     }
 
-    fn access(&self, iova: u64, len: usize, write: bool, mut copy: impl FnMut(*mut u8)) -> Result<(), DmaFault> {
-        let mut inner = self.inner();
-        let fault = |read_only| DmaFault { iova, len, read_only };
-        let target = inner.maps.range(..=iova).next_back().and_then(|(&start, m)| {
-            let end = iova.checked_add(len as u64)?;
-            (end <= start + m.size).then_some((m.host, iova - start, m.writable))
-        });
-        match target {
-            Some((_, _, false)) if write => {
-                inner.counters.dma_faults += 1;
-                Err(fault(true))
-            }
-            Some((host, offset, _)) => {
-                // SAFETY: `offset + len` lies inside the mapping (checked above).
-                copy(unsafe { host.add(offset as usize) });
-                Ok(())
-            }
-            None => {
-                inner.counters.dma_faults += 1;
-                tracing::warn!("refused DMA of {len} bytes at IOVA {iova:#x}: not mapped");
-                Err(fault(false))
-            }
-        }
+    /// Holds the DMA space for several accesses in a row (one lock for a whole frame).
+    pub fn lock(&self) -> DmaAccess<'_> {
+        DmaAccess { inner: self.inner() }
     }
 
     /// Reads guest memory at `iova` into `buf`.
     pub fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        let len = buf.len();
-        let dst = buf.as_mut_ptr();
-        self.access(iova, len, false, |src| {
-            // SAFETY: `src..src+len` is mapped guest memory; `dst` is our buffer. The guest may
-            // change the memory concurrently, so this is a plain byte copy of whatever is there.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
-        })
+        self.lock().read(iova, buf)
     }
 
     /// Writes `buf` to guest memory at `iova`.
     pub fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaFault> {
-        let len = buf.len();
-        let src = buf.as_ptr();
-        self.access(iova, len, true, |dst| {
-            // SAFETY: `dst..dst+len` is mapped, writable guest memory.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
-        })
+        self.lock().write(iova, buf)
     }
 
     /// Counts an interrupt the model signalled.

@@ -19,8 +19,9 @@ pub enum Readiness {
 
 /// Frames arriving from the wire.
 pub trait FrameSource: Send {
-    /// The next frame into `buf`: its length, or `None` if none is ready now.
-    fn receive(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>>;
+    /// The next frame, or `None` if none is ready now. The frame lives in the source until the
+    /// next call (no copy on the way to the NIC).
+    fn receive(&mut self) -> io::Result<Option<&[u8]>>;
     /// What to wait for when `receive` had nothing.
     fn readiness(&self) -> Readiness;
     /// True if frames wait for free descriptors (the source is only read when the ring has
@@ -52,7 +53,7 @@ pub struct Backend {
 pub fn unplugged() -> Backend {
     struct Nothing;
     impl FrameSource for Nothing {
-        fn receive(&mut self, _: &mut [u8]) -> io::Result<Option<usize>> {
+        fn receive(&mut self) -> io::Result<Option<&[u8]>> {
             Ok(None)
         }
         fn readiness(&self) -> Readiness {

@@ -272,7 +272,6 @@ fn wait(shared: &Shared, fd: Option<i32>, timeout: Duration) {
 
 /// The data path: moves frames from the backend into RX ring 0 until the model is dropped.
 fn data_path(shared: &Shared, mut source: Box<dyn FrameSource>) {
-    let mut buf = vec![0u8; source.max_frame().max(2048)];
     let mut last_error: Option<Instant> = None;
     while !shared.stop.load(Ordering::Relaxed) {
         let carrier = source.carrier();
@@ -288,9 +287,9 @@ fn data_path(shared: &Shared, mut source: Box<dyn FrameSource>) {
                     idle = true;
                     break;
                 }
-                match source.receive(&mut buf) {
-                    Ok(Some(len)) => {
-                        let (_, e) = nic.receive(&buf[..len], &shared.dma);
+                match source.receive() {
+                    Ok(Some(frame)) => {
+                        let (_, e) = nic.receive(frame, &shared.dma);
                         effects.vectors |= e.vectors;
                         received += 1;
                     }

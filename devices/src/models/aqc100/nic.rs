@@ -1,8 +1,6 @@
 //! The NIC's register file: what each register read and write does, the link state, and the
 //! global soft reset. The receive and transmit paths are in `rx` and `tx`.
 
-use std::collections::HashMap;
-
 use super::backend::FrameSink;
 use super::firmware::Firmware;
 use super::interrupts::InterruptController;
@@ -10,6 +8,11 @@ use super::regs;
 use super::rings::Ring;
 use super::stats::MacStats;
 use crate::models::dma::DmaSpace;
+
+/// Words of register storage: all of the 64 KiB BAR.
+const STORAGE_WORDS: usize = 0x1_0000 / 4;
+/// The global and firmware registers below 0x1000 survive a soft reset.
+const GLOBAL_WORDS: usize = 0x1000 / 4;
 
 /// What a register access or a received frame asks of the model's plumbing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -29,7 +32,8 @@ impl Effects {
 
 /// The NIC's state.
 pub struct Nic {
-    pub(super) storage: HashMap<u32, u32>,
+    /// Plain registers, one word per 4-byte register of BAR 0.
+    storage: Box<[u32]>,
     pub(super) fw: Firmware,
     pub(super) irq: InterruptController,
     pub(super) rx: [Ring; regs::RINGS],
@@ -48,7 +52,7 @@ impl Nic {
     /// A NIC with permanent address `mac` sending through `sink`, in its power-on state.
     pub fn new(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self {
         Nic {
-            storage: HashMap::new(),
+            storage: vec![0; STORAGE_WORDS].into_boxed_slice(),
             fw: Firmware::new(mac),
             irq: InterruptController::default(),
             rx: [Ring::default(); regs::RINGS],
@@ -66,7 +70,7 @@ impl Nic {
     /// Back to the power-on state (a PCI reset); the statistics and the link settings made
     /// from outside (carrier, administrative state) stay.
     pub fn power_on_reset(&mut self) {
-        self.storage.clear();
+        self.storage.fill(0);
         self.fw = Firmware::new(self.fw.mac());
         self.irq = InterruptController::default();
         self.rx = [Ring::default(); regs::RINGS];
@@ -79,7 +83,7 @@ impl Nic {
     /// reboots, so the link drops until the driver asks for it again.
     fn soft_reset(&mut self) -> Effects {
         let fw_mac = self.fw.mac();
-        self.storage.retain(|&reg, _| reg < 0x1000);
+        self.storage[GLOBAL_WORDS..].fill(0);
         self.fw = Firmware::new(fw_mac);
         self.irq = InterruptController::default();
         self.rx = [Ring::default(); regs::RINGS];
@@ -177,7 +181,7 @@ impl Nic {
         match reg {
             regs::GLOBAL_CONTROL => self.global_control,
             regs::RX_DESC_CACHE_INIT_DONE => 1,
-            _ => self.storage.get(&reg).copied().unwrap_or(0),
+            _ => self.stored(reg),
         }
     }
 
@@ -213,17 +217,17 @@ impl Nic {
                 }
             }
             regs::RSS_KEY_WRITE => {
-                self.storage.insert(reg, value & !regs::RSS_KEY_WRITE_ENABLE);
+                self.store(reg, value & !regs::RSS_KEY_WRITE_ENABLE);
             }
             regs::RSS_REDIRECTION_WRITE => {
-                self.storage.insert(reg, value & !regs::RSS_REDIRECTION_WRITE_ENABLE);
+                self.store(reg, value & !regs::RSS_REDIRECTION_WRITE_ENABLE);
             }
             regs::RX_BUFFER_ENABLE => {
-                self.storage.insert(reg, value);
+                self.store(reg, value);
                 effects.rx_changed = true;
             }
             regs::TX_BUFFER_ENABLE => {
-                self.storage.insert(reg, value);
+                self.store(reg, value);
                 for ring in 0..regs::RINGS {
                     if self.tx[ring].owned() > 0 {
                         effects.merge(self.transmit(ring, dma));
@@ -232,7 +236,7 @@ impl Nic {
             }
             regs::RX_DESC_CACHE_INIT_DONE => {}
             _ => {
-                self.storage.insert(reg, value);
+                self.store(reg, value);
             }
         }
         effects
@@ -240,7 +244,13 @@ impl Nic {
 
     /// A plain register's value.
     pub(super) fn stored(&self, reg: u32) -> u32 {
-        self.storage.get(&reg).copied().unwrap_or(0)
+        self.storage.get((reg / 4) as usize).copied().unwrap_or(0)
+    }
+
+    fn store(&mut self, reg: u32, value: u32) {
+        if let Some(word) = self.storage.get_mut((reg / 4) as usize) {
+            *word = value;
+        }
     }
 
     /// Raises the interrupt a ring event is mapped to.

@@ -97,10 +97,11 @@ impl Nic {
         let buffer = ring.buffer_bytes();
         let pieces = frame.len().div_ceil(buffer).max(1);
         let mut failed = false;
+        let mut memory = dma.lock();
         for (i, chunk) in frame.chunks(buffer).enumerate() {
             let mut address = [0u8; 8];
-            let ok = dma.read(ring.descriptor(i as u32), &mut address).is_ok()
-                && dma.write(u64::from_le_bytes(address), chunk).is_ok();
+            let ok = memory.read(ring.descriptor(i as u32), &mut address).is_ok()
+                && memory.write(u64::from_le_bytes(address), chunk).is_ok();
             failed |= !ok;
         }
         let mut type_word =
@@ -122,10 +123,11 @@ impl Nic {
             let mut head = [0u8; 8];
             head[0..4].copy_from_slice(&type_word.to_le_bytes());
             // The first half (type, RSS hash) before the second (status with DD, length).
-            if dma.write(at, &head).is_err() || dma.write(at + 8, &tail).is_err() {
+            if memory.write(at, &head).is_err() || memory.write(at + 8, &tail).is_err() {
                 failed = true;
             }
         }
+        drop(memory);
         self.rx[RX_RING].advance(pieces as u32);
         let outcome = if failed {
             self.stats.rx_errors += 1;

@@ -43,6 +43,7 @@ impl InterfaceRequest {
 
 struct Source {
     file: File,
+    buf: Vec<u8>,
     name: String,
     control: OwnedFd,
     last_check: Option<Instant>,
@@ -50,9 +51,9 @@ struct Source {
 }
 
 impl FrameSource for Source {
-    fn receive(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        match self.file.read(buf) {
-            Ok(n) => Ok(Some(n)),
+    fn receive(&mut self) -> io::Result<Option<&[u8]>> {
+        match self.file.read(&mut self.buf) {
+            Ok(n) => Ok(Some(&self.buf[..n])),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
             // EIO while the interface is down: nothing to read.
             Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(None),
@@ -125,6 +126,6 @@ pub fn tap(name: &str) -> io::Result<Backend> {
     // SAFETY: `control` is a descriptor we just created and nobody else owns.
     let control = unsafe { OwnedFd::from_raw_fd(control) };
     let sink = Sink(file.try_clone()?);
-    let source = Source { file, name: name.to_string(), control, last_check: None, up: true };
+    let source = Source { file, buf: vec![0; MAX_FRAME], name: name.to_string(), control, last_check: None, up: true };
     Ok(Backend { source: Box::new(source), sink: Box::new(sink), description: format!("tap {name}") })
 }

@@ -1,5 +1,8 @@
 //! Benchmarks that print figures (never assertions): boot-to-poweroff of the probe guest under
-//! driverlab, side by side with QEMU booting the same ELF in the same run.
+//! driverlab, side by side with QEMU booting the same ELF in the same run; virtio-iommu round
+//! trips; and the NIC ([`nic`]).
+
+pub mod nic;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -1,0 +1,217 @@
+//! NIC benchmarks: the AQC100 model's receive path on the host alone (how many frames a second
+//! one core writes into mapped guest memory, next to bare copies of the same frames), and the
+//! probe guest's end-to-end receive rate per RX buffer strategy against the model.
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use devices::models::aqc100::generator::{GeneratorConfig, generator};
+use devices::models::aqc100::nic::Nic;
+use devices::models::aqc100::regs;
+use devices::models::dma::DmaSpace;
+
+use super::BenchError;
+use crate::probe_report::ProbeReport;
+use crate::vm_process::VmProcess;
+
+const MAC: [u8; 6] = [0x02, 0x1d, 0x6a, 0x00, 0x00, 0x01];
+const IOVA: u64 = 0x1_0000_0000;
+const RING: u32 = 4096;
+const BUFFER: u64 = 2048;
+/// 10GbE line rate for 1514-byte frames (1538 bytes on the wire with preamble, FCS and gap).
+pub const LINE_RATE_1514: f64 = 10e9 / (1538.0 * 8.0);
+
+/// What the host-only receive benchmark measured.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelRxBench {
+    /// Frames received.
+    pub frames: u64,
+    /// Frame size.
+    pub size: usize,
+    /// Time for the model's receive path.
+    pub model: Duration,
+    /// Time for bare DMA copies of the same frames into the same memory.
+    pub copy: Duration,
+}
+
+impl ModelRxBench {
+    /// Frames per second through the model.
+    pub fn model_pps(&self) -> f64 {
+        self.frames as f64 / self.model.as_secs_f64()
+    }
+
+    /// Frames per second of bare copies.
+    pub fn copy_pps(&self) -> f64 {
+        self.frames as f64 / self.copy.as_secs_f64()
+    }
+}
+
+fn memfd(size: u64) -> std::io::Result<File> {
+    // SAFETY: memfd_create with a valid name; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"driverlab-bench".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(size)?;
+    Ok(file)
+}
+
+fn io(e: std::io::Error) -> BenchError {
+    BenchError::BadRun { engine: "model", run: 0, detail: e.to_string() }
+}
+
+/// Receives `frames` generated frames of `size` bytes through the model's receive path on this
+/// thread, with a "driver" that hands the ring back whenever it fills; then copies as many
+/// frames into the same memory through the same DMA map, as the reference.
+pub fn model_rx(frames: u64, size: usize) -> Result<ModelRxBench, BenchError> {
+    let per_frame = (size as u64).div_ceil(BUFFER);
+    let buffers = RING as u64 * per_frame.max(1) * BUFFER;
+    let ring_bytes = RING as u64 * 16;
+    let memory = memfd(ring_bytes + buffers).map_err(io)?;
+    let dma = DmaSpace::new();
+    dma.map(IOVA, ring_bytes + buffers, &memory, 0, true).map_err(io)?;
+    let config = GeneratorConfig { pps: None, size, count: None };
+    let (backend, _) = generator(config, MAC);
+    let (mut source, sink) = (backend.source, backend.sink);
+    let mut nic = Nic::new(MAC, sink);
+    for (reg, value) in [
+        (regs::FW_CONTROL, regs::RATE_10G),
+        (regs::UNICAST_FILTER_LO, u32::from_be_bytes([MAC[2], MAC[3], MAC[4], MAC[5]])),
+        (regs::UNICAST_FILTER_HI, regs::UNICAST_FILTER_ENABLE | u16::from_be_bytes([MAC[0], MAC[1]]) as u32),
+        (regs::RX_CHECKSUM_CONTROL, regs::RX_CHECKSUM_IPV4 | regs::RX_CHECKSUM_L4),
+        (regs::RX_RING_BASE + regs::RING_ADDR_LO, IOVA as u32),
+        (regs::RX_RING_BASE + regs::RING_ADDR_HI, (IOVA >> 32) as u32),
+        (regs::RX_RING_BASE + regs::RX_RING_BUFFER_SIZE, 2),
+        (regs::RX_RING_BASE + regs::RING_CONTROL, regs::RING_ENABLE | (RING / 8) << 3),
+        (regs::RX_BUFFER_ENABLE, 1),
+    ] {
+        nic.write(reg, value, &dma);
+    }
+    // The driver's descriptors: buffer addresses, rewritten whenever the ring is handed back.
+    let mut descriptors = vec![0u8; ring_bytes as usize];
+    for (i, d) in descriptors.chunks_mut(16).enumerate() {
+        d[..8].copy_from_slice(&(IOVA + ring_bytes + i as u64 * BUFFER).to_le_bytes());
+    }
+    let mut tail = 0u32;
+    let mut hand_back = |nic: &mut Nic| -> Result<(), BenchError> {
+        memory.write_all_at(&descriptors, 0).map_err(io)?;
+        tail = (tail + RING - 1) % RING;
+        nic.write(regs::RX_RING_BASE + regs::RING_TAIL, tail, &dma);
+        Ok(())
+    };
+    let start = Instant::now();
+    let mut received = 0;
+    while received < frames {
+        if !nic.rx_room(size) {
+            hand_back(&mut nic)?;
+        }
+        let Some(frame) = source.receive().map_err(io)? else { continue };
+        nic.receive(frame, &dma);
+        received += 1;
+    }
+    let model = start.elapsed();
+    if nic.stats().rx.frames() != frames {
+        return Err(BenchError::BadRun {
+            engine: "model",
+            run: 0,
+            detail: format!("{} of {frames} frames delivered", nic.stats().rx.frames()),
+        });
+    }
+
+    let frame = vec![0x5au8; size];
+    let start = Instant::now();
+    for i in 0..frames {
+        let slot = i % (RING as u64 * per_frame.max(1));
+        let _ = dma.write(IOVA + ring_bytes + slot * BUFFER, &frame);
+    }
+    let copy = start.elapsed();
+    Ok(ModelRxBench { frames, size, model, copy })
+}
+
+/// The probe's end-to-end receive figures for one strategy.
+#[derive(Debug, Clone)]
+pub struct NicRun {
+    /// The strategy.
+    pub strategy: String,
+    /// The probe's `nic` section.
+    pub nic: serde_json::Value,
+}
+
+impl NicRun {
+    /// Frames per second the probe received.
+    pub fn pps(&self) -> f64 {
+        let frames = self.nic["rx_frames"].as_f64().unwrap_or(0.0);
+        let ns = self.nic["elapsed_ns"].as_f64().unwrap_or(f64::INFINITY);
+        frames * 1e9 / ns
+    }
+}
+
+struct ModelProcess {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for ModelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Boots the probe against a fresh `driverlab model aqc100 --generate` for each strategy and
+/// collects what it reports.
+pub fn nic(driverlab: &Path, strategies: &[&str], frames: u32) -> Result<Vec<NicRun>, BenchError> {
+    let mut runs = Vec::new();
+    for (run, strategy) in strategies.iter().enumerate() {
+        let dir = std::env::temp_dir().join(format!("driverlab-nic-bench-{}-{run}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let socket = dir.join("aqc100.sock");
+        let child = Command::new(driverlab)
+            .args(["model", "aqc100", "--once", "--generate", "size=1514", "--socket"])
+            .arg(&socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(io)?;
+        let _model = ModelProcess { child, dir };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !socket.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let device = format!("vfio-user={}", socket.display());
+        let cmdline = format!("probe.nic=aqc100 probe.rx={strategy} probe.frames={frames} probe.viommu_ops=0");
+        let args = [
+            "--kernel",
+            "probe",
+            "--iommu",
+            "--device",
+            device.as_str(),
+            "--cmdline",
+            cmdline.as_str(),
+            "--timeout",
+            "600",
+        ];
+        let out = VmProcess::new(driverlab, args, Duration::from_secs(660)).run()?;
+        let report = ProbeReport::parse(&out.serial);
+        match (out.code(), report.done(), report.section("nic")) {
+            (Some(0), Some(done), Some(nic)) if done.ok => {
+                runs.push(NicRun { strategy: strategy.to_string(), nic: nic.clone() })
+            }
+            (code, done, _) => {
+                return Err(BenchError::BadRun {
+                    engine: "driverlab",
+                    run,
+                    detail: format!("{strategy}: exit code {code:?}, probe {done:?}, stderr: {}", out.stderr.trim()),
+                });
+            }
+        }
+    }
+    Ok(runs)
+}

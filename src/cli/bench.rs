@@ -164,12 +164,12 @@ fn nic(frames: u32, strategies: &[String]) -> anyhow::Result<u8> {
     for run in &runs {
         let pps = run.pps();
         println!(
-            "{:<10} {:>12.0} {:>10.3} {:>12} {:>12} {:>10.2}",
+            "{:<10} {:>12.0} {:>10.3} {:>12.4} {:>12} {:>10.2}",
             run.strategy,
             pps,
             pps * 1514.0 * 8.0 / 1e9,
-            run.nic["maps_per_frame"],
-            run.nic["iommu_maps"],
+            run.nic["maps_per_frame"].as_f64().unwrap_or(f64::NAN),
+            run.nic["iommu_maps"].as_u64().unwrap_or(0),
             pps / first
         );
     }

@@ -29,6 +29,10 @@ struct Mapping {
 // volatile copies under the mutex.
 unsafe impl Send for Mapping {}
 
+// SAFETY: `Inner` only lives inside the `DmaSpace` mutex; its cached pointer is one of its own
+// mappings' and is dropped whenever they change.
+unsafe impl Send for Inner {}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly the mapping `map` created.
@@ -45,11 +49,7 @@ impl DmaAccess<'_> {
     fn access(&mut self, iova: u64, len: usize, write: bool, copy: impl FnOnce(*mut u8)) -> Result<(), DmaFault> {
         let inner = &mut *self.inner;
         let fault = |read_only| DmaFault { iova, len, read_only };
-        let target = inner.maps.range(..=iova).next_back().and_then(|(&start, m)| {
-            let end = iova.checked_add(len as u64)?;
-            (end <= start + m.size).then_some((m.host, iova - start, m.writable))
-        });
-        match target {
+        match inner.lookup(iova, len) {
             Some((_, _, false)) if write => {
                 inner.counters.dma_faults += 1;
                 Err(fault(true))
@@ -92,7 +92,28 @@ impl DmaAccess<'_> {
 #[derive(Default)]
 struct Inner {
     maps: BTreeMap<u64, Mapping>,
+    /// The mapping the last access hit: (start, size, host, writable). A device streams
+    /// through a few mappings, so most lookups end here. Cleared whenever the maps change.
+    last: Option<(u64, u64, *mut u8, bool)>,
     counters: super::counters::ModelCounters,
+}
+
+impl Inner {
+    fn lookup(&mut self, iova: u64, len: usize) -> Option<(*mut u8, u64, bool)> {
+        let end = iova.checked_add(len as u64)?;
+        if let Some((start, size, host, writable)) = self.last
+            && iova >= start
+            && end <= start + size
+        {
+            return Some((host, iova - start, writable));
+        }
+        let (&start, m) = self.maps.range(..=iova).next_back()?;
+        if end > start + m.size {
+            return None;
+        }
+        self.last = Some((start, m.size, m.host, m.writable));
+        Some((m.host, iova - start, m.writable))
+    }
 }
 
 /// The DMA maps a model holds, and its counters.
@@ -133,6 +154,7 @@ impl DmaSpace {
             return Err(std::io::Error::last_os_error());
         }
         inner.maps.insert(iova, Mapping { size, host: host.cast(), writable });
+        inner.last = None;
         Ok(())
     }
 
@@ -146,11 +168,14 @@ impl DmaSpace {
         for start in doomed {
             inner.maps.remove(&start);
         }
+        inner.last = None;
     }
 
     /// Drops every mapping (the client went away or reset the device).
     pub fn clear(&self) {
-        self.inner().maps.clear();
+        let mut inner = self.inner();
+        inner.maps.clear();
+        inner.last = None;
     }
 
     /// Holds the DMA space for several accesses in a row (one lock for a whole frame).

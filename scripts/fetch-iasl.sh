@@ -17,7 +17,7 @@ for pkg in acpica-tools libc6; do
     file=$(filename "$pkg")
     [ -n "$file" ] || { echo "no $pkg in Debian trixie's package list" >&2; exit 1; }
     curl -fsS -o "$cache/$pkg.deb" "$mirror/$file"
-    rm -rf "$cache/$pkg" && mkdir -p "$cache/$pkg"
+    rm -rf "${cache:?}/${pkg:?}" && mkdir -p "$cache/$pkg"
     dpkg-deb -x "$cache/$pkg.deb" "$cache/$pkg"
     rm -f "$cache/$pkg.deb"
 done

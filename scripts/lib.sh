@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the scripts: privileged commands and apt installs.
 
 # Runs a command as root: directly when root, through sudo otherwise.

@@ -46,17 +46,26 @@ pub struct DmaAccess<'a> {
 }
 
 impl DmaAccess<'_> {
-    fn access(&mut self, iova: u64, len: usize, write: bool, copy: impl FnOnce(*mut u8)) -> Result<(), DmaFault> {
+    fn access(
+        &mut self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        mut copy: impl FnMut(*mut u8, usize, usize),
+    ) -> Result<(), DmaFault> {
         let inner = &mut *self.inner;
         let fault = |read_only| DmaFault { iova, len, read_only };
-        match inner.lookup(iova, len) {
-            Some((_, _, false)) if write => {
+        match inner.pieces(iova, len) {
+            Some(pieces) if write && pieces.items[..pieces.count].iter().any(|p| !p.2) => {
                 inner.counters.dma_faults += 1;
                 Err(fault(true))
             }
-            Some((host, offset, _)) => {
-                // SAFETY: `offset + len` lies inside the mapping (checked above).
-                copy(unsafe { host.add(offset as usize) });
+            Some(pieces) => {
+                let mut done = 0;
+                for &(host, n, _) in &pieces.items[..pieces.count] {
+                    copy(host, done, n);
+                    done += n;
+                }
                 Ok(())
             }
             None => {
@@ -69,22 +78,22 @@ impl DmaAccess<'_> {
 
     /// Reads guest memory at `iova` into `buf`.
     pub fn read(&mut self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        let len = buf.len();
         let dst = buf.as_mut_ptr();
-        self.access(iova, len, false, |src| {
-            // SAFETY: `src..src+len` is mapped guest memory; `dst` is our buffer. The guest may
-            // change the memory concurrently, so this is a plain byte copy of whatever is there.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+        self.access(iova, buf.len(), false, |src, done, n| {
+            // SAFETY: `src..src+n` is mapped guest memory (one piece of the access) and
+            // `done + n` is within `buf`. The guest may change the memory concurrently, so this
+            // is a plain byte copy of whatever is there.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst.add(done), n) }
         })
     }
 
     /// Writes `buf` to guest memory at `iova`.
     pub fn write(&mut self, iova: u64, buf: &[u8]) -> Result<(), DmaFault> {
-        let len = buf.len();
         let src = buf.as_ptr();
-        self.access(iova, len, true, |dst| {
-            // SAFETY: `dst..dst+len` is mapped, writable guest memory.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+        self.access(iova, buf.len(), true, |dst, done, n| {
+            // SAFETY: `dst..dst+n` is mapped, writable guest memory and `done + n` is within
+            // `buf`.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst, n) }
         })
     }
 }
@@ -99,20 +108,53 @@ struct Inner {
 }
 
 impl Inner {
-    fn lookup(&mut self, iova: u64, len: usize) -> Option<(*mut u8, u64, bool)> {
-        let end = iova.checked_add(len as u64)?;
+    /// The mapping holding `iova` and the bytes it has from there, with the cache.
+    fn segment(&mut self, iova: u64) -> Option<(*mut u8, u64, bool)> {
         if let Some((start, size, host, writable)) = self.last
             && iova >= start
-            && end <= start + size
+            && iova < start + size
         {
-            return Some((host, iova - start, writable));
+            return Some((host.wrapping_add((iova - start) as usize), start + size - iova, writable));
         }
         let (&start, m) = self.maps.range(..=iova).next_back()?;
-        if end > start + m.size {
+        if iova >= start + m.size {
             return None;
         }
         self.last = Some((start, m.size, m.host, m.writable));
-        Some((m.host, iova - start, m.writable))
+        Some((m.host.wrapping_add((iova - start) as usize), start + m.size - iova, m.writable))
+    }
+
+    /// The pieces of host memory behind `[iova, iova + len)`: one per mapping it crosses. A
+    /// client may split one guest mapping into several adjacent DMA maps (QEMU maps in
+    /// power-of-two chunks), so an access may span them. `None` if any byte is unmapped.
+    fn pieces(&mut self, iova: u64, len: usize) -> Option<Pieces> {
+        iova.checked_add(len as u64)?;
+        let mut pieces = Pieces::default();
+        let (mut at, mut left) = (iova, len as u64);
+        while left > 0 {
+            let (host, available, writable) = self.segment(at)?;
+            let take = available.min(left);
+            if pieces.count == pieces.items.len() {
+                return None;
+            }
+            pieces.items[pieces.count] = (host, take as usize, writable);
+            pieces.count += 1;
+            at += take;
+            left -= take;
+        }
+        Some(pieces)
+    }
+}
+
+/// Up to eight pieces of host memory (an access crossing more mappings than that is refused).
+struct Pieces {
+    items: [(*mut u8, usize, bool); 8],
+    count: usize,
+}
+
+impl Default for Pieces {
+    fn default() -> Self {
+        Pieces { items: [(std::ptr::null_mut(), 0, false); 8], count: 0 }
     }
 }
 
@@ -156,6 +198,13 @@ impl DmaSpace {
         inner.maps.insert(iova, Mapping { size, host: host.cast(), writable });
         inner.last = None;
         Ok(())
+    }
+
+    /// DMA_MAP of memory the client could not pass a file for (ROM, for instance): counted, but
+    /// the model cannot reach it, so accesses there fault.
+    pub fn map_unbacked(&self, iova: u64, size: u64) {
+        self.inner().counters.dma_maps += 1;
+        tracing::debug!("DMA map of {size:#x} bytes at IOVA {iova:#x} without a file: not reachable");
     }
 
     /// DMA_UNMAP of every mapping inside `[iova, iova + size)`.
@@ -245,5 +294,29 @@ mod tests {
         let c = space.counters();
         assert_eq!((c.dma_maps, c.dma_unmaps, c.dma_faults), (3, 1, 4));
         assert_eq!(space.mappings(), 1);
+    }
+
+    #[test]
+    fn accesses_span_adjacent_mappings_but_not_gaps() {
+        let space = DmaSpace::new();
+        let ram = memfd(0x4000);
+        // One guest buffer that the client mapped as two pieces (QEMU maps in power-of-two
+        // chunks), backed by distant parts of the file.
+        space.map(0x40_0000, 0x1000, &ram, 0x3000, true).unwrap();
+        space.map(0x40_1000, 0x1000, &ram, 0, true).unwrap();
+        space.write(0x40_0ffc, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        let mut back = [0u8; 4];
+        std::os::unix::fs::FileExt::read_exact_at(&ram, &mut back, 0x3ffc).unwrap();
+        assert_eq!(back, [1, 2, 3, 4]);
+        std::os::unix::fs::FileExt::read_exact_at(&ram, &mut back, 0).unwrap();
+        assert_eq!(back, [5, 6, 7, 8]);
+        let mut both = [0u8; 8];
+        space.read(0x40_0ffc, &mut both).unwrap();
+        assert_eq!(both, [1, 2, 3, 4, 5, 6, 7, 8]);
+        space.map(0x40_3000, 0x1000, &ram, 0x1000, true).unwrap();
+        assert!(space.read(0x40_1ffc, &mut both).is_err(), "a gap at 0x40_2000");
+        space.map_unbacked(0x50_0000, 0x1000);
+        assert!(space.read(0x50_0000, &mut back).is_err(), "unbacked memory is not reachable");
+        assert_eq!(space.counters().dma_maps, 4);
     }
 }

@@ -20,6 +20,10 @@ use crate::pci::PciConfiguration;
 
 /// VFIO region index of configuration space.
 const CONFIG_REGION: u32 = 7;
+/// VFIO PCI interrupt index of error reporting.
+const ERR_IRQ_INDEX: u32 = 3;
+/// VFIO PCI interrupt index of device requests.
+const REQ_IRQ_INDEX: u32 = 4;
 
 /// Errors serving a model.
 #[derive(Debug, thiserror::Error)]
@@ -146,9 +150,14 @@ impl ServerBackend for Adapter<'_> {
         fd: Option<File>,
     ) -> std::io::Result<()> {
         // Without a file descriptor the client would expect DMA_READ/DMA_WRITE messages, which
-        // these models do not use: refuse.
-        let file = fd.ok_or_else(invalid)?;
-        self.model.dma().map(address, size, &file, offset, flags.contains(DmaMapFlags::WRITE))
+        // these models do not use: the mapping is noted, and the memory stays out of reach.
+        match fd {
+            Some(file) => self.model.dma().map(address, size, &file, offset, flags.contains(DmaMapFlags::WRITE)),
+            None => {
+                self.model.dma().map_unbacked(address, size);
+                Ok(())
+            }
+        }
     }
 
     fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> std::io::Result<()> {
@@ -166,6 +175,10 @@ impl ServerBackend for Adapter<'_> {
     }
 
     fn set_irqs(&mut self, index: u32, flags: u32, start: u32, count: u32, fds: Vec<File>) -> std::io::Result<()> {
+        if index == ERR_IRQ_INDEX || index == REQ_IRQ_INDEX {
+            // Accepted and dropped: the models never report errors or request the device back.
+            return if start.checked_add(count).is_some_and(|end| end <= 1) { Ok(()) } else { Err(invalid()) };
+        }
         if index != VFIO_PCI_MSIX_IRQ_INDEX {
             return if count == 0 { Ok(()) } else { Err(invalid()) };
         }
@@ -173,7 +186,8 @@ impl ServerBackend for Adapter<'_> {
         if flags & VFIO_IRQ_SET_DATA_NONE != 0 && count == 0 {
             vectors.clear();
         } else if flags & VFIO_IRQ_SET_DATA_EVENTFD != 0 {
-            if start + count > self.model.msix_vectors() || fds.len() != count as usize {
+            if start.checked_add(count).is_none_or(|end| end > self.model.msix_vectors()) || fds.len() != count as usize
+            {
                 return Err(invalid());
             }
             vectors.set(start as usize, fds);
@@ -226,6 +240,10 @@ pub fn serve(
         IrqInfo { index: 0, flags: 0, count: 0 },
         IrqInfo { index: 1, flags: 0, count: 0 },
         IrqInfo { index: VFIO_PCI_MSIX_IRQ_INDEX, flags: VFIO_IRQ_INFO_EVENTFD, count: model.msix_vectors() },
+        // Error and request interrupts: one each, so clients can set up error recovery; the
+        // models never raise them.
+        IrqInfo { index: ERR_IRQ_INDEX, flags: VFIO_IRQ_INFO_EVENTFD, count: 1 },
+        IrqInfo { index: REQ_IRQ_INDEX, flags: VFIO_IRQ_INFO_EVENTFD, count: 1 },
     ];
     let server = Server::new(socket, true, irqs, regions)
         .map_err(|e| ServeError::Socket { path: socket.display().to_string(), reason: e.to_string() })?;

@@ -81,18 +81,19 @@ pub struct MacStats {
 
 impl MacStats {
     /// Dword `index` of the firmware mailbox's statistics block (`struct hw_atl_stats_s`:
-    /// uprc mprc bprc erpt uptc mptc bptc erpr mbtc bbtc mbrc bbrc ubrc ubtc dpc). The hardware
-    /// counters are 32 bits wide and wrap.
+    /// uprc mprc bprc erpt uptc mptc bptc erpr mbtc bbtc mbrc bbrc ubrc ubtc dpc; erpt counts
+    /// transmit errors and erpr receive errors, as atlantic reads them). The hardware counters
+    /// are 32 bits wide and wrap.
     pub fn mailbox_word(&self, index: usize) -> u32 {
         let value = match index {
             0 => self.rx.unicast,
             1 => self.rx.multicast,
             2 => self.rx.broadcast,
-            3 => self.rx_errors,
+            3 => self.tx_errors,
             4 => self.tx.unicast,
             5 => self.tx.multicast,
             6 => self.tx.broadcast,
-            7 => self.tx_errors,
+            7 => self.rx_errors,
             8 => self.tx.multicast_bytes,
             9 => self.tx.broadcast_bytes,
             10 => self.rx.multicast_bytes,
@@ -118,8 +119,10 @@ mod tests {
         stats.rx.count(Destination::of(&[0x02, 0, 0, 0, 0, 1]), 1514);
         stats.tx.count(Destination::Unicast, 1000);
         stats.rx_dropped = 7;
+        stats.tx_errors = 2;
+        stats.rx_errors = 3;
         let words: Vec<u32> = (0..15).map(|i| stats.mailbox_word(i)).collect();
-        assert_eq!(words, vec![1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 100, 60, 1514, 1000, 7]);
+        assert_eq!(words, vec![1, 1, 1, 2, 1, 0, 0, 3, 0, 0, 100, 60, 1514, 1000, 7]);
         assert_eq!((stats.rx.frames(), stats.rx.bytes()), (3, 1674));
     }
 }

@@ -37,9 +37,12 @@ pub enum BenchCommand {
     /// into mapped guest memory (descriptor read, copy, checksum check, write-back), next to bare
     /// copies of the same frames and to twice 10GbE line rate.
     ModelRx {
-        /// Frames to receive.
-        #[arg(long, default_value_t = 2_000_000)]
+        /// Frames per round.
+        #[arg(long, default_value_t = 1_000_000)]
         frames: u64,
+        /// Rounds (model and reference alternate).
+        #[arg(long, default_value_t = 7)]
+        rounds: usize,
         /// Frame size in bytes.
         #[arg(long, default_value_t = 1514)]
         size: usize,
@@ -62,7 +65,7 @@ impl BenchCommand {
         match self {
             BenchCommand::Boot { runs, memory, qemu, no_qemu } => boot(runs, memory, (!no_qemu).then_some(qemu)),
             BenchCommand::Viommu { ops } => viommu(ops),
-            BenchCommand::ModelRx { frames, size } => model_rx(frames, size),
+            BenchCommand::ModelRx { frames, size, rounds } => model_rx(frames, size, rounds),
             BenchCommand::Nic { frames, strategies } => nic(frames, &strategies),
         }
     }
@@ -130,24 +133,28 @@ fn viommu(ops: u32) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-fn model_rx(frames: u64, size: usize) -> anyhow::Result<u8> {
+fn model_rx(frames: u64, size: usize, rounds: usize) -> anyhow::Result<u8> {
     if !(60..=16_384).contains(&size) {
         anyhow::bail!("--size {size}: frames are 60 to 16384 bytes");
     }
-    let result = lab::bench::nic::model_rx(frames, size)?;
+    let result = lab::bench::nic::model_rx(frames, size, rounds)?;
     let target = 2.0 * lab::bench::nic::LINE_RATE_1514;
-    println!("AQC100 model receive path, one core, {} frames of {} bytes", result.frames, result.size);
-    println!("{:<34} {:>12} {:>10}", "", "frames/s", "Gbit/s");
-    let gbps = |pps: f64| pps * result.size as f64 * 8.0 / 1e9;
+    let gbps = |pps: f64| pps * size as f64 * 8.0 / 1e9;
+    println!("AQC100 model receive path, one core, {rounds} rounds of {frames} frames of {size} bytes");
+    println!("{:<34} {:>14} {:>14} {:>12}", "", "median fr/s", "best fr/s", "best Gbit/s");
+    for (name, (median, best)) in
+        [("model (filter, DMA, checks, WB)", result.model_pps()), ("bare DMA copies (reference)", result.copy_pps())]
+    {
+        println!("{name:<34} {median:>14.0} {best:>14.0} {:>12.2}", gbps(best));
+    }
+    println!("{:<34} {:>14.0} {:>14.0} {:>12.2}", "2 x 10GbE line rate (1514 B)", target, target, gbps(target));
+    let (median, best) = result.model_pps();
     println!(
-        "{:<34} {:>12.0} {:>10.2}",
-        "model (filter, DMA, checks, WB)",
-        result.model_pps(),
-        gbps(result.model_pps())
+        "model / target: median {:.2}, best {:.2}   goal: at least 1.00 (1514-byte frames; the best round is \
+         what one core can do, the spread is other load on the host)",
+        median / target,
+        best / target
     );
-    println!("{:<34} {:>12.0} {:>10.2}", "bare DMA copies (reference)", result.copy_pps(), gbps(result.copy_pps()));
-    println!("{:<34} {:>12.0} {:>10.2}", "2 x 10GbE line rate (1514 B)", target, gbps(target));
-    println!("model / target: {:.2}   goal: at least 1.00 (with 1514-byte frames)", result.model_pps() / target);
     Ok(0)
 }
 

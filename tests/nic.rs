@@ -5,55 +5,26 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{driverlab, kvm_available, vm_run};
+use common::{ModelProcess, driverlab, kvm_available, vm_run};
 use lab::ProbeReport;
 
 const FRAMES: u64 = 20_000;
 const MAC: &str = "02:aa:bb:cc:dd:01";
 
-struct Model {
-    child: Child,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Model {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_aqc100(extra: &[&str]) -> Model {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("aqc100.sock");
-    let child = Command::new(driverlab())
-        .args(["model", "aqc100", "--once", "--mac", MAC, "--socket"])
-        .arg(&socket)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..500 {
-        if socket.exists() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(socket.exists(), "the model is serving");
-    Model { child, socket, _dir: dir }
+fn start_aqc100(extra: &[&str]) -> ModelProcess {
+    let mut args = vec!["--mac", MAC];
+    args.extend_from_slice(extra);
+    ModelProcess::start("aqc100", &args)
 }
 
 /// Runs the probe with `probe.rx=strategy` and checks everything the three sides report;
 /// returns the NIC section.
 fn receive_with(strategy: &str) -> serde_json::Value {
     let model = start_aqc100(&["--generate", "size=1514"]);
-    let device = format!("vfio-user={}", model.socket.display());
+    let device = model.device_arg();
     let cmdline = format!("probe.nic=aqc100 probe.rx={strategy} probe.frames={FRAMES}");
     let out = vm_run(&["--kernel", "probe", "--iommu", "--device", &device, "--cmdline", &cmdline]);
     assert_eq!(out.code(), Some(0), "stderr: {}\nserial: {}", out.stderr, out.serial);

@@ -3,48 +3,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
-use common::{driverlab, driverlab_cmd, kvm_available, vm_run};
+use common::{ModelProcess, driverlab_cmd, kvm_available, vm_run};
 use lab::ProbeReport;
 
-struct Model {
-    child: Child,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Model {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_testdev() -> Model {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("testdev.sock");
-    let child = Command::new(driverlab())
-        .args(["model", "testdev", "--once", "--socket"])
-        .arg(&socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..500 {
-        if socket.exists() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(socket.exists(), "the model is serving");
-    Model { child, socket, _dir: dir }
-}
-
-fn device_arg(socket: &Path) -> String {
-    format!("vfio-user={}", socket.display())
+fn start_testdev() -> ModelProcess {
+    ModelProcess::start("testdev", &[])
 }
 
 #[test]
@@ -53,7 +19,7 @@ fn testdev_behind_the_virtio_iommu() {
         return;
     }
     let model = start_testdev();
-    let device = device_arg(&model.socket);
+    let device = model.device_arg();
     let out = vm_run(&["--kernel", "probe", "--iommu", "--device", &device, "--cmdline", "probe.viommu_ops=10"]);
     assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
     let report = ProbeReport::parse(&out.serial);
@@ -84,7 +50,7 @@ fn testdev_without_iommu_gets_identity_dma() {
         return;
     }
     let model = start_testdev();
-    let device = device_arg(&model.socket);
+    let device = model.device_arg();
     let out = vm_run(&["--kernel", "probe", "--device", &device]);
     assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
     let report = ProbeReport::parse(&out.serial);
@@ -105,7 +71,7 @@ fn a_model_that_dies_mid_run_ends_the_devices_use_not_the_vm() {
         return;
     }
     let mut model = start_testdev();
-    let device = device_arg(&model.socket);
+    let device = model.device_arg();
     // The virtio-iommu exercise keeps the guest busy (without touching the model) while the model
     // is killed; the test device is driven afterwards.
     let args = ["--kernel", "probe", "--iommu", "--device", &device, "--cmdline", "probe.viommu_ops=20000"];
@@ -114,7 +80,7 @@ fn a_model_that_dies_mid_run_ends_the_devices_use_not_the_vm() {
         move || vm_run(&args.iter().map(String::as_str).collect::<Vec<_>>())
     });
     std::thread::sleep(Duration::from_millis(1500));
-    model.child.kill().unwrap();
+    model.kill();
     let out = run.join().unwrap();
     assert_eq!(out.code(), Some(0), "the VM went on: {}", out.stderr);
     assert!(!out.stderr.contains("panicked"), "{}", out.stderr);

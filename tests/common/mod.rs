@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use lab::{VmOutcome, VmProcess};
@@ -73,4 +74,55 @@ pub fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> String {
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
     path.to_str().unwrap().to_string()
+}
+
+/// A `driverlab model ...` process serving on a socket in its own temporary folder; killed when
+/// dropped.
+pub struct ModelProcess {
+    child: Child,
+    /// The vfio-user socket.
+    pub socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ModelProcess {
+    /// Starts `driverlab model KIND --once --socket DIR/KIND.sock EXTRA...` and waits for its
+    /// socket.
+    pub fn start(kind: &str, extra: &[&str]) -> ModelProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join(format!("{kind}.sock"));
+        let child = Command::new(driverlab())
+            .args(["model", kind, "--once", "--socket"])
+            .arg(&socket)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..500 {
+            if socket.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(socket.exists(), "the {kind} model is serving");
+        ModelProcess { child, socket, _dir: dir }
+    }
+
+    /// Kills the model now (a peer that goes away mid-run).
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+    }
+
+    /// `vfio-user=SOCKET`, for `--device`.
+    pub fn device_arg(&self) -> String {
+        format!("vfio-user={}", self.socket.display())
+    }
+}
+
+impl Drop for ModelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -12,7 +12,7 @@ use crate::json::{self, StackString};
 use crate::pci::{Ecam, Function};
 use crate::rx_buffers::{Buffer, RxBuffers, Strategy};
 use crate::viommu::Viommu;
-use crate::{interrupts, lapic, mmio, report, time};
+use crate::{interrupts, mmio, report, time};
 
 const VENDOR: u16 = 0x1d6a;
 const DEVICE: u16 = 0x00b1;
@@ -258,19 +258,6 @@ fn reset(regs: &Regs) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn msix_route(ecam: Ecam, f: &Function) -> Result<(), &'static str> {
-    let (_, cap) = ecam.capabilities(f.device, f.function).find(|&(id, _)| id == 0x11).ok_or("no MSI-X capability")?;
-    let table = ecam.read32(f.device, f.function, cap + 4);
-    let base = f.bars[(table & 7) as usize].0 + (table & !7) as u64;
-    mmio::write(base, 0xfee0_0000u32 | (lapic::id() << 12));
-    mmio::write(base + 4, 0u32);
-    mmio::write(base + 8, VECTOR as u32);
-    mmio::write(base + 12, 0u32);
-    let control = ecam.read16(f.device, f.function, cap + 2);
-    ecam.write16(f.device, f.function, cap + 2, (control | 0x8000) & !0x4000);
-    Ok(())
-}
-
 fn write_rx_descriptor(slot: u32, buffer: &Buffer) {
     let at = &mut memory().rx_ring[slot as usize * 16..slot as usize * 16 + 16];
     at[..8].copy_from_slice(&buffer.iova.to_le_bytes());
@@ -312,7 +299,9 @@ fn drive(ecam: Ecam, f: &Function, dma: &mut DeviceDma, options: NicOptions) -> 
     regs.write(IMCR, !0);
     regs.write(ISCR, !0);
     regs.write(RING_IRQ_MAP, 0x8000_8000);
-    msix_route(ecam, f)?;
+    if !ecam.route_msix_vector0(f, VECTOR) {
+        return Err("nic: no MSI-X capability");
+    }
 
     // Rings and TX buffers: mapped once, like coherent DMA memory.
     let mem = memory();

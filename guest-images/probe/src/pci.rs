@@ -4,7 +4,10 @@
 use core::fmt::Write;
 
 use crate::json::StackString;
-use crate::{json, mmio};
+use crate::{json, lapic, mmio};
+
+/// MSI-X capability ID.
+const CAP_MSIX: u8 = 0x11;
 
 /// Most functions the probe records.
 pub const MAX_FUNCTIONS: usize = 32;
@@ -84,6 +87,23 @@ impl Ecam {
             next = (header >> 8) & 0xfc;
             Some((header as u8, here))
         })
+    }
+
+    /// Routes MSI-X table entry 0 of function `f` to `vector` on this CPU and turns MSI-X on
+    /// (function mask off); false if the function has no MSI-X capability.
+    pub fn route_msix_vector0(&self, f: &Function, vector: u8) -> bool {
+        let Some((_, cap)) = self.capabilities(f.device, f.function).find(|&(id, _)| id == CAP_MSIX) else {
+            return false;
+        };
+        let table = self.read32(f.device, f.function, cap + 4);
+        let base = f.bars[(table & 7) as usize].0 + (table & !7) as u64;
+        mmio::write(base, 0xfee0_0000u32 | (lapic::id() << 12));
+        mmio::write(base + 4, 0u32);
+        mmio::write(base + 8, vector as u32);
+        mmio::write(base + 12, 0u32);
+        let control = self.read16(f.device, f.function, cap + 2);
+        self.write16(f.device, f.function, cap + 2, (control | 0x8000) & !0x4000);
+        true
     }
 
     fn size_bars(&self, device: u8, function: u8, bars: &mut [(u64, u64, u8); 6]) {

@@ -6,7 +6,7 @@ use core::cell::UnsafeCell;
 
 use crate::pci::{Ecam, Function};
 use crate::viommu::Viommu;
-use crate::{interrupts, json, lapic, mmio, report, time};
+use crate::{interrupts, json, mmio, report, time};
 
 const VENDOR: u16 = 0xd1ab;
 const DEVICE: u16 = 0x7e57;
@@ -96,21 +96,7 @@ pub fn run(ecam: Ecam, functions: &[Function], mut viommu: Option<&mut Viommu>) 
     }
     let bar2_ok = (0..16u64).all(|i| mmio::read::<u32>(bar2 + i * 4) == 0x1000_0000 + i as u32);
 
-    // MSI-X vector 0 to this CPU, then MSI-X on.
-    let msix_ready = match ecam.capabilities(f.device, f.function).find(|&(id, _)| id == 0x11) {
-        Some((_, cap)) => {
-            let table = ecam.read32(f.device, f.function, cap + 4);
-            let base = f.bars[(table & 7) as usize].0 + (table & !7) as u64;
-            mmio::write(base, 0xfee0_0000u32 | (lapic::id() << 12));
-            mmio::write(base + 4, 0u32);
-            mmio::write(base + 8, VECTOR as u32);
-            mmio::write(base + 12, 0u32);
-            let control = ecam.read16(f.device, f.function, cap + 2);
-            ecam.write16(f.device, f.function, cap + 2, (control | 0x8000) & !0x4000);
-            true
-        }
-        None => false,
-    };
+    let msix_ready = ecam.route_msix_vector0(f, VECTOR);
 
     // Where the device may DMA: behind the IOMMU, a mapping the probe makes; otherwise the buffer's
     // own address.

@@ -135,3 +135,17 @@ fn bad_model_arguments_are_refused_with_a_reason() {
         assert!(stderr.contains(expect), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn sigterm_prints_the_final_counters_and_removes_the_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("control");
+    let model = start_aqc100(&["--control", control.to_str().unwrap(), "--generate", "count=10"]);
+    let socket = model.socket.clone();
+    let (code, stdout) = model.terminate();
+    assert_eq!(code, Some(0));
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().expect("a final line")).unwrap();
+    assert_eq!(last["exit"], "SIGTERM");
+    assert_eq!(last["counters"]["dma_faults"], 0);
+    assert!(!socket.exists() && !control.exists(), "sockets removed");
+}

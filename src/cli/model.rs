@@ -92,13 +92,22 @@ impl ModelCommand {
         match self {
             ModelCommand::Testdev { socket, once } => {
                 let mut model = TestDevice::new().context("creating the test device")?;
+                let dma = model.dma();
+                let files = vec![socket.clone()];
+                exit_on_signal(files, move || serde_json::json!({"model": "testdev", "counters": dma.counters()}))?;
                 serve(&socket, &mut model, once, None)
             }
             ModelCommand::Aqc100 { socket, tap, generate, mac, control, once } => {
                 let backend = backend(tap.as_deref(), generate.as_deref(), mac)?;
+                let files: Vec<PathBuf> = [Some(socket.clone()), control.clone()].into_iter().flatten().collect();
+                // Before the model starts its threads, so that they leave the signals to us.
+                let handle_slot = std::sync::Arc::new(std::sync::OnceLock::<Aqc100Handle>::new());
+                let slot = handle_slot.clone();
+                exit_on_signal(files, move || slot.get().map(status_json).unwrap_or_default())?;
                 let mut model = Aqc100::new(mac, backend).context("starting the AQC100 model")?;
                 eprintln!("aqc100 {mac} on {}", model.backend_description());
                 let handle = model.handle();
+                let _ = handle_slot.set(handle.clone());
                 if let Some(path) = &control {
                     listen(path, handle.clone())?;
                 }
@@ -163,6 +172,43 @@ fn listen(path: &Path, handle: Aqc100Handle) -> anyhow::Result<()> {
             };
             let _ = writeln!(writer, "{reply}");
         }
+    })?;
+    Ok(())
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread it starts afterwards, and waits for
+/// them in a thread of their own: on either, prints `report()` (the final counters), removes
+/// `files` (the sockets) and ends the process.
+fn exit_on_signal(
+    files: Vec<PathBuf>,
+    report: impl FnOnce() -> serde_json::Value + Send + 'static,
+) -> anyhow::Result<()> {
+    // SAFETY: a zeroed sigset_t is a valid argument for sigemptyset, which initialises it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned by this frame; the calls only read and write it and
+    // this thread's signal mask.
+    let rc = unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        bail!("blocking SIGINT and SIGTERM: {}", std::io::Error::from_raw_os_error(rc));
+    }
+    std::thread::Builder::new().name("signals".into()).spawn(move || {
+        let mut signal = 0;
+        // SAFETY: `set` is initialised and outlives the call; `signal` receives the number.
+        unsafe { libc::sigwait(&set, &mut signal) };
+        let mut line = report();
+        if line.is_object() {
+            line["exit"] = serde_json::json!(if signal == libc::SIGINT { "SIGINT" } else { "SIGTERM" });
+            println!("{line}");
+        }
+        for file in &files {
+            let _ = std::fs::remove_file(file);
+        }
+        std::process::exit(0);
     })?;
     Ok(())
 }

@@ -114,6 +114,18 @@ impl ModelProcess {
         self.child.kill().unwrap();
     }
 
+    /// Sends SIGTERM, waits for the model to exit, and returns its exit code and stdout.
+    pub fn terminate(mut self) -> (Option<i32>, String) {
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        let mut out = String::new();
+        if let Some(mut stdout) = self.child.stdout.take() {
+            std::io::Read::read_to_string(&mut stdout, &mut out).unwrap();
+        }
+        (status.code(), out)
+    }
+
     /// `vfio-user=SOCKET`, for `--device`.
     pub fn device_arg(&self) -> String {
         format!("vfio-user={}", self.socket.display())

@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::{kvm_available, vm_run, write_file};
 use vmm::host::Virtualization;
@@ -40,6 +40,30 @@ fn marker_initramfs(test: &str) -> Option<Vec<u8>> {
     Some(archive.finish())
 }
 
+/// With hardware virtualization: `kernel` reaches the marker initramfs through `entry`, and the
+/// initramfs's `reboot -f` ends the VM as a reset.
+fn boots_to_initramfs(test: &str, dir: &Path, kernel: &str, entry: &str) {
+    let Some(initramfs) = marker_initramfs(test) else {
+        return;
+    };
+    let initrd = write_file(dir, "initramfs.cpio", &initramfs);
+    let out = vm_run(&[
+        "--kernel",
+        kernel,
+        "--initrd",
+        &initrd,
+        "--memory",
+        "512",
+        "--cmdline",
+        "console=ttyS0 reboot=k panic=-1",
+        "--timeout",
+        "120",
+    ]);
+    assert!(out.serial.contains(INITRAMFS_MARKER), "initramfs not reached; serial:\n{}", out.serial);
+    assert_eq!(out.exit.as_ref().map(|e| e.entry.as_str()), Some(entry));
+    assert_eq!(out.code(), Some(3), "reboot -f resets: {}", out.stderr);
+}
+
 #[test]
 fn debian_vmlinux_boots_via_pvh() {
     let test = "debian_vmlinux_boots_via_pvh";
@@ -55,26 +79,7 @@ fn debian_vmlinux_boots_via_pvh() {
     let virt = vmm::host::virtualization();
 
     if virt.boots_linux() {
-        let Some(initramfs) = marker_initramfs(test) else {
-            return;
-        };
-        let initrd = write_file(dir.path(), "initramfs.cpio", &initramfs);
-        let out = vm_run(&[
-            "--kernel",
-            &vmlinux,
-            "--initrd",
-            &initrd,
-            "--memory",
-            "512",
-            "--cmdline",
-            "console=ttyS0 reboot=k panic=-1",
-            "--timeout",
-            "120",
-        ]);
-        assert!(out.serial.contains(INITRAMFS_MARKER), "initramfs not reached; serial:\n{}", out.serial);
-        assert_eq!(out.exit.as_ref().map(|e| e.entry.as_str()), Some("pvh"));
-        assert_eq!(out.code(), Some(3), "reboot -f resets: {}", out.stderr);
-        return;
+        return boots_to_initramfs(test, dir.path(), &vmlinux, "pvh");
     }
 
     assert_eq!(virt, Virtualization::Pvm, "this test knows hardware virtualization and PVM hosts");
@@ -121,26 +126,7 @@ fn debian_bzimage_is_entered_at_its_64_bit_entry() {
     let virt = vmm::host::virtualization();
 
     if virt.boots_linux() {
-        let Some(initramfs) = marker_initramfs(test) else {
-            return;
-        };
-        let initrd = write_file(dir.path(), "initramfs.cpio", &initramfs);
-        let out = vm_run(&[
-            "--kernel",
-            &kernel,
-            "--initrd",
-            &initrd,
-            "--memory",
-            "512",
-            "--cmdline",
-            "console=ttyS0 reboot=k panic=-1",
-            "--timeout",
-            "120",
-        ]);
-        assert!(out.serial.contains(INITRAMFS_MARKER), "initramfs not reached; serial:\n{}", out.serial);
-        assert_eq!(out.exit.as_ref().map(|e| e.entry.as_str()), Some("linux64"));
-        assert_eq!(out.code(), Some(3), "reboot -f resets: {}", out.stderr);
-        return;
+        return boots_to_initramfs(test, dir.path(), &kernel, "linux64");
     }
 
     assert_eq!(virt, Virtualization::Pvm);

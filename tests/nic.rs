@@ -8,8 +8,8 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{ModelProcess, driverlab, kvm_available, vm_run};
-use lab::ProbeReport;
+use common::{driverlab, kvm_available, start_model, vm_run};
+use lab::{ModelProcess, ProbeReport};
 
 const FRAMES: u64 = 20_000;
 const MAC: &str = "02:aa:bb:cc:dd:01";
@@ -17,7 +17,7 @@ const MAC: &str = "02:aa:bb:cc:dd:01";
 fn start_aqc100(extra: &[&str]) -> ModelProcess {
     let mut args = vec!["--mac", MAC];
     args.extend_from_slice(extra);
-    ModelProcess::start("aqc100", &args)
+    start_model("aqc100", &args)
 }
 
 /// Runs the probe with `probe.rx=strategy` and checks everything the three sides report;
@@ -141,8 +141,8 @@ fn sigterm_prints_the_final_counters_and_removes_the_sockets() {
     let dir = tempfile::tempdir().unwrap();
     let control = dir.path().join("control");
     let model = start_aqc100(&["--control", control.to_str().unwrap(), "--generate", "count=10"]);
-    let socket = model.socket.clone();
-    let (code, stdout) = model.terminate();
+    let socket = model.socket().to_path_buf();
+    let (code, stdout) = model.terminate().unwrap();
     assert_eq!(code, Some(0));
     let last: serde_json::Value = serde_json::from_str(stdout.lines().last().expect("a final line")).unwrap();
     assert_eq!(last["exit"], "SIGTERM");

@@ -6,11 +6,11 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{ModelProcess, driverlab_cmd, kvm_available, vm_run};
-use lab::ProbeReport;
+use common::{driverlab_cmd, kvm_available, start_model, vm_run};
+use lab::{ModelProcess, ProbeReport};
 
 fn start_testdev() -> ModelProcess {
-    ModelProcess::start("testdev", &[])
+    start_model("testdev", &[])
 }
 
 #[test]

@@ -3,10 +3,9 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use lab::{VmOutcome, VmProcess};
+use lab::{ModelProcess, VmOutcome, VmProcess};
 
 /// The driverlab binary cargo built for these tests.
 pub fn driverlab() -> PathBuf {
@@ -76,65 +75,7 @@ pub fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> String {
     path.to_str().unwrap().to_string()
 }
 
-/// A `driverlab model ...` process serving on a socket in its own temporary folder; killed when
-/// dropped.
-pub struct ModelProcess {
-    child: Child,
-    /// The vfio-user socket.
-    pub socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl ModelProcess {
-    /// Starts `driverlab model KIND --once --socket DIR/KIND.sock EXTRA...` and waits for its
-    /// socket.
-    pub fn start(kind: &str, extra: &[&str]) -> ModelProcess {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join(format!("{kind}.sock"));
-        let child = Command::new(driverlab())
-            .args(["model", kind, "--once", "--socket"])
-            .arg(&socket)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        for _ in 0..500 {
-            if socket.exists() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(socket.exists(), "the {kind} model is serving");
-        ModelProcess { child, socket, _dir: dir }
-    }
-
-    /// Kills the model now (a peer that goes away mid-run).
-    pub fn kill(&mut self) {
-        self.child.kill().unwrap();
-    }
-
-    /// Sends SIGTERM, waits for the model to exit, and returns its exit code and stdout.
-    pub fn terminate(mut self) -> (Option<i32>, String) {
-        // SAFETY: kill(2) on our own child's PID.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        let mut out = String::new();
-        if let Some(mut stdout) = self.child.stdout.take() {
-            std::io::Read::read_to_string(&mut stdout, &mut out).unwrap();
-        }
-        (status.code(), out)
-    }
-
-    /// `vfio-user=SOCKET`, for `--device`.
-    pub fn device_arg(&self) -> String {
-        format!("vfio-user={}", self.socket.display())
-    }
-}
-
-impl Drop for ModelProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts `driverlab model KIND --once` with `extra` arguments and waits until it serves.
+pub fn start_model(kind: &str, extra: &[&str]) -> ModelProcess {
+    ModelProcess::start(&driverlab(), kind, extra).expect("the model starts serving")
 }

@@ -2,7 +2,6 @@
 //! the 32-bit MMIO hole, and the E820 map that describes it.
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
 
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
@@ -119,13 +118,11 @@ pub struct GuestRam {
 impl GuestRam {
     /// Creates memfd-backed RAM for `layout`. Pages are only allocated when touched.
     pub fn new(layout: RamLayout) -> Result<GuestRam, MemoryError> {
-        // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"driverlab-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(MemoryError::Memfd(std::io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-        let file = unsafe { File::from_raw_fd(fd) };
+        let file = memfd::MemfdOptions::default()
+            .close_on_exec(true)
+            .create("driverlab-guest-ram")
+            .map_err(|e| MemoryError::Memfd(std::io::Error::other(e)))?
+            .into_file();
         file.set_len(layout.size()).map_err(MemoryError::Memfd)?;
         let mut offset = 0;
         let mut regions = Vec::new();

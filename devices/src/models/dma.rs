@@ -261,14 +261,9 @@ impl DmaSpace {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::FromRawFd;
 
     fn memfd(size: u64) -> File {
-        // SAFETY: memfd_create with a valid name; checked.
-        let fd = unsafe { libc::memfd_create(c"dma-test".as_ptr(), 0) };
-        assert!(fd >= 0);
-        // SAFETY: fresh descriptor.
-        let file = unsafe { File::from_raw_fd(fd) };
+        let file = memfd::MemfdOptions::default().create("dma-test").unwrap().into_file();
         file.set_len(size).unwrap();
         file
     }

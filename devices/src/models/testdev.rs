@@ -9,7 +9,6 @@
 //! IDs d1ab:7e57 are not assigned to anyone; driverlab uses them for this device only.
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
 use std::sync::Arc;
 
 use super::dma::DmaSpace;
@@ -100,13 +99,11 @@ fn config_space() -> PciConfiguration {
 impl TestDevice {
     /// A test device in its power-on state.
     pub fn new() -> std::io::Result<Self> {
-        // SAFETY: memfd_create with a valid name; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"driverlab-testdev-bar2".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor nobody else owns.
-        let shared = unsafe { File::from_raw_fd(fd) };
+        let shared = memfd::MemfdOptions::default()
+            .close_on_exec(true)
+            .create("driverlab-testdev-bar2")
+            .map_err(std::io::Error::other)?
+            .into_file();
         shared.set_len(BAR_SIZE)?;
         Ok(TestDevice {
             config: config_space(),

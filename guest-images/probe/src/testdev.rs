@@ -4,6 +4,7 @@
 
 use core::cell::UnsafeCell;
 
+use crate::dma::DeviceDma;
 use crate::pci::{Ecam, Function};
 use crate::viommu::Viommu;
 use crate::{interrupts, json, mmio, report, time};
@@ -28,8 +29,6 @@ const MAGIC: u32 = u32::from_le_bytes(*b"DLTD");
 const VECTOR: u8 = 0x42;
 const DMA_LEN: u32 = 256;
 const PATTERN: u32 = 0xa5c3_5a3c;
-/// The IOVA the probe maps its buffer at behind the virtio-iommu.
-const IOVA: u64 = 0x5000_0000;
 /// Far outside anything mapped (or, without an IOMMU, outside guest RAM).
 const UNMAPPED_IOVA: u64 = 0xdead_0000_0000;
 const TIMEOUT_US: u64 = 1_000_000;
@@ -78,7 +77,7 @@ fn buffer() -> &'static mut [u8; 4096] {
 }
 
 /// Runs the checks and reports `{"probe":"testdev",...}` if the device is there.
-pub fn run(ecam: Ecam, functions: &[Function], mut viommu: Option<&mut Viommu>) {
+pub fn run(ecam: Ecam, functions: &[Function], viommu: Option<&mut Viommu>) {
     let Some(f) = functions.iter().find(|f| f.vendor == VENDOR && f.id == DEVICE) else { return };
     let (bar0, bar2) = (f.bars[0].0, f.bars[2].0);
     if f.bars[0].1 == 0 || f.bars[2].1 == 0 {
@@ -98,20 +97,26 @@ pub fn run(ecam: Ecam, functions: &[Function], mut viommu: Option<&mut Viommu>) 
 
     let msix_ready = ecam.route_msix_vector0(f, VECTOR);
 
-    // Where the device may DMA: behind the IOMMU, a mapping the probe makes; otherwise the buffer's
-    // own address.
+    // Where the device may DMA: behind the IOMMU, a mapping the probe makes in the device's own
+    // domain; otherwise the buffer's own address.
     let gpa = buffer().as_ptr() as u64;
     let rid = f.requester_id();
-    let behind_iommu = viommu.as_ref().is_some_and(|v| v.translates(rid));
-    let mut iova = gpa;
     let mut setup_error = None;
-    if let Some(v) = viommu.as_deref_mut().filter(|_| behind_iommu) {
-        let domain = v.first_domain + 1;
-        match v.attach(domain, rid as u32).and_then(|_| v.map(domain, IOVA, 4096, gpa)) {
-            Ok(()) => iova = IOVA,
-            Err(why) => setup_error = Some(why),
+    let mut dma = match viommu.filter(|v| v.translates(rid)) {
+        Some(v) => {
+            let domain = v.first_domain + 1;
+            DeviceDma::translated(v, domain, rid).unwrap_or_else(|why| {
+                setup_error = Some(why);
+                DeviceDma::identity()
+            })
         }
-    }
+        None => DeviceDma::identity(),
+    };
+    let behind_iommu = dma.translated_by_iommu();
+    let iova = dma.map(gpa, 4096).unwrap_or_else(|why| {
+        setup_error = Some(why);
+        gpa
+    });
 
     buffer().fill(0);
     let dma_write_ok = dev.dma(CMD_DMA_WRITE, iova) == STATUS_DONE
@@ -123,11 +128,11 @@ pub fn run(ecam: Ecam, functions: &[Function], mut viommu: Option<&mut Viommu>) 
         sum = sum.wrapping_add(*b as u32);
     }
     let dma_read_ok = dev.dma(CMD_DMA_READ, iova) == STATUS_DONE && dev.reg(REG_RESULT) == sum;
-    let unmapped = if behind_iommu { IOVA + 0x10_0000 } else { UNMAPPED_IOVA };
+    let unmapped = if behind_iommu { iova + 0x10_0000 } else { UNMAPPED_IOVA };
     let unmapped_dma_refused = dev.dma(CMD_DMA_WRITE, unmapped) == STATUS_FAULT;
     let msix = msix_ready && dev.irqs_ok;
-    if let Some(v) = viommu.filter(|_| behind_iommu && setup_error.is_none())
-        && let Err(why) = v.unmap(v.first_domain + 1, IOVA, 4096)
+    if setup_error.is_none()
+        && let Err(why) = dma.unmap(iova, 4096)
     {
         setup_error = Some(why);
     }

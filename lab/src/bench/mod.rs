@@ -20,6 +20,9 @@ pub enum BenchError {
     /// A driverlab run failed to start.
     #[error(transparent)]
     Process(#[from] ProcessError),
+    /// A device model failed to start.
+    #[error(transparent)]
+    Model(#[from] crate::model_process::ModelError),
     /// A run did not end with the probe's `done` line and a poweroff.
     #[error("{engine} run {run} did not complete the probe: {detail}")]
     BadRun {

@@ -3,10 +3,8 @@
 //! probe guest's end-to-end receive rate per RX buffer strategy against the model.
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use devices::models::aqc100::generator::{GeneratorConfig, generator};
@@ -15,6 +13,7 @@ use devices::models::aqc100::regs;
 use devices::models::dma::DmaSpace;
 
 use super::BenchError;
+use crate::model_process::ModelProcess;
 use crate::probe_report::ProbeReport;
 use crate::vm_process::VmProcess;
 
@@ -64,13 +63,11 @@ fn rates(frames: u64, times: &[Duration]) -> (f64, f64) {
 }
 
 fn memfd(size: u64) -> std::io::Result<File> {
-    // SAFETY: memfd_create with a valid name; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"driverlab-bench".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    let file = unsafe { File::from_raw_fd(fd) };
+    let file = memfd::MemfdOptions::default()
+        .close_on_exec(true)
+        .create("driverlab-bench")
+        .map_err(std::io::Error::other)?
+        .into_file();
     file.set_len(size)?;
     Ok(file)
 }
@@ -171,40 +168,13 @@ impl NicRun {
     }
 }
 
-struct ModelProcess {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for ModelProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// Boots the probe against a fresh `driverlab model aqc100 --generate` for each strategy and
 /// collects what it reports.
 pub fn nic(driverlab: &Path, strategies: &[&str], frames: u32) -> Result<Vec<NicRun>, BenchError> {
     let mut runs = Vec::new();
     for (run, strategy) in strategies.iter().enumerate() {
-        let dir = std::env::temp_dir().join(format!("driverlab-nic-bench-{}-{run}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(io)?;
-        let socket = dir.join("aqc100.sock");
-        let child = Command::new(driverlab)
-            .args(["model", "aqc100", "--once", "--generate", "size=1514", "--socket"])
-            .arg(&socket)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(io)?;
-        let _model = ModelProcess { child, dir };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !socket.exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let device = format!("vfio-user={}", socket.display());
+        let model = ModelProcess::start(driverlab, "aqc100", &["--generate", "size=1514"])?;
+        let device = model.device_arg();
         let cmdline = format!("probe.nic=aqc100 probe.rx={strategy} probe.frames={frames} probe.viommu_ops=0");
         let args = [
             "--kernel",

@@ -280,8 +280,7 @@ fn data_path(shared: &Shared, mut source: Box<dyn FrameSource>) {
         let mut idle = false;
         {
             let mut nic = shared.nic();
-            let link = nic.set_carrier(carrier);
-            shared.apply(link);
+            effects.merge(nic.set_carrier(carrier));
             while received < RX_BATCH {
                 if source.lossless() && !nic.rx_room(source.max_frame()) {
                     idle = true;
@@ -290,7 +289,7 @@ fn data_path(shared: &Shared, mut source: Box<dyn FrameSource>) {
                 match source.receive() {
                     Ok(Some(frame)) => {
                         let (_, e) = nic.receive(frame, &shared.dma);
-                        effects.vectors |= e.vectors;
+                        effects.merge(e);
                         received += 1;
                     }
                     Ok(None) => break,
@@ -378,8 +377,7 @@ impl Model for Aqc100 {
                     u32::from_le_bytes(word)
                 };
                 let e = nic.write(reg, value, &self.shared.dma);
-                effects.vectors |= e.vectors;
-                effects.rx_changed |= e.rx_changed;
+                effects.merge(e);
             }
         }
         self.shared.apply(effects);

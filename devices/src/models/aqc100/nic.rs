@@ -24,7 +24,8 @@ pub struct Effects {
 }
 
 impl Effects {
-    fn merge(&mut self, other: Effects) {
+    /// Adds what `other` asks for.
+    pub fn merge(&mut self, other: Effects) {
         self.vectors |= other.vectors;
         self.rx_changed |= other.rx_changed;
     }

@@ -24,11 +24,7 @@ const TX_BUFFERS: u64 = IOVA + 0x30_0000;
 const RING: u32 = 64;
 
 fn memfd(size: u64) -> File {
-    // SAFETY: memfd_create with a valid name; checked.
-    let fd = unsafe { libc::memfd_create(c"aqc100-test".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: a fresh descriptor nobody else owns.
-    let file = unsafe { File::from_raw_fd(fd) };
+    let file = memfd::MemfdOptions::default().create("aqc100-test").unwrap().into_file();
     file.set_len(size).unwrap();
     file
 }

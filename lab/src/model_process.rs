@@ -1,0 +1,110 @@
+//! A device model served by its own `driverlab model KIND` process, for VMs that pass it through
+//! with `--device vfio-user=SOCKET`: started on a socket in a private folder, killed and cleaned up
+//! when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a model may take to start serving.
+const START_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Errors starting a model process.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The folder or the process could not be created.
+    #[error("starting `driverlab model {kind}`: {source}")]
+    Start {
+        /// Which model.
+        kind: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The model never created its socket (it exited, or refused its arguments).
+    #[error("`driverlab model {kind}` did not start serving on {socket} within {START_TIMEOUT:?}", socket = socket.display())]
+    NotServing {
+        /// Which model.
+        kind: String,
+        /// Where it should have been serving.
+        socket: PathBuf,
+    },
+}
+
+/// A running model process serving one client (`--once`).
+pub struct ModelProcess {
+    child: Child,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl ModelProcess {
+    /// Starts `DRIVERLAB model KIND --once --socket DIR/KIND.sock ARGS...` and waits until it
+    /// serves. Its stdout (the counters it prints) is kept for [`ModelProcess::terminate`].
+    pub fn start(driverlab: &Path, kind: &str, args: &[&str]) -> Result<ModelProcess, ModelError> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let start_error = |source| ModelError::Start { kind: kind.to_string(), source };
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("driverlab-model-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(start_error)?;
+        let socket = dir.join(format!("{kind}.sock"));
+        let child = match Command::new(driverlab)
+            .args(["model", kind, "--once", "--socket"])
+            .arg(&socket)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(start_error(e));
+            }
+        };
+        let model = ModelProcess { child, socket, dir };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !model.socket.exists() {
+            if Instant::now() > deadline {
+                return Err(ModelError::NotServing { kind: kind.to_string(), socket: model.socket.clone() });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(model)
+    }
+
+    /// The vfio-user socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// `vfio-user=SOCKET`, for `driverlab vm run --device`.
+    pub fn device_arg(&self) -> String {
+        format!("vfio-user={}", self.socket.display())
+    }
+
+    /// Kills the model now (a peer that goes away mid-run).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
+    /// Sends SIGTERM, waits for the model to exit, and returns its exit code and stdout.
+    pub fn terminate(mut self) -> std::io::Result<(Option<i32>, String)> {
+        // SAFETY: kill(2) on our own child's PID, which it stays until we wait for it.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait()?;
+        let mut out = String::new();
+        if let Some(mut stdout) = self.child.stdout.take() {
+            std::io::Read::read_to_string(&mut stdout, &mut out)?;
+        }
+        Ok((status.code(), out))
+    }
+}
+
+impl Drop for ModelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -4,6 +4,8 @@
 # With --modules it prints instead the module directory (lib/modules/VERSION, .ko.xz files as
 # Debian ships them, without modules.dep) that belongs to the kernel the plain call prints.
 set -euo pipefail
+# shellcheck source=scripts/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 usage() {
     cat <<'EOF'
@@ -39,7 +41,13 @@ newest_package() {
     pattern="^linux-image-${series//./\\.}\\.[0-9]+\\+deb[0-9]+-amd64-unsigned\$"
     pkg=$(apt-cache search --names-only "$pattern" | awk '{print $1}' | sort -V | tail -n 1)
     if [ -z "$pkg" ]; then
-        echo "no package matching $pattern in apt's lists (run apt-get update)" >&2
+        # A fresh machine may never have fetched its package lists.
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+        pkg=$(apt-cache search --names-only "$pattern" | awk '{print $1}' | sort -V | tail -n 1)
+    fi
+    if [ -z "$pkg" ]; then
+        echo "no package matching $pattern in apt's lists: is bookworm-backports or" \
+             "bookworm-security in /etc/apt/sources.list.d?" >&2
         exit 1
     fi
     echo "$pkg"

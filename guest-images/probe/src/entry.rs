@@ -47,6 +47,24 @@ unsafe extern "C" {
     pub static ap_ready: u32;
     /// APIC IDs of the APs, in arrival order.
     pub static ap_apic_ids: [u32; MAX_APS];
+    /// CPUID leaves 0x1, 0x4000_0000 and 0x4000_0010 as the boot CPU saw them at CPL0, four
+    /// registers (EAX, EBX, ECX, EDX) each.
+    pub static cpuid_snapshot: [u32; 12];
+}
+
+/// Leaves in [`cpuid_snapshot`], in order.
+pub const CPUID_SNAPSHOT_LEAVES: [u32; 3] = [0x1, 0x4000_0000, 0x4000_0010];
+
+/// One CPUID leaf the boot CPU read at CPL0 (see [`CPUID_SNAPSHOT_LEAVES`]).
+///
+/// CPUID must not run at CPL3: on hosts without CPUID faulting (AMD) it executes natively there
+/// and returns the host's leaves, not the VMM's.
+pub fn cpuid(leaf: u32) -> Option<core::arch::x86_64::CpuidResult> {
+    let index = CPUID_SNAPSHOT_LEAVES.iter().position(|&l| l == leaf)?;
+    // SAFETY: written once by the boot CPU at CPL0 before any Rust code ran, read-only after.
+    let regs = unsafe { core::ptr::read_volatile(&raw const cpuid_snapshot) };
+    let r = &regs[index * 4..index * 4 + 4];
+    Some(core::arch::x86_64::CpuidResult { eax: r[0], ebx: r[1], ecx: r[2], edx: r[3] })
 }
 
 global_asm!(
@@ -117,6 +135,14 @@ common64:
     mov eax, 0x28
     ltr ax
     lidt [idt_ptr]
+    /* CPUID at CPL0, where the VMM's table answers (see `cpuid`). */
+    mov r8, offset cpuid_snapshot
+    mov eax, 0x1
+    call cpuid_store
+    mov eax, 0x40000000
+    call cpuid_store
+    mov eax, 0x40000010
+    call cpuid_store
     mov rsp, offset kernel_stack_top
     /* Drop to CPL3 with IOPL=3 and interrupts on: PVM does not let CPL3 run sti/cli, and no
        interrupt source is programmed before the CPL3 code has filled the IDT. */
@@ -126,6 +152,17 @@ common64:
     push 0x23                           /* CS: user code */
     push offset probe_main
     iretq
+
+    /* cpuid_store: CPUID leaf eax (subleaf 0) into [r8], r8 += 16. */
+cpuid_store:
+    xor ecx, ecx
+    cpuid
+    mov dword ptr [r8], eax
+    mov dword ptr [r8 + 4], ebx
+    mov dword ptr [r8 + 8], ecx
+    mov dword ptr [r8 + 12], edx
+    add r8, 16
+    ret
 
     /* Interrupt stubs: 256 of them, 16 bytes apart. */
     .balign 16
@@ -297,6 +334,9 @@ ap_ready:
     .global ap_apic_ids
 ap_apic_ids:
     .fill {max_aps}, 4, 0
+    .global cpuid_snapshot
+cpuid_snapshot:
+    .fill 12, 4, 0
     /* 64-bit TSS: RSP0 set at entry, then an all-zero I/O permission bitmap. PVM checks the
        bitmap, not IOPL, before letting CPL3 code do port I/O, so every port is allowed here. */
     .balign 16

@@ -1,8 +1,6 @@
 //! Starting the application processors with INIT and SIPI, as firmware or a kernel would, to
 //! check that every vCPU the VMM promised comes up.
 
-use core::arch::x86_64::__cpuid;
-
 use crate::entry::{self, MAX_APS};
 use crate::{json, lapic, report, time};
 
@@ -19,7 +17,7 @@ const EDX_HTT: u32 = 1 << 28;
 /// Logical processors the CPU claims: CPUID.1:EBX[23:16] when HTT is set (and the field is
 /// filled in: QEMU leaves it 0 for one vCPU), otherwise one.
 fn expected_cpus() -> u32 {
-    let leaf1 = __cpuid(1);
+    let Some(leaf1) = entry::cpuid(1) else { return 1 };
     if leaf1.edx & EDX_HTT != 0 { ((leaf1.ebx >> 16) & 0xff).max(1) } else { 1 }
 }
 

@@ -1,6 +1,8 @@
 //! Time from the TSC, whose rate the VMM publishes in the hypervisor CPUID timing leaf.
 
-use core::arch::x86_64::{__cpuid, _rdtsc};
+use core::arch::x86_64::_rdtsc;
+
+use crate::entry;
 
 const LEAF_HYPERVISOR: u32 = 0x4000_0000;
 const LEAF_HYPERVISOR_TIMING: u32 = 0x4000_0010;
@@ -15,11 +17,11 @@ pub fn tsc() -> u64 {
 
 /// The TSC rate in kHz, if the hypervisor publishes it.
 pub fn tsc_khz() -> Option<u64> {
-    let max = __cpuid(LEAF_HYPERVISOR).eax;
+    let max = entry::cpuid(LEAF_HYPERVISOR)?.eax;
     if max < LEAF_HYPERVISOR_TIMING {
         return None;
     }
-    let khz = __cpuid(LEAF_HYPERVISOR_TIMING).eax as u64;
+    let khz = entry::cpuid(LEAF_HYPERVISOR_TIMING)?.eax as u64;
     (khz != 0).then_some(khz)
 }
 

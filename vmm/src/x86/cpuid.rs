@@ -76,7 +76,13 @@ pub fn configure(cpuid: &CpuId, vcpu_id: u32, vcpus: u32, tsc_khz: Option<u32>) 
                 continue;
             }
             LEAF_HYPERVISOR => e.eax = e.eax.max(LEAF_HYPERVISOR_TIMING),
-            LEAF_HYPERVISOR_TIMING => has_timing_leaf = true,
+            LEAF_HYPERVISOR_TIMING => {
+                // Some hosts list the leaf with zeros; it is only useful with the rate in it.
+                if let Some(khz) = tsc_khz {
+                    (e.eax, e.ebx) = (khz, APIC_TIMER_KHZ);
+                }
+                has_timing_leaf = true;
+            }
             LEAF_AMD_SIZE => e.ecx = (e.ecx & !0xf0ff) | (vcpus - 1) | (id_bits(vcpus) << 12),
             LEAF_AMD_TOPOLOGY => {
                 e.eax = apic_id;
@@ -135,6 +141,19 @@ mod tests {
         assert_eq!(find(&c, LEAF_AMD_SIZE, 0).ecx & 0xff, 2);
         assert_eq!(find(&c, LEAF_HYPERVISOR, 0).eax, LEAF_HYPERVISOR_TIMING);
         assert_eq!(find(&c, LEAF_HYPERVISOR_TIMING, 0).eax, 2_500_000);
+    }
+
+    #[test]
+    fn a_listed_empty_timing_leaf_gets_the_rate() {
+        let base = CpuId::from_entries(&[
+            kvm_cpuid_entry2 { function: LEAF_HYPERVISOR, eax: 0x4000_0010, ..Default::default() },
+            entry(LEAF_HYPERVISOR_TIMING, 0),
+        ])
+        .unwrap();
+        let c = configure(&base, 0, 1, Some(2_596_134));
+        let timing = find(&c, LEAF_HYPERVISOR_TIMING, 0);
+        assert_eq!((timing.eax, timing.ebx), (2_596_134, APIC_TIMER_KHZ));
+        assert_eq!(c.as_slice().iter().filter(|e| e.function == LEAF_HYPERVISOR_TIMING).count(), 1);
     }
 
     #[test]

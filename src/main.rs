@@ -5,9 +5,25 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::Parser;
+use clap::error::ErrorKind as ClapErrorKind;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ClapErrorKind::DisplayHelp | ClapErrorKind::DisplayVersion) => e.exit(),
+        Err(e) => {
+            let _ = e.print();
+            // `vm run` always ends with its JSON line, even when its flags do not parse.
+            let args: Vec<String> =
+                std::env::args().skip(1).filter(|a| !a.starts_with("--log-level")).take(2).collect();
+            if args == ["vm", "run"] {
+                let message = e.render().to_string();
+                let first = message.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+                eprintln!("{}", vm_spec::ErrorLine::new(vm_spec::ErrorKind::Usage, first).to_json());
+            }
+            return ExitCode::from(vm_spec::exit::code::BAD_INPUT as u8);
+        }
+    };
     cli::init_logging(cli.log_level.as_deref());
     match cli.command.run() {
         Ok(code) => ExitCode::from(code),

@@ -56,6 +56,6 @@ fn probe_sees_the_real_device_behind_the_iommu_and_it_resets() {
         assert!(!seen["bars"].as_array().unwrap().is_empty(), "its BARs are assigned");
         let exit = out.exit.unwrap();
         let summary = &exit.devices[0];
-        assert!(summary.error.is_none() && summary.reset_ok, "{summary:?}");
+        assert!(summary.device.error.is_none() && summary.reset_ok, "{summary:?}");
     }
 }

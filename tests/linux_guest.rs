@@ -13,7 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{kvm_available, vm_run, write_file};
-use vmm::host::Virtualization;
+use vm_spec::host::Virtualization;
 
 const INITRAMFS_MARKER: &str = "DRIVERLAB-INITRAMFS-REACHED";
 
@@ -76,7 +76,7 @@ fn debian_vmlinux_boots_via_pvh() {
     let dir = tempfile::tempdir().unwrap();
     let vmlinux = guest_images::kernel::extract_vmlinux(&bzimage).expect("Debian's bzImage holds a vmlinux");
     let vmlinux = write_file(dir.path(), "vmlinux", &vmlinux);
-    let virt = vmm::host::virtualization();
+    let virt = vm_spec::host::virtualization();
 
     if virt.boots_linux() {
         return boots_to_initramfs(test, dir.path(), &vmlinux, "pvh");
@@ -123,7 +123,7 @@ fn debian_bzimage_is_entered_at_its_64_bit_entry() {
     };
     let dir = tempfile::tempdir().unwrap();
     let kernel = write_file(dir.path(), "vmlinuz", &bzimage);
-    let virt = vmm::host::virtualization();
+    let virt = vm_spec::host::virtualization();
 
     if virt.boots_linux() {
         return boots_to_initramfs(test, dir.path(), &kernel, "linux64");

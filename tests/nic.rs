@@ -50,7 +50,7 @@ fn receive_with(strategy: &str) -> serde_json::Value {
     assert_eq!(viommu.maps, probe_viommu_maps + nic_maps, "the VMM counted every map the probe made");
     assert_eq!(viommu.unmaps, viommu.maps, "everything was unmapped again");
     assert_eq!(viommu.faults, 0, "no IOMMU fault");
-    let counters = exit.devices[0].counters.expect("model counters");
+    let counters = exit.devices[0].device.counters.expect("model counters");
     assert_eq!(counters.dma_faults, 0);
     // The model saw the NIC's maps as vfio-user DMA_MAPs, plus the identity map of RAM while the
     // endpoint was still in bypass.

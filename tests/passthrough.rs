@@ -36,8 +36,8 @@ fn testdev_behind_the_virtio_iommu() {
     assert_eq!((viommu.maps, viommu.unmaps), (11, 11), "10 timed pairs and the test device's buffer");
     assert_eq!(viommu.faults, 1, "the refused DMA is counted as an IOMMU fault");
     let dev = &exit.devices[0];
-    assert_eq!((dev.bdf.as_str(), dev.reset_ok, dev.error.as_deref()), ("00:02.0", true, None));
-    let counters = dev.counters.expect("model counters");
+    assert_eq!((dev.device.bdf.as_str(), dev.reset_ok, dev.device.error.as_deref()), ("00:02.0", true, None));
+    let counters = dev.device.counters.expect("model counters");
     assert_eq!(counters.dma_faults, 1);
     assert_eq!(counters.interrupts, 3, "one MSI-X interrupt per DMA command");
     // The identity map while in bypass, then the guest's one buffer.
@@ -62,7 +62,7 @@ fn testdev_without_iommu_gets_identity_dma() {
     }
     let exit = out.exit.unwrap();
     assert!(exit.viommu.is_none());
-    assert_eq!(exit.devices[0].counters.unwrap().dma_maps, 1, "all of RAM, once");
+    assert_eq!(exit.devices[0].device.counters.unwrap().dma_maps, 1, "all of RAM, once");
 }
 
 #[test]
@@ -88,8 +88,14 @@ fn a_model_that_dies_mid_run_ends_the_devices_use_not_the_vm() {
     let done = report.done().unwrap();
     assert!(!done.ok && done.failures.iter().any(|f| f.starts_with("testdev")), "{done:?}");
     let dev = &out.exit.unwrap().devices[0];
-    assert!(dev.error.is_some(), "{dev:?}");
+    assert!(dev.device.error.is_some(), "{dev:?}");
     assert!(!dev.reset_ok);
+}
+
+/// The error line a VMM that could not run ends its stderr with.
+fn error_line(stderr: &str) -> vm_spec::ErrorLine {
+    let last = stderr.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("the last line is not an error line ({e}): {stderr}"))
 }
 
 #[test]
@@ -98,19 +104,43 @@ fn unusable_devices_are_refused_before_the_guest_runs() {
         driverlab_cmd(&["vm", "run", "--kernel", "probe", "--device", "vfio-user=/nonexistent/model.sock"]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stdout.is_empty());
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(
-        stderr.contains("device vfio-user=/nonexistent/model.sock") && stderr.contains("cannot connect"),
-        "{stderr}"
-    );
+    let line = error_line(&stderr);
+    assert_eq!((line.kind, line.exit_code), (vm_spec::ErrorKind::Device, 2), "{stderr}");
+    assert!(line.message.contains("device vfio-user=/nonexistent/model.sock"), "{stderr}");
 
     let (code, _, stderr) = driverlab_cmd(&["vm", "run", "--kernel", "probe", "--device", "vfio=0000:7f:1f.7"]);
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("vfio=0000:7f:1f.7"), "{stderr}");
+    assert!(error_line(&stderr).message.contains("vfio=0000:7f:1f.7"), "{stderr}");
 
     let (code, _, stderr) = driverlab_cmd(&["vm", "run", "--kernel", "probe", "--device", "vfio=63:00"]);
     assert_eq!(code, Some(2));
-    assert!(stderr.contains("not a PCI address"), "{stderr}");
+    let line = error_line(&stderr);
+    assert!(line.kind == vm_spec::ErrorKind::Usage && line.message.contains("not a PCI address"), "{stderr}");
+}
+
+#[test]
+fn a_peer_that_is_gone_or_hangs_up_is_not_bad_input() {
+    if !kvm_available("a_peer_that_is_gone_or_hangs_up_is_not_bad_input") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A socket left behind by a model that exited: nobody accepts.
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let device = format!("vfio-user={}", stale.display());
+    let (code, _, stderr) = driverlab_cmd(&["vm", "run", "--kernel", "probe", "--device", &device]);
+    let line = error_line(&stderr);
+    assert_eq!((code, line.kind), (Some(1), vm_spec::ErrorKind::Peer), "{stderr}");
+
+    // A peer that accepts and hangs up at once.
+    let rude = dir.path().join("rude.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&rude).unwrap();
+    let hang_up = std::thread::spawn(move || drop(listener.accept()));
+    let device = format!("vfio-user={}", rude.display());
+    let (code, _, stderr) = driverlab_cmd(&["vm", "run", "--kernel", "probe", "--device", &device]);
+    hang_up.join().unwrap();
+    let line = error_line(&stderr);
+    assert_eq!((code, line.kind, line.exit_code), (Some(1), vm_spec::ErrorKind::Peer, 1), "{stderr}");
 }
 
 #[test]

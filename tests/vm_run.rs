@@ -128,16 +128,20 @@ fn each_way_of_ending_has_its_exit_code() {
     }
 }
 
-/// Runs `driverlab vm run ARGS`, expects exit code 2 with one `error:` line naming `needle`.
+/// Runs `driverlab vm run ARGS`, expects exit code 2 with an `error:` line and the JSON error line
+/// after it, both naming `needle`.
 fn assert_bad_input(args: &[&str], needle: &str) {
     let mut full = vec!["vm", "run"];
     full.extend_from_slice(args);
     let (code, stdout, stderr) = driverlab_cmd(&full);
     assert_eq!(code, Some(2), "{args:?}: stderr {stderr}");
     assert!(stdout.is_empty(), "{args:?}: no guest ran, yet stdout has {stdout}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: one line, got {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
+    assert!(lines.len() <= 3, "{args:?}: a message (and clap's hint) and the error line, got {stderr}");
     assert!(lines[0].starts_with("error: ") && lines[0].contains(needle), "{args:?}: {stderr} lacks {needle:?}");
+    let line: vm_spec::ErrorLine = serde_json::from_str(lines[lines.len() - 1]).expect("the error line last");
+    assert_eq!((line.vmm.as_str(), line.exit_code), ("error", 2), "{stderr}");
+    assert!(line.message.contains(needle), "{stderr}");
 }
 
 #[test]
@@ -159,12 +163,20 @@ fn bad_input_is_one_line_and_exit_code_2() {
     assert_bad_input(&["--kernel", &big, "--memory", "32"], "does not fit in guest memory");
     assert_bad_input(&["--kernel", "probe", "--memory", "32", "--initrd", &initrd], "does not fit");
     assert_bad_input(&["--kernel", "probe", "--initrd", "/nonexistent/initrd"], "initrd /nonexistent/initrd");
-    assert_bad_input(&["--kernel", "probe", "--memory", "0"], "--memory 0");
+    assert_bad_input(&["--kernel", "probe", "--memory", "0"], "(--memory) 0");
     assert_bad_input(&["--kernel", "probe", "--memory", "100000000"], "the host has only");
     assert_bad_input(&["--kernel", "probe", "--cmdline", &long_cmdline], "at most 2047");
-    assert_bad_input(&["--kernel", "probe", "--vcpus", "0"], "--vcpus 0");
+    assert_bad_input(&["--kernel", "probe", "--vcpus", "0"], "(--vcpus) 0");
     assert_bad_input(&["--kernel", "probe", "--timeout", "0"], "--timeout");
-    assert_bad_input(&["--kernel", "probe", "--serial", "/nonexistent/dir/serial.log"], "--serial");
+    assert_bad_input(&["--kernel", "probe", "--serial", "/nonexistent/dir/serial.log"], "serial output /nonexistent");
+    assert_bad_input(&["--kernel", "probe", "--com2", "unix:/nonexistent/agent.sock"], "serial output /nonexistent");
+    assert_bad_input(&["--kernel", "probe", "--iommu-bypass", "false"], "--iommu-bypass needs --iommu");
+    assert_bad_input(&["--kernel", "probe", "--memory", "lots"], "invalid value 'lots'");
+    assert_bad_input(&["--config", "/nonexistent/spec.json"], "--config /nonexistent/spec.json");
+    let spec = write_file(dir.path(), "spec.json", br#"{"kernel":"probe","vcpus":"two"}"#);
+    assert_bad_input(&["--config", &spec], "vcpus: invalid type");
+    let spec = write_file(dir.path(), "unknown.json", br#"{"kernel":"probe","colour":"red"}"#);
+    assert_bad_input(&["--config", &spec], "unknown field `colour`");
     assert_bad_input(&["--kernel", &text, "--entry", "pvh"], "not an ELF or bzImage");
 }
 

@@ -14,7 +14,8 @@ use axum::routing::{get, post};
 use lab::{ProbeReport, VmProcess};
 
 use crate::ApiError;
-use crate::types::{ErrorBody, HostInfo, Version, VmRequest, VmResult};
+use crate::types::{ErrorBody, HostInfo, Version, VmResult};
+use vm_spec::{ErrorKind, VmSpec};
 
 /// The routes, as the OpenAPI document lists them (checked by a test).
 pub const ROUTES: &[(&str, &str)] =
@@ -24,6 +25,8 @@ pub const ROUTES: &[(&str, &str)] =
 const MAX_MEMORY_MIB: u64 = 64 * 1024;
 /// Longest run one request may ask for.
 const MAX_TIMEOUT_S: f64 = 24.0 * 3600.0;
+/// The run time of a request that gives none.
+const DEFAULT_TIMEOUT_S: f64 = 60.0;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -86,7 +89,7 @@ async fn version() -> Json<Version> {
 }
 
 async fn host() -> Json<HostInfo> {
-    let virt = vmm::host::virtualization();
+    let virt = vm_spec::host::virtualization();
     Json(HostInfo { virtualization: virt.describe(), boots_linux: virt.boots_linux() })
 }
 
@@ -94,51 +97,30 @@ async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/yaml")], crate::OPENAPI).into_response()
 }
 
-fn check_request(request: &VmRequest) -> Result<(), String> {
-    if request.kernel.is_empty() {
-        return Err("kernel: give `probe` or a kernel path".into());
+fn check_request(spec: &mut VmSpec) -> Result<(), String> {
+    spec.validate().map_err(|e| e.to_string())?;
+    let timeout = *spec.timeout_s.get_or_insert(DEFAULT_TIMEOUT_S);
+    if timeout > MAX_TIMEOUT_S {
+        return Err(format!("timeout_s: at most {MAX_TIMEOUT_S} per request"));
     }
-    if !(request.timeout_s.is_finite() && request.timeout_s > 0.0 && request.timeout_s <= MAX_TIMEOUT_S) {
-        return Err(format!("timeout_s: must be more than 0 and at most {MAX_TIMEOUT_S}"));
-    }
-    if request.memory_mib > MAX_MEMORY_MIB {
+    if spec.memory_mib > MAX_MEMORY_MIB {
         return Err(format!("memory_mib: at most {MAX_MEMORY_MIB} per VM"));
     }
     Ok(())
 }
 
-fn vm_args(request: &VmRequest) -> Vec<String> {
-    let mut args = vec![
-        "--kernel".to_string(),
-        request.kernel.clone(),
-        "--cmdline".into(),
-        request.cmdline.clone(),
-        "--memory".into(),
-        request.memory_mib.to_string(),
-        "--vcpus".into(),
-        request.vcpus.to_string(),
-        "--timeout".into(),
-        request.timeout_s.to_string(),
-    ];
-    if let Some(initrd) = &request.initrd {
-        args.extend(["--initrd".to_string(), initrd.clone()]);
-    }
-    args
-}
-
 async fn run_vm(State(state): State<AppState>, body: Bytes) -> Response {
-    let request: VmRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
+    let mut spec: VmSpec = match serde_json::from_slice(&body) {
+        Ok(spec) => spec,
         Err(e) => {
             return error(StatusCode::BAD_REQUEST, format!("invalid request body: {e}"));
         }
     };
-    if let Err(message) = check_request(&request) {
+    if let Err(message) = check_request(&mut spec) {
         return error(StatusCode::UNPROCESSABLE_ENTITY, message);
     }
     // A backstop beyond the VMM's own timeout, in case the VMM itself hangs.
-    let deadline = Duration::from_secs_f64(request.timeout_s) + Duration::from_secs(30);
-    let process = VmProcess::new(state.driverlab.as_path(), vm_args(&request), deadline);
+    let process = VmProcess::new(state.driverlab.as_path(), spec, Duration::from_secs(30));
     let outcome = match tokio::task::spawn_blocking(move || process.run()).await {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
@@ -146,9 +128,11 @@ async fn run_vm(State(state): State<AppState>, body: Bytes) -> Response {
             return error(StatusCode::INTERNAL_SERVER_ERROR, format!("VM task failed: {e}"));
         }
     };
-    if outcome.code() == Some(vmm::exit::code::BAD_INPUT) {
-        let message = outcome.stderr.lines().find(|l| l.starts_with("error:")).unwrap_or("bad input");
-        return error(StatusCode::UNPROCESSABLE_ENTITY, message.trim_start_matches("error: ").to_string());
+    if let Some(line) = &outcome.error
+        && line.exit_code == vm_spec::exit::code::BAD_INPUT
+        && line.kind != ErrorKind::Usage
+    {
+        return error(StatusCode::UNPROCESSABLE_ENTITY, line.message.clone());
     }
     let probe = ProbeReport::parse(&outcome.serial).sections().to_vec();
     Json(VmResult {
@@ -157,6 +141,7 @@ async fn run_vm(State(state): State<AppState>, body: Bytes) -> Response {
         probe,
         wall_ms: outcome.wall.as_secs_f64() * 1e3,
         exit: outcome.exit,
+        error: outcome.error,
         serial: outcome.serial,
     })
     .into_response()

@@ -1,41 +1,6 @@
-//! Request and response bodies.
+//! Request and response bodies. `POST /v1/vms` takes a `vm_spec::VmSpec`.
 
 use serde::{Deserialize, Serialize};
-
-/// `POST /v1/vms`: one VM, run to its end.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VmRequest {
-    /// `probe` for the embedded probe guest, or a kernel path on the server's host.
-    pub kernel: String,
-    /// Kernel command line.
-    #[serde(default)]
-    pub cmdline: String,
-    /// An initrd path on the server's host.
-    #[serde(default)]
-    pub initrd: Option<String>,
-    /// Guest memory in MiB.
-    #[serde(default = "default_memory")]
-    pub memory_mib: u64,
-    /// vCPUs.
-    #[serde(default = "default_vcpus")]
-    pub vcpus: u32,
-    /// Seconds before the VM is stopped.
-    #[serde(default = "default_timeout")]
-    pub timeout_s: f64,
-}
-
-fn default_memory() -> u64 {
-    256
-}
-
-fn default_vcpus() -> u32 {
-    1
-}
-
-fn default_timeout() -> f64 {
-    60.0
-}
 
 /// How a VM run ended and what its guest reported.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -44,8 +9,10 @@ pub struct VmResult {
     pub exit_code: Option<i32>,
     /// The signal that killed the VMM process, if one did (31 = SIGSYS: seccomp).
     pub signal: Option<i32>,
-    /// The VMM's exit line.
-    pub exit: Option<vmm::ExitSummary>,
+    /// The VMM's exit line, if the VM ran.
+    pub exit: Option<vm_spec::ExitSummary>,
+    /// The VMM's error line, if it could not run the VM.
+    pub error: Option<vm_spec::ErrorLine>,
     /// The probe guest's report sections, in order (empty for other guests).
     pub probe: Vec<serde_json::Value>,
     /// The guest's serial output.

@@ -12,7 +12,8 @@
 
 use std::sync::Arc;
 
-use crate::bus::BusDevice;
+use vm_device::bus::BusDevice;
+use vm_device::guest_event::{GuestEvent, GuestEventSink};
 
 /// Port of the ACPI sleep control register; the sleep status and reset registers follow it.
 pub const ACPI_PM_BASE: u64 = 0x600;
@@ -28,29 +29,11 @@ const SLP_EN: u8 = 1 << 5;
 pub const I8042_BASE: u64 = 0x60;
 /// Ports used by [`I8042`].
 pub const I8042_LEN: u64 = 5;
-const I8042_CMD_RESET: u8 = 0xfe;
 
 /// The pvpanic port (QEMU's ISA pvpanic device, ACPI id QEMU0001).
 pub const PVPANIC_PORT: u64 = 0x505;
 const PVPANIC_PANICKED: u8 = 1 << 0;
 const PVPANIC_CRASH_LOADED: u8 = 1 << 1;
-
-/// A request by the guest to end the run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GuestEvent {
-    /// Power off (S5).
-    PowerOff,
-    /// Reset the machine.
-    Reset,
-    /// The guest reported a panic.
-    Panic,
-}
-
-/// Where devices send [`GuestEvent`]s; the VMM implements it.
-pub trait GuestEventSink: Send + Sync {
-    /// Records the event; the first one ends the run.
-    fn guest_event(&self, event: GuestEvent);
-}
 
 /// ACPI hardware-reduced sleep control/status and reset registers.
 pub struct AcpiPower {
@@ -79,27 +62,40 @@ impl BusDevice for AcpiPower {
     }
 }
 
-/// Just enough of the i8042 keyboard controller for its reset line.
+/// The i8042 keyboard controller's reset line: vm-superio's `I8042Device`, whose reset trigger
+/// ends the run.
 pub struct I8042 {
-    sink: Arc<dyn GuestEventSink>,
+    device: vm_superio::I8042Device<ResetTrigger>,
+}
+
+/// Turns the i8042's reset into a [`GuestEvent::Reset`].
+struct ResetTrigger(Arc<dyn GuestEventSink>);
+
+impl vm_superio::Trigger for ResetTrigger {
+    type E = std::convert::Infallible;
+
+    fn trigger(&self) -> Result<(), Self::E> {
+        self.0.guest_event(GuestEvent::Reset);
+        Ok(())
+    }
 }
 
 impl I8042 {
     /// A controller that reports resets to `sink`.
     pub fn new(sink: Arc<dyn GuestEventSink>) -> Self {
-        I8042 { sink }
+        I8042 { device: vm_superio::I8042Device::new(ResetTrigger(sink)) }
     }
 }
 
 impl BusDevice for I8042 {
-    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
         // Status 0: output buffer empty, input buffer empty.
-        data.fill(0);
+        data.fill(self.device.read(offset as u8));
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        if offset == 4 && data.first() == Some(&I8042_CMD_RESET) {
-            self.sink.guest_event(GuestEvent::Reset);
+        if let Some(&value) = data.first() {
+            let Ok(()) = self.device.write(offset as u8, value);
         }
     }
 }
@@ -172,9 +168,9 @@ mod tests {
     fn i8042_and_pvpanic() {
         let events = Arc::new(Events::default());
         let mut kbd = I8042::new(events.clone());
-        kbd.write(0, &[I8042_CMD_RESET]); // data port: not a command
+        kbd.write(0, &[0xfe]); // data port: not a command
         kbd.write(4, &[0xd1]);
-        kbd.write(4, &[I8042_CMD_RESET]);
+        kbd.write(4, &[0xfe]);
         let mut panic = PvPanic::new(events.clone());
         let mut caps = [0u8];
         panic.read(0, &mut caps);

@@ -1,4 +1,4 @@
-//! COM1: a 16550 UART from vm-superio whose interrupt is an EventFd (wired to an irqfd) and whose
+//! COM1 and COM2: 16550 UARTs from vm-superio whose interrupt is an EventFd (wired to an irqfd) and whose
 //! output goes to any writer (stdout, a file).
 
 use std::io::Write;
@@ -10,14 +10,18 @@ use vm_superio::serial::NoEvents;
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::bus::BusDevice;
+use vm_device::bus::BusDevice;
 
 /// I/O port base of COM1.
 pub const COM1_BASE: u64 = 0x3f8;
-/// Number of COM1 registers.
-pub const COM1_LEN: u64 = 8;
 /// Legacy IRQ line of COM1.
 pub const COM1_IRQ: u32 = 4;
+/// I/O port base of COM2.
+pub const COM2_BASE: u64 = 0x2f8;
+/// Legacy IRQ line of COM2.
+pub const COM2_IRQ: u32 = 3;
+/// Number of registers of either port.
+pub const UART_LEN: u64 = 8;
 
 /// Raises the UART's interrupt by signalling an EventFd.
 pub struct EventFdTrigger(EventFd);

@@ -15,4 +15,4 @@ pub mod vm_process;
 
 pub use model_process::{ModelError, ModelProcess};
 pub use probe_report::ProbeReport;
-pub use vm_process::{VmOutcome, VmProcess};
+pub use vm_process::{Launch, RunningVm, VmOutcome, VmProcess};

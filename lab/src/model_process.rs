@@ -80,7 +80,12 @@ impl ModelProcess {
 
     /// `vfio-user=SOCKET`, for `driverlab vm run --device`.
     pub fn device_arg(&self) -> String {
-        format!("vfio-user={}", self.socket.display())
+        self.device_spec().to_string()
+    }
+
+    /// The device as a VM spec names it.
+    pub fn device_spec(&self) -> vm_spec::DeviceSpec {
+        vm_spec::DeviceSpec::VfioUser(self.socket.clone())
     }
 
     /// Kills the model now (a peer that goes away mid-run).

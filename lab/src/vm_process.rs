@@ -1,12 +1,14 @@
-//! One VMM process: started, bounded in time, its output collected.
+//! One VMM process: started with a [`VmSpec`] (`driverlab vm run --config -`, the spec on its
+//! stdin), bounded in time, its output collected: the guest's serial output, and the exit line or
+//! the error line on stderr.
 
 use std::ffi::OsString;
-use std::io::Read;
-use std::path::PathBuf;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use vmm::ExitSummary;
+use vm_spec::{ErrorLine, ExitSummary, VmSpec};
 
 /// Errors running a VMM process.
 #[derive(Debug, thiserror::Error)]
@@ -29,10 +31,21 @@ pub enum ProcessError {
 pub struct VmProcess {
     /// The driverlab binary.
     pub binary: PathBuf,
-    /// Arguments after `vm run`.
-    pub args: Vec<OsString>,
-    /// Kill the process if it runs longer than this (a backstop to the VMM's own `--timeout`).
+    /// What to run.
+    pub launch: Launch,
+    /// A control socket for the VMM to serve (`--control`).
+    pub control: Option<PathBuf>,
+    /// Kill the process if it runs longer than this (a backstop to the spec's own timeout).
     pub deadline: Duration,
+}
+
+/// What a [`VmProcess`] runs.
+#[derive(Debug, Clone)]
+pub enum Launch {
+    /// A spec, handed over on stdin (`--config -`): how the lab and the API start VMs.
+    Spec(VmSpec),
+    /// Command-line flags after `vm run`, for tests of the command line itself.
+    Args(Vec<OsString>),
 }
 
 /// What a finished VMM process left behind.
@@ -42,6 +55,8 @@ pub struct VmOutcome {
     pub status: ExitStatus,
     /// The exit line, if it printed one.
     pub exit: Option<ExitSummary>,
+    /// The error line, if the VMM could not run the VM.
+    pub error: Option<ErrorLine>,
     /// Everything the guest wrote to its serial port (the process's stdout).
     pub serial: String,
     /// The process's stderr.
@@ -65,35 +80,88 @@ impl VmOutcome {
 }
 
 impl VmProcess {
-    /// A `vm run` with `args`, killed after `deadline`.
-    pub fn new(
+    /// A `vm run` of `spec`, killed after its own timeout plus `grace` (or `grace` alone when the
+    /// spec has none).
+    pub fn new(binary: impl Into<PathBuf>, spec: VmSpec, grace: Duration) -> Self {
+        let deadline = spec.timeout_s.map_or(Duration::ZERO, Duration::from_secs_f64) + grace;
+        VmProcess { binary: binary.into(), launch: Launch::Spec(spec), control: None, deadline }
+    }
+
+    /// A `vm run ARGS...`, killed after `deadline`.
+    pub fn with_args(
         binary: impl Into<PathBuf>,
         args: impl IntoIterator<Item = impl Into<OsString>>,
         deadline: Duration,
     ) -> Self {
-        VmProcess { binary: binary.into(), args: args.into_iter().map(Into::into).collect(), deadline }
+        let args = args.into_iter().map(Into::into).collect();
+        VmProcess { binary: binary.into(), launch: Launch::Args(args), control: None, deadline }
+    }
+
+    /// The same, serving a control socket at `path`.
+    pub fn with_control(mut self, path: impl AsRef<Path>) -> Self {
+        self.control = Some(path.as_ref().to_path_buf());
+        self
     }
 
     /// Runs the process to its end.
     pub fn run(&self) -> Result<VmOutcome, ProcessError> {
-        let start = Instant::now();
-        let mut child = Command::new(&self.binary)
-            .args(["vm", "run"])
-            .args(&self.args)
-            .stdin(Stdio::null())
+        self.start()?.wait()
+    }
+
+    /// Starts the process; [`RunningVm::wait`] collects it.
+    pub fn start(&self) -> Result<RunningVm, ProcessError> {
+        let started = Instant::now();
+        let mut command = Command::new(&self.binary);
+        command.args(["vm", "run"]);
+        match &self.launch {
+            Launch::Spec(_) => command.args(["--config", "-"]),
+            Launch::Args(args) => command.args(args),
+        };
+        if let Some(control) = &self.control {
+            command.arg("--control").arg(control);
+        }
+        let stdin = if matches!(self.launch, Launch::Spec(_)) { Stdio::piped() } else { Stdio::null() };
+        let mut child = command
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|source| ProcessError::Spawn { binary: self.binary.clone(), source })?;
+        if let (Launch::Spec(spec), Some(mut stdin)) = (&self.launch, child.stdin.take()) {
+            // A VMM that dies before reading its spec shows in its exit status, not here.
+            let _ = stdin.write_all(spec.to_json().as_bytes());
+        }
         let stdout = drain(child.stdout.take());
         let stderr = drain(child.stderr.take());
+        Ok(RunningVm { child, stdout, stderr, started, deadline: self.deadline })
+    }
+}
+
+/// A started VMM process.
+pub struct RunningVm {
+    child: std::process::Child,
+    stdout: std::thread::JoinHandle<String>,
+    stderr: std::thread::JoinHandle<String>,
+    started: Instant,
+    deadline: Duration,
+}
+
+impl RunningVm {
+    /// The process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to end (killing it at its deadline) and collects its output.
+    pub fn wait(self) -> Result<VmOutcome, ProcessError> {
+        let RunningVm { mut child, stdout, stderr, started: start, deadline } = self;
         let mut killed = false;
         let status = loop {
             if let Some(status) = child.try_wait().map_err(ProcessError::Wait)? {
                 break status;
             }
-            if start.elapsed() > self.deadline && !killed {
-                tracing::warn!("VMM process passed its deadline of {:?}; killing it", self.deadline);
+            if start.elapsed() > deadline && !killed {
+                tracing::warn!("VMM process passed its deadline of {deadline:?}; killing it");
                 let _ = child.kill();
                 killed = true;
             }
@@ -102,7 +170,15 @@ impl VmProcess {
         let wall = start.elapsed();
         let serial = stdout.join().unwrap_or_default();
         let stderr = stderr.join().unwrap_or_default();
-        Ok(VmOutcome { status, exit: ExitSummary::find_in(&stderr), serial, stderr, wall, killed })
+        Ok(VmOutcome {
+            status,
+            exit: ExitSummary::find_in(&stderr),
+            error: ErrorLine::find_in(&stderr),
+            serial,
+            stderr,
+            wall,
+            killed,
+        })
     }
 }
 
@@ -133,13 +209,35 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 
-        let out = VmProcess::new(&fake, ["quick"], Duration::from_secs(5)).run().unwrap();
+        let out = VmProcess::with_args(&fake, ["quick"], Duration::from_secs(5)).run().unwrap();
         assert_eq!((out.code(), out.serial.as_str(), out.killed), (Some(3), "serial\n", false));
         assert!(out.exit.is_none(), "not an exit line");
-        let out = VmProcess::new(&fake, ["slow"], Duration::from_millis(50)).run().unwrap();
+        let out = VmProcess::with_args(&fake, ["slow"], Duration::from_millis(50)).run().unwrap();
         assert!(out.killed && out.signal() == Some(libc::SIGKILL));
         assert!(out.wall < Duration::from_secs(4));
-        let missing = VmProcess::new("/nonexistent/driverlab", Vec::<String>::new(), Duration::from_secs(1));
+        let missing = VmProcess::with_args("/nonexistent/driverlab", Vec::<String>::new(), Duration::from_secs(1));
         assert!(matches!(missing.run(), Err(ProcessError::Spawn { .. })));
+    }
+
+    #[test]
+    fn a_spec_goes_in_on_stdin_and_the_error_line_comes_back() {
+        // A stand-in that checks its arguments, echoes its stdin as serial output and fails the
+        // way a VMM does.
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("fake-driverlab");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\n[ \"$3 $4 $5\" = \"--config - --control\" ] || exit 9\ncat\n\
+             echo '{\"vmm\":\"error\",\"kind\":\"peer\",\"message\":\"m\",\"exit_code\":1}' >&2; exit 1\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let spec = VmSpec::new(vm_spec::Kernel::Probe);
+        let out =
+            VmProcess::new(&fake, spec.clone(), Duration::from_secs(5)).with_control("/tmp/c.sock").run().unwrap();
+        assert_eq!(out.code(), Some(1));
+        assert_eq!(VmSpec::from_json(&out.serial).unwrap(), spec);
+        let error = out.error.unwrap();
+        assert_eq!((error.kind, error.exit_code), (vm_spec::ErrorKind::Peer, 1));
     }
 }

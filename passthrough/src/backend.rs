@@ -54,6 +54,9 @@ pub enum BackendError {
     /// The host cannot do this (no VFIO, permissions).
     #[error("{0}")]
     Host(String),
+    /// The device named does not exist: no such PCI address, no socket at the path.
+    #[error("{0}")]
+    NotFound(String),
 }
 
 /// One region of the device.

@@ -10,11 +10,11 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use devices::interrupt::MsiInterrupts;
 use devices::pci::config::{BarKind, NUM_BARS, PciConfiguration, PciIds};
 use devices::pci::device::{BarMapping, PciDevice, decoded_bars};
 use devices::pci::msi::{self, MsiConfig};
 use devices::pci::msix::{self, MsixConfig};
+use vm_device::interrupt::MsiInterrupts;
 
 use crate::backend::{BackendError, VfioBackend, irq, region};
 use crate::slots::{BarWindow, GuestMemorySlots};
@@ -105,6 +105,17 @@ fn capabilities(c: &[u8; 256]) -> Vec<(usize, u8)> {
         next = (c[next + 1] & 0xfc) as usize;
     }
     caps
+}
+
+impl Drop for PciPassthroughDevice {
+    fn drop(&mut self) {
+        // The guest must stop reaching the windows before they are unmapped from this process.
+        for window in &mut self.bar_windows {
+            if let Err(e) = window.place(self.slots.as_ref(), None) {
+                tracing::warn!("{}: removing BAR {} window from the guest: {e}", self.name, window.bar);
+            }
+        }
+    }
 }
 
 impl PciPassthroughDevice {
@@ -553,7 +564,8 @@ impl PciDevice for PciPassthroughDevice {
 mod tests {
     use super::*;
     use crate::backend::RegionInfo;
-    use devices::interrupt::{InterruptError, MsiMessage};
+    use crate::slots::SlotError;
+    use vm_device::interrupt::{InterruptError, MsiMessage};
     use vmm_sys_util::eventfd::EventFd;
 
     #[derive(Default)]
@@ -687,10 +699,10 @@ mod tests {
     struct NoSlots;
 
     impl GuestMemorySlots for NoSlots {
-        fn map(&self, _: u64, _: u64, _: u64) -> Result<u32, String> {
-            Err("no slots in this test".into())
+        unsafe fn map(&self, _: u64, _: u64, _: u64) -> Result<u32, SlotError> {
+            Err(SlotError::Exhausted)
         }
-        fn unmap(&self, _: u32) -> Result<(), String> {
+        fn unmap(&self, _: u32) -> Result<(), SlotError> {
             Ok(())
         }
     }

@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use devices::virtio::iommu::domains::DmaMapListener;
+use vm_device::dma::{DmaMapError, DmaMapListener};
 
 use crate::backend::{BackendError, GuestRamMap};
 use crate::device::{SharedBackend, lock};
@@ -56,15 +56,20 @@ impl DmaMirror {
 }
 
 impl DmaMapListener for DmaMirror {
-    fn map(&self, iova: u64, gpa: u64, size: u64, write: bool) -> Result<(), String> {
-        lock(&self.backend).dma_map(iova, size, gpa, write).map_err(|e| e.to_string())
+    fn map(&self, iova: u64, gpa: u64, size: u64, write: bool) -> Result<(), DmaMapError> {
+        lock(&self.backend)
+            .dma_map(iova, size, gpa, write)
+            .map_err(|e| DmaMapError::new(format!("DMA map {iova:#x}+{size:#x}"), e))
     }
 
-    fn unmap(&self, iova: u64, size: u64) -> Result<(), String> {
-        lock(&self.backend).dma_unmap(iova, size).map_err(|e| e.to_string())
+    fn unmap(&self, iova: u64, size: u64) -> Result<(), DmaMapError> {
+        lock(&self.backend)
+            .dma_unmap(iova, size)
+            .map_err(|e| DmaMapError::new(format!("DMA unmap {iova:#x}+{size:#x}"), e))
     }
 
-    fn bypass(&self, enabled: bool) -> Result<(), String> {
-        if enabled { self.map_identity() } else { self.unmap_identity() }.map_err(|e| e.to_string())
+    fn bypass(&self, enabled: bool) -> Result<(), DmaMapError> {
+        let what = if enabled { "mapping guest RAM for bypass" } else { "unmapping guest RAM after bypass" };
+        if enabled { self.map_identity() } else { self.unmap_identity() }.map_err(|e| DmaMapError::new(what, e))
     }
 }

@@ -35,7 +35,7 @@ impl KernelVfio {
         let name = format!("vfio {bdf}");
         let sysfs = PathBuf::from(format!("/sys/bus/pci/devices/{bdf}"));
         if !sysfs.exists() {
-            return Err(BackendError::Host(format!("{name}: no such PCI device (lspci -D lists them)")));
+            return Err(BackendError::NotFound(format!("{name}: no such PCI device (lspci -D lists them)")));
         }
         let container = Arc::new(VfioContainer::new(None).map_err(|e| host(&name, e))?);
         let ops: Arc<dyn VfioOps> = container.clone();

@@ -6,11 +6,10 @@
 //! - [`device`]: the passed-through PCI function, one implementation over either backend.
 //! - [`dma`]: what the device may DMA to, mirrored from the virtio-iommu or identity.
 //! - [`slots`]: mmapped BAR windows as guest memory.
-//! - [`bdf`], [`sysfs`], [`doctor`]: PCI addresses, host inspection, the preflight behind
-//!   `driverlab doctor`.
+//! - [`sysfs`], [`doctor`]: host inspection and the preflight behind `driverlab doctor`; PCI
+//!   addresses ([`Bdf`]) come from the `vm-spec` crate, where the VM spec names devices by them.
 
 pub mod backend;
-pub mod bdf;
 pub mod device;
 pub mod dma;
 pub mod doctor;
@@ -19,4 +18,4 @@ pub mod slots;
 pub mod sysfs;
 pub mod vfio_user;
 
-pub use bdf::Bdf;
+pub use vm_spec::bdf::{Bdf, BdfError};

@@ -4,13 +4,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
-/// What the VMM offers for mapping host memory into the guest (KVM user memory slots).
-pub trait GuestMemorySlots: Send + Sync {
-    /// Maps `size` bytes of host memory at `host_addr` at guest-physical `gpa`; returns the slot.
-    fn map(&self, gpa: u64, size: u64, host_addr: u64) -> Result<u32, String>;
-    /// Removes a slot.
-    fn unmap(&self, slot: u32) -> Result<(), String>;
-}
+pub use vm_device::memory_slots::{GuestMemorySlots, SlotError};
 
 /// One mmapped, page-aligned part of a BAR.
 pub struct BarWindow {
@@ -47,7 +41,7 @@ impl BarWindow {
     }
 
     /// Puts the window at guest-physical `gpa` (or takes it out of the guest with `None`).
-    pub fn place(&mut self, slots: &dyn GuestMemorySlots, gpa: Option<u64>) -> Result<(), String> {
+    pub fn place(&mut self, slots: &dyn GuestMemorySlots, gpa: Option<u64>) -> Result<(), SlotError> {
         if self.slot.map(|(_, at)| at) == gpa {
             return Ok(());
         }
@@ -55,7 +49,10 @@ impl BarWindow {
             slots.unmap(slot)?;
         }
         if let Some(gpa) = gpa {
-            let slot = slots.map(gpa, self.size, self.host as u64)?;
+            // SAFETY: `host` is this window's own page-aligned shared mapping of the device, never
+            // a Rust object; it stays mapped until `drop`, and the owning device takes every
+            // window out of the guest (`place(.., None)`) before it drops them.
+            let slot = unsafe { slots.map(gpa, self.size, self.host as u64) }?;
             self.slot = Some((slot, gpa));
         }
         Ok(())
@@ -69,8 +66,8 @@ impl BarWindow {
 
 impl Drop for BarWindow {
     fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping created in `map`; KVM slots pointing at it are
-        // removed by the VMM before the device is dropped.
+        // SAFETY: unmapping exactly the mapping created in `map`; the owning device took the
+        // window out of the guest first (`PciPassthroughDevice`'s `Drop`).
         unsafe { libc::munmap(self.host, self.size as usize) };
     }
 }

@@ -80,8 +80,15 @@ impl VfioUserClient {
     /// regions. `ram` is the guest memory that DMA maps refer to.
     pub fn connect(socket: &Path, ram: GuestRamMap, timeout: Duration) -> Result<Self, BackendError> {
         let name = format!("vfio-user {}", socket.display());
+        match std::fs::metadata(socket) {
+            Err(e) => return Err(BackendError::NotFound(format!("{name}: {e} (start the server first)"))),
+            Ok(m) if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+                return Err(BackendError::NotFound(format!("{name}: not a Unix socket")));
+            }
+            Ok(_) => {}
+        }
         let stream = UnixStream::connect(socket)
-            .map_err(|e| BackendError::Host(format!("{name}: cannot connect: {e} (is the server running?)")))?;
+            .map_err(|e| BackendError::Broken(format!("{name}: cannot connect: {e} (is the server running?)")))?;
         stream.set_read_timeout(Some(timeout)).map_err(|e| BackendError::Host(format!("{name}: {e}")))?;
         stream.set_write_timeout(Some(timeout)).map_err(|e| BackendError::Host(format!("{name}: {e}")))?;
         let mut client = VfioUserClient {

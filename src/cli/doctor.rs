@@ -4,7 +4,7 @@ use clap::Args;
 use passthrough::Bdf;
 use passthrough::doctor::{self, Check, HostFacts, Status};
 use passthrough::sysfs::Sysfs;
-use vmm::host::Virtualization;
+use vm_spec::host::Virtualization;
 
 /// Options of `driverlab doctor`.
 #[derive(Args)]
@@ -21,7 +21,7 @@ pub struct DoctorArgs {
 }
 
 fn kvm_check() -> Check {
-    match vmm::host::virtualization() {
+    match vm_spec::host::virtualization() {
         v @ Virtualization::Hardware(_) => Check::pass("kvm", v.describe()),
         v @ (Virtualization::Pvm | Virtualization::Unknown) => Check::warn(
             "kvm",

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Subcommand, ValueEnum};
-use devices::models::aqc100::backend::{Backend, unplugged};
-use devices::models::aqc100::generator::{GeneratorConfig, generator};
-use devices::models::aqc100::{Aqc100, Aqc100Handle, MacAddress, tap};
-use devices::models::server::{self, Model};
-use devices::models::testdev::TestDevice;
+use device_models::aqc100::backend::{Backend, unplugged};
+use device_models::aqc100::generator::{GeneratorConfig, generator};
+use device_models::aqc100::{Aqc100, Aqc100Handle, MacAddress, tap};
+use device_models::server::{self, Model};
+use device_models::testdev::TestDevice;
 
 /// Device models.
 #[derive(Subcommand)]

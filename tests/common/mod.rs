@@ -25,7 +25,7 @@ pub fn kvm_available(test: &str) -> bool {
 
 /// Runs `driverlab vm run ARGS` with a generous backstop deadline.
 pub fn vm_run(args: &[&str]) -> VmOutcome {
-    VmProcess::new(driverlab(), args, Duration::from_secs(300)).run().expect("driverlab starts")
+    VmProcess::with_args(driverlab(), args, Duration::from_secs(300)).run().expect("driverlab starts")
 }
 
 /// Runs `driverlab ARGS` (any subcommand) and returns (exit code, stdout, stderr).

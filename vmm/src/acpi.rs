@@ -13,7 +13,7 @@ use acpi_tables::sdt::Sdt;
 use acpi_tables::viot::{PciDevice as ViotPciDevice, PciRange, VIOT, VirtIoPciIommu};
 use acpi_tables::xsdt::XSDT;
 use devices::power::{ACPI_PM_BASE, ACPI_RESET_VALUE, PVPANIC_PORT, SLP_TYP_S5};
-use devices::serial::{COM1_BASE, COM1_IRQ};
+use devices::serial::{COM1_BASE, COM1_IRQ, COM2_BASE, COM2_IRQ};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use zerocopy::{Immutable, IntoBytes};
 
@@ -50,6 +50,10 @@ pub struct AcpiPlatform {
     pub pci_mmio64_start: u64,
     /// The virtio-iommu, if any: its PCI requester ID and the requester ID ranges behind it.
     pub viommu: Option<ViotTopology>,
+    /// Whether COM2 exists.
+    pub com2: bool,
+    /// The GSI on which the Generic Event Device signals the power button.
+    pub power_button_gsi: u32,
 }
 
 /// What the VIOT says.
@@ -141,14 +145,37 @@ fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
     let crs = aml::Name::new("_CRS".into(), &pci_crs);
     let pci0 = aml::Device::new("PCI0".into(), vec![&hid, &cid, &adr, &seg, &uid, &bbn, &crs]);
 
-    let com1_hid = aml::EISAName::new("PNP0501");
-    let com1_hid = aml::Name::new("_HID".into(), &com1_hid);
+    let uart_hid = aml::EISAName::new("PNP0501");
+    let uart_hid = aml::Name::new("_HID".into(), &uart_hid);
     let com1_uid = aml::Name::new("_UID".into(), &aml::ZERO);
     let com1_io = aml::IO::new(COM1_BASE as u16, COM1_BASE as u16, 1, 8);
     let com1_irq = aml::Interrupt::new(true, true, false, false, COM1_IRQ);
     let com1_res = aml::ResourceTemplate::new(vec![&com1_io, &com1_irq]);
     let com1_crs = aml::Name::new("_CRS".into(), &com1_res);
-    let com1 = aml::Device::new("COM1".into(), vec![&com1_hid, &com1_uid, &com1_crs]);
+    let com1 = aml::Device::new("COM1".into(), vec![&uart_hid, &com1_uid, &com1_crs]);
+    let com2_uid = aml::Name::new("_UID".into(), &aml::ONE);
+    let com2_io = aml::IO::new(COM2_BASE as u16, COM2_BASE as u16, 1, 8);
+    let com2_irq = aml::Interrupt::new(true, true, false, false, COM2_IRQ);
+    let com2_res = aml::ResourceTemplate::new(vec![&com2_io, &com2_irq]);
+    let com2_crs = aml::Name::new("_CRS".into(), &com2_res);
+    let com2 = aml::Device::new("COM2".into(), vec![&uart_hid, &com2_uid, &com2_crs]);
+
+    // The power button: a control-method button (FADT PWR_BUTTON) notified by a Generic Event
+    // Device whose edge interrupt the VMM raises; _EVT has one event to tell, the button.
+    let pwrb_hid = aml::EISAName::new("PNP0C0C");
+    let pwrb_hid = aml::Name::new("_HID".into(), &pwrb_hid);
+    let pwrb_uid = aml::Name::new("_UID".into(), &aml::ZERO);
+    let pwrb = aml::Device::new("PWRB".into(), vec![&pwrb_hid, &pwrb_uid]);
+    let ged_hid = aml::Name::new("_HID".into(), &"ACPI0013");
+    let ged_uid = aml::Name::new("_UID".into(), &aml::ZERO);
+    let ged_irq = aml::Interrupt::new(true, true, false, false, platform.power_button_gsi);
+    let ged_res = aml::ResourceTemplate::new(vec![&ged_irq]);
+    let ged_crs = aml::Name::new("_CRS".into(), &ged_res);
+    let pwrb_path = aml::Path::new("\\_SB_.PWRB");
+    let button_pressed = aml::Byte::from(0x80u8);
+    let notify = aml::Notify::new(&pwrb_path, &button_pressed);
+    let evt = aml::Method::new("_EVT".into(), 1, true, vec![&notify]);
+    let ged = aml::Device::new("GED0".into(), vec![&ged_hid, &ged_uid, &ged_crs, &evt]);
 
     let pvpanic_hid = aml::Name::new("_HID".into(), &"QEMU0001");
     let pvpanic_io = aml::IO::new(PVPANIC_PORT as u16, PVPANIC_PORT as u16, 1, 1);
@@ -156,7 +183,12 @@ fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
     let pvpanic_crs = aml::Name::new("_CRS".into(), &pvpanic_res);
     let pvpanic = aml::Device::new("PEVT".into(), vec![&pvpanic_hid, &pvpanic_crs]);
 
-    let sb = aml::Scope::new("_SB_".into(), vec![&pci0, &com1, &pvpanic]);
+    let mut devices: Vec<&dyn Aml> = vec![&pci0, &com1];
+    if platform.com2 {
+        devices.push(&com2);
+    }
+    devices.extend([&pvpanic as &dyn Aml, &pwrb, &ged]);
+    let sb = aml::Scope::new("_SB_".into(), devices);
     let s5_type = aml::Byte::from(SLP_TYP_S5);
     let s5_package = aml::Package::new(vec![&s5_type, &s5_type]);
     let s5 = aml::Name::new("_S5_".into(), &s5_package);
@@ -273,6 +305,8 @@ mod tests {
             vcpus: 2,
             pci_mmio64_start: 1 << 32,
             viommu: viommu.then(|| ViotTopology { iommu: 0x08, endpoints: vec![(0x00, 0x07), (0x10, 0xff)] }),
+            com2: viommu,
+            power_button_gsi: 5,
         }
     }
 

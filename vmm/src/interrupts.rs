@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use devices::interrupt::{InterruptError, MsiInterrupts, MsiMessage};
 use kvm_bindings::{
     KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI, KvmIrqRouting, kvm_irq_routing_entry,
     kvm_irq_routing_entry__bindgen_ty_1, kvm_irq_routing_irqchip, kvm_irq_routing_msi,
 };
 use kvm_ioctls::VmFd;
+use vm_device::interrupt::{InterruptError, MsiInterrupts, MsiMessage};
 use vmm_sys_util::eventfd::EventFd;
 
 /// GSIs wired to IOAPIC pins.
@@ -78,6 +78,10 @@ fn msi(gsi: u32, message: MsiMessage) -> kvm_irq_routing_entry {
     }
 }
 
+fn hypervisor(what: String) -> impl FnOnce(kvm_ioctls::Error) -> InterruptError {
+    move |e| InterruptError::Hypervisor { what, source: std::io::Error::from_raw_os_error(e.errno()) }
+}
+
 impl KvmInterrupts {
     /// Installs the legacy routes on `vm` (which has an in-kernel irqchip).
     pub fn new(vm: Arc<VmFd>) -> Result<Self, InterruptError> {
@@ -90,8 +94,11 @@ impl KvmInterrupts {
     fn apply(&self, state: &State) -> Result<(), InterruptError> {
         let mut entries = legacy_routes();
         entries.extend(state.msi_routes.iter().map(|(&gsi, &message)| msi(gsi, message)));
-        let routing = KvmIrqRouting::from_entries(&entries).map_err(|e| InterruptError(format!("{e:?}")))?;
-        self.vm.set_gsi_routing(&routing).map_err(|e| InterruptError(format!("KVM_SET_GSI_ROUTING: {e}")))
+        let routing = KvmIrqRouting::from_entries(&entries).map_err(|e| InterruptError::Hypervisor {
+            what: format!("building a routing table of {} entries: {e:?}", entries.len()),
+            source: std::io::Error::from_raw_os_error(libc::E2BIG),
+        })?;
+        self.vm.set_gsi_routing(&routing).map_err(hypervisor("KVM_SET_GSI_ROUTING".into()))
     }
 }
 
@@ -99,7 +106,7 @@ impl MsiInterrupts for KvmInterrupts {
     fn allocate_gsi(&self) -> Result<u32, InterruptError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if state.next_gsi >= MAX_GSI {
-            return Err(InterruptError(format!("all {MAX_GSI} GSIs are in use")));
+            return Err(InterruptError::Exhausted(MAX_GSI));
         }
         state.next_gsi += 1;
         Ok(state.next_gsi - 1)
@@ -112,11 +119,11 @@ impl MsiInterrupts for KvmInterrupts {
     }
 
     fn register_irqfd(&self, gsi: u32, fd: &EventFd) -> Result<(), InterruptError> {
-        self.vm.register_irqfd(fd, gsi).map_err(|e| InterruptError(format!("KVM_IRQFD for GSI {gsi}: {e}")))
+        self.vm.register_irqfd(fd, gsi).map_err(hypervisor(format!("KVM_IRQFD gsi {gsi}")))
     }
 
     fn unregister_irqfd(&self, gsi: u32, fd: &EventFd) -> Result<(), InterruptError> {
-        self.vm.unregister_irqfd(fd, gsi).map_err(|e| InterruptError(format!("KVM_IRQFD deassign for GSI {gsi}: {e}")))
+        self.vm.unregister_irqfd(fd, gsi).map_err(hypervisor(format!("KVM_IRQFD deassign gsi {gsi}")))
     }
 }
 

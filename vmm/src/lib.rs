@@ -1,15 +1,16 @@
 //! driverlab's VMM: boots one kernel in one KVM micro-VM and runs it to its end.
 //!
-//! The flow follows Firecracker's builder: [`VmConfig`] is checked, guest memory is created
-//! ([`memory`]), the kernel and its boot data are loaded ([`boot`]), KVM objects and devices are
-//! created ([`vm`]), vCPU threads run the guest ([`vcpu`]) under seccomp ([`seccomp`]), and the run
-//! ends with an [`ExitSummary`] whose exit code says how the guest stopped ([`exit`]).
+//! The flow follows Firecracker's builder: the [`vm_spec::VmSpec`] is checked ([`config`]), the
+//! control socket starts answering ([`control`]), guest memory is created ([`memory`]), the kernel
+//! and its boot data are loaded ([`boot`]), KVM objects and devices are created ([`vm`],
+//! [`platform`]), vCPU threads run the guest ([`vcpu`]) under seccomp ([`seccomp`]), and the run
+//! ends with a [`vm_spec::ExitSummary`] whose exit code says how the guest stopped ([`exit`]).
 
 pub mod acpi;
 pub mod boot;
 pub mod config;
+pub mod control;
 pub mod exit;
-pub mod host;
 pub mod interrupts;
 pub mod layout;
 pub mod memory;
@@ -20,15 +21,40 @@ pub mod vcpu;
 pub mod vm;
 pub mod x86;
 
-pub use boot::EntryProtocol;
-pub use config::{ConfigError, DeviceSpec, KernelSource, SerialOutput, VmConfig};
-pub use exit::{ExitReason, ExitSummary};
+use std::path::PathBuf;
+
+pub use config::ConfigError;
+pub use exit::ExitReason;
 pub use vm::run;
+use vm_spec::ErrorKind;
+
+/// What a run needs besides its spec.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The image that [`vm_spec::Kernel::Probe`] boots.
+    pub probe_image: &'static [u8],
+    /// Serve the control socket at this path.
+    pub control_socket: Option<PathBuf>,
+}
+
+/// Why a passed-through device could not be set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceFailure {
+    /// The device named does not exist or is not a device (the user's to fix).
+    NotFound,
+    /// A vfio-user peer refused, hung up or broke the protocol.
+    Peer,
+    /// The host's VFIO set-up failed.
+    Host,
+}
 
 /// Errors that stop a VM from being built or run.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Invalid options.
+    /// The spec is invalid.
+    #[error(transparent)]
+    Spec(#[from] vm_spec::SpecError),
+    /// The spec does not fit this host, or a file it names cannot be used.
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// The kernel, initrd or command line cannot be booted.
@@ -42,13 +68,14 @@ pub enum Error {
     GuestMemory(String),
     /// /dev/kvm cannot be used.
     #[error("cannot open /dev/kvm: {0} (run `driverlab doctor` to check the host)")]
-    KvmUnavailable(String),
+    KvmUnavailable(#[source] kvm_ioctls::Error),
     /// A KVM ioctl failed.
     #[error("{what}: {source}")]
     Kvm {
         /// The ioctl.
         what: &'static str,
         /// The error.
+        #[source]
         source: kvm_ioctls::Error,
     },
     /// A vCPU could not be set up.
@@ -56,7 +83,10 @@ pub enum Error {
     Vcpu(#[from] vcpu::VcpuError),
     /// Devices could not be placed on a bus.
     #[error("device layout: {0}")]
-    Bus(#[from] devices::bus::BusError),
+    Bus(#[from] vm_device::bus::BusError),
+    /// Interrupt routing could not be set up.
+    #[error(transparent)]
+    Interrupt(#[from] vm_device::interrupt::InterruptError),
     /// The seccomp filters could not be built.
     #[error(transparent)]
     Seccomp(#[from] seccomp::SeccompError),
@@ -65,9 +95,14 @@ pub enum Error {
     Device {
         /// The device as given (`vfio=...`, `vfio-user=...`).
         device: String,
+        /// Whose failure it is.
+        failure: DeviceFailure,
         /// Why.
         reason: String,
     },
+    /// The control socket cannot be served.
+    #[error(transparent)]
+    Control(#[from] control::ControlError),
     /// The platform (PCI, ACPI, interrupt routing) could not be assembled.
     #[error("platform: {0}")]
     Platform(String),
@@ -77,14 +112,68 @@ pub enum Error {
 }
 
 impl Error {
-    /// The process exit code: [`exit::code::BAD_INPUT`] for the user's mistakes,
-    /// [`exit::code::VMM_ERROR`] otherwise.
+    /// What kind of failure this is, for the error line; its exit code follows from it.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Spec(_) | Error::Config(_) => ErrorKind::Spec,
+            Error::Boot(e) if e.is_bad_input() => ErrorKind::Image,
+            Error::Device { failure: DeviceFailure::NotFound, .. } => ErrorKind::Device,
+            Error::Device { failure: DeviceFailure::Peer, .. } => ErrorKind::Peer,
+            Error::KvmUnavailable(_) | Error::Kvm { .. } | Error::Vcpu(_) => ErrorKind::Kvm,
+            Error::Control(e) if e.is_bad_input() => ErrorKind::Spec,
+            _ => ErrorKind::Host,
+        }
+    }
+
+    /// The process exit code: [`vm_spec::exit::code::BAD_INPUT`] for the user's mistakes,
+    /// [`vm_spec::exit::code::VMM_ERROR`] otherwise.
     pub fn exit_code(&self) -> i32 {
-        let bad_input = match self {
-            Error::Config(_) | Error::Device { .. } => true,
-            Error::Boot(e) => e.is_bad_input(),
-            _ => false,
-        };
-        if bad_input { exit::code::BAD_INPUT } else { exit::code::VMM_ERROR }
+        self.kind().exit_code()
+    }
+
+    /// The error line for this error.
+    pub fn to_line(&self) -> vm_spec::ErrorLine {
+        vm_spec::ErrorLine::new(self.kind(), message_chain(self))
+    }
+}
+
+/// The error and its sources as one message, each source once (many errors already print theirs).
+pub fn message_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let part = e.to_string();
+        if !message.contains(&part) {
+            message.push_str(": ");
+            message.push_str(&part);
+        }
+        source = e.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_tell_the_users_mistakes_from_host_and_peer_failures() {
+        let device = |failure| Error::Device { device: "vfio-user=/x".into(), failure, reason: "r".into() };
+        assert_eq!(device(DeviceFailure::NotFound).exit_code(), 2);
+        assert_eq!(device(DeviceFailure::Peer).kind(), ErrorKind::Peer);
+        assert_eq!(device(DeviceFailure::Peer).exit_code(), 1);
+        assert_eq!(Error::KvmUnavailable(kvm_ioctls::Error::new(libc::ENOENT)).exit_code(), 1);
+        assert_eq!(Error::Spec(vm_spec::SpecError::Vcpus(0)).exit_code(), 2);
+        let line = device(DeviceFailure::Peer).to_line();
+        assert_eq!((line.kind, line.exit_code, line.message.as_str()), (ErrorKind::Peer, 1, "device vfio-user=/x: r"));
+    }
+
+    #[test]
+    fn the_chain_names_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let wrapped = vm_device::memory_slots::SlotError::Hypervisor { what: "slot 3".into(), source: io };
+        assert_eq!(message_chain(&wrapped), "slot 3: gone");
+        let kvm = Error::KvmUnavailable(kvm_ioctls::Error::new(libc::ENOENT));
+        assert!(message_chain(&kvm).starts_with("cannot open /dev/kvm: "), "{}", message_chain(&kvm));
     }
 }

@@ -9,8 +9,6 @@ use crate::layout::{EBDA_START, FOUR_GIB, HIGH_MEMORY_START, MMIO_HOLE_START, PC
 
 /// One MiB.
 pub const MIB: u64 = 1 << 20;
-/// Smallest guest accepted: low memory, the kernel and room to run.
-pub const MIN_MEMORY_MIB: u64 = 4;
 
 /// Errors creating guest memory.
 #[derive(Debug, thiserror::Error)]

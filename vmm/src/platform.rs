@@ -5,37 +5,38 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use devices::bus::Bus;
-use devices::interrupt::MsiInterrupts;
 use devices::pci::root::{CONFIG_IO_BASE, CONFIG_IO_LEN};
 use devices::pci::{PciConfigIo, PciConfigMmio, PciRoot};
 use devices::power::{
-    ACPI_PM_BASE, ACPI_PM_LEN, AcpiPower, GuestEventSink, I8042, I8042_BASE, I8042_LEN, PVPANIC_PORT, PostCode, PvPanic,
+    ACPI_PM_BASE, ACPI_PM_LEN, AcpiPower, I8042, I8042_BASE, I8042_LEN, PVPANIC_PORT, PostCode, PvPanic,
 };
-use devices::serial::{COM1_BASE, COM1_IRQ, COM1_LEN, SerialPort, SerialStats};
+use devices::serial::{COM1_BASE, COM1_IRQ, COM2_BASE, COM2_IRQ, SerialPort, SerialStats, UART_LEN};
 use devices::virtio::iommu::{self, IommuHandle, VirtioIommu};
 use devices::virtio::pci::{BAR_SIZE as VIRTIO_BAR_SIZE, VirtioPciDevice};
 use kvm_ioctls::VmFd;
 use vm_allocator::{AddressAllocator, AllocPolicy};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use devices::models::counters::{COUNTERS_REGION, COUNTERS_SIZE, ModelCounters};
 use devices::pci::BarKind;
 use passthrough::backend::{BackendError, VfioBackend};
 use passthrough::device::{PciPassthroughDevice, SharedBackend};
 use passthrough::dma::DmaMirror;
 use passthrough::kernel_vfio::KernelVfio;
-use passthrough::slots::GuestMemorySlots;
 use passthrough::vfio_user::{self, VfioUserClient};
 
-use crate::Error;
+use vm_device::bus::Bus;
+use vm_device::guest_event::GuestEventSink;
+use vm_device::interrupt::MsiInterrupts;
+use vm_device::memory_slots::GuestMemorySlots;
+use vm_spec::counters::{COUNTERS_REGION, COUNTERS_SIZE, ModelCounters};
+use vm_spec::{DeviceCounters, DeviceSpec, DeviceSummary, IommuSpec};
+
 use crate::acpi::{AcpiPlatform, ViotTopology};
-use crate::config::DeviceSpec;
-use crate::exit::DeviceSummary;
 use crate::layout::{
     PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE, pci_mmio64_start,
 };
 use crate::memory::GuestRam;
+use crate::{DeviceFailure, Error};
 
 /// Device number of the virtio-iommu on bus 0 (requester ID 0x0008).
 pub const VIOMMU_DEVICE: u8 = 1;
@@ -43,16 +44,21 @@ pub const VIOMMU_DEVICE: u8 = 1;
 pub const FIRST_PASSTHROUGH_DEVICE: u8 = 2;
 /// BARs this large go to the 64-bit window.
 const LARGE_BAR: u64 = 256 << 20;
+/// The GSI of the ACPI power button (a Generic Event Device interrupt, edge, active high).
+pub const POWER_BUTTON_GSI: u32 = 5;
 
 /// How the platform is put together.
-#[derive(Debug, Clone)]
 pub struct PlatformConfig {
     /// vCPUs, for the MADT.
     pub vcpus: u32,
     /// A virtio-iommu, and whether unattached endpoints bypass it.
-    pub iommu: Option<IommuConfig>,
+    pub iommu: Option<IommuSpec>,
     /// Devices to pass through.
     pub devices: Vec<DeviceSpec>,
+    /// Where COM1's output goes.
+    pub com1: Box<dyn Write + Send>,
+    /// Where COM2's output goes; no COM2 without it.
+    pub com2: Option<Box<dyn Write + Send>>,
 }
 
 /// A passed-through device on the bus.
@@ -67,13 +73,6 @@ pub struct Passthrough {
     pub mirror: Arc<DmaMirror>,
 }
 
-/// virtio-iommu options.
-#[derive(Debug, Clone, Copy)]
-pub struct IommuConfig {
-    /// Initial value of the `bypass` config field.
-    pub bypass: bool,
-}
-
 /// The assembled platform.
 pub struct Platform {
     /// Port I/O devices.
@@ -84,6 +83,10 @@ pub struct Platform {
     pub serial: Arc<Mutex<SerialPort>>,
     /// What went through COM1.
     pub serial_stats: Arc<SerialStats>,
+    /// COM2, when asked for.
+    pub com2: Option<(Arc<Mutex<SerialPort>>, Arc<SerialStats>)>,
+    /// Signalled to press the ACPI power button.
+    pub power_button: EventFd,
     /// The PCI root complex.
     pub pci: Arc<Mutex<PciRoot>>,
     /// The virtio-iommu's handle, with `--iommu`.
@@ -105,17 +108,29 @@ pub fn build(
     interrupts: Arc<dyn MsiInterrupts>,
     slots: Arc<dyn GuestMemorySlots>,
     events: Arc<dyn GuestEventSink>,
-    serial_sink: Box<dyn Write + Send>,
     config: PlatformConfig,
 ) -> Result<Platform, Error> {
     let io_bus = Arc::new(Bus::new());
     let mmio_bus = Arc::new(Bus::new());
 
-    let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(Error::Io)?;
-    vm.register_irqfd(&serial_irq, COM1_IRQ).map_err(|source| Error::Kvm { what: "KVM_IRQFD (COM1)", source })?;
-    let (serial, serial_stats) = SerialPort::new(serial_irq, serial_sink);
+    let irq_line = |gsi: u32, what: &'static str| -> Result<EventFd, Error> {
+        let fd = EventFd::new(EFD_NONBLOCK).map_err(Error::Io)?;
+        vm.register_irqfd(&fd, gsi).map_err(|source| Error::Kvm { what, source })?;
+        Ok(fd)
+    };
+    let (serial, serial_stats) = SerialPort::new(irq_line(COM1_IRQ, "KVM_IRQFD (COM1)")?, config.com1);
     let serial = Arc::new(Mutex::new(serial));
-    io_bus.insert(COM1_BASE, COM1_LEN, serial.clone())?;
+    io_bus.insert(COM1_BASE, UART_LEN, serial.clone())?;
+    let com2 = match config.com2 {
+        Some(sink) => {
+            let (port, stats) = SerialPort::new(irq_line(COM2_IRQ, "KVM_IRQFD (COM2)")?, sink);
+            let port = Arc::new(Mutex::new(port));
+            io_bus.insert(COM2_BASE, UART_LEN, port.clone())?;
+            Some((port, stats))
+        }
+        None => None,
+    };
+    let power_button = irq_line(POWER_BUTTON_GSI, "KVM_IRQFD (power button)")?;
     io_bus.insert(ACPI_PM_BASE, ACPI_PM_LEN, Arc::new(Mutex::new(AcpiPower::new(events.clone()))))?;
     io_bus.insert(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042::new(events.clone()))))?;
     io_bus.insert(PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic::new(events))))?;
@@ -156,14 +171,22 @@ pub fn build(
     let mut passthrough = Vec::new();
     for (spec, &number) in config.devices.iter().zip(&passthrough_devices) {
         let bdf = format!("00:{number:02x}.0");
-        let fail = |reason: String| Error::Device { device: spec.to_string(), reason };
-        let backend: Box<dyn VfioBackend> = match spec {
-            DeviceSpec::Vfio(host_bdf) => {
-                Box::new(KernelVfio::open(*host_bdf, ram.dma_view()).map_err(|e| fail(e.to_string()))?)
+        // A vfio-user peer's failures are the peer's; kernel VFIO's are the host's.
+        let failure = match spec {
+            DeviceSpec::Vfio(_) => DeviceFailure::Host,
+            DeviceSpec::VfioUser(_) => DeviceFailure::Peer,
+        };
+        let fail = |reason: String| Error::Device { device: spec.to_string(), failure, reason };
+        let backend_error = |e: BackendError| match e {
+            BackendError::NotFound(reason) | BackendError::Invalid(reason) => {
+                Error::Device { device: spec.to_string(), failure: DeviceFailure::NotFound, reason }
             }
+            other => fail(other.to_string()),
+        };
+        let backend: Box<dyn VfioBackend> = match spec {
+            DeviceSpec::Vfio(host_bdf) => Box::new(KernelVfio::open(*host_bdf, ram.dma_view()).map_err(backend_error)?),
             DeviceSpec::VfioUser(socket) => Box::new(
-                VfioUserClient::connect(socket, ram.dma_view(), vfio_user::DEFAULT_TIMEOUT)
-                    .map_err(|e| fail(e.to_string()))?,
+                VfioUserClient::connect(socket, ram.dma_view(), vfio_user::DEFAULT_TIMEOUT).map_err(backend_error)?,
             ),
         };
         let backend: SharedBackend = Arc::new(Mutex::new(backend));
@@ -183,8 +206,14 @@ pub fn build(
         passthrough.push(Passthrough { spec: spec.clone(), bdf, device, mirror });
     }
 
-    let acpi = AcpiPlatform { vcpus: config.vcpus, pci_mmio64_start: pci_mmio64_start(ram.layout.end()), viommu: viot };
-    Ok(Platform { io_bus, mmio_bus, serial, serial_stats, pci, iommu, acpi, passthrough })
+    let acpi = AcpiPlatform {
+        vcpus: config.vcpus,
+        pci_mmio64_start: pci_mmio64_start(ram.layout.end()),
+        viommu: viot,
+        com2: com2.is_some(),
+        power_button_gsi: POWER_BUTTON_GSI,
+    };
+    Ok(Platform { io_bus, mmio_bus, serial, serial_stats, com2, power_button, pci, iommu, acpi, passthrough })
 }
 
 /// Where BARs go: the 32-bit window, or the 64-bit one for large 64-bit BARs (or when the 32-bit
@@ -216,28 +245,39 @@ impl BarWindows {
     }
 }
 
+impl Passthrough {
+    /// What the device counted so far. Locks the device, then its backend (the lock order of
+    /// `docs/architecture.md`).
+    pub fn counters(&self) -> DeviceCounters {
+        let device = lock(&self.device);
+        DeviceCounters {
+            device: self.spec.to_string(),
+            bdf: self.bdf.clone(),
+            error: device.failure().map(str::to_string),
+            counters: read_counters(&device.backend()),
+        }
+    }
+}
+
 impl Platform {
     /// At the end of a run: collects what passed-through devices counted, folds refused DMA into
     /// the IOMMU's fault count, takes their DMA mappings down and resets them.
     pub fn teardown(&self) -> Vec<DeviceSummary> {
         let mut summaries = Vec::new();
         for p in &self.passthrough {
-            let mut device = lock(&p.device);
-            let backend = device.backend();
-            let counters = read_counters(&backend);
-            if let (Some(iommu), Some(counters)) = (&self.iommu, counters) {
-                iommu.record_faults(counters.dma_faults);
+            let counters = p.counters();
+            if let (Some(iommu), Some(model)) = (&self.iommu, counters.counters) {
+                iommu.record_faults(model.dma_faults);
             }
             let _ = p.mirror.unmap_identity();
-            let error = device.failure().map(str::to_string);
-            let reset_ok = match device.reset() {
+            let reset_ok = match lock(&p.device).reset() {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!("{}: reset at teardown: {e}", p.spec);
                     false
                 }
             };
-            summaries.push(DeviceSummary { device: p.spec.to_string(), bdf: p.bdf.clone(), error, counters, reset_ok });
+            summaries.push(DeviceSummary { device: counters, reset_ok });
         }
         summaries
     }

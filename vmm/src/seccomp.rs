@@ -84,15 +84,21 @@ const COMMON: &[i64] = &[
     libc::SYS_sendto,
 ];
 
-/// The main thread, once the vCPUs run: wait, stop the vCPUs, print the summary, exit.
-const MAIN_ONLY: &[i64] = &[libc::SYS_fsync];
+/// The main thread, once the vCPUs run: wait, stop the vCPUs, print the summary, remove the
+/// control socket, exit.
+const MAIN_ONLY: &[i64] = &[libc::SYS_fsync, libc::SYS_unlink, libc::SYS_unlinkat];
 
-/// The two filters.
+/// The control thread: accept a client, bound its time, answer it.
+const CONTROL_ONLY: &[i64] = &[libc::SYS_accept4, libc::SYS_setsockopt];
+
+/// The filters, one per kind of thread.
 pub struct Filters {
     /// For the main (event loop) thread.
     pub main: BpfProgram,
     /// For each vCPU thread.
     pub vcpu: BpfProgram,
+    /// For the control socket's thread.
+    pub control: BpfProgram,
 }
 
 fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, SeccompError> {
@@ -131,6 +137,14 @@ pub fn main_filter() -> Result<BpfProgram, SeccompError> {
     compile(rules)
 }
 
+/// The control thread's filter: its socket, and reading devices' counters (vfio-user messages and
+/// region reads are in the common set).
+pub fn control_filter() -> Result<BpfProgram, SeccompError> {
+    let mut rules = allow_all(COMMON);
+    rules.extend(allow_all(CONTROL_ONLY));
+    compile(rules)
+}
+
 /// A vCPU thread's filter.
 pub fn vcpu_filter() -> Result<BpfProgram, SeccompError> {
     let mut rules = allow_all(COMMON);
@@ -154,7 +168,7 @@ pub fn vcpu_filter() -> Result<BpfProgram, SeccompError> {
 
 /// Both filters.
 pub fn filters() -> Result<Filters, SeccompError> {
-    Ok(Filters { main: main_filter()?, vcpu: vcpu_filter()? })
+    Ok(Filters { main: main_filter()?, vcpu: vcpu_filter()?, control: control_filter()? })
 }
 
 /// Installs `filter` on the calling thread.
@@ -207,6 +221,10 @@ mod tests {
         assert_eq!(in_child(&vcpu, exec_shell), (true, libc::SIGSYS));
         assert_eq!(in_child(&vcpu, wrong_ioctl), (true, libc::SIGSYS));
         assert_eq!(in_child(&main, wrong_ioctl), (true, libc::SIGSYS));
+        let control = control_filter().unwrap();
+        assert_eq!(in_child(&control, open_socket), (true, libc::SIGSYS));
+        assert_eq!(in_child(&control, wrong_ioctl), (true, libc::SIGSYS));
+        assert_eq!(in_child(&control, exec_shell), (true, libc::SIGSYS));
     }
 
     #[test]

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
-use devices::bus::{Access, Bus};
 use kvm_bindings::{CpuId, kvm_fpu, kvm_run};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use seccompiler::BpfProgram;
+use vm_device::bus::{Access, Bus};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 

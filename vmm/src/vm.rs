@@ -1,26 +1,31 @@
-//! Building a VM from a [`VmConfig`] and running it to its end.
+//! Building a VM from a [`VmSpec`] and running it to its end.
 
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use devices::power::GuestEventSink;
-use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config, kvm_userspace_memory_region};
+use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::signal::Killable;
 
-use crate::Error;
+use vm_device::guest_event::GuestEventSink;
+use vm_spec::control::{LiveCounters, VmState};
+use vm_spec::{ExitSummary, VmSpec};
+
 use crate::boot::{self, BootRequest};
-use crate::config::VmConfig;
-use crate::exit::{ExitCounters, ExitReason, ExitSummary, VmStop};
+use crate::config;
+use crate::control::{ControlSocket, ControlState, VmObserver};
+use crate::exit::{ExitCounters, ExitReason, VmStop};
 use crate::interrupts::KvmInterrupts;
 use crate::layout::ACPI_RSDP_ADDR;
 use crate::memory::{GuestRam, MIB, RamLayout};
 use crate::memory_slots::KvmSlots;
+use crate::platform::Platform;
 use crate::platform::{self, PlatformConfig};
 use crate::vcpu::{self, Vcpu, VcpuShared};
 use crate::x86::boot_cpu;
+use crate::{Error, RunOptions};
 
 /// KVM's TSS for real-mode emulation on Intel: three pages just below the BIOS ROM.
 const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
@@ -31,47 +36,57 @@ fn kvm_error(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
     move |source| Error::Kvm { what, source }
 }
 
-/// Boots `config` and runs the VM until it stops. Returns the exit summary; errors before the
-/// guest ran are `Err`.
-pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
+/// Boots `spec` and runs the VM until it stops. Returns the exit summary; errors before the guest
+/// ran are `Err`.
+pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     let setup_start = Instant::now();
-    config.validate()?;
-    let kernel = config.kernel.read()?;
-    let serial_sink = config.serial.open()?;
+    spec.validate()?;
+    config::check_host(spec)?;
+    let stop = Arc::new(VmStop::new());
+    let control = Arc::new(ControlState::new(spec.clone(), stop.clone()));
+    let filters = if spec.seccomp { Some(crate::seccomp::filters()?) } else { None };
+    let _control_server = match &options.control_socket {
+        Some(path) => {
+            Some(ControlSocket::bind(path)?.serve(control.clone(), filters.as_ref().map(|f| f.control.clone()))?)
+        }
+        None => None,
+    };
 
-    let ram = GuestRam::new(RamLayout::new(config.memory_mib * MIB))?;
+    let kernel = config::read_kernel(&spec.kernel, options.probe_image)?;
+    let com1 = config::open_serial(&spec.serial.com1)?;
+    let com2 = spec.serial.com2.as_ref().map(config::open_serial).transpose()?;
+
+    let ram = GuestRam::new(RamLayout::new(spec.memory_mib * MIB))?;
     let e820 = ram.layout.e820();
-    let kernel_name = config.kernel.name();
+    let kernel_name = spec.kernel.name();
     let request = BootRequest {
         kernel_name: &kernel_name,
         kernel: &kernel,
-        initrd: config.initrd.as_deref(),
-        cmdline: &config.cmdline,
-        protocol: config.entry,
+        initrd: spec.initrd.as_deref(),
+        cmdline: &spec.cmdline,
+        protocol: spec.entry,
         rsdp: Some(ACPI_RSDP_ADDR),
     };
     let entry = boot::load(&request, &ram.memory, &ram.layout, &e820)?;
     boot_cpu::write_tables(&ram.memory, &entry).map_err(|e| Error::GuestMemory(e.to_string()))?;
     drop(kernel);
+    control.set_entry(entry.name());
 
-    let kvm = Kvm::new().map_err(|source| Error::KvmUnavailable(source.to_string()))?;
+    let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
     let vm = kvm.create_vm().map_err(kvm_error("KVM_CREATE_VM"))?;
     vm.set_tss_address(KVM_TSS_ADDRESS).map_err(kvm_error("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip().map_err(kvm_error("KVM_CREATE_IRQCHIP"))?;
-    let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
-    vm.create_pit2(pit).map_err(kvm_error("KVM_CREATE_PIT2"))?;
     register_memory(&vm, &ram)?;
 
     let vm = Arc::new(vm);
-    let interrupts = Arc::new(KvmInterrupts::new(vm.clone()).map_err(|e| Error::Platform(e.to_string()))?);
-    let stop = Arc::new(VmStop::new());
+    let interrupts = Arc::new(KvmInterrupts::new(vm.clone())?);
     let events: Arc<dyn GuestEventSink> = stop.clone();
-    let platform_config = PlatformConfig { vcpus: config.vcpus, iommu: config.iommu, devices: config.devices.clone() };
+    let platform_config =
+        PlatformConfig { vcpus: spec.vcpus, iommu: spec.iommu, devices: spec.devices.clone(), com1, com2 };
     let slots = Arc::new(KvmSlots::new(vm.clone(), ram.memory.num_regions() as u32));
-    let platform = platform::build(&vm, &ram, interrupts, slots, events, serial_sink, platform_config)?;
+    let platform = Arc::new(platform::build(&vm, &ram, interrupts, slots, events, platform_config)?);
     let tables = crate::acpi::build(&platform.acpi).map_err(|e| Error::Platform(e.to_string()))?;
     crate::acpi::write(&ram.memory, &tables).map_err(|e| Error::Platform(e.to_string()))?;
-    let serial = platform.serial.clone();
 
     let counters = Arc::new(ExitCounters::default());
     let shared = VcpuShared {
@@ -80,23 +95,25 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
         memory: ram.memory.clone(),
         stop: stop.clone(),
         counters: counters.clone(),
-        final_rips: Arc::new(Mutex::new(vec![None; config.vcpus as usize])),
+        final_rips: Arc::new(Mutex::new(vec![None; spec.vcpus as usize])),
     };
     let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_error("KVM_GET_SUPPORTED_CPUID"))?;
-    let mut vcpus = Vec::with_capacity(config.vcpus as usize);
+    let mut vcpus = Vec::with_capacity(spec.vcpus as usize);
     let mut tsc_khz = None;
-    for id in 0..config.vcpus {
+    for id in 0..spec.vcpus {
         let fd = vm.create_vcpu(id as u64).map_err(kvm_error("KVM_CREATE_VCPU"))?;
         if id == 0 {
             tsc_khz = fd.get_tsc_khz().ok();
         }
         let boot = (id == 0).then_some(&entry);
-        vcpus.push(Vcpu::new(fd, id, config.vcpus, &supported, tsc_khz, boot, shared.clone())?);
+        vcpus.push(Vcpu::new(fd, id, spec.vcpus, &supported, tsc_khz, boot, shared.clone())?);
     }
 
-    let filters = if config.seccomp { Some(crate::seccomp::filters()?) } else { None };
     vcpu::register_kick_handler().map_err(Error::Io)?;
     let started = Instant::now();
+    let observer = Arc::new(RunningVm { platform: platform.clone(), counters: counters.clone(), started });
+    control.set_observer(observer);
+    control.set_state(VmState::Running);
     let setup_ms = ms(started - setup_start);
     let mut threads = Vec::with_capacity(vcpus.len());
     for vcpu in vcpus {
@@ -114,19 +131,20 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
         stop.request(ExitReason::VmmError(e.to_string()));
     }
 
-    let reason = stop.wait(config.timeout).unwrap_or_else(|| {
-        stop.request(ExitReason::Timeout);
-        stop.wait(Some(Duration::ZERO)).unwrap_or(ExitReason::Timeout)
-    });
+    let timeout = spec.timeout_s.map(Duration::from_secs_f64);
+    let reason = stop.wait(timeout);
     let stopped = Instant::now();
+    control.set_state(VmState::Stopping);
     stop_vcpus(threads);
     let detail = match &reason {
-        ExitReason::Timeout => Some(describe_rips(&shared.final_rips.lock().unwrap_or_else(|p| p.into_inner()))),
+        ExitReason::Timeout | ExitReason::Shutdown => {
+            Some(describe_rips(&shared.final_rips.lock().unwrap_or_else(|p| p.into_inner())))
+        }
         other => other.detail(),
     };
-    {
-        let mut serial = serial.lock().unwrap_or_else(|p| p.into_inner());
-        serial.flush();
+    lock(&platform.serial).flush();
+    if let Some((com2, _)) = &platform.com2 {
+        lock(com2).flush();
     }
     let devices = platform.teardown();
 
@@ -136,16 +154,46 @@ pub fn run(config: &VmConfig) -> Result<ExitSummary, Error> {
         exit_code: reason.exit_code(),
         detail,
         entry: entry.name().into(),
-        vcpus: config.vcpus,
-        memory_mib: config.memory_mib,
+        vcpus: spec.vcpus,
+        memory_mib: spec.memory_mib,
         setup_ms,
         run_ms: ms(stopped - started),
         first_serial_ms: platform.serial_stats.first_byte().map(|t| ms(t.saturating_duration_since(started))),
         serial_bytes: platform.serial_stats.bytes(),
+        com2_bytes: platform.com2.as_ref().map(|(_, stats)| stats.bytes()),
         viommu: platform.iommu.as_ref().map(|iommu| iommu.counts()),
         devices,
         exits: counters.counts(),
     })
+}
+
+/// What the control socket reads of a running VM.
+struct RunningVm {
+    platform: Arc<Platform>,
+    counters: Arc<ExitCounters>,
+    started: Instant,
+}
+
+impl VmObserver for RunningVm {
+    fn counters(&self) -> LiveCounters {
+        LiveCounters {
+            state: VmState::Running,
+            run_ms: ms(self.started.elapsed()),
+            serial_bytes: self.platform.serial_stats.bytes(),
+            com2_bytes: self.platform.com2.as_ref().map(|(_, stats)| stats.bytes()),
+            exits: self.counters.counts(),
+            viommu: self.platform.iommu.as_ref().map(|iommu| iommu.counts()),
+            devices: self.platform.passthrough.iter().map(|p| p.counters()).collect(),
+        }
+    }
+
+    fn press_power_button(&self) -> std::io::Result<()> {
+        self.platform.power_button.write(1)
+    }
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// "vCPU 0 at rip 0x...; vCPU 1 at rip 0x...": where a hung guest was.

@@ -8,7 +8,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::PciError;
 use super::vector::MsiVector;
-use crate::interrupt::{MsiInterrupts, MsiMessage};
+use vm_device::interrupt::{MsiInterrupts, MsiMessage};
 
 /// MSI capability ID.
 pub const CAPABILITY_ID: u8 = 0x05;

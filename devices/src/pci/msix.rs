@@ -8,7 +8,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::PciError;
 use super::vector::MsiVector;
-use crate::interrupt::{MsiInterrupts, MsiMessage};
+use vm_device::interrupt::{MsiInterrupts, MsiMessage};
 
 /// MSI-X capability ID.
 pub const CAPABILITY_ID: u8 = 0x11;
@@ -178,9 +178,9 @@ impl MsixConfig {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::interrupt::InterruptError;
     use std::collections::BTreeMap;
     use std::sync::Mutex;
+    use vm_device::interrupt::InterruptError;
 
     /// Records routes and irqfds like KVM would hold them.
     #[derive(Default)]

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use super::config::{PciConfiguration, PciIds};
 use super::device::{BarMapping, PciDevice, decoded_bars};
 use super::{BarKind, PciError};
-use crate::bus::{Bus, BusDevice};
+use vm_device::bus::{Bus, BusDevice};
 
 /// Device numbers on bus 0.
 pub const DEVICES_PER_BUS: u8 = 32;
@@ -327,16 +327,16 @@ mod tests {
         lock(&root).add_device(1, echo()).unwrap();
         let mut ecam = PciConfigMmio::new(root.clone());
         let mut data = [0u8; 1];
-        assert_eq!(mmio.read(0xc000_0010, &mut data), crate::bus::Access::Unclaimed, "memory decoding off");
+        assert_eq!(mmio.read(0xc000_0010, &mut data), vm_device::bus::Access::Unclaimed, "memory decoding off");
         ecam.write((1 << 15) + 4, &2u16.to_le_bytes()); // command: memory
-        assert_eq!(mmio.read(0xc000_0010, &mut data), crate::bus::Access::Handled);
+        assert_eq!(mmio.read(0xc000_0010, &mut data), vm_device::bus::Access::Handled);
         assert_eq!(data, [0x10]);
         // The guest probes the BAR size (all ones: not decoded meanwhile), then moves it.
         ecam.write((1 << 15) + 0x10, &[0xff; 4]);
-        assert_eq!(mmio.read(0xc000_0010, &mut data), crate::bus::Access::Unclaimed);
+        assert_eq!(mmio.read(0xc000_0010, &mut data), vm_device::bus::Access::Unclaimed);
         ecam.write((1 << 15) + 0x10, &0xd000_0000u32.to_le_bytes());
-        assert_eq!(mmio.read(0xd000_0fff, &mut data), crate::bus::Access::Handled);
-        assert_eq!(mmio.read(0xc000_0010, &mut data), crate::bus::Access::Unclaimed);
+        assert_eq!(mmio.read(0xd000_0fff, &mut data), vm_device::bus::Access::Handled);
+        assert_eq!(mmio.read(0xc000_0010, &mut data), vm_device::bus::Access::Unclaimed);
         assert!(matches!(lock(&root).add_device(1, echo()), Err(PciError::Slot(1))));
         assert!(matches!(lock(&root).add_device(32, echo()), Err(PciError::Slot(32))));
     }

@@ -5,7 +5,7 @@
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::interrupt::{InterruptError, MsiInterrupts, MsiMessage};
+use vm_device::interrupt::{InterruptError, MsiInterrupts, MsiMessage};
 
 /// A vector and its routing state.
 pub(crate) struct MsiVector {
@@ -20,7 +20,7 @@ impl MsiVector {
     /// A disarmed vector on a fresh GSI.
     pub(crate) fn new(interrupts: &dyn MsiInterrupts) -> Result<Self, InterruptError> {
         let gsi = interrupts.allocate_gsi()?;
-        let fd = EventFd::new(EFD_NONBLOCK).map_err(|e| InterruptError(e.to_string()))?;
+        let fd = EventFd::new(EFD_NONBLOCK).map_err(InterruptError::EventFd)?;
         Ok(MsiVector { gsi, fd, route: None, armed: false, pending: false })
     }
 
@@ -42,7 +42,7 @@ impl MsiVector {
                 }
                 if self.pending {
                     self.pending = false;
-                    self.fd.write(1).map_err(|e| InterruptError(e.to_string()))?;
+                    self.fd.write(1).map_err(InterruptError::EventFd)?;
                 }
                 Ok(())
             }
@@ -57,7 +57,7 @@ impl MsiVector {
     /// The emulated device signals the vector: delivered if armed, latched otherwise.
     pub(crate) fn notify(&mut self) -> Result<(), InterruptError> {
         if self.armed {
-            self.fd.write(1).map_err(|e| InterruptError(e.to_string()))
+            self.fd.write(1).map_err(InterruptError::EventFd)
         } else {
             self.pending = true;
             Ok(())

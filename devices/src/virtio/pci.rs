@@ -18,10 +18,10 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use super::{F_VERSION_1, VirtioDevice, status};
-use crate::interrupt::MsiInterrupts;
 use crate::pci::device::{BarMapping, PciDevice, decoded_bars};
 use crate::pci::msix::{self, MsixConfig};
 use crate::pci::{BarKind, PciConfiguration, PciError, PciIds};
+use vm_device::interrupt::MsiInterrupts;
 
 /// Virtio's PCI vendor ID.
 pub const VIRTIO_VENDOR: u16 = 0x1af4;

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vmm::exit::IommuCounts;
+use vm_spec::counters::IommuCounts;
+use vm_spec::{IommuSpec, Kernel, VmSpec};
 
 use crate::probe_report::ProbeReport;
 use crate::stats::Summary;
@@ -80,8 +81,8 @@ pub struct BootBenchConfig<'a> {
 /// Boots the probe `runs` times under each engine, alternating, and records wall times.
 pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
     let memory = config.memory_mib.to_string();
-    let ours =
-        VmProcess::new(config.driverlab, ["--kernel", "probe", "--memory", memory.as_str()], Duration::from_secs(30));
+    let spec = VmSpec { memory_mib: config.memory_mib, ..VmSpec::new(Kernel::Probe) };
+    let ours = VmProcess::new(config.driverlab, spec, Duration::from_secs(30));
     let mut result = BootBench { driverlab: Vec::new(), driverlab_in_vm: Vec::new(), qemu: Vec::new() };
     for run in 0..config.runs {
         let out = ours.run()?;
@@ -134,9 +135,13 @@ pub struct ViommuBench {
 
 /// Boots the probe with `--iommu` and `probe.viommu_ops=ops`; returns its measurements.
 pub fn viommu(driverlab: &Path, ops: u32) -> Result<ViommuBench, BenchError> {
-    let cmdline = format!("probe.viommu_ops={ops}");
-    let args = ["--kernel", "probe", "--iommu", "--cmdline", cmdline.as_str(), "--timeout", "600"];
-    let out = VmProcess::new(driverlab, args, Duration::from_secs(660)).run()?;
+    let spec = VmSpec {
+        cmdline: format!("probe.viommu_ops={ops}"),
+        iommu: Some(IommuSpec::default()),
+        timeout_s: Some(600.0),
+        ..VmSpec::new(Kernel::Probe)
+    };
+    let out = VmProcess::new(driverlab, spec, Duration::from_secs(60)).run()?;
     let report = ProbeReport::parse(&out.serial);
     let done = report.done();
     let guest = report.section("viommu").cloned();

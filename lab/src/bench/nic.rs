@@ -7,10 +7,11 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use devices::models::aqc100::generator::{GeneratorConfig, generator};
-use devices::models::aqc100::nic::Nic;
-use devices::models::aqc100::regs;
-use devices::models::dma::DmaSpace;
+use device_models::aqc100::generator::{GeneratorConfig, generator};
+use device_models::aqc100::nic::Nic;
+use device_models::aqc100::regs;
+use device_models::dma::DmaSpace;
+use vm_spec::{IommuSpec, Kernel, VmSpec};
 
 use super::BenchError;
 use crate::model_process::ModelProcess;
@@ -174,20 +175,14 @@ pub fn nic(driverlab: &Path, strategies: &[&str], frames: u32) -> Result<Vec<Nic
     let mut runs = Vec::new();
     for (run, strategy) in strategies.iter().enumerate() {
         let model = ModelProcess::start(driverlab, "aqc100", &["--generate", "size=1514"])?;
-        let device = model.device_arg();
-        let cmdline = format!("probe.nic=aqc100 probe.rx={strategy} probe.frames={frames} probe.viommu_ops=0");
-        let args = [
-            "--kernel",
-            "probe",
-            "--iommu",
-            "--device",
-            device.as_str(),
-            "--cmdline",
-            cmdline.as_str(),
-            "--timeout",
-            "600",
-        ];
-        let out = VmProcess::new(driverlab, args, Duration::from_secs(660)).run()?;
+        let spec = VmSpec {
+            cmdline: format!("probe.nic=aqc100 probe.rx={strategy} probe.frames={frames} probe.viommu_ops=0"),
+            iommu: Some(IommuSpec::default()),
+            devices: vec![model.device_spec()],
+            timeout_s: Some(600.0),
+            ..VmSpec::new(Kernel::Probe)
+        };
+        let out = VmProcess::new(driverlab, spec, Duration::from_secs(60)).run()?;
         let report = ProbeReport::parse(&out.serial);
         match (out.code(), report.done(), report.section("nic")) {
             (Some(0), Some(done), Some(nic)) if done.ok => {

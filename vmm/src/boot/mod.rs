@@ -27,17 +27,7 @@ pub const DEFAULT_CMDLINE_MAX: usize = 2047;
 /// Initrd alignment.
 const PAGE_SIZE: u64 = 4096;
 
-/// Which boot protocol to enter the kernel with.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum EntryProtocol {
-    /// PVH when the ELF has a PVH note, otherwise the 64-bit Linux entry.
-    #[default]
-    Auto,
-    /// PVH; an error if the kernel has no PVH note.
-    Pvh,
-    /// The 64-bit Linux boot protocol entry.
-    Linux64,
-}
+pub use vm_spec::Entry as EntryProtocol;
 
 /// Where and how the boot vCPU starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use vm_device::dma::DmaMapListener;
+
 /// Request status codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -36,19 +38,6 @@ pub const MAP_F_WRITE: u32 = 1 << 1;
 pub const MAP_F_MMIO: u32 = 1 << 2;
 /// ATTACH flag: a bypass domain.
 pub const ATTACH_F_BYPASS: u32 = 1 << 0;
-
-/// Receives every map and unmap that affects one endpoint (a passed-through device mirrors them
-/// into the host IOMMU).
-pub trait DmaMapListener: Send + Sync {
-    /// `[iova, iova + size)` now translates to guest-physical `gpa`.
-    fn map(&self, iova: u64, gpa: u64, size: u64, write: bool) -> Result<(), String>;
-    /// `[iova, iova + size)` no longer translates.
-    fn unmap(&self, iova: u64, size: u64) -> Result<(), String>;
-    /// The endpoint enters (`true`) or leaves bypass mode: all guest memory at IOVA = GPA.
-    fn bypass(&self, _enabled: bool) -> Result<(), String> {
-        Ok(())
-    }
-}
 
 /// One mapping, `[start, end]` inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -426,6 +415,7 @@ impl AddressSpaces {
 mod tests {
     use super::*;
     use std::sync::Mutex;
+    use vm_device::dma::DmaMapError;
 
     pub(crate) fn limits() -> Limits {
         Limits {
@@ -547,18 +537,18 @@ mod tests {
     }
 
     impl DmaMapListener for Recorder {
-        fn map(&self, iova: u64, gpa: u64, size: u64, write: bool) -> Result<(), String> {
+        fn map(&self, iova: u64, gpa: u64, size: u64, write: bool) -> Result<(), DmaMapError> {
             if self.fail_maps {
-                return Err("refused".into());
+                return Err(DmaMapError::new("map", "refused"));
             }
             self.log.lock().unwrap().push(format!("map {iova:#x} {gpa:#x} {size:#x} {write}"));
             Ok(())
         }
-        fn unmap(&self, iova: u64, size: u64) -> Result<(), String> {
+        fn unmap(&self, iova: u64, size: u64) -> Result<(), DmaMapError> {
             self.log.lock().unwrap().push(format!("unmap {iova:#x} {size:#x}"));
             Ok(())
         }
-        fn bypass(&self, enabled: bool) -> Result<(), String> {
+        fn bypass(&self, enabled: bool) -> Result<(), DmaMapError> {
             self.log.lock().unwrap().push(format!("bypass {enabled}"));
             Ok(())
         }

@@ -14,8 +14,12 @@ use std::time::Instant;
 use virtio_queue::{DescriptorChain, Queue, QueueT, Reader, Writer};
 use vm_memory::GuestMemoryMmap;
 
-use self::domains::{Access, AddressSpaces, DmaMapListener, Effect, Fault, Limits, Status};
-use self::stats::{IommuCounts, IommuStats, RequestKind};
+use vm_device::dma::{DmaMapError, DmaMapListener};
+
+use self::domains::{Access, AddressSpaces, Effect, Fault, Limits, Status};
+use vm_spec::counters::IommuCounts;
+
+use self::stats::{IommuStats, RequestKind};
 use super::{F_VERSION_1, VirtioDevice};
 
 /// Virtio device ID of the IOMMU.
@@ -69,7 +73,7 @@ impl IommuHandle {
 
     /// Routes the maps and unmaps of `endpoint` to `listener`; tells it at once whether the
     /// endpoint starts in bypass mode.
-    pub fn set_listener(&self, endpoint: u32, listener: Arc<dyn DmaMapListener>) -> Result<(), String> {
+    pub fn set_listener(&self, endpoint: u32, listener: Arc<dyn DmaMapListener>) -> Result<(), DmaMapError> {
         let mut spaces = self.spaces();
         let bypass = spaces.in_bypass(endpoint);
         spaces.set_listener(endpoint, listener.clone());

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
+use vm_spec::counters::IommuCounts;
 
 use super::domains::Effect;
 
@@ -21,35 +21,6 @@ pub struct IommuStats {
     peak_mappings: AtomicU64,
     faults: AtomicU64,
     latency_ns: Mutex<Histogram<u64>>,
-}
-
-/// A snapshot, as it appears in the VMM's exit line under `"viommu"`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IommuCounts {
-    /// Successful MAP requests.
-    pub maps: u64,
-    /// Successful UNMAP requests.
-    pub unmaps: u64,
-    /// Bytes mapped by them.
-    pub map_bytes: u64,
-    /// The same in 4 KiB pages.
-    pub map_pages: u64,
-    /// Bytes unmapped (including mappings dropped with their domain).
-    pub unmapped_bytes: u64,
-    /// Mappings alive now.
-    pub live_mappings: u64,
-    /// Most mappings alive at once.
-    pub peak_mappings: u64,
-    /// DMA accesses refused by translation.
-    pub faults: u64,
-    /// Requests handled.
-    pub requests: u64,
-    /// Requests answered with a status other than OK.
-    pub failed_requests: u64,
-    /// Median time to handle a request in the device, ns.
-    pub request_ns_p50: u64,
-    /// 99th percentile of the same.
-    pub request_ns_p99: u64,
 }
 
 impl Default for IommuStats {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use devices::models::aqc100::regs::{LINUX, LINUX_BITS, LinuxDefinition};
+use device_models::aqc100::regs::{LINUX, LINUX_BITS, LinuxDefinition};
 
 /// What the driver's sources define.
 #[derive(Default)]

@@ -14,9 +14,9 @@ use vfio_bindings::bindings::vfio::{
 };
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, Server, ServerBackend, ServerRegion, SparseArea};
 
-use super::counters::{COUNTERS_REGION, COUNTERS_SIZE, ModelCounters};
 use super::dma::DmaSpace;
-use crate::pci::PciConfiguration;
+use devices::pci::PciConfiguration;
+use vm_spec::counters::{COUNTERS_REGION, COUNTERS_SIZE, ModelCounters};
 
 /// VFIO region index of configuration space.
 const CONFIG_REGION: u32 = 7;

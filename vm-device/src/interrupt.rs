@@ -15,8 +15,23 @@ pub struct MsiMessage {
 
 /// Errors setting up interrupt delivery.
 #[derive(Debug, thiserror::Error)]
-#[error("interrupt routing: {0}")]
-pub struct InterruptError(pub String);
+pub enum InterruptError {
+    /// Every GSI is in use.
+    #[error("interrupt routing: all {0} GSIs are in use")]
+    Exhausted(u32),
+    /// An interrupt's EventFd could not be created or signalled.
+    #[error("interrupt eventfd: {0}")]
+    EventFd(#[source] std::io::Error),
+    /// The hypervisor refused a routing or irqfd change.
+    #[error("interrupt routing: {what}: {source}")]
+    Hypervisor {
+        /// The operation, e.g. "KVM_IRQFD gsi 24".
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// The VMM's interrupt routing, as devices see it.
 pub trait MsiInterrupts: Send + Sync {

@@ -7,7 +7,7 @@ use super::interrupts::InterruptController;
 use super::regs;
 use super::rings::Ring;
 use super::stats::MacStats;
-use crate::models::dma::DmaSpace;
+use crate::dma::DmaSpace;
 
 /// Words of register storage: all of the 64 KiB BAR.
 const STORAGE_WORDS: usize = 0x1_0000 / 4;
@@ -263,7 +263,7 @@ impl Nic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::aqc100::backend::unplugged;
+    use crate::aqc100::backend::unplugged;
 
     #[test]
     fn plain_registers_read_back_and_special_ones_behave() {

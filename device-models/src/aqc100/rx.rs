@@ -10,7 +10,7 @@ use super::nic::{Effects, Nic};
 use super::offload;
 use super::regs;
 use super::stats::Destination;
-use crate::models::dma::DmaSpace;
+use crate::dma::DmaSpace;
 
 /// The ring every received frame goes to.
 const RX_RING: usize = 0;

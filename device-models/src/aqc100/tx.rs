@@ -9,7 +9,7 @@ use super::nic::{Effects, Nic};
 use super::offload::{self, Segmentation};
 use super::regs;
 use super::stats::Destination;
-use crate::models::dma::DmaSpace;
+use crate::dma::DmaSpace;
 
 /// The largest packet a descriptor chain may describe (TSO's 256 KiB limit).
 const MAX_PACKET: usize = 256 * 1024;

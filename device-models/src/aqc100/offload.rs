@@ -358,16 +358,16 @@ pub(crate) mod tests {
         let check = check_rx(&f, true, true);
         assert_eq!(check.packet_type, 1 << 2, "IPv4 UDP");
         assert_eq!(check.checked, 3);
-        assert_eq!(check.status, crate::models::aqc100::regs::RXD_STAT_L4_VALID);
+        assert_eq!(check.status, crate::aqc100::regs::RXD_STAT_L4_VALID);
         let mut bad = f.clone();
         *bad.last_mut().unwrap() ^= 0xff;
-        assert_eq!(check_rx(&bad, true, true).status, crate::models::aqc100::regs::RXD_STAT_L4_ERROR);
+        assert_eq!(check_rx(&bad, true, true).status, crate::aqc100::regs::RXD_STAT_L4_ERROR);
         bad[24] ^= 1;
-        assert_ne!(check_rx(&bad, true, true).status & crate::models::aqc100::regs::RXD_STAT_IP_ERROR, 0);
+        assert_ne!(check_rx(&bad, true, true).status & crate::aqc100::regs::RXD_STAT_IP_ERROR, 0);
         assert_eq!(check_rx(&f, false, false).checked, 0, "checking off: nothing claimed");
         assert_eq!(check_rx(&[0u8; 60], true, true).packet_type, 2 | 3 << 2, "not IP");
         assert_eq!(check_rx(&tcp6(b"x"), true, true).packet_type, 1, "IPv6 TCP");
-        assert_eq!(check_rx(&tcp6(b"xyz"), true, true).status, crate::models::aqc100::regs::RXD_STAT_L4_VALID);
+        assert_eq!(check_rx(&tcp6(b"xyz"), true, true).status, crate::aqc100::regs::RXD_STAT_L4_VALID);
     }
 
     #[test]
@@ -384,7 +384,7 @@ pub(crate) mod tests {
             assert_eq!(be16(s, 18) as usize, 20 + want, "IPv6 payload length");
             assert_eq!(u32::from_be_bytes(s[58..62].try_into().unwrap()), 1000 + 1000 * i as u32, "sequence");
             assert_eq!(&s[74..], &payload[i * 1000..i * 1000 + want]);
-            assert_eq!(check_rx(s, true, true).status, crate::models::aqc100::regs::RXD_STAT_L4_VALID);
+            assert_eq!(check_rx(s, true, true).status, crate::aqc100::regs::RXD_STAT_L4_VALID);
         }
         assert_eq!(out[0][67] & 0x09, 0, "no FIN/PSH on the first segment");
         assert_eq!(out[2][67] & 0x09, 0x09, "FIN/PSH on the last");
@@ -397,7 +397,7 @@ pub(crate) mod tests {
         let seg = Segmentation { l2: 14, l3: 20, l4: 8, mss: 1472, tcp: false, flag_masks: [0xfff; 3] };
         let mut sizes = Vec::new();
         segment(&frame, &seg, |s| {
-            assert_eq!(check_rx(s, true, true).status, crate::models::aqc100::regs::RXD_STAT_L4_VALID);
+            assert_eq!(check_rx(s, true, true).status, crate::aqc100::regs::RXD_STAT_L4_VALID);
             assert_eq!(be16(s, 16) as usize, s.len() - 14, "IPv4 total length");
             sizes.push(s.len());
         })
@@ -406,10 +406,7 @@ pub(crate) mod tests {
         assert!(segment(&frame, &Segmentation { l3: 40, ..seg }, |_| {}).is_err(), "headers disagree");
         assert!(segment(&frame[..20], &seg, |_| {}).is_err());
         let tagged = insert_vlan(&frame, 0x0123);
-        assert_eq!(
-            check_rx(&tagged, true, true).packet_type & crate::models::aqc100::regs::RXD_PACKET_TYPE_VLAN,
-            1 << 5
-        );
+        assert_eq!(check_rx(&tagged, true, true).packet_type & crate::aqc100::regs::RXD_PACKET_TYPE_VLAN, 1 << 5);
         assert_eq!(parse(&tagged).l3, 18);
     }
 }

@@ -1,6 +1,41 @@
-//! A driverlab extension to the vfio-user device: region 9, read-only, where a model publishes
-//! what it counted (DMA maps, unmaps, refused DMA) so the VMM can put it in its exit line. Clients
-//! that do not know it (QEMU) ignore it.
+//! What the VMM reports counting, in its exit line and on its control socket:
+//!
+//! - [`IommuCounts`]: the virtio-iommu's maps, unmaps, faults and request latency (`"viommu"`);
+//! - [`ModelCounters`]: what a driverlab device model counted (`"devices"[i]."counters"`). A
+//!   model publishes them in a driverlab extension to the vfio-user device: region 9, read-only,
+//!   little-endian u64s, which the VMM reads while the VM runs and at its end. Clients that do not
+//!   know the region (QEMU) ignore it.
+
+use serde::{Deserialize, Serialize};
+
+/// A snapshot of the virtio-iommu's counters, as it appears under `"viommu"`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IommuCounts {
+    /// Successful MAP requests.
+    pub maps: u64,
+    /// Successful UNMAP requests.
+    pub unmaps: u64,
+    /// Bytes mapped by them.
+    pub map_bytes: u64,
+    /// The same in 4 KiB pages.
+    pub map_pages: u64,
+    /// Bytes unmapped (including mappings dropped with their domain).
+    pub unmapped_bytes: u64,
+    /// Mappings alive now.
+    pub live_mappings: u64,
+    /// Most mappings alive at once.
+    pub peak_mappings: u64,
+    /// DMA accesses refused by translation.
+    pub faults: u64,
+    /// Requests handled.
+    pub requests: u64,
+    /// Requests answered with a status other than OK.
+    pub failed_requests: u64,
+    /// Median time to handle a request in the device, ns.
+    pub request_ns_p50: u64,
+    /// 99th percentile of the same.
+    pub request_ns_p99: u64,
+}
 
 /// VFIO region index of the counters (the first device-specific index after VGA).
 pub const COUNTERS_REGION: u32 = 9;
@@ -8,7 +43,7 @@ pub const COUNTERS_REGION: u32 = 9;
 pub const COUNTERS_SIZE: u64 = 64;
 
 /// What a model counts. Encoded as little-endian u64s in this order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelCounters {
     /// DMA_MAP requests received.
     pub dma_maps: u64,

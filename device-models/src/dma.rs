@@ -104,7 +104,7 @@ struct Inner {
     /// The mapping the last access hit: (start, size, host, writable). A device streams
     /// through a few mappings, so most lookups end here. Cleared whenever the maps change.
     last: Option<(u64, u64, *mut u8, bool)>,
-    counters: super::counters::ModelCounters,
+    counters: vm_spec::counters::ModelCounters,
 }
 
 impl Inner {
@@ -248,7 +248,7 @@ impl DmaSpace {
     }
 
     /// The counters.
-    pub fn counters(&self) -> super::counters::ModelCounters {
+    pub fn counters(&self) -> vm_spec::counters::ModelCounters {
         self.inner().counters
     }
 

@@ -34,11 +34,11 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use self::backend::{Backend, FrameSource, Readiness};
 use self::nic::{Effects, Nic};
 use self::stats::MacStats;
-use super::counters::ModelCounters;
 use super::dma::DmaSpace;
 use super::server::{Model, ModelBar, MsixVectors};
-use crate::pci::config::BarKind;
-use crate::pci::{PciConfiguration, PciIds, msix};
+use devices::pci::config::BarKind;
+use devices::pci::{PciConfiguration, PciIds, msix};
+use vm_spec::counters::ModelCounters;
 
 /// Aquantia's vendor ID.
 pub const VENDOR: u16 = 0x1d6a;

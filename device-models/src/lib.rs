@@ -1,0 +1,12 @@
+//! Device models served to a VMM over vfio-user by `driverlab model ...`: the conformance test
+//! device and the AQC100 NIC. They run in their own process, see guest memory only through the DMA
+//! maps their client hands them, and are driven like real hardware.
+//!
+//! They are kept apart from the devices the VMM emulates itself (the `devices` crate), as Cloud
+//! Hypervisor keeps its vhost-user backends apart: the VMM never links a model. What the two sides
+//! share is the vfio-user protocol and the counters region's layout (`vm_spec::counters`).
+
+pub mod aqc100;
+pub mod dma;
+pub mod server;
+pub mod testdev;

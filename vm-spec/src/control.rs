@@ -1,0 +1,128 @@
+//! The control socket of one VMM process (`driverlab vm run --control PATH`): HTTP/1.1 with JSON
+//! bodies on a Unix socket, with Cloud Hypervisor's route names.
+//!
+//! | request                     | answer                                                    |
+//! |-----------------------------|-----------------------------------------------------------|
+//! | `GET /api/v1/vm.info`       | 200 [`VmInfo`]                                            |
+//! | `GET /api/v1/vm.counters`   | 200 [`LiveCounters`]: the exit line's counter keys, live  |
+//! | `PUT /api/v1/vm.shutdown`   | 202 [`ShutdownAccepted`]; optional body [`ShutdownRequest`] |
+//!
+//! Errors are JSON [`ControlError`] bodies with 400, 404, 405 or 413. One request per connection
+//! is answered (`Connection: close`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::counters::IommuCounts;
+use crate::exit::{DeviceCounters, ExitCounts};
+use crate::spec::VmSpec;
+
+/// `GET`: the VM's state and spec.
+pub const VM_INFO: &str = "/api/v1/vm.info";
+/// `GET`: live counters.
+pub const VM_COUNTERS: &str = "/api/v1/vm.counters";
+/// `PUT`: power button, then a forced stop.
+pub const VM_SHUTDOWN: &str = "/api/v1/vm.shutdown";
+/// Largest request the control socket reads, headers and body.
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
+/// Seconds the guest gets to power off after the power button before the VMM stops it.
+pub const DEFAULT_SHUTDOWN_GRACE_S: f64 = 5.0;
+
+/// Where the VM is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VmState {
+    /// Memory, the kernel and devices are being set up; no vCPU runs yet.
+    Booting,
+    /// The vCPUs run the guest.
+    Running,
+    /// A stop was requested or the guest stopped; the VMM is tearing down.
+    Stopping,
+}
+
+/// `GET /api/v1/vm.info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmInfo {
+    /// The state.
+    pub state: VmState,
+    /// The VMM's process ID.
+    pub pid: u32,
+    /// Milliseconds since the VMM started.
+    pub uptime_ms: f64,
+    /// The boot protocol used, once the kernel is loaded ("pvh", "linux64").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<String>,
+    /// The spec the VM runs.
+    pub config: VmSpec,
+}
+
+/// `GET /api/v1/vm.counters`: the counters of the exit line, as they are now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveCounters {
+    /// The state.
+    pub state: VmState,
+    /// Milliseconds since the vCPUs started (0 while booting).
+    pub run_ms: f64,
+    /// Bytes the guest wrote to COM1.
+    pub serial_bytes: u64,
+    /// Bytes the guest wrote to COM2, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub com2_bytes: Option<u64>,
+    /// Exits handled by the VMM.
+    pub exits: ExitCounts,
+    /// The virtio-iommu's counters, with an IOMMU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub viommu: Option<IommuCounts>,
+    /// Passed-through devices, with what driverlab models counted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceCounters>,
+}
+
+/// The optional body of `PUT /api/v1/vm.shutdown`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownRequest {
+    /// Seconds the guest gets to power off after the power button, before the VMM stops it
+    /// ([`DEFAULT_SHUTDOWN_GRACE_S`]); 0 stops it at once.
+    #[serde(default)]
+    pub grace_s: Option<f64>,
+}
+
+/// The answer to `PUT /api/v1/vm.shutdown`: the VM will stop; the process then exits with its exit
+/// line (`poweroff` if the guest obeyed the power button, `shutdown` if it was stopped).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ShutdownAccepted {
+    /// The state now (`stopping`, or `booting` if the VM had not started).
+    pub state: VmState,
+    /// The grace period in effect.
+    pub grace_s: f64,
+}
+
+/// The body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlError {
+    /// What was wrong with the request.
+    pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Kernel;
+
+    #[test]
+    fn messages_have_the_documented_shape() {
+        let info = VmInfo {
+            state: VmState::Running,
+            pid: 7,
+            uptime_ms: 1.5,
+            entry: Some("pvh".into()),
+            config: VmSpec::new(Kernel::Probe),
+        };
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(json["state"], "running");
+        assert_eq!(json["config"]["kernel"], "probe");
+        let request: ShutdownRequest = serde_json::from_str(r#"{"grace_s":0}"#).unwrap();
+        assert_eq!(request.grace_s, Some(0.0));
+        assert!(serde_json::from_str::<ShutdownRequest>(r#"{"grace":1}"#).is_err());
+    }
+}

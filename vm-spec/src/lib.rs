@@ -1,0 +1,28 @@
+//! The contract of one `driverlab vm run` process, shared by the VMM and by everything that
+//! starts one (the lab, the HTTP API, scripts), without linking KVM or VFIO code. Firecracker
+//! shares its `vmm_config` types between its API and `--config-file` the same way.
+//!
+//! - [`spec`]: [`VmSpec`], what to boot and with what; `driverlab vm run --config FILE` reads it
+//!   as JSON, and the flags build the same value.
+//! - [`exit`]: how a run ends: the exit codes, the exit line (`{"vmm":"exit",...}`) and the error
+//!   line (`{"vmm":"error",...}`) on stderr.
+//! - [`counters`]: what the virtio-iommu and driverlab's device models count, in the exit line
+//!   and on the control socket; the layout of a model's counters region.
+//! - [`control`]: the control socket's routes and messages (`vm.info`, `vm.counters`,
+//!   `vm.shutdown`).
+//! - [`bdf`]: PCI addresses.
+//! - [`host`]: what this host's `/dev/kvm` can run (hardware virtualization, PVM), so that a
+//!   parent refuses what cannot boot before it starts a VMM.
+//!
+//! `docs/vmm.md` documents all of it as the stable interface it is.
+
+pub mod bdf;
+pub mod control;
+pub mod counters;
+pub mod exit;
+pub mod host;
+pub mod spec;
+
+pub use bdf::Bdf;
+pub use exit::{DeviceCounters, DeviceSummary, ErrorKind, ErrorLine, ExitCounts, ExitSummary};
+pub use spec::{DeviceSpec, Entry, IommuSpec, Kernel, SerialOutput, SerialSpec, SpecError, VmSpec};

@@ -2,7 +2,8 @@
 //!
 //! Every micro-VM is its own `driverlab vm run` process (the Firecracker model: a crashed or
 //! seccomp-killed VMM takes down one VM, never the lab). [`vm_process`] starts such a process,
-//! bounds it in time and collects its serial output and exit line; [`model_process`] runs a device
+//! bounds it in time and collects its serial output and exit line, and [`vm_control`] talks to
+//! its control socket while it runs; [`model_process`] runs a device
 //! model for it to pass through; [`probe_report`] reads what
 //! the probe guest reported on the serial port; [`bench`] holds the benchmarks and [`stats`]
 //! their summaries.
@@ -11,8 +12,10 @@ pub mod bench;
 pub mod model_process;
 pub mod probe_report;
 pub mod stats;
+pub mod vm_control;
 pub mod vm_process;
 
 pub use model_process::{ModelError, ModelProcess};
 pub use probe_report::ProbeReport;
+pub use vm_control::ControlClient;
 pub use vm_process::{Launch, RunningVm, VmOutcome, VmProcess};

@@ -306,7 +306,7 @@ mod tests {
             pci_mmio64_start: 1 << 32,
             viommu: viommu.then(|| ViotTopology { iommu: 0x08, endpoints: vec![(0x00, 0x07), (0x10, 0xff)] }),
             com2: viommu,
-            power_button_gsi: 5,
+            power_button_gsi: 20,
         }
     }
 

@@ -163,7 +163,11 @@ impl ControlState {
             tracing::warn!("pressing the power button: {e}");
         }
         self.stop.request_shutdown(Duration::from_secs_f64(grace));
-        Ok(ShutdownAccepted { state: self.state(), grace_s: grace })
+        let state = match self.state() {
+            VmState::Booting => VmState::Booting,
+            _ => VmState::Stopping,
+        };
+        Ok(ShutdownAccepted { state, grace_s: grace })
     }
 }
 

@@ -44,8 +44,9 @@ pub const VIOMMU_DEVICE: u8 = 1;
 pub const FIRST_PASSTHROUGH_DEVICE: u8 = 2;
 /// BARs this large go to the 64-bit window.
 const LARGE_BAR: u64 = 256 << 20;
-/// The GSI of the ACPI power button (a Generic Event Device interrupt, edge, active high).
-pub const POWER_BUTTON_GSI: u32 = 5;
+/// The GSI of the ACPI power button (a Generic Event Device interrupt, edge, active high): an
+/// IOAPIC-only pin, so a guest that never programmed the 8259 PIC gets no stray vector.
+pub const POWER_BUTTON_GSI: u32 = 20;
 
 /// How the platform is put together.
 pub struct PlatformConfig {

@@ -21,6 +21,10 @@ pub struct Acpi {
     pub lapics: Option<u32>,
     /// Address of the VIOT.
     pub viot: Option<u64>,
+    /// The first IOAPIC's MMIO address, from the MADT.
+    pub ioapic: Option<u64>,
+    /// The GSI of the power button's Generic Event Device (`ACPI0013` in the DSDT).
+    pub power_button_gsi: Option<u32>,
 }
 
 fn checksum(addr: u64, len: usize) -> bool {
@@ -80,7 +84,11 @@ impl Acpi {
                 self.visit(dsdt);
             }
             b"MCFG" if length >= 60 => self.ecam = Some(mmio::read(table + 44)),
-            b"APIC" => self.lapics = Some(count_lapics(table, length)),
+            b"APIC" => {
+                self.lapics = Some(count_lapics(table, length));
+                self.ioapic = ioapic_address(table, length);
+            }
+            b"DSDT" => self.power_button_gsi = ged_gsi(mmio::bytes(table, length as usize)),
             b"VIOT" => self.viot = Some(table),
             _ => {}
         }
@@ -105,6 +113,33 @@ impl Acpi {
             report::fail("an ACPI checksum is wrong");
         }
     }
+}
+
+/// The address of the MADT's first IOAPIC (type 1) entry.
+fn ioapic_address(madt: u64, length: u32) -> Option<u64> {
+    let mut at = madt + 44;
+    while at + 2 <= madt + length as u64 {
+        let (kind, len): (u8, u8) = (mmio::read(at), mmio::read(at + 1));
+        if len < 2 {
+            break;
+        }
+        if kind == 1 && len >= 12 {
+            return Some(mmio::read::<u32>(at + 4) as u64);
+        }
+        at += len as u64;
+    }
+    None
+}
+
+/// The interrupt of the Generic Event Device: the first Extended Interrupt descriptor (0x89)
+/// after the `ACPI0013` string in the DSDT. Not an AML interpreter: enough for the tables a VMM
+/// writes, where the device's `_HID` precedes its `_CRS`.
+fn ged_gsi(dsdt: &[u8]) -> Option<u32> {
+    let hid = dsdt.windows(8).position(|w| w == b"ACPI0013")?;
+    let rest = &dsdt[hid..];
+    let at = rest.windows(5).position(|w| w[0] == 0x89 && w[1] == 6 && w[2] == 0 && w[4] == 1)?;
+    let gsi = rest.get(at + 5..at + 9)?;
+    Some(u32::from_le_bytes([gsi[0], gsi[1], gsi[2], gsi[3]]))
 }
 
 fn count_lapics(madt: u64, length: u32) -> u32 {

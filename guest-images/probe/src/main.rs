@@ -16,6 +16,7 @@ mod options;
 mod pci;
 mod port;
 mod power;
+mod power_button;
 mod report;
 mod rx_buffers;
 mod serial;
@@ -41,6 +42,16 @@ extern "C" fn probe_main(boot_info: u64, entry_kind: u64) -> ! {
     match BootInfo::read(boot_info, entry_kind) {
         Ok(boot) => {
             let options = Options::parse(boot.cmdline());
+            if options.out_com2 {
+                if serial::present(serial::COM2) {
+                    json::section("report", |o| {
+                        o.str("port", "com2");
+                    });
+                    serial::report_to(serial::COM2);
+                } else {
+                    report::fail("probe.out=com2: no UART at 0x2f8");
+                }
+            }
             report_boot(&boot);
             let acpi = Acpi::read(&boot);
             match &acpi {
@@ -62,6 +73,12 @@ extern "C" fn probe_main(boot_info: u64, entry_kind: u64) -> ! {
             }
             if options.echo {
                 report_options(&options);
+            }
+            if let Some(hold_ms) = options.hold_ms
+                && power_button::hold(acpi.as_ref(), hold_ms)
+            {
+                report::done();
+                power::poweroff()
             }
         }
         Err(why) => report::fail(why),

@@ -21,6 +21,11 @@ pub struct Options {
     pub rx: Option<Strategy>,
     /// `probe.frames=N`: frames to receive (default 1000).
     pub frames: Option<u32>,
+    /// `probe.out=com1|com2`: the port the report goes to (default com1).
+    pub out_com2: bool,
+    /// `probe.hold=MS`: after the checks, wait this long for the ACPI power button before
+    /// powering off (powering off at once when it is pressed).
+    pub hold_ms: Option<u32>,
 }
 
 impl Options {
@@ -44,6 +49,12 @@ impl Options {
                     None => report::fail_with("probe.rx is flip, order3 or pool, not ", value),
                 },
                 "frames" => options.frames = number(key, value),
+                "out" => match value {
+                    "com1" => options.out_com2 = false,
+                    "com2" => options.out_com2 = true,
+                    _ => report::fail_with("probe.out is com1 or com2, not ", value),
+                },
+                "hold" => options.hold_ms = number(key, value),
                 _ => report::fail_with("unknown option probe.", key),
             }
         }

@@ -8,6 +8,14 @@ pub fn outb(port: u16, value: u8) {
     unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
 }
 
+/// Reads one byte from an I/O port.
+pub fn inb(port: u16) -> u8 {
+    let value: u8;
+    // SAFETY: port reads have no memory effects visible to Rust; the probe owns the machine.
+    unsafe { asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack, preserves_flags)) }
+    value
+}
+
 /// Writes a buffer to one port with a single `rep outsb`: one VM exit for the whole buffer.
 pub fn outsb(port: u16, bytes: &[u8]) {
     // SAFETY: `rep outsb` only reads `bytes.len()` bytes from `bytes`.

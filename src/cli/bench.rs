@@ -11,7 +11,8 @@ use lab::stats::Summary;
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Boot-to-poweroff of the probe guest, many runs, side by side with QEMU
-    /// (`-M microvm -accel kvm`) booting the same ELF in the same run.
+    /// (`-M microvm -accel kvm`) and, with --vs, Cloud Hypervisor booting the same ELF in the same
+    /// run, interleaved.
     Boot {
         /// Runs per engine.
         #[arg(long, default_value_t = 30)]
@@ -22,9 +23,12 @@ pub enum BenchCommand {
         /// The QEMU binary to compare with.
         #[arg(long, default_value = "qemu-system-x86_64")]
         qemu: PathBuf,
-        /// Measure driverlab alone.
+        /// Leave QEMU out.
         #[arg(long)]
         no_qemu: bool,
+        /// A `cloud-hypervisor` binary to compare with as well (built from its source).
+        #[arg(long, value_name = "PATH")]
+        vs: Option<PathBuf>,
     },
     /// virtio-iommu MAP and UNMAP round trips as the probe guest sees them (notify to MSI-X
     /// completion), at 4 KiB and 2 MiB, next to a null request (the transport alone).
@@ -63,7 +67,9 @@ impl BenchCommand {
     /// Runs the benchmark and prints its figures.
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
-            BenchCommand::Boot { runs, memory, qemu, no_qemu } => boot(runs, memory, (!no_qemu).then_some(qemu)),
+            BenchCommand::Boot { runs, memory, qemu, no_qemu, vs } => {
+                boot(runs, memory, (!no_qemu).then_some(qemu), vs)
+            }
             BenchCommand::Viommu { ops } => viommu(ops),
             BenchCommand::ModelRx { frames, size, rounds } => model_rx(frames, size, rounds),
             BenchCommand::Nic { frames, strategies } => nic(frames, &strategies),
@@ -81,14 +87,20 @@ fn row(name: &str, summary: Option<Summary>) {
     }
 }
 
-fn boot(runs: usize, memory: u64, qemu: Option<PathBuf>) -> anyhow::Result<u8> {
+fn boot(runs: usize, memory: u64, qemu: Option<PathBuf>, cloud_hypervisor: Option<PathBuf>) -> anyhow::Result<u8> {
     let dir = std::env::temp_dir().join(format!("driverlab-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     let probe = dir.join("probe.elf");
     std::fs::write(&probe, guest_images::PROBE_ELF)?;
     let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
-    let config =
-        BootBenchConfig { driverlab: &driverlab, probe_elf: &probe, qemu: qemu.as_deref(), runs, memory_mib: memory };
+    let config = BootBenchConfig {
+        driverlab: &driverlab,
+        probe_elf: &probe,
+        qemu: qemu.as_deref(),
+        cloud_hypervisor: cloud_hypervisor.as_deref(),
+        runs,
+        memory_mib: memory,
+    };
     let result = bench::boot(&config);
     let _ = std::fs::remove_dir_all(&dir);
     let result = result?;
@@ -100,8 +112,14 @@ fn boot(runs: usize, memory: u64, qemu: Option<PathBuf>) -> anyhow::Result<u8> {
     if qemu.is_some() {
         row("qemu -M microvm", Summary::of_millis(&result.qemu));
     }
+    if cloud_hypervisor.is_some() {
+        row("cloud-hypervisor", Summary::of_millis(&result.cloud_hypervisor));
+    }
     if let Some(ratio) = result.ratio() {
         println!("driverlab / qemu (medians): {ratio:.3}   goal: at most 0.5");
+    }
+    if let Some(ratio) = result.ratio_to_cloud_hypervisor() {
+        println!("driverlab / cloud-hypervisor (medians): {ratio:.3}   goal: at most 1.0");
     }
     Ok(0)
 }

@@ -75,8 +75,8 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
     let vm = kvm.create_vm().map_err(kvm_error("KVM_CREATE_VM"))?;
     vm.set_tss_address(KVM_TSS_ADDRESS).map_err(kvm_error("KVM_SET_TSS_ADDR"))?;
-    vm.create_irq_chip().map_err(kvm_error("KVM_CREATE_IRQCHIP"))?;
     register_memory(&vm, &ram)?;
+    vm.create_irq_chip().map_err(kvm_error("KVM_CREATE_IRQCHIP"))?;
 
     let vm = Arc::new(vm);
     let interrupts = Arc::new(KvmInterrupts::new(vm.clone())?);

@@ -150,8 +150,13 @@ fn count_lapics(madt: u64, length: u32) -> u32 {
         if len < 2 {
             break;
         }
-        // Type 0: processor local APIC; flags bit 0: enabled.
-        if kind == 0 && mmio::read::<u32>(at + 4) & 1 != 0 {
+        // Type 0: processor local APIC, type 9: local x2APIC; flags bit 0: enabled.
+        let enabled = match kind {
+            0 => mmio::read::<u32>(at + 4) & 1 != 0,
+            9 if len >= 16 => mmio::read::<u32>(at + 8) & 1 != 0,
+            _ => false,
+        };
+        if enabled {
             count += 1;
         }
         at += len as u64;

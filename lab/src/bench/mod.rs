@@ -1,5 +1,5 @@
 //! Benchmarks that print figures (never assertions): boot-to-poweroff of the probe guest under
-//! driverlab, side by side with QEMU booting the same ELF in the same run; virtio-iommu round
+//! driverlab, side by side with QEMU and Cloud Hypervisor booting the same ELF in the same run; virtio-iommu round
 //! trips; and the NIC ([`nic`]).
 
 pub mod nic;
@@ -34,11 +34,13 @@ pub enum BenchError {
         /// What happened.
         detail: String,
     },
-    /// QEMU could not be started.
-    #[error("cannot run {qemu}: {source} (scripts/bench-boot.sh installs qemu-system-x86)", qemu = qemu.display())]
-    Qemu {
-        /// The QEMU binary.
-        qemu: PathBuf,
+    /// Another VMM could not be started.
+    #[error("cannot run {engine} ({binary}): {source} (scripts/bench-boot.sh installs qemu-system-x86)", binary = binary.display())]
+    Engine {
+        /// Which engine.
+        engine: &'static str,
+        /// Its binary.
+        binary: PathBuf,
         /// Why.
         source: std::io::Error,
     },
@@ -53,37 +55,50 @@ pub struct BootBench {
     pub driverlab_in_vm: Vec<Duration>,
     /// QEMU wall times, spawn to exit, if QEMU was run.
     pub qemu: Vec<Duration>,
+    /// Cloud Hypervisor wall times, spawn to exit, if it was run.
+    pub cloud_hypervisor: Vec<Duration>,
 }
 
 impl BootBench {
     /// driverlab's median wall time over QEMU's.
     pub fn ratio(&self) -> Option<f64> {
-        let ours = Summary::of_millis(&self.driverlab)?;
-        let theirs = Summary::of_millis(&self.qemu)?;
-        Some(ours.median / theirs.median)
+        ratio(&self.driverlab, &self.qemu)
     }
+
+    /// driverlab's median wall time over Cloud Hypervisor's.
+    pub fn ratio_to_cloud_hypervisor(&self) -> Option<f64> {
+        ratio(&self.driverlab, &self.cloud_hypervisor)
+    }
+}
+
+fn ratio(ours: &[Duration], theirs: &[Duration]) -> Option<f64> {
+    Some(Summary::of_millis(ours)?.median / Summary::of_millis(theirs)?.median)
 }
 
 /// How to run the boot benchmark.
 pub struct BootBenchConfig<'a> {
     /// The driverlab binary.
     pub driverlab: &'a Path,
-    /// The probe ELF, for QEMU.
+    /// The probe ELF, for the other VMMs.
     pub probe_elf: &'a Path,
     /// QEMU, if it should run alongside.
     pub qemu: Option<&'a Path>,
+    /// A `cloud-hypervisor` binary, if it should run alongside.
+    pub cloud_hypervisor: Option<&'a Path>,
     /// Runs per engine.
     pub runs: usize,
     /// Guest memory in MiB.
     pub memory_mib: u64,
 }
 
-/// Boots the probe `runs` times under each engine, alternating, and records wall times.
+/// Boots the probe `runs` times under each engine, interleaved (driverlab, QEMU, Cloud
+/// Hypervisor, driverlab, ...), and records wall times.
 pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
     let memory = config.memory_mib.to_string();
     let spec = VmSpec { memory_mib: config.memory_mib, ..VmSpec::new(Kernel::Probe) };
     let ours = VmProcess::new(config.driverlab, spec, Duration::from_secs(30));
-    let mut result = BootBench { driverlab: Vec::new(), driverlab_in_vm: Vec::new(), qemu: Vec::new() };
+    let mut result =
+        BootBench { driverlab: Vec::new(), driverlab_in_vm: Vec::new(), qemu: Vec::new(), cloud_hypervisor: Vec::new() };
     for run in 0..config.runs {
         let out = ours.run()?;
         let done = ProbeReport::parse(&out.serial).done();
@@ -95,31 +110,39 @@ pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
             result.driverlab_in_vm.push(Duration::from_secs_f64(exit.run_ms / 1e3));
         }
         if let Some(qemu) = config.qemu {
-            result.qemu.push(qemu_boot(qemu, config.probe_elf, &memory, run)?);
+            let mut command = Command::new(qemu);
+            command
+                .args(["-M", "microvm", "-accel", "kvm", "-m", memory.as_str(), "-kernel"])
+                .arg(config.probe_elf)
+                .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio"])
+                .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"]);
+            result.qemu.push(timed_boot("qemu", command, run)?);
+        }
+        if let Some(ch) = config.cloud_hypervisor {
+            let mut command = Command::new(ch);
+            command
+                .arg("--kernel")
+                .arg(config.probe_elf)
+                .args(["--cpus", "boot=1", "--memory", &format!("size={memory}M")])
+                .args(["--serial", "tty", "--console", "off"]);
+            result.cloud_hypervisor.push(timed_boot("cloud-hypervisor", command, run)?);
         }
     }
     Ok(result)
 }
 
-/// One QEMU microvm boot of the probe; it powers off through `isa-debug-exit`.
-fn qemu_boot(qemu: &Path, probe: &Path, memory: &str, run: usize) -> Result<Duration, BenchError> {
+/// One boot of the probe by another VMM, spawn to exit; the run counts if the probe finished its
+/// report (`done`), whatever its verdict on that VMM's platform.
+fn timed_boot(engine: &'static str, mut command: Command, run: usize) -> Result<Duration, BenchError> {
     let start = Instant::now();
-    let out = Command::new(qemu)
-        .args(["-M", "microvm", "-accel", "kvm", "-m", memory, "-kernel"])
-        .arg(probe)
-        .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot", "-serial", "stdio"])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+    let out = command
         .stdin(Stdio::null())
         .output()
-        .map_err(|source| BenchError::Qemu { qemu: qemu.to_path_buf(), source })?;
+        .map_err(|source| BenchError::Engine { engine, binary: PathBuf::from(command.get_program()), source })?;
     let wall = start.elapsed();
     let serial = String::from_utf8_lossy(&out.stdout);
-    if !ProbeReport::parse(&serial).done().is_some_and(|d| d.ok) {
-        return Err(BenchError::BadRun {
-            engine: "qemu",
-            run,
-            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
+    if ProbeReport::parse(&serial).done().is_none() {
+        return Err(BenchError::BadRun { engine, run, detail: String::from_utf8_lossy(&out.stderr).into_owned() });
     }
     Ok(wall)
 }

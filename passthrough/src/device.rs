@@ -27,10 +27,10 @@ pub fn lock(backend: &SharedBackend) -> MutexGuard<'_, Box<dyn VfioBackend>> {
     backend.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-const CAP_POINTER: usize = 0x34;
-const HEADER_END: usize = 0x40;
-const HEADER_TYPE: usize = 0x0e;
-const INTERRUPT_PIN: usize = 0x3d;
+use devices::pci::regs::{
+    BAR0, CAPABILITIES_POINTER as CAP_POINTER, CLASS_BASE, CLASS_PROG_IF, CLASS_SUB, COMMAND, DEVICE_ID, HEADER_END,
+    HEADER_TYPE, INTERRUPT_PIN, REVISION, STATUS, STATUS_CAPABILITIES, SUBSYSTEM_ID, SUBSYSTEM_VENDOR_ID, VENDOR_ID,
+};
 
 /// Errors setting a device up.
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +96,7 @@ fn u32_at(c: &[u8; 256], at: usize) -> u32 {
 /// The capability list: (offset, id), with a guard against loops.
 fn capabilities(c: &[u8; 256]) -> Vec<(usize, u8)> {
     let mut caps = Vec::new();
-    if u16_at(c, 0x06) & (1 << 4) == 0 {
+    if u16_at(c, STATUS) & STATUS_CAPABILITIES == 0 {
         return caps;
     }
     let mut next = (c[CAP_POINTER] & 0xfc) as usize;
@@ -134,19 +134,19 @@ impl PciPassthroughDevice {
             other => other,
         })?;
         let ids = PciIds {
-            vendor: u16_at(&config, 0),
-            device: u16_at(&config, 2),
-            subsystem_vendor: u16_at(&config, 0x2c),
-            subsystem: u16_at(&config, 0x2e),
-            class: [config[0x0b], config[0x0a], config[0x09]],
-            revision: config[0x08],
+            vendor: u16_at(&config, VENDOR_ID),
+            device: u16_at(&config, DEVICE_ID),
+            subsystem_vendor: u16_at(&config, SUBSYSTEM_VENDOR_ID),
+            subsystem: u16_at(&config, SUBSYSTEM_ID),
+            class: [config[CLASS_BASE], config[CLASS_SUB], config[CLASS_PROG_IF]],
+            revision: config[REVISION],
         };
         let mut shadow = PciConfiguration::new(ids);
 
         // BARs: sizes from the regions, kinds from the device's own BAR registers.
         let mut index = 0;
         while index < NUM_BARS {
-            let low = u32_at(&config, 0x10 + index * 4);
+            let low = u32_at(&config, BAR0 + index * 4);
             let kind = if low & 1 == 1 {
                 BarKind::Io
             } else if low & 0x6 == 0x4 {
@@ -379,7 +379,7 @@ pub fn reset_and_check(backend: &SharedBackend, before: Option<&[u8; 256]>) -> R
     let unhealthy = |reason: String| DeviceError::Unhealthy { name: name.clone(), reason };
     b.reset()?;
     let config = read_config(b.as_mut())?;
-    let vendor = u16_at(&config, 0);
+    let vendor = u16_at(&config, VENDOR_ID);
     if vendor == 0xffff || vendor == 0 {
         return Err(unhealthy(format!(
             "configuration space reads vendor {vendor:#06x} after reset: the device is gone or hung"
@@ -395,7 +395,7 @@ pub fn reset_and_check(backend: &SharedBackend, before: Option<&[u8; 256]>) -> R
         if size == 0 {
             continue;
         }
-        let at = 0x10 + bar as u64 * 4;
+        let at = (BAR0 + bar * 4) as u64;
         let old = u32_at(&config, at as usize);
         b.write(region::CONFIG, at, &[0xff; 4])?;
         let mut probe = [0u8; 4];
@@ -443,7 +443,9 @@ impl PciDevice for PciPassthroughDevice {
                 CAP_POINTER => *b = self.first_capability,
                 HEADER_TYPE => *b &= 0x7f,
                 INTERRUPT_PIN => *b = 0,
-                0x06 if !self.next_overrides.is_empty() || self.first_capability != 0 => *b |= 1 << 4,
+                STATUS if !self.next_overrides.is_empty() || self.first_capability != 0 => {
+                    *b |= STATUS_CAPABILITIES as u8
+                }
                 _ => {
                     if let Some(&(_, shown)) = self.next_overrides.iter().find(|&&(o, _)| o == at) {
                         *b = shown;
@@ -481,9 +483,9 @@ impl PciDevice for PciPassthroughDevice {
         if offset < HEADER_END {
             self.shadow.write(offset, data);
             // The command register's decode and bus-master bits also go to the device.
-            if offset <= 0x04 && offset + data.len() > 0x04 {
+            if offset <= COMMAND && offset + data.len() > COMMAND {
                 let command = self.shadow.command().to_le_bytes();
-                let result = lock(&self.backend).write(region::CONFIG, 0x04, &command);
+                let result = lock(&self.backend).write(region::CONFIG, COMMAND as u64, &command);
                 if let Err(e) = result {
                     self.fail(e);
                 }
@@ -565,6 +567,7 @@ mod tests {
     use super::*;
     use crate::backend::RegionInfo;
     use crate::slots::SlotError;
+    use devices::pci::regs::BAR_END;
     use vm_device::interrupt::{InterruptError, MsiMessage};
     use vmm_sys_util::eventfd::EventFd;
 
@@ -636,7 +639,7 @@ mod tests {
                 let at = offset as usize;
                 data.copy_from_slice(&self.config[at..at + data.len()]);
                 // BARs answer size probes like hardware.
-                if (0x10..0x28).contains(&at) && self.config[at..at + 4] == [0xff; 4] {
+                if (BAR0..BAR_END).contains(&at) && self.config[at..at + 4] == [0xff; 4] {
                     data.copy_from_slice(&0xffff_0004u32.to_le_bytes()[..data.len()]);
                 }
                 return Ok(());

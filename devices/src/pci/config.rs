@@ -9,12 +9,10 @@ pub const NUM_BARS: usize = 6;
 pub const CONFIG_SIZE: usize = 256;
 const REGS: usize = CONFIG_SIZE / 4;
 
-const COMMAND: usize = 0x04;
-const STATUS: usize = 0x06;
-const BAR0: usize = 0x10;
-const CAPABILITIES_POINTER: usize = 0x34;
-const INTERRUPT_LINE: usize = 0x3c;
-const FIRST_CAPABILITY: usize = 0x40;
+use super::regs::{
+    BAR0, CACHE_LINE_SIZE, CAPABILITIES_POINTER, COMMAND, HEADER_END as FIRST_CAPABILITY, INTERRUPT_LINE, STATUS,
+    STATUS_CAPABILITIES, SUBSYSTEM_VENDOR_ID,
+};
 
 /// Command register: I/O space decoding.
 pub const COMMAND_IO: u16 = 1 << 0;
@@ -24,8 +22,6 @@ pub const COMMAND_MEMORY: u16 = 1 << 1;
 pub const COMMAND_BUS_MASTER: u16 = 1 << 2;
 /// Command register: INTx disabled.
 pub const COMMAND_INTX_DISABLE: u16 = 1 << 10;
-/// Status register: the capability list exists.
-const STATUS_CAPABILITIES: u16 = 1 << 4;
 /// Status register bits that are write-1-to-clear (error bits).
 const STATUS_W1C: u16 = 0xf900;
 
@@ -90,12 +86,12 @@ impl PciConfiguration {
             | (ids.class[2] as u32) << 8
             | (ids.class[1] as u32) << 16
             | (ids.class[0] as u32) << 24;
-        c.regs[0x2c / 4] = ids.subsystem_vendor as u32 | (ids.subsystem as u32) << 16;
+        c.regs[SUBSYSTEM_VENDOR_ID / 4] = ids.subsystem_vendor as u32 | (ids.subsystem as u32) << 16;
         let command_bits = (COMMAND_IO | COMMAND_MEMORY | COMMAND_BUS_MASTER | COMMAND_INTX_DISABLE) as u32;
         c.writable[COMMAND / 4] = command_bits;
         c.w1c[STATUS / 4] = (STATUS_W1C as u32) << 16;
         // Cache line size and latency timer are read/write scratch bytes.
-        c.writable[0x0c / 4] = 0x0000_ffff;
+        c.writable[CACHE_LINE_SIZE / 4] = 0x0000_ffff;
         c.writable[INTERRUPT_LINE / 4] = 0x0000_00ff;
         c
     }

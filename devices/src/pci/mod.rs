@@ -8,6 +8,7 @@ pub mod config;
 pub mod device;
 pub mod msi;
 pub mod msix;
+pub mod regs;
 pub mod root;
 mod vector;
 
@@ -18,7 +19,7 @@ pub use msix::MsixConfig;
 pub use root::{PciConfigIo, PciConfigMmio, PciRoot};
 
 /// Errors building PCI devices and the bus.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum PciError {
     /// A BAR that cannot exist.
     #[error("BAR {index}: {reason}")]
@@ -37,10 +38,18 @@ pub enum PciError {
     /// No room for a BAR in the MMIO windows.
     #[error("no room for a BAR of {0:#x} bytes in the PCI MMIO windows")]
     NoAddressSpace(u64),
-    /// MSI set-up failed.
-    #[error("MSI: {0}")]
-    Msi(String),
-    /// MSI-X set-up failed.
-    #[error("MSI-X: {0}")]
-    Msix(String),
+    /// An MSI or MSI-X vector could not be wired up.
+    #[error("MSI vector: {0}")]
+    Vector(#[source] vm_device::interrupt::InterruptError),
+    /// An MSI-X table size out of range.
+    #[error("MSI-X: {0} vectors; 1 to 2048 are possible")]
+    MsixSize(usize),
+    /// A virtqueue that cannot be created.
+    #[error("virtqueue of {size}: {reason}")]
+    Queue {
+        /// Its size.
+        size: u16,
+        /// Why (virtio-queue's error).
+        reason: String,
+    },
 }

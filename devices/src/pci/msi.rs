@@ -47,7 +47,7 @@ impl MsiConfig {
         }
         let mut vectors = Vec::with_capacity(1 << capable);
         for _ in 0..1u32 << capable {
-            vectors.push(MsiVector::new(interrupts.as_ref()).map_err(|e| PciError::Msi(e.to_string()))?);
+            vectors.push(MsiVector::new(interrupts.as_ref()).map_err(PciError::Vector)?);
         }
         let mut regs = [0u8; MAX_SIZE];
         let mut writable = [0u8; MAX_SIZE];

@@ -54,11 +54,11 @@ impl MsixConfig {
     /// `count` vectors, all masked, MSI-X disabled (the reset state).
     pub fn new(count: u16, interrupts: Arc<dyn MsiInterrupts>) -> Result<Self, PciError> {
         if count == 0 || count > MAX_VECTORS {
-            return Err(PciError::Msix(format!("{count} vectors; 1 to {MAX_VECTORS} are possible")));
+            return Err(PciError::MsixSize(count as usize));
         }
         let mut vectors = Vec::with_capacity(count as usize);
         for _ in 0..count {
-            let irq = MsiVector::new(interrupts.as_ref()).map_err(|e| PciError::Msix(e.to_string()))?;
+            let irq = MsiVector::new(interrupts.as_ref()).map_err(PciError::Vector)?;
             let mut entry = [0u8; ENTRY_SIZE as usize];
             entry[12] = VECTOR_MASKED as u8;
             vectors.push(Vector { entry, irq });

@@ -121,7 +121,7 @@ impl<D: VirtioDevice> VirtioPciDevice<D> {
         let queues = device
             .queue_max_sizes()
             .iter()
-            .map(|&max| Queue::new(max).map_err(|e| PciError::Msix(format!("virtqueue of {max}: {e:?}"))))
+            .map(|&max| Queue::new(max).map_err(|e| PciError::Queue { size: max, reason: format!("{e:?}") }))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(VirtioPciDevice {
             name: name.to_string(),

@@ -97,8 +97,12 @@ pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
     let memory = config.memory_mib.to_string();
     let spec = VmSpec { memory_mib: config.memory_mib, ..VmSpec::new(Kernel::Probe) };
     let ours = VmProcess::new(config.driverlab, spec, Duration::from_secs(30));
-    let mut result =
-        BootBench { driverlab: Vec::new(), driverlab_in_vm: Vec::new(), qemu: Vec::new(), cloud_hypervisor: Vec::new() };
+    let mut result = BootBench {
+        driverlab: Vec::new(),
+        driverlab_in_vm: Vec::new(),
+        qemu: Vec::new(),
+        cloud_hypervisor: Vec::new(),
+    };
     for run in 0..config.runs {
         let out = ours.run()?;
         let done = ProbeReport::parse(&out.serial).done();
@@ -135,10 +139,11 @@ pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
 /// report (`done`), whatever its verdict on that VMM's platform.
 fn timed_boot(engine: &'static str, mut command: Command, run: usize) -> Result<Duration, BenchError> {
     let start = Instant::now();
-    let out = command
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| BenchError::Engine { engine, binary: PathBuf::from(command.get_program()), source })?;
+    let out = command.stdin(Stdio::null()).output().map_err(|source| BenchError::Engine {
+        engine,
+        binary: PathBuf::from(command.get_program()),
+        source,
+    })?;
     let wall = start.elapsed();
     let serial = String::from_utf8_lossy(&out.stdout);
     if ProbeReport::parse(&serial).done().is_none() {

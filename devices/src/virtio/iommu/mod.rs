@@ -5,6 +5,7 @@
 //! describes them to the guest.
 
 pub mod domains;
+pub mod requests;
 pub mod stats;
 
 use std::io::{Read, Write};
@@ -16,7 +17,10 @@ use vm_memory::GuestMemoryMmap;
 
 use vm_device::dma::{DmaMapError, DmaMapListener};
 
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
+
 use self::domains::{Access, AddressSpaces, Effect, Fault, Limits, Status};
+use self::requests::{Attach, Config, Detach, Map, Probe, ProbeResvMem, RequestHead, RequestTail, Unmap};
 use vm_spec::counters::IommuCounts;
 
 use self::stats::{IommuStats, RequestKind};
@@ -134,16 +138,17 @@ impl VirtioIommu {
         self.handle.clone()
     }
 
-    fn config_bytes(&self) -> [u8; 40] {
-        let mut c = [0u8; 40];
-        c[0..8].copy_from_slice(&PAGE_SIZE_MASK.to_le_bytes());
-        c[8..16].copy_from_slice(&INPUT_RANGE.0.to_le_bytes());
-        c[16..24].copy_from_slice(&INPUT_RANGE.1.to_le_bytes());
-        c[24..28].copy_from_slice(&DOMAIN_RANGE.0.to_le_bytes());
-        c[28..32].copy_from_slice(&DOMAIN_RANGE.1.to_le_bytes());
-        c[32..36].copy_from_slice(&PROBE_SIZE.to_le_bytes());
-        c[36] = self.handle.spaces().bypass() as u8;
-        c
+    fn config(&self) -> Config {
+        Config {
+            page_size_mask: PAGE_SIZE_MASK.into(),
+            input_start: INPUT_RANGE.0.into(),
+            input_end: INPUT_RANGE.1.into(),
+            domain_start: DOMAIN_RANGE.0.into(),
+            domain_end: DOMAIN_RANGE.1.into(),
+            probe_size: PROBE_SIZE.into(),
+            bypass: self.handle.spaces().bypass() as u8,
+            reserved: [0; 3],
+        }
     }
 
     /// Handles one request; returns the number of bytes written (0 when the request could not
@@ -156,10 +161,10 @@ impl VirtioIommu {
         if writable < 4 {
             return 0;
         }
-        let mut body = [0u8; 68];
-        let readable = reader.available_bytes().min(body.len() + 4);
-        let mut head = [0u8; 4];
-        if reader.read_exact(&mut head).is_err() {
+        let mut body = [0u8; size_of::<Probe>()];
+        let readable = reader.available_bytes().min(body.len() + size_of::<RequestHead>());
+        let mut head = RequestHead::new_zeroed();
+        if reader.read_exact(head.as_mut_bytes()).is_err() {
             return self.write_status(
                 &mut writer,
                 writable,
@@ -169,34 +174,55 @@ impl VirtioIommu {
                 None,
             );
         }
-        let body_len = readable.saturating_sub(4);
+        let body_len = readable.saturating_sub(size_of::<RequestHead>());
         if reader.read_exact(&mut body[..body_len]).is_err() {
             return 0;
         }
-        let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().expect("4 bytes"));
-        let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().expect("8 bytes"));
+        let body = &body[..body_len];
         let started = Instant::now();
         let bypass_config = self.acked_features & F_BYPASS_CONFIG != 0;
-        let (needed, kind) = match head[0] {
-            T_ATTACH | T_DETACH => (16, RequestKind::Other),
-            T_MAP => (32, RequestKind::Map),
-            T_UNMAP => (24, RequestKind::Unmap),
-            T_PROBE => (68, RequestKind::Other),
+        let (needed, kind) = match head.kind {
+            T_ATTACH => (size_of::<Attach>(), RequestKind::Other),
+            T_DETACH => (size_of::<Detach>(), RequestKind::Other),
+            T_MAP => (size_of::<Map>(), RequestKind::Map),
+            T_UNMAP => (size_of::<Unmap>(), RequestKind::Unmap),
+            T_PROBE => (size_of::<Probe>(), RequestKind::Other),
             _ => return 0,
         };
         if body_len < needed {
             return self.write_status(&mut writer, writable, Status::Inval, kind, Effect::default(), Some(started));
         }
         let mut spaces = self.handle.spaces();
-        let (status, effect) = match head[0] {
-            T_ATTACH if u32_at(12) != 0 => (Status::Inval, Effect::default()),
-            T_ATTACH => (spaces.attach(u32_at(0), u32_at(4), u32_at(8), bypass_config), Effect::default()),
-            T_DETACH => spaces.detach(u32_at(0), u32_at(4)),
-            T_MAP => spaces.map(u32_at(0), u64_at(4), u64_at(12), u64_at(20), u32_at(28), false),
-            T_UNMAP if u32_at(20) != 0 => (Status::Inval, Effect::default()),
-            T_UNMAP => spaces.unmap(u32_at(0), u64_at(4), u64_at(12)),
+        let (status, effect) = match head.kind {
+            T_ATTACH => match Attach::read_from_prefix(body) {
+                Ok((a, _)) if a.reserved != [0; 4] => (Status::Inval, Effect::default()),
+                Ok((a, _)) => {
+                    (spaces.attach(a.domain.get(), a.endpoint.get(), a.flags.get(), bypass_config), Effect::default())
+                }
+                Err(_) => (Status::Inval, Effect::default()),
+            },
+            T_DETACH => match Detach::read_from_prefix(body) {
+                Ok((d, _)) => spaces.detach(d.domain.get(), d.endpoint.get()),
+                Err(_) => (Status::Inval, Effect::default()),
+            },
+            T_MAP => match Map::read_from_prefix(body) {
+                Ok((m, _)) => spaces.map(
+                    m.domain.get(),
+                    m.virt_start.get(),
+                    m.virt_end.get(),
+                    m.phys_start.get(),
+                    m.flags.get(),
+                    false,
+                ),
+                Err(_) => (Status::Inval, Effect::default()),
+            },
+            T_UNMAP => match Unmap::read_from_prefix(body) {
+                Ok((u, _)) if u.reserved != [0; 4] => (Status::Inval, Effect::default()),
+                Ok((u, _)) => spaces.unmap(u.domain.get(), u.virt_start.get(), u.virt_end.get()),
+                Err(_) => (Status::Inval, Effect::default()),
+            },
             _ => {
-                let endpoint = u32_at(0);
+                let endpoint = Probe::read_from_prefix(body).map_or(u32::MAX, |(p, _)| p.endpoint.get());
                 drop(spaces);
                 return self.probe(&mut writer, writable, endpoint, started);
             }
@@ -217,8 +243,8 @@ impl VirtioIommu {
     ) -> u32 {
         let elapsed = started.map_or(0, |t| t.elapsed().as_nanos() as u64);
         self.handle.stats.record(kind, status == Status::Ok, effect, elapsed);
-        let mut tail = writer.split_at(writable - 4).unwrap_or_else(|_| writer.clone());
-        let _ = tail.write_all(&[status as u8, 0, 0, 0]);
+        let mut tail = writer.split_at(writable - size_of::<RequestTail>()).unwrap_or_else(|_| writer.clone());
+        let _ = tail.write_all(RequestTail { status: status as u8, reserved: [0; 3] }.as_bytes());
         writable as u32
     }
 
@@ -246,15 +272,19 @@ impl VirtioIommu {
                 Some(started),
             );
         }
+        let msi = ProbeResvMem {
+            kind: PROBE_T_RESV_MEM.into(),
+            length: ((size_of::<ProbeResvMem>() - 4) as u16).into(),
+            subtype: RESV_MEM_T_MSI,
+            reserved: [0; 3],
+            start: MSI_WINDOW.0.into(),
+            end: MSI_WINDOW.1.into(),
+        };
         let mut properties = vec![0u8; PROBE_SIZE as usize];
-        properties[0..2].copy_from_slice(&PROBE_T_RESV_MEM.to_le_bytes());
-        properties[2..4].copy_from_slice(&20u16.to_le_bytes());
-        properties[4] = RESV_MEM_T_MSI;
-        properties[8..16].copy_from_slice(&MSI_WINDOW.0.to_le_bytes());
-        properties[16..24].copy_from_slice(&MSI_WINDOW.1.to_le_bytes());
-        let skip = writable - PROBE_SIZE as usize - 4;
+        properties[..size_of::<ProbeResvMem>()].copy_from_slice(msi.as_bytes());
+        let skip = writable - PROBE_SIZE as usize - size_of::<RequestTail>();
         let mut out = writer.split_at(skip).unwrap_or_else(|_| writer.clone());
-        properties.extend_from_slice(&[Status::Ok as u8, 0, 0, 0]);
+        properties.extend_from_slice(RequestTail { status: Status::Ok as u8, reserved: [0; 3] }.as_bytes());
         if out.write_all(&properties).is_err() {
             return 0;
         }
@@ -278,7 +308,8 @@ impl VirtioDevice for VirtioIommu {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        let config = self.config_bytes();
+        let config = self.config();
+        let config = config.as_bytes();
         for (i, b) in data.iter_mut().enumerate() {
             *b = config.get(offset as usize + i).copied().unwrap_or(0);
         }
@@ -286,7 +317,7 @@ impl VirtioDevice for VirtioIommu {
 
     fn write_config(&mut self, offset: u64, data: &[u8]) {
         // Only `bypass` is writable, only with VIRTIO_IOMMU_F_BYPASS_CONFIG, only 0 or 1.
-        if offset == 36
+        if offset == std::mem::offset_of!(Config, bypass) as u64
             && self.acked_features & F_BYPASS_CONFIG != 0
             && let Some(&value) = data.first()
         {

@@ -19,4 +19,13 @@ if [ "$(id -u)" -eq 0 ]; then
 else
     echo "not root: the Linux check (stock atlantic under QEMU against the model) will skip" >&2
 fi
-cargo test --workspace --locked
+# Every test's output is shown (--show-output) so that the skips, which tests print as
+# `SKIP name: reason`, can be counted and listed at the end: a green run that skipped shows it.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --locked --no-fail-fast -- --show-output 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+scripts/test-summary.sh "$log"
+exit "$status"

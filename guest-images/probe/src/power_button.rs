@@ -30,9 +30,8 @@ pub fn hold(acpi: Option<&Acpi>, hold_ms: u32) -> bool {
     ioapic_write(ioapic, IOREDTBL + 2 * gsi + 1, lapic::id() << 24);
     let before = interrupts::count(VECTOR);
     let start = time::tsc();
-    let pressed = time::wait_until(time::deadline_after_micros(hold_ms as u64 * 1000), || {
-        interrupts::count(VECTOR) != before
-    });
+    let pressed =
+        time::wait_until(time::deadline_after_micros(hold_ms as u64 * 1000), || interrupts::count(VECTOR) != before);
     let khz = time::tsc_khz().unwrap_or(1);
     json::section("hold", |o| {
         o.u64("gsi", gsi as u64).bool("power_button", pressed).u64("waited_ms", (time::tsc() - start) / khz);

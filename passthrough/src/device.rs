@@ -10,6 +10,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use devices::pci::PciError;
 use devices::pci::config::{BarKind, NUM_BARS, PciConfiguration, PciIds};
 use devices::pci::device::{BarMapping, PciDevice, decoded_bars};
 use devices::pci::msi::{self, MsiConfig};
@@ -125,7 +126,7 @@ impl PciPassthroughDevice {
         backend: SharedBackend,
         interrupts: Arc<dyn MsiInterrupts>,
         slots: Arc<dyn GuestMemorySlots>,
-        mut place_bar: impl FnMut(usize, u64, BarKind) -> Result<u64, String>,
+        mut place_bar: impl FnMut(usize, u64, BarKind) -> Result<u64, PciError>,
     ) -> Result<Self, DeviceError> {
         let name = lock(&backend).name().to_string();
         let unhealthy = |reason: String| DeviceError::Unhealthy { name: name.clone(), reason };
@@ -158,7 +159,7 @@ impl PciPassthroughDevice {
             if size > 0 {
                 let decoded = size.next_power_of_two().max(if kind == BarKind::Io { 4 } else { 16 });
                 shadow.add_bar(index, decoded, kind).map_err(|e| unhealthy(e.to_string()))?;
-                let addr = place_bar(index, decoded, kind).map_err(unhealthy)?;
+                let addr = place_bar(index, decoded, kind).map_err(|e| unhealthy(e.to_string()))?;
                 shadow.set_bar_address(index, addr);
             }
             index += if kind == BarKind::Memory64 { 2 } else { 1 };

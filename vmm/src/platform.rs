@@ -17,7 +17,7 @@ use kvm_ioctls::VmFd;
 use vm_allocator::{AddressAllocator, AllocPolicy};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use devices::pci::BarKind;
+use devices::pci::{BarKind, PciError};
 use passthrough::backend::{BackendError, VfioBackend};
 use passthrough::device::{PciPassthroughDevice, SharedBackend};
 use passthrough::dma::DmaMirror;
@@ -159,7 +159,7 @@ pub fn build(
             iommu::PCI_CLASS,
             ram.memory.clone(),
             interrupts.clone(),
-            windows.place(VIRTIO_BAR_SIZE, BarKind::Memory64).map_err(Error::Platform)?,
+            windows.place(VIRTIO_BAR_SIZE, BarKind::Memory64).map_err(|e| Error::Platform(e.to_string()))?,
         )
         .map_err(|e| Error::Platform(format!("virtio-iommu: {e}")))?;
         lock(&pci)
@@ -231,7 +231,7 @@ impl BarWindows {
         Ok(BarWindows { low: window(PCI_MMIO32_START, PCI_MMIO32_SIZE)?, high: window(high_start, PCI_MMIO64_SIZE)? })
     }
 
-    fn place(&mut self, size: u64, kind: BarKind) -> Result<u64, String> {
+    fn place(&mut self, size: u64, kind: BarKind) -> Result<u64, PciError> {
         let take = |window: &mut AddressAllocator| {
             window.allocate(size, size, AllocPolicy::FirstMatch).map(|r| r.start()).ok()
         };
@@ -242,7 +242,7 @@ impl BarWindows {
             BarKind::Memory64 => take(&mut self.low).or_else(|| take(&mut self.high)),
             BarKind::Memory32 => take(&mut self.low),
         };
-        placed.ok_or_else(|| format!("no room for a {size:#x}-byte BAR in the PCI windows"))
+        placed.ok_or(PciError::NoAddressSpace(size))
     }
 }
 

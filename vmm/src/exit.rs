@@ -83,6 +83,9 @@ impl ExitReason {
     }
 }
 
+/// How often the power button is pressed again while a requested shutdown's grace runs.
+pub const SHUTDOWN_REMINDER: Duration = Duration::from_secs(1);
+
 /// Where vCPUs, devices and the control socket ask for the VM to stop, and where the main thread
 /// waits for it. The first reason wins.
 #[derive(Default)]
@@ -139,24 +142,50 @@ impl VmStop {
     /// Waits for a stop request and returns its reason: [`ExitReason::Timeout`] once `timeout`
     /// has passed, [`ExitReason::Shutdown`] once a requested shutdown's grace has.
     pub fn wait(&self, timeout: Option<Duration>) -> ExitReason {
+        self.wait_with(timeout, || {})
+    }
+
+    /// As [`VmStop::wait`], calling `while_shutting_down` every [`SHUTDOWN_REMINDER`] while a
+    /// requested shutdown's grace runs (the VMM presses the power button again, for a guest that
+    /// was not listening yet).
+    pub fn wait_with(&self, timeout: Option<Duration>, mut while_shutting_down: impl FnMut()) -> ExitReason {
         let timeout_at = timeout.map(|t| Instant::now() + t);
+        let mut reminded_at: Option<Instant> = None;
         let mut state = self.state();
         loop {
             if let Some(reason) = &state.reason {
                 return reason.clone();
             }
             let now = Instant::now();
-            let forced = [(state.shutdown_by, ExitReason::Shutdown), (timeout_at, ExitReason::Timeout)]
-                .into_iter()
-                .filter_map(|(at, reason)| at.map(|at| (at, reason)))
-                .min_by_key(|(at, _)| *at);
-            state = match forced {
-                Some((at, reason)) if at <= now => {
+            if state.shutdown_by.is_some() {
+                match reminded_at {
+                    None => reminded_at = Some(now),
+                    Some(at) if now >= at + SHUTDOWN_REMINDER => {
+                        while_shutting_down();
+                        reminded_at = Some(now);
+                    }
+                    Some(_) => {}
+                }
+            }
+            let reminder = reminded_at.map(|at| (at + SHUTDOWN_REMINDER, None));
+            let next = [
+                state.shutdown_by.map(|at| (at, Some(ExitReason::Shutdown))),
+                timeout_at.map(|at| (at, Some(ExitReason::Timeout))),
+                reminder,
+            ]
+            .into_iter()
+            .flatten()
+            .min_by_key(|(at, _)| *at);
+            state = match next {
+                Some((at, Some(reason))) if at <= now => {
                     drop(state);
                     self.request(reason);
                     self.state()
                 }
-                Some((at, _)) => self.changed.wait_timeout(state, at - now).unwrap_or_else(|p| p.into_inner()).0,
+                Some((at, _)) => {
+                    let wait = at.saturating_duration_since(now);
+                    self.changed.wait_timeout(state, wait).unwrap_or_else(|p| p.into_inner()).0
+                }
                 None => self.changed.wait(state).unwrap_or_else(|p| p.into_inner()),
             };
         }
@@ -239,6 +268,12 @@ mod tests {
         stop.request_shutdown(Duration::from_millis(5));
         stop.request_shutdown(Duration::from_secs(30));
         assert_eq!(t.join().unwrap(), ExitReason::Shutdown, "the earliest deadline wins");
+
+        let reminded = Arc::new(VmStop::new());
+        reminded.request_shutdown(Duration::from_millis(2500));
+        let mut presses = 0;
+        assert_eq!(reminded.wait_with(None, || presses += 1), ExitReason::Shutdown);
+        assert_eq!(presses, 2, "pressed again at 1 s and 2 s");
         let obeyed = Arc::new(VmStop::new());
         obeyed.request_shutdown(Duration::from_secs(30));
         obeyed.guest_event(GuestEvent::PowerOff);

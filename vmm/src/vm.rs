@@ -132,7 +132,11 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     }
 
     let timeout = spec.timeout_s.map(Duration::from_secs_f64);
-    let reason = stop.wait(timeout);
+    let reason = stop.wait_with(timeout, || {
+        if let Err(e) = platform.power_button.write(1) {
+            tracing::warn!("pressing the power button again: {e}");
+        }
+    });
     let stopped = Instant::now();
     control.set_state(VmState::Stopping);
     stop_vcpus(threads);

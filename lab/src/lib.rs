@@ -9,9 +9,20 @@
 //! their summaries.
 
 pub mod bench;
+pub mod chart;
+pub mod crash;
+pub mod health;
+pub mod kcidb;
+pub mod matrix;
 pub mod model_process;
 pub mod probe_report;
+pub mod record;
+pub mod report;
+pub mod run;
+pub mod runner;
+pub mod scheduler;
 pub mod stats;
+pub mod store;
 pub mod vm_control;
 pub mod vm_process;
 

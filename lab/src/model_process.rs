@@ -48,14 +48,10 @@ impl ModelProcess {
         let dir = std::env::temp_dir().join(format!("driverlab-model-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(start_error)?;
         let socket = dir.join(format!("{kind}.sock"));
-        let child = match Command::new(driverlab)
-            .args(["model", kind, "--once", "--socket"])
-            .arg(&socket)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-        {
+        let mut command = Command::new(driverlab);
+        command.args(["model", kind, "--once", "--socket"]).arg(&socket).args(args);
+        crate::vm_process::die_with_parent(&mut command);
+        let child = match command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn() {
             Ok(child) => child,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);

@@ -121,6 +121,7 @@ impl VmProcess {
             command.arg("--control").arg(control);
         }
         let stdin = if matches!(self.launch, Launch::Spec(_)) { Stdio::piped() } else { Stdio::null() };
+        die_with_parent(&mut command);
         let mut child = command
             .stdin(stdin)
             .stdout(Stdio::piped())
@@ -179,6 +180,22 @@ impl RunningVm {
             wall,
             killed,
         })
+    }
+}
+
+/// Makes the child receive SIGKILL when the thread that started it goes away, so a lab killed
+/// with -9 leaves no VMM or model behind holding a device.
+pub fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl, which is
+    // async-signal-safe and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

@@ -3,7 +3,9 @@
 mod bench;
 mod doctor;
 mod image;
+mod lab;
 mod model;
+mod probe;
 mod serve;
 mod vm;
 
@@ -35,6 +37,12 @@ pub enum Command {
     /// Device models served over vfio-user, for passthrough without hardware.
     #[command(subcommand)]
     Model(model::ModelCommand),
+    /// The lab: run a matrix of driver variants, keep every result, report and compare them.
+    #[command(subcommand)]
+    Lab(lab::LabCommand),
+    /// Check one NIC with the probe guest (firmware, MAC, link, DMA through the vIOMMU, MSI-X) in
+    /// a fresh micro-VM: a one-line verdict, then JSON. Exit code 0 healthy, 1 not.
+    Probe(probe::ProbeArgs),
     /// Check this host for KVM and PCI passthrough: IOMMU, VFIO, memlock, device binding,
     /// Thunderbolt. Prints one line per check and the fix for each failure; exit code 1 if any
     /// check failed.
@@ -56,6 +64,8 @@ impl Command {
             Command::Vm(cmd) => cmd.run(),
             Command::Image(cmd) => cmd.run(),
             Command::Model(cmd) => cmd.run(),
+            Command::Lab(cmd) => cmd.run(),
+            Command::Probe(args) => probe::run(args),
             Command::Doctor(args) => doctor::run(args),
             Command::Serve(args) => serve::serve(args),
             Command::Api(args) => serve::request(args),

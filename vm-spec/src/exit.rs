@@ -76,7 +76,7 @@ pub struct DeviceSummary {
 }
 
 /// The exit line: `{"vmm":"exit","reason":...,"exit_code":N,...}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExitSummary {
     /// Always "exit": marks the line.
     pub vmm: String,

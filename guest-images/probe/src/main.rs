@@ -53,6 +53,9 @@ extern "C" fn probe_main(boot_info: u64, entry_kind: u64) -> ! {
                 }
             }
             report_boot(&boot);
+            if options.panic {
+                panic!("probe.panic=1 asked for a panic");
+            }
             let acpi = Acpi::read(&boot);
             match &acpi {
                 Some(acpi) => acpi.report(),

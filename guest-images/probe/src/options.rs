@@ -26,6 +26,9 @@ pub struct Options {
     /// `probe.hold=MS`: after the checks, wait this long for the ACPI power button before
     /// powering off (powering off at once when it is pressed).
     pub hold_ms: Option<u32>,
+    /// `probe.panic=1`: panic after the boot report, as a crashing guest would (for the lab's
+    /// crash detection).
+    pub panic: bool,
 }
 
 impl Options {
@@ -55,6 +58,7 @@ impl Options {
                     _ => report::fail_with("probe.out is com1 or com2, not ", value),
                 },
                 "hold" => options.hold_ms = number(key, value),
+                "panic" => options.panic = flag(key, value),
                 _ => report::fail_with("unknown option probe.", key),
             }
         }

@@ -1,0 +1,112 @@
+//! The device health check (`driverlab probe --device ...`): the probe guest's NIC checks on one
+//! device in a fresh micro-VM behind the virtio-iommu: firmware, MAC, link, DMA through the
+//! vIOMMU, MSI-X delivery of received frames, transmit completion. The lab runs it before a
+//! matrix touches a device and after a repetition on it failed, so a dead NIC costs seconds.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, VmSpec};
+
+use crate::probe_report::ProbeReport;
+use crate::vm_process::{ProcessError, VmProcess};
+
+/// How long one check may take.
+const CHECK_TIMEOUT_S: f64 = 30.0;
+
+/// What the check found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Health {
+    /// The device as given.
+    pub device: String,
+    /// Every check passed.
+    pub ok: bool,
+    /// Firmware version.
+    pub fw: Option<String>,
+    /// Permanent MAC address.
+    pub mac: Option<String>,
+    /// Link speed.
+    pub link_mbps: Option<u64>,
+    /// The device sat behind the virtio-iommu and its DMA went through the guest's mappings.
+    pub iommu: Option<bool>,
+    /// Frames received (through the vIOMMU, announced by MSI-X).
+    pub rx_frames: Option<u64>,
+    /// Received frames were announced by MSI-X.
+    pub msix: Option<bool>,
+    /// Frames sent and counted by the NIC.
+    pub tx_frames: Option<u64>,
+    /// The device was reset and healthy at teardown.
+    pub reset_ok: Option<bool>,
+    /// What failed.
+    pub failures: Vec<String>,
+    /// Wall time of the check.
+    pub ms: f64,
+}
+
+impl Health {
+    /// The one-line verdict: `PASS device: ...` or `FAIL device: ...`.
+    pub fn verdict(&self) -> String {
+        let mut facts = Vec::new();
+        if let (Some(fw), Some(mac)) = (&self.fw, &self.mac) {
+            facts.push(format!("AQC100 fw {fw}, MAC {mac}"));
+        }
+        if let Some(link) = self.link_mbps {
+            facts.push(format!("link {link} Mb/s"));
+        }
+        if let Some(frames) = self.rx_frames.filter(|&n| n > 0) {
+            let msix = if self.msix == Some(true) { "MSI-X" } else { "no MSI-X" };
+            facts.push(format!("{frames} frames through the vIOMMU by {msix}"));
+        }
+        if let Some(tx) = self.tx_frames {
+            facts.push(format!("{tx} sent"));
+        }
+        let what = if self.ok { facts.join(", ") } else { self.failures.join("; ") };
+        format!("{} {}: {what} ({:.0} ms)", if self.ok { "PASS" } else { "FAIL" }, self.device, self.ms)
+    }
+}
+
+/// Checks `device`; `frames` is how many frames to receive (0 when no traffic can arrive, e.g. a
+/// host NIC without a peer sending).
+pub fn check(driverlab: &Path, device: &DeviceSpec, frames: u32) -> Result<Health, ProcessError> {
+    let spec = VmSpec {
+        cmdline: format!("probe.viommu_ops=0 probe.nic=aqc100 probe.frames={frames}"),
+        iommu: Some(IommuSpec::default()),
+        devices: vec![device.clone()],
+        serial: vm_spec::SerialSpec { com1: SerialOutput::Stdout, com2: None },
+        timeout_s: Some(CHECK_TIMEOUT_S),
+        ..VmSpec::new(Kernel::Probe)
+    };
+    let start = Instant::now();
+    let out = VmProcess::new(driverlab, spec, Duration::from_secs(10)).run()?;
+    let report = ProbeReport::parse(&out.serial);
+    let nic = report.section("nic");
+    let field = |key: &str| nic.and_then(|n| n.get(key));
+    let mut failures: Vec<String> = report.done().map(|d| d.failures).unwrap_or_default();
+    let reset_ok = out.exit.as_ref().and_then(|e| e.devices.first()).map(|d| d.reset_ok);
+    if let Some(error) = &out.error {
+        failures.push(error.message.clone());
+    } else if out.code() != Some(0) {
+        let reason = out.exit.as_ref().map_or("no exit line".to_string(), |e| e.reason.clone());
+        failures.push(format!("the VM ended with {reason} (exit code {:?})", out.code()));
+    } else if report.done().is_none() {
+        failures.push("the probe did not finish its report".into());
+    }
+    if reset_ok == Some(false) {
+        failures.push("the device was not healthy after its reset".into());
+    }
+    Ok(Health {
+        device: device.to_string(),
+        ok: failures.is_empty(),
+        fw: field("fw").and_then(|v| v.as_str()).map(String::from),
+        mac: field("mac").and_then(|v| v.as_str()).map(String::from),
+        link_mbps: field("link_mbps").and_then(|v| v.as_u64()),
+        iommu: field("iommu").and_then(|v| v.as_bool()),
+        rx_frames: field("rx_frames").and_then(|v| v.as_u64()),
+        msix: field("msix").and_then(|v| v.as_bool()),
+        tx_frames: field("tx_counted").and_then(|v| v.as_u64()),
+        reset_ok,
+        failures,
+        ms: start.elapsed().as_secs_f64() * 1e3,
+    })
+}

@@ -1,0 +1,157 @@
+//! Export of a run as KCIDB v4 JSON (schema 4.5), so results can go to KernelCI: the run is a
+//! checkout, each image a build, each repetition a test with its status, its throughput as the
+//! test's number, and the rest (maps per packet, the cell, the crash fingerprint) under `misc`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::record::{Record, Status};
+use crate::store::RunInfo;
+
+/// The origin of every object driverlab submits.
+pub const ORIGIN: &str = "driverlab";
+
+/// A path segment: letters, digits, `_` and `-` only.
+fn segment(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect()
+}
+
+/// The run `info` with its `records` as one KCIDB v4 document; `artifacts` is the run's artifacts
+/// folder, for the serial logs' URLs.
+pub fn export(info: &RunInfo, records: &[Record], artifacts: &Path) -> Value {
+    let checkout_id = format!("{ORIGIN}:{}", info.id);
+    let images: BTreeSet<&str> = records.iter().map(|r| r.cell.image.as_str()).collect();
+    let builds: Vec<Value> = images
+        .iter()
+        .map(|image| {
+            json!({
+                "id": format!("{checkout_id}:{}", segment(image)),
+                "origin": ORIGIN,
+                "checkout_id": checkout_id,
+                "comment": format!("image {image}"),
+                "architecture": "x86_64",
+                "valid": true,
+            })
+        })
+        .collect();
+    let tests: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            let mut test = json!({
+                "id": format!("{checkout_id}:{}:{}", r.cell.id, r.repetition),
+                "origin": ORIGIN,
+                "build_id": format!("{checkout_id}:{}", segment(&r.cell.image)),
+                "path": format!("driverlab.{}.{}", segment(&r.cell.workload), segment(&r.cell.variant)),
+                "comment": r.cell.key(),
+                "status": r.status.name(),
+                "start_time": r.started_at,
+                "duration": r.timings.total_ms / 1e3,
+                "environment": {"comment": format!("device {}", r.cell.device)},
+                "misc": {
+                    "run": r.run,
+                    "cell": r.cell.id,
+                    "repetition": r.repetition,
+                    "params": r.cell.params,
+                    "device": r.cell.device,
+                    "engine": r.engine,
+                    "reason": r.reason,
+                    "maps_per_packet": r.maps_per_packet,
+                    "packets_per_s": r.workload.packets_per_s,
+                    "crash_fingerprint": r.crash.as_ref().map(|c| c.fingerprint.clone()),
+                },
+            });
+            if let (Status::Pass, Some(gbit)) = (r.status, r.workload.gbit_s) {
+                test["number"] = json!({"value": gbit, "unit": "Gbit/s"});
+            }
+            if let Some(log) = &r.serial_log {
+                let url = format!("file://{}", artifacts.join(log).display());
+                test["output_files"] = json!([{"name": "serial.log", "url": url}]);
+            }
+            test
+        })
+        .collect();
+    json!({
+        "version": {"major": 4, "minor": 5},
+        "checkouts": [{
+            "id": checkout_id,
+            "origin": ORIGIN,
+            "comment": format!("matrix {} ({})", info.matrix, info.matrix_file),
+            "start_time": info.created_at,
+            "misc": {"host": info.host, "repetitions": info.repetitions, "cells": info.cells_total},
+        }],
+        "builds": builds,
+        "tests": tests,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matrix::Cell;
+    use crate::store::RunState;
+    use std::collections::BTreeMap;
+
+    fn document() -> Value {
+        let info = RunInfo {
+            id: "20261201-120000-abcd".into(),
+            matrix: "probe-rx".into(),
+            matrix_file: "examples/probe-matrix.toml".into(),
+            baseline: Some("flip".into()),
+            repetitions: 2,
+            cells_total: 1,
+            results: 2,
+            state: RunState::Done,
+            host: "lab1".into(),
+            created_at: "2026-12-01T12:00:00.000Z".into(),
+            finished_at: None,
+        };
+        let cell = Cell {
+            index: 0,
+            id: "c01".into(),
+            image: "probe".into(),
+            variant: "order 3".into(),
+            params: BTreeMap::from([("probe.rx".to_string(), "order3".to_string())]),
+            workload: "rx".into(),
+            device: "aqc100".into(),
+        };
+        let mut pass = Record::not_run(&info.id, &cell, 0, Status::Pass, "");
+        pass.reason = None;
+        pass.workload.gbit_s = Some(0.35);
+        pass.maps_per_packet = Some(0.0625);
+        pass.serial_log = Some("c01/rep0/serial.log".into());
+        let fail = Record::not_run(&info.id, &cell, 1, Status::Fail, "hung: no serial output for 60 s");
+        export(&info, &[pass, fail], Path::new("/var/lib/driverlab/artifacts/20261201-120000-abcd"))
+    }
+
+    #[test]
+    fn the_document_has_a_checkout_a_build_and_a_test_per_repetition() {
+        let doc = document();
+        assert_eq!(doc["version"]["major"], 4);
+        assert_eq!(doc["tests"].as_array().unwrap().len(), 2);
+        let test = &doc["tests"][0];
+        assert_eq!(test["id"], "driverlab:20261201-120000-abcd:c01:0");
+        assert_eq!(test["path"], "driverlab.rx.order_3");
+        assert_eq!(test["number"]["value"], 0.35);
+        assert_eq!(test["build_id"], doc["builds"][0]["id"]);
+        assert!(doc["tests"][1].get("number").is_none(), "no figure from a failed run");
+    }
+
+    #[test]
+    fn the_document_validates_against_kcidb_s_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kcidb.json");
+        std::fs::write(&file, document().to_string()).unwrap();
+        let check =
+            "import json, sys, kcidb_io; kcidb_io.schema.V4_5.validate(json.load(open(sys.argv[1]))); print('valid')";
+        let out = std::process::Command::new("python3").args(["-c", check]).arg(&file).output();
+        match out {
+            Ok(out) if String::from_utf8_lossy(&out.stderr).contains("No module named 'kcidb_io'") => {
+                eprintln!("SKIP the_document_validates_against_kcidb_s_schema: no kcidb_io (pip install kcidb-io)");
+            }
+            Err(e) => eprintln!("SKIP the_document_validates_against_kcidb_s_schema: no python3 ({e})"),
+            Ok(out) => assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr)),
+        }
+    }
+}

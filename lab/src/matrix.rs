@@ -1,0 +1,794 @@
+//! Matrix specs: a TOML file naming devices, images, driver variants (with module parameters),
+//! workloads and repetitions, checked before anything runs and expanded into cells.
+//!
+//! ```toml
+//! name = "probe-rx-strategies"
+//! repetitions = 5
+//! baseline = "flip"
+//!
+//! [[device]]
+//! name = "aqc100"
+//! model = "aqc100"          # a software model, fresh for each VM; or bdf = "0000:63:00.0"
+//! generate = "size=1514"
+//!
+//! [[image]]
+//! name = "probe"
+//! kernel = "probe"
+//!
+//! [[variant]]
+//! name = "flip"
+//! image = "probe"
+//! params = { "probe.rx" = "flip" }    # an array of values expands into one cell per value
+//!
+//! [[workload]]
+//! name = "rx"
+//! kind = "probe-rx"
+//! frames = 20000
+//! ```
+//!
+//! A cell is one variant (with one value per parameter) under one workload on one device; it runs
+//! `repetitions` times. `docs/lab.md` documents every field.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+use vm_spec::Bdf;
+
+/// Most repetitions of one cell.
+pub const MAX_REPETITIONS: u32 = 1000;
+/// Most cells one matrix may expand into.
+pub const MAX_CELLS: usize = 10_000;
+/// Device models the lab can start.
+pub const MODELS: &[&str] = &["aqc100"];
+
+/// A matrix that does not check out, with the file, line and field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}: {field}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct MatrixError {
+    /// The matrix file.
+    pub file: PathBuf,
+    /// The line, when known.
+    pub line: Option<usize>,
+    /// The field, e.g. `variant[2].image`.
+    pub field: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+/// The matrix as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Matrix {
+    /// A name for reports.
+    pub name: String,
+    /// What the matrix is for.
+    #[serde(default)]
+    pub description: String,
+    /// Runs of each cell.
+    #[serde(default = "one")]
+    pub repetitions: u32,
+    /// The variant the others are compared against.
+    #[serde(default)]
+    pub baseline: Option<Spanned<String>>,
+    /// Seconds one repetition may take before its VM is stopped.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// Seconds the guest may stay silent on its serial ports before it counts as hung.
+    #[serde(default = "default_silence")]
+    pub silence_s: f64,
+    /// The devices.
+    #[serde(default, rename = "device")]
+    pub devices: Vec<Spanned<Device>>,
+    /// The images.
+    #[serde(default, rename = "image")]
+    pub images: Vec<Spanned<Image>>,
+    /// The variants.
+    #[serde(default, rename = "variant")]
+    pub variants: Vec<Spanned<Variant>>,
+    /// The workloads.
+    #[serde(default, rename = "workload")]
+    pub workloads: Vec<Spanned<Workload>>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_timeout() -> f64 {
+    300.0
+}
+
+fn default_silence() -> f64 {
+    60.0
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A device the cells run on: a driverlab model (a fresh process per VM) or a host PCI device.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Device {
+    /// Its name in the matrix and in results.
+    pub name: String,
+    /// A driverlab model (`aqc100`).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The model's frame generator (`driverlab model aqc100 --generate`), e.g. `size=1514`.
+    #[serde(default)]
+    pub generate: Option<String>,
+    /// The model's TAP interface (`--tap`), instead of the generator.
+    #[serde(default)]
+    pub tap: Option<String>,
+    /// A host PCI device bound to vfio-pci.
+    #[serde(default)]
+    pub bdf: Option<Bdf>,
+}
+
+/// What a device is, once checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A driverlab model with its arguments after `driverlab model KIND`.
+    Model {
+        /// `aqc100`.
+        kind: String,
+        /// `--generate ...` or `--tap ...`.
+        args: Vec<String>,
+    },
+    /// A host device.
+    Host(Bdf),
+}
+
+impl Device {
+    /// What the device is.
+    pub fn kind(&self) -> DeviceKind {
+        match (&self.model, self.bdf) {
+            (Some(kind), _) => {
+                let args = match (&self.generate, &self.tap) {
+                    (_, Some(tap)) => vec!["--tap".into(), tap.clone()],
+                    (Some(generate), None) => vec!["--generate".into(), generate.clone()],
+                    (None, None) => vec!["--generate".into(), "size=1514".into()],
+                };
+                DeviceKind::Model { kind: kind.clone(), args }
+            }
+            (None, Some(bdf)) => DeviceKind::Host(bdf),
+            (None, None) => DeviceKind::Model { kind: String::new(), args: Vec::new() },
+        }
+    }
+}
+
+/// A guest image: the probe, or a kernel (and initrd) on this host.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Image {
+    /// Its name.
+    pub name: String,
+    /// `probe`, or a kernel path (relative paths from the matrix file's folder).
+    pub kernel: String,
+    /// An initrd path.
+    #[serde(default)]
+    pub initrd: Option<PathBuf>,
+    /// Command line words every cell of this image gets.
+    #[serde(default)]
+    pub cmdline: String,
+    /// Guest memory in MiB.
+    #[serde(default = "default_memory")]
+    pub memory_mib: u64,
+    /// vCPUs.
+    #[serde(default = "one")]
+    pub vcpus: u32,
+    /// The device behind a virtio-iommu (the point of the lab: its maps are counted).
+    #[serde(default = "yes")]
+    pub iommu: bool,
+}
+
+fn default_memory() -> u64 {
+    256
+}
+
+impl Image {
+    /// Whether this is the embedded probe guest.
+    pub fn is_probe(&self) -> bool {
+        self.kernel == "probe"
+    }
+}
+
+/// A driver variant: module parameters and command-line words on one image.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Variant {
+    /// Its name.
+    pub name: String,
+    /// The image it runs on.
+    pub image: Spanned<String>,
+    /// Extra command-line words.
+    #[serde(default)]
+    pub cmdline: String,
+    /// Module parameters, `module.param = value` (on the kernel command line); an array of
+    /// values expands into one cell per value.
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamValues>,
+}
+
+/// One parameter's value, or the values to try.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum ParamValues {
+    /// One value.
+    One(ParamValue),
+    /// Values to expand over.
+    Many(Vec<ParamValue>),
+}
+
+/// A parameter value as TOML gives it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum ParamValue {
+    /// A boolean (written 1 or 0, as the kernel takes it for module parameters, `Y`/`N`).
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A word.
+    Text(String),
+}
+
+impl fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamValue::Bool(b) => write!(f, "{}", if *b { "1" } else { "0" }),
+            ParamValue::Int(i) => write!(f, "{i}"),
+            ParamValue::Text(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// What runs in the guest once it is up.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Workload {
+    /// The probe guest's RX test: it receives `frames` frames from the device's wire with the RX
+    /// buffer strategy its variant picks (`probe.rx`).
+    ProbeRx {
+        /// Its name.
+        name: String,
+        /// Frames to receive.
+        #[serde(default = "default_frames")]
+        frames: u32,
+    },
+    /// iperf3 between the guest and the peer on the device's wire (Linux images).
+    Iperf3 {
+        /// Its name.
+        name: String,
+        /// `rx` (the guest receives: `iperf3 -R`), `tx`, or `bidir`.
+        #[serde(default)]
+        direction: Direction,
+        /// Seconds of traffic.
+        #[serde(default = "default_duration")]
+        duration_s: f64,
+        /// 4 or 6.
+        #[serde(default = "default_ip")]
+        ip: u8,
+        /// The interface MTU.
+        #[serde(default = "default_mtu")]
+        mtu: u32,
+        /// Parallel streams (`-P`).
+        #[serde(default = "one")]
+        streams: u32,
+        /// `tcp` or `udp`.
+        #[serde(default)]
+        protocol: Protocol,
+    },
+}
+
+fn default_frames() -> u32 {
+    20_000
+}
+
+fn default_duration() -> f64 {
+    10.0
+}
+
+fn default_ip() -> u8 {
+    4
+}
+
+fn default_mtu() -> u32 {
+    1500
+}
+
+/// Traffic direction, seen from the guest.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// The guest receives.
+    #[default]
+    Rx,
+    /// The guest sends.
+    Tx,
+    /// Both at once.
+    Bidir,
+}
+
+/// Transport protocol.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP.
+    #[default]
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl Workload {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        match self {
+            Workload::ProbeRx { name, .. } | Workload::Iperf3 { name, .. } => name,
+        }
+    }
+}
+
+/// One cell: a variant with one value per parameter, under one workload, on one device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cell {
+    /// Position in the expansion, from 0.
+    pub index: usize,
+    /// `c01`, `c02`, ...: its name in the run.
+    pub id: String,
+    /// The image.
+    pub image: String,
+    /// The variant.
+    pub variant: String,
+    /// Its parameters, one value each.
+    pub params: BTreeMap<String, String>,
+    /// The workload.
+    pub workload: String,
+    /// The device.
+    pub device: String,
+}
+
+impl Cell {
+    /// What identifies the cell across runs: image, variant, parameters, workload, device.
+    pub fn key(&self) -> String {
+        let params: Vec<String> = self.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!("{}/{}[{}]/{}/{}", self.image, self.variant, params.join(","), self.workload, self.device)
+    }
+
+    /// A short label for tables and charts: the variant and its parameters.
+    pub fn label(&self) -> String {
+        let variant = &self.variant;
+        let params: Vec<String> = self.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        if params.is_empty() { variant.clone() } else { format!("{variant} {}", params.join(" ")) }
+    }
+}
+
+/// A matrix that checked out, its file and its cells.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The file it came from.
+    pub file: PathBuf,
+    /// Its text, as stored with the run.
+    pub text: String,
+    /// The matrix.
+    pub matrix: Matrix,
+    /// Its cells, in order.
+    pub cells: Vec<Cell>,
+}
+
+impl Plan {
+    /// Reads, checks and expands the matrix at `path`.
+    pub fn load(path: &Path) -> Result<Plan, MatrixError> {
+        let text = std::fs::read_to_string(path).map_err(|e| MatrixError {
+            file: path.to_path_buf(),
+            line: None,
+            field: "file".into(),
+            message: e.to_string(),
+        })?;
+        Plan::parse(path, &text)
+    }
+
+    /// Checks and expands `text`, read from `file`.
+    pub fn parse(file: &Path, text: &str) -> Result<Plan, MatrixError> {
+        let matrix: Matrix = toml::from_str(text).map_err(|e| MatrixError {
+            file: file.to_path_buf(),
+            line: e.span().map(|s| line_of(text, s)),
+            field: "syntax".into(),
+            message: e.message().to_string(),
+        })?;
+        let checker = Checker { file, text };
+        checker.check(&matrix)?;
+        let cells = expand(&matrix);
+        if cells.len() > MAX_CELLS {
+            return Err(checker.error(None, "matrix", format!("{} cells; at most {MAX_CELLS}", cells.len())));
+        }
+        Ok(Plan { file: file.to_path_buf(), text: text.to_string(), matrix, cells })
+    }
+
+    /// The image named `name`.
+    pub fn image(&self, name: &str) -> Option<&Image> {
+        self.matrix.images.iter().map(|i| i.get_ref()).find(|i| i.name == name)
+    }
+
+    /// The variant named `name`.
+    pub fn variant(&self, name: &str) -> Option<&Variant> {
+        self.matrix.variants.iter().map(|v| v.get_ref()).find(|v| v.name == name)
+    }
+
+    /// The workload named `name`.
+    pub fn workload(&self, name: &str) -> Option<&Workload> {
+        self.matrix.workloads.iter().map(|w| w.get_ref()).find(|w| w.name() == name)
+    }
+
+    /// The device named `name`.
+    pub fn device(&self, name: &str) -> Option<&Device> {
+        self.matrix.devices.iter().map(|d| d.get_ref()).find(|d| d.name == name)
+    }
+
+    /// The baseline variant, if one is named.
+    pub fn baseline(&self) -> Option<&str> {
+        self.matrix.baseline.as_ref().map(|b| b.get_ref().as_str())
+    }
+
+    /// A kernel or initrd path as the VMM gets it: relative paths are from the matrix's folder.
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            return path.to_path_buf();
+        }
+        self.file.parent().unwrap_or(Path::new(".")).join(path)
+    }
+}
+
+fn line_of(text: &str, span: Range<usize>) -> usize {
+    text[..span.start.min(text.len())].matches('\n').count() + 1
+}
+
+struct Checker<'a> {
+    file: &'a Path,
+    text: &'a str,
+}
+
+impl Checker<'_> {
+    fn error(&self, span: Option<Range<usize>>, field: impl Into<String>, message: impl Into<String>) -> MatrixError {
+        MatrixError {
+            file: self.file.to_path_buf(),
+            line: span.map(|s| line_of(self.text, s)),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn unique<'n>(
+        &self,
+        what: &str,
+        names: impl Iterator<Item = (&'n str, Range<usize>)>,
+    ) -> Result<BTreeSet<&'n str>, MatrixError> {
+        let mut seen = BTreeSet::new();
+        for (i, (name, span)) in names.enumerate() {
+            if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '/' || c == '[') {
+                return Err(self.error(Some(span), format!("{what}[{i}].name"), "a name is one word without / or ["));
+            }
+            if !seen.insert(name) {
+                return Err(self.error(Some(span), format!("{what}[{i}].name"), format!("{name:?} is used twice")));
+            }
+        }
+        Ok(seen)
+    }
+
+    fn check(&self, m: &Matrix) -> Result<(), MatrixError> {
+        if m.name.trim().is_empty() {
+            return Err(self.error(None, "name", "give the matrix a name"));
+        }
+        if m.repetitions == 0 || m.repetitions > MAX_REPETITIONS {
+            return Err(self.error(None, "repetitions", format!("must be between 1 and {MAX_REPETITIONS}")));
+        }
+        for (field, value) in [("timeout_s", m.timeout_s), ("silence_s", m.silence_s)] {
+            if !(value.is_finite() && value > 0.0 && value <= vm_spec::spec::MAX_TIMEOUT_S) {
+                return Err(self.error(None, field, "must be a positive number of seconds"));
+            }
+        }
+        for (what, empty) in [
+            ("device", m.devices.is_empty()),
+            ("image", m.images.is_empty()),
+            ("variant", m.variants.is_empty()),
+            ("workload", m.workloads.is_empty()),
+        ] {
+            if empty {
+                return Err(self.error(None, what, format!("at least one [[{what}]] is needed")));
+            }
+        }
+        self.unique("device", m.devices.iter().map(|d| (d.get_ref().name.as_str(), d.span())))?;
+        let images = self.unique("image", m.images.iter().map(|i| (i.get_ref().name.as_str(), i.span())))?;
+        let variants = self.unique("variant", m.variants.iter().map(|v| (v.get_ref().name.as_str(), v.span())))?;
+        self.unique("workload", m.workloads.iter().map(|w| (w.get_ref().name(), w.span())))?;
+
+        for (i, d) in m.devices.iter().enumerate() {
+            let (span, d) = (d.span(), d.get_ref());
+            match (&d.model, &d.bdf) {
+                (Some(_), Some(_)) | (None, None) => {
+                    return Err(self.error(Some(span), format!("device[{i}]"), "give either model or bdf"));
+                }
+                (Some(model), None) if !MODELS.contains(&model.as_str()) => {
+                    return Err(self.error(
+                        Some(span),
+                        format!("device[{i}].model"),
+                        format!("{model:?} is not a driverlab model; there is {}", MODELS.join(", ")),
+                    ));
+                }
+                (None, Some(_)) if d.generate.is_some() || d.tap.is_some() => {
+                    return Err(self.error(Some(span), format!("device[{i}]"), "generate and tap are for models"));
+                }
+                _ => {}
+            }
+        }
+        for (i, image) in m.images.iter().enumerate() {
+            let (span, image) = (image.span(), image.get_ref());
+            let probe = vm_spec::VmSpec {
+                memory_mib: image.memory_mib,
+                vcpus: image.vcpus,
+                ..vm_spec::VmSpec::new(vm_spec::Kernel::Probe)
+            };
+            if let Err(e) = probe.validate() {
+                return Err(self.error(Some(span), format!("image[{i}]"), e.to_string()));
+            }
+            if image.kernel.is_empty() {
+                return Err(self.error(Some(span), format!("image[{i}].kernel"), "give `probe` or a kernel path"));
+            }
+            if image.is_probe() && image.initrd.is_some() {
+                return Err(self.error(Some(span), format!("image[{i}].initrd"), "the probe takes no initrd"));
+            }
+        }
+        for (i, v) in m.variants.iter().enumerate() {
+            let v = v.get_ref();
+            if !images.contains(v.image.get_ref().as_str()) {
+                return Err(self.error(
+                    Some(v.image.span()),
+                    format!("variant[{i}].image"),
+                    format!("no image is called {:?}", v.image.get_ref()),
+                ));
+            }
+            for (key, values) in &v.params {
+                let field = format!("variant[{i}].params.{key}");
+                if key.is_empty() || key.contains(|c: char| c.is_whitespace() || c == '=') {
+                    return Err(self.error(None, field, "a parameter is module.name, without spaces or ="));
+                }
+                let list = match values {
+                    ParamValues::One(v) => std::slice::from_ref(v),
+                    ParamValues::Many(list) if list.is_empty() => {
+                        return Err(self.error(None, field, "an empty list of values"));
+                    }
+                    ParamValues::Many(list) => list.as_slice(),
+                };
+                if list.iter().any(|value| value.to_string().contains(char::is_whitespace)) {
+                    return Err(self.error(None, field, "a value is one word"));
+                }
+            }
+        }
+        if let Some(baseline) = &m.baseline
+            && !variants.contains(baseline.get_ref().as_str())
+        {
+            return Err(self.error(
+                Some(baseline.span()),
+                "baseline",
+                format!("no variant is called {:?}", baseline.get_ref()),
+            ));
+        }
+        for (i, w) in m.workloads.iter().enumerate() {
+            let (span, w) = (w.span(), w.get_ref());
+            match w {
+                Workload::ProbeRx { frames, .. } if *frames == 0 => {
+                    return Err(self.error(Some(span), format!("workload[{i}].frames"), "at least one frame"));
+                }
+                Workload::Iperf3 { ip, duration_s, streams, mtu, .. } => {
+                    if *ip != 4 && *ip != 6 {
+                        return Err(self.error(Some(span), format!("workload[{i}].ip"), "4 or 6"));
+                    }
+                    if !(duration_s.is_finite() && *duration_s > 0.0 && *duration_s <= 3600.0) {
+                        return Err(self.error(Some(span), format!("workload[{i}].duration_s"), "0 to 3600 seconds"));
+                    }
+                    if *streams == 0 || *streams > 128 {
+                        return Err(self.error(Some(span), format!("workload[{i}].streams"), "1 to 128"));
+                    }
+                    if !(68..=16_000).contains(mtu) {
+                        return Err(self.error(Some(span), format!("workload[{i}].mtu"), "68 to 16000"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Every variant must run under some workload: a probe image takes probe workloads, a
+        // Linux image the others.
+        for (i, v) in m.variants.iter().enumerate() {
+            let v = v.get_ref();
+            let image = m.images.iter().map(|i| i.get_ref()).find(|i| i.name == *v.image.get_ref());
+            let probe = image.is_some_and(Image::is_probe);
+            if !m.workloads.iter().any(|w| matches!(w.get_ref(), Workload::ProbeRx { .. }) == probe) {
+                let wanted = if probe { "a probe-rx workload" } else { "an iperf3 workload" };
+                return Err(self.error(
+                    Some(v.image.span()),
+                    format!("variant[{i}]"),
+                    format!("its image {:?} needs {wanted}, and the matrix has none", v.image.get_ref()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The cells of a checked matrix: variants (each parameter list expanded) x compatible workloads
+/// x devices.
+fn expand(m: &Matrix) -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for variant in m.variants.iter().map(|v| v.get_ref()) {
+        let image_name = variant.image.get_ref();
+        let probe = m.images.iter().any(|i| i.get_ref().name == *image_name && i.get_ref().is_probe());
+        for params in param_combinations(&variant.params) {
+            for workload in m.workloads.iter().map(|w| w.get_ref()) {
+                if matches!(workload, Workload::ProbeRx { .. }) != probe {
+                    continue;
+                }
+                for device in m.devices.iter().map(|d| d.get_ref()) {
+                    let index = cells.len();
+                    cells.push(Cell {
+                        index,
+                        id: format!("c{:02}", index + 1),
+                        image: image_name.clone(),
+                        variant: variant.name.clone(),
+                        params: params.clone(),
+                        workload: workload.name().to_string(),
+                        device: device.name.clone(),
+                    });
+                }
+            }
+        }
+    }
+    cells
+}
+
+/// Every combination of one value per parameter, in key order.
+fn param_combinations(params: &BTreeMap<String, ParamValues>) -> Vec<BTreeMap<String, String>> {
+    let mut combinations = vec![BTreeMap::new()];
+    for (key, values) in params {
+        let values: Vec<String> = match values {
+            ParamValues::One(v) => vec![v.to_string()],
+            ParamValues::Many(list) => list.iter().map(ToString::to_string).collect(),
+        };
+        combinations = combinations
+            .into_iter()
+            .flat_map(|done| {
+                values.iter().map(move |v| {
+                    let mut next = done.clone();
+                    next.insert(key.clone(), v.clone());
+                    next
+                })
+            })
+            .collect();
+    }
+    combinations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "m"
+repetitions = 3
+baseline = "stock"
+
+[[device]]
+name = "aq"
+model = "aqc100"
+
+[[image]]
+name = "probe"
+kernel = "probe"
+
+[[image]]
+name = "linux"
+kernel = "/boot/vmlinux"
+
+[[variant]]
+name = "stock"
+image = "probe"
+params = { "probe.rx" = "flip" }
+
+[[variant]]
+name = "order"
+image = "linux"
+params = { "atlantic.rxpageorder" = [0, 1, 2, 3], "atlantic.aq_itr" = 0 }
+
+[[workload]]
+name = "rx"
+kind = "probe-rx"
+frames = 1000
+
+[[workload]]
+name = "iperf"
+kind = "iperf3"
+ip = 6
+"#;
+
+    fn parse(text: &str) -> Result<Plan, MatrixError> {
+        Plan::parse(Path::new("m.toml"), text)
+    }
+
+    #[test]
+    fn cells_cross_variants_parameters_workloads_and_devices() {
+        let plan = parse(GOOD).unwrap();
+        let keys: Vec<String> = plan.cells.iter().map(Cell::key).collect();
+        assert_eq!(keys[0], "probe/stock[probe.rx=flip]/rx/aq");
+        assert_eq!(keys.len(), 5, "{keys:?}");
+        assert_eq!(keys[1], "linux/order[atlantic.aq_itr=0,atlantic.rxpageorder=0]/iperf/aq");
+        assert_eq!(keys[4], "linux/order[atlantic.aq_itr=0,atlantic.rxpageorder=3]/iperf/aq");
+        assert_eq!(plan.cells[4].id, "c05");
+        assert_eq!(plan.baseline(), Some("stock"));
+        assert!(matches!(plan.workload("iperf"), Some(Workload::Iperf3 { ip: 6, mtu: 1500, .. })));
+    }
+
+    #[test]
+    fn mistakes_name_file_line_and_field() {
+        let cases = [
+            (
+                GOOD.replace("image = \"linux\"", "image = \"linx\""),
+                25,
+                "variant[1].image",
+                "no image is called \"linx\"",
+            ),
+            (GOOD.replace("baseline = \"stock\"", "baseline = \"stok\""), 4, "baseline", "no variant"),
+            (GOOD.replace("model = \"aqc100\"", "model = \"e1000\""), 6, "device[0].model", "not a driverlab model"),
+            (GOOD.replace("repetitions = 3", "repetitions = 0"), 0, "repetitions", "between 1"),
+            (GOOD.replace("ip = 6", "ip = 5"), 33, "workload[1].ip", "4 or 6"),
+            (GOOD.replace("frames = 1000", "frames = 0"), 28, "workload[0].frames", "at least one"),
+            (GOOD.replace("name = \"linux\"", "name = \"probe\""), 14, "image[1].name", "used twice"),
+            (GOOD.replace("kind = \"iperf3\"", "kind = \"netperf\""), 35, "syntax", "netperf"),
+            (GOOD.replace("frames = 1000", "frames = 1000\ncolour = 1"), 28, "syntax", "colour"),
+            (GOOD.replace("repetitions = 3", "repetitions = \"3\""), 3, "syntax", "invalid type"),
+        ];
+        for (text, line, field, message) in cases {
+            let err = parse(&text).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.message.contains(message), "{err}");
+            if line > 0 {
+                assert_eq!(err.line, Some(line), "{err}");
+            }
+            assert!(err.to_string().starts_with("m.toml:"), "{err}");
+        }
+        let no_probe_workload = GOOD.replace("kind = \"probe-rx\"\nframes = 1000", "kind = \"iperf3\"");
+        assert!(parse(&no_probe_workload).unwrap_err().message.contains("needs a probe-rx workload"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_cell_count_is_the_product_of_the_dimensions(
+            values in proptest::collection::vec(0u8..10, 1..5),
+            devices in 1usize..4,
+            workloads in 1usize..4,
+        ) {
+            let mut text = String::from("name = \"p\"\n");
+            for d in 0..devices {
+                text += &format!("[[device]]\nname = \"d{d}\"\nmodel = \"aqc100\"\n");
+            }
+            text += "[[image]]\nname = \"probe\"\nkernel = \"probe\"\n";
+            let list: Vec<String> = values.iter().map(u8::to_string).collect();
+            text += &format!("[[variant]]\nname = \"v\"\nimage = \"probe\"\nparams = {{ \"probe.x\" = [{}] }}\n", list.join(", "));
+            for w in 0..workloads {
+                text += &format!("[[workload]]\nname = \"w{w}\"\nkind = \"probe-rx\"\n");
+            }
+            let plan = parse(&text).unwrap();
+            proptest::prop_assert_eq!(plan.cells.len(), values.len() * devices * workloads);
+            let ids: BTreeSet<&str> = plan.cells.iter().map(|c| c.id.as_str()).collect();
+            proptest::prop_assert_eq!(ids.len(), plan.cells.len());
+        }
+
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+            let _ = parse(&text);
+        }
+    }
+}

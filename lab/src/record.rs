@@ -1,0 +1,203 @@
+//! One result record per repetition: what ran, how it ended, how long each phase took, what the
+//! workload measured, and what the virtual IOMMU and the device counted while it did.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use vm_spec::counters::{IommuCounts, ModelCounters};
+use vm_spec::{ErrorLine, ExitSummary};
+
+use crate::matrix::Cell;
+
+/// How a repetition ended, KCIDB's way: a guest or driver failure (FAIL) is kept apart from an
+/// infrastructure failure (ERROR).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Status {
+    /// The workload ran and the guest reported success.
+    Pass,
+    /// The guest or its driver failed: a failed check, a panic or oops, a hang, a reset.
+    Fail,
+    /// The lab, the VMM, the device or the host failed; the guest is not to blame.
+    Error,
+    /// It should have run and did not (the run was cancelled).
+    Miss,
+    /// It was not run, for the reason given (e.g. the host cannot run the image).
+    Skip,
+}
+
+impl Status {
+    /// All statuses, in report order.
+    pub const ALL: [Status; 5] = [Status::Pass, Status::Fail, Status::Error, Status::Miss, Status::Skip];
+
+    /// The KCIDB name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Pass => "PASS",
+            Status::Fail => "FAIL",
+            Status::Error => "ERROR",
+            Status::Miss => "MISS",
+            Status::Skip => "SKIP",
+        }
+    }
+
+    /// Parses a KCIDB name.
+    pub fn parse(name: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Milliseconds each phase took; `None` where the phase did not happen or cannot be seen.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Starting the device model (models only).
+    pub model_start_ms: Option<f64>,
+    /// From spawning the VMM to its control socket answering.
+    pub vm_start_ms: Option<f64>,
+    /// The VMM's set-up (its exit line's `setup_ms`).
+    pub vm_setup_ms: Option<f64>,
+    /// From the vCPUs starting to the guest's first serial byte.
+    pub first_serial_ms: Option<f64>,
+    /// From the vCPUs starting to the driver finding the device (Linux: the driver's probe line).
+    pub driver_probe_ms: Option<f64>,
+    /// From the vCPUs starting to link up (Linux images).
+    pub link_up_ms: Option<f64>,
+    /// The workload itself, as the guest timed it.
+    pub workload_ms: Option<f64>,
+    /// From the vCPUs starting to the VM stopping.
+    pub vm_run_ms: Option<f64>,
+    /// The whole repetition, as the lab saw it.
+    pub total_ms: f64,
+}
+
+/// What the workload measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadResult {
+    /// Its output as the guest gave it (the probe's `nic` section; iperf3's JSON), verbatim.
+    pub output: Option<serde_json::Value>,
+    /// Packets the guest received.
+    pub rx_packets: Option<u64>,
+    /// Bytes the guest received.
+    pub rx_bytes: Option<u64>,
+    /// Goodput in Gbit/s.
+    pub gbit_s: Option<f64>,
+    /// Packets per second.
+    pub packets_per_s: Option<f64>,
+    /// TCP retransmits (iperf3).
+    pub retransmits: Option<u64>,
+}
+
+/// A crash the serial log shows, and its fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Crash {
+    /// `panic`, `oops`, `bug`, `warning`, `fault` (a CPU exception in the probe), `hang`.
+    pub kind: String,
+    /// The line that gave it away.
+    pub line: String,
+    /// The first stack frames (function names), when the log has a trace.
+    pub frames: Vec<String>,
+    /// A short hash of the kind and frames: the same crash has the same fingerprint.
+    pub fingerprint: String,
+}
+
+/// One repetition of one cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The run.
+    pub run: String,
+    /// The cell.
+    pub cell: Cell,
+    /// Which repetition, from 0.
+    pub repetition: u32,
+    /// What ran it: `driverlab` (this VMM).
+    pub engine: String,
+    /// How it ended.
+    pub status: Status,
+    /// Why, for anything but PASS.
+    pub reason: Option<String>,
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// Phase timings.
+    pub timings: Timings,
+    /// What the workload measured.
+    pub workload: WorkloadResult,
+    /// What the virtio-iommu counted over the whole VM.
+    pub iommu: Option<IommuCounts>,
+    /// IOMMU maps per received packet over the workload (the VMM's count less the driver's
+    /// set-up maps, over the packets the driver received).
+    pub maps_per_packet: Option<f64>,
+    /// The same for unmaps.
+    pub unmaps_per_packet: Option<f64>,
+    /// What the device model counted.
+    pub device_counters: Option<ModelCounters>,
+    /// Interrupts the device raised during the workload (the guest's count).
+    pub interrupts: Option<u64>,
+    /// The VMM's exit line.
+    pub exit: Option<ExitSummary>,
+    /// The VMM's error line.
+    pub error: Option<ErrorLine>,
+    /// The serial log, relative to the artifacts folder.
+    pub serial_log: Option<String>,
+    /// A crash seen in the serial log.
+    pub crash: Option<Crash>,
+}
+
+impl Record {
+    /// A record of a repetition that did not run.
+    pub fn not_run(run: &str, cell: &Cell, repetition: u32, status: Status, reason: impl Into<String>) -> Record {
+        Record {
+            run: run.to_string(),
+            cell: cell.clone(),
+            repetition,
+            engine: "driverlab".into(),
+            status,
+            reason: Some(reason.into()),
+            started_at: now_rfc3339(),
+            timings: Timings::default(),
+            workload: WorkloadResult::default(),
+            iommu: None,
+            maps_per_packet: None,
+            unmaps_per_packet: None,
+            device_counters: None,
+            interrupts: None,
+            exit: None,
+            error: None,
+            serial_log: None,
+            crash: None,
+        }
+    }
+
+    /// The figures reports summarise, by name.
+    pub fn metrics(&self) -> BTreeMap<&'static str, f64> {
+        let mut m = BTreeMap::new();
+        let mut put = |name, value: Option<f64>| {
+            if let Some(v) = value.filter(|v| v.is_finite()) {
+                m.insert(name, v);
+            }
+        };
+        put("gbit_s", self.workload.gbit_s);
+        put("packets_per_s", self.workload.packets_per_s);
+        put("maps_per_packet", self.maps_per_packet);
+        put("unmaps_per_packet", self.unmaps_per_packet);
+        put("retransmits", self.workload.retransmits.map(|r| r as f64));
+        put("vm_run_ms", self.timings.vm_run_ms);
+        m
+    }
+}
+
+/// Whether more of a metric is better.
+pub fn higher_is_better(metric: &str) -> bool {
+    matches!(metric, "gbit_s" | "packets_per_s")
+}
+
+/// Now, as RFC 3339 UTC with milliseconds.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}

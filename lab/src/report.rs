@@ -1,0 +1,458 @@
+//! Reports: per cell n, mean, standard deviation, min, max and a 95% confidence interval of every
+//! metric, and against the baseline the change and a verdict. Rendered as JSON (the contract in
+//! `docs/lab.md`), markdown and CSV; `chart` draws the SVG.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::matrix::Cell;
+use crate::record::{Crash, Record, Status, higher_is_better};
+use crate::stats::{Change, Moments, Verdict, VerdictRule};
+
+/// The metric a cell's verdict is about when it has it: throughput.
+pub const PRIMARY_METRIC: &str = "gbit_s";
+
+/// One metric of one cell.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Metric {
+    /// Its summary over the cell's passing repetitions.
+    #[serde(flatten)]
+    pub moments: Moments,
+    /// The change against the baseline cell and its verdict.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub change: Option<Change>,
+}
+
+/// A crash seen in a cell, and how often.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CrashCount {
+    /// The fingerprint.
+    pub fingerprint: String,
+    /// The kind.
+    pub kind: String,
+    /// The line that gave it away (from its first occurrence).
+    pub line: String,
+    /// Repetitions that showed it.
+    pub count: usize,
+}
+
+/// One cell of a report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CellReport {
+    /// `c01`, ...
+    pub cell: String,
+    /// The image.
+    pub image: String,
+    /// The variant.
+    pub variant: String,
+    /// Its parameters.
+    pub params: BTreeMap<String, String>,
+    /// The workload.
+    pub workload: String,
+    /// The device.
+    pub device: String,
+    /// Passing repetitions: what the metrics summarise.
+    pub n: usize,
+    /// Repetitions by status.
+    pub status: BTreeMap<&'static str, usize>,
+    /// Metrics by name.
+    pub metrics: BTreeMap<&'static str, Metric>,
+    /// The verdict on the primary metric (throughput), or the first metric judged; `baseline` for
+    /// the baseline's cells; none without a baseline.
+    pub verdict: Option<Verdict>,
+    /// The baseline cell compared against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub against: Option<String>,
+    /// Why repetitions did not pass, each reason once.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    /// Crashes by fingerprint.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub crashes: Vec<CrashCount>,
+}
+
+/// A run's report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// The run.
+    pub run: String,
+    /// The matrix's name.
+    pub matrix: String,
+    /// The run's state.
+    pub state: String,
+    /// The engine that ran the VMs.
+    pub engine: String,
+    /// The baseline variant (or, for `compare`, the run compared against).
+    pub baseline: Option<String>,
+    /// The cells.
+    pub cells: Vec<CellReport>,
+}
+
+/// What a report is built from: a run's identity, cells and records.
+pub struct RunRecords<'a> {
+    /// The run.
+    pub run: &'a str,
+    /// Its matrix's name.
+    pub matrix: &'a str,
+    /// Its state.
+    pub state: &'a str,
+    /// Its cells.
+    pub cells: &'a [Cell],
+    /// Its records.
+    pub records: &'a [Record],
+}
+
+fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
+    let mut status: BTreeMap<&'static str, usize> = Status::ALL.iter().map(|s| (s.name(), 0)).collect();
+    let mut reasons: Vec<String> = Vec::new();
+    let mut crashes: Vec<CrashCount> = Vec::new();
+    for r in records {
+        *status.entry(r.status.name()).or_default() += 1;
+        if let Some(reason) = r.reason.as_ref().filter(|_| r.status != Status::Pass)
+            && !reasons.contains(reason)
+        {
+            reasons.push(reason.clone());
+        }
+        if let Some(Crash { fingerprint, kind, line, .. }) = &r.crash {
+            match crashes.iter_mut().find(|c| c.fingerprint == *fingerprint) {
+                Some(c) => c.count += 1,
+                None => crashes.push(CrashCount {
+                    fingerprint: fingerprint.clone(),
+                    kind: kind.clone(),
+                    line: line.clone(),
+                    count: 1,
+                }),
+            }
+        }
+    }
+    let passing: Vec<&&Record> = records.iter().filter(|r| r.status == Status::Pass).collect();
+    let mut metrics = BTreeMap::new();
+    for name in passing.iter().flat_map(|r| r.metrics().into_keys()).collect::<std::collections::BTreeSet<_>>() {
+        let samples: Vec<f64> = passing.iter().filter_map(|r| r.metrics().get(name).copied()).collect();
+        if let Some(moments) = Moments::of(&samples) {
+            metrics.insert(name, Metric { moments, change: None });
+        }
+    }
+    CellReport {
+        cell: cell.id.clone(),
+        image: cell.image.clone(),
+        variant: cell.variant.clone(),
+        params: cell.params.clone(),
+        workload: cell.workload.clone(),
+        device: cell.device.clone(),
+        n: passing.len(),
+        status,
+        metrics,
+        verdict: None,
+        against: None,
+        reasons,
+        crashes,
+    }
+}
+
+/// The passing samples of `metric` in `records` of cell `index`.
+fn samples(records: &[Record], index: usize, metric: &str) -> Vec<f64> {
+    records
+        .iter()
+        .filter(|r| r.cell.index == index && r.status == Status::Pass)
+        .filter_map(|r| r.metrics().get(metric).copied())
+        .collect()
+}
+
+/// Judges `report` against `baseline` (its samples in `baseline_records`, cell `baseline_index`).
+fn judge(
+    report: &mut CellReport,
+    records: &[Record],
+    index: usize,
+    baseline_records: &[Record],
+    baseline: &CellReport,
+    baseline_index: usize,
+    rule: &VerdictRule,
+) {
+    for (name, metric) in report.metrics.iter_mut() {
+        let base = samples(baseline_records, baseline_index, name);
+        let mine = samples(records, index, name);
+        metric.change = rule.judge(&base, &mine, higher_is_better(name));
+    }
+    let primary = report.metrics.get(PRIMARY_METRIC).or_else(|| report.metrics.values().find(|m| m.change.is_some()));
+    report.verdict = primary.and_then(|m| m.change).map(|c| c.verdict);
+    report.against = Some(baseline.cell.clone());
+}
+
+impl Report {
+    /// A short label for `cell` among this report's cells: its variant, with its parameters when
+    /// other cells share the variant, with its workload and device when they differ across cells.
+    pub fn label(&self, cell: &CellReport) -> String {
+        let mut label = cell.variant.clone();
+        if self.cells.iter().filter(|c| c.variant == cell.variant).count() > 1 {
+            for (k, v) in &cell.params {
+                label.push_str(&format!(" {k}={v}"));
+            }
+        }
+        if self.cells.iter().any(|c| c.workload != cell.workload) {
+            label.push_str(&format!(" {}", cell.workload));
+        }
+        if self.cells.iter().any(|c| c.device != cell.device) {
+            label.push_str(&format!(" @{}", cell.device));
+        }
+        label
+    }
+
+    /// The report of one run; cells are judged against the baseline variant's cell with the same
+    /// workload and device (and the same parameters, where the baseline has several).
+    pub fn of_run(run: &RunRecords<'_>, baseline: Option<&str>, rule: &VerdictRule) -> Report {
+        let mut cells: Vec<CellReport> = run
+            .cells
+            .iter()
+            .map(|c| summarise(c, &run.records.iter().filter(|r| r.cell.index == c.index).collect::<Vec<_>>()))
+            .collect();
+        if let Some(baseline) = baseline {
+            let snapshot = cells.clone();
+            for (i, cell) in run.cells.iter().enumerate() {
+                if cell.variant == baseline {
+                    cells[i].verdict = Some(Verdict::Baseline);
+                    continue;
+                }
+                let candidates: Vec<&Cell> = run
+                    .cells
+                    .iter()
+                    .filter(|b| b.variant == baseline && b.workload == cell.workload && b.device == cell.device)
+                    .collect();
+                let chosen = candidates.iter().find(|b| b.params == cell.params).or(candidates.first());
+                if let Some(b) = chosen {
+                    judge(&mut cells[i], run.records, cell.index, run.records, &snapshot[b.index], b.index, rule);
+                }
+            }
+        }
+        Report {
+            run: run.run.to_string(),
+            matrix: run.matrix.to_string(),
+            state: run.state.to_string(),
+            engine: "driverlab".into(),
+            baseline: baseline.map(String::from),
+            cells,
+        }
+    }
+
+    /// Run `b` against run `a`: each of `b`'s cells is judged against the cell of `a` with the
+    /// same key (image, variant, parameters, workload, device).
+    pub fn compare(a: &RunRecords<'_>, b: &RunRecords<'_>, rule: &VerdictRule) -> Report {
+        let a_report = Report::of_run(a, None, rule);
+        let mut report = Report::of_run(b, None, rule);
+        for (i, cell) in b.cells.iter().enumerate() {
+            if let Some(base) = a.cells.iter().find(|c| c.key() == cell.key()) {
+                judge(
+                    &mut report.cells[i],
+                    b.records,
+                    cell.index,
+                    a.records,
+                    &a_report.cells[base.index],
+                    base.index,
+                    rule,
+                );
+                report.cells[i].against = Some(format!("{}/{}", a.run, base.id));
+            }
+        }
+        report.baseline = Some(a.run.to_string());
+        report
+    }
+
+    /// The report as JSON (the contract of `docs/lab.md`).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a report always serializes")
+    }
+
+    /// The report as a markdown table.
+    pub fn to_markdown(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "## {} — run {} ({})", self.matrix, self.run, self.state);
+        if let Some(b) = &self.baseline {
+            let _ = writeln!(
+                out,
+                "\nAgainst {b}; a change is called real at 5 % or more with Welch's p < 0.05 (and, below 10 samples, non-overlapping ranges)."
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\n| cell | variant | workload | device | n | status | Gbit/s | change | maps/packet | change | verdict |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+        for c in &self.cells {
+            let status: Vec<String> =
+                c.status.iter().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{n} {s}")).collect();
+            let (gbit, gbit_change) = cell_metric(c, "gbit_s", 3);
+            let (maps, maps_change) = cell_metric(c, "maps_per_packet", 4);
+            let verdict = c.verdict.map_or(String::from("-"), |v| format!("{v:?}").to_lowercase());
+            let label = self.label(c);
+            let _ = writeln!(
+                out,
+                "| {} | {label} | {} | {} | {} | {} | {gbit} | {gbit_change} | {maps} | {maps_change} | {verdict} |",
+                c.cell,
+                c.workload,
+                c.device,
+                c.n,
+                status.join(", ")
+            );
+        }
+        for c in self.cells.iter().filter(|c| !c.reasons.is_empty()) {
+            let _ = writeln!(out, "\n{} did not always pass: {}", c.cell, c.reasons.join("; "));
+        }
+        out
+    }
+
+    /// The report as CSV: one row per cell and metric.
+    pub fn to_csv(&self) -> String {
+        let mut out = String::from(
+            "cell,image,variant,params,workload,device,n,pass,fail,error,miss,skip,metric,mean,stddev,min,max,ci95_low,ci95_high,change_pct,p_value,verdict\n",
+        );
+        for c in &self.cells {
+            let params: Vec<String> = c.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let head = [
+                c.cell.clone(),
+                c.image.clone(),
+                c.variant.clone(),
+                params.join(" "),
+                c.workload.clone(),
+                c.device.clone(),
+                c.n.to_string(),
+            ]
+            .map(|f| csv_field(&f))
+            .join(",");
+            let counts: Vec<String> =
+                Status::ALL.iter().map(|s| c.status.get(s.name()).copied().unwrap_or(0).to_string()).collect();
+            let rows: Vec<(&str, Option<&Metric>)> = if c.metrics.is_empty() {
+                vec![("", None)]
+            } else {
+                c.metrics.iter().map(|(k, m)| (*k, Some(m))).collect()
+            };
+            for (name, metric) in rows {
+                let num = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
+                let (m, ch) = (metric.map(|m| m.moments), metric.and_then(|m| m.change));
+                let _ = writeln!(
+                    out,
+                    "{head},{},{name},{},{},{},{},{},{},{},{},{}",
+                    counts.join(","),
+                    num(m.map(|m| m.mean)),
+                    num(m.map(|m| m.stddev)),
+                    num(m.map(|m| m.min)),
+                    num(m.map(|m| m.max)),
+                    num(m.and_then(|m| m.ci95).map(|c| c[0])),
+                    num(m.and_then(|m| m.ci95).map(|c| c[1])),
+                    num(ch.and_then(|c| c.change_pct)),
+                    num(ch.and_then(|c| c.p_value)),
+                    ch.map_or(String::new(), |c| format!("{:?}", c.verdict).to_lowercase()),
+                );
+            }
+        }
+        out
+    }
+}
+
+/// `mean ± ci half-width` and `+12.3 %` of a metric, or dashes.
+fn cell_metric(c: &CellReport, name: &str, digits: usize) -> (String, String) {
+    let Some(m) = c.metrics.get(name) else { return ("-".into(), "-".into()) };
+    let value = match m.moments.ci95 {
+        Some([lo, hi]) => format!("{:.digits$} ± {:.digits$}", m.moments.mean, (hi - lo) / 2.0),
+        None => format!("{:.digits$}", m.moments.mean),
+    };
+    let change = match m.change.and_then(|c| c.change_pct) {
+        Some(pct) => format!("{pct:+.1} %"),
+        None if m.change.is_some() => "from 0".into(),
+        None => "-".into(),
+    };
+    (value, change)
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Record;
+
+    fn cell(index: usize, variant: &str) -> Cell {
+        Cell {
+            index,
+            id: format!("c{:02}", index + 1),
+            image: "probe".into(),
+            variant: variant.into(),
+            params: BTreeMap::new(),
+            workload: "rx".into(),
+            device: "aq".into(),
+        }
+    }
+
+    fn record(cell: &Cell, rep: u32, gbit: f64, maps: f64, status: Status) -> Record {
+        let mut r = Record::not_run("r1", cell, rep, status, if status == Status::Pass { "" } else { "it broke" });
+        if status == Status::Pass {
+            r.reason = None;
+        }
+        r.workload.gbit_s = Some(gbit);
+        r.maps_per_packet = Some(maps);
+        r
+    }
+
+    fn records(cells: &[Cell]) -> Vec<Record> {
+        let mut out = Vec::new();
+        for rep in 0..5 {
+            let wobble = rep as f64 * 0.01;
+            out.push(record(&cells[0], rep, 2.2 + wobble, 0.5, Status::Pass));
+            out.push(record(&cells[1], rep, 9.1 + wobble, 0.0625, Status::Pass));
+            out.push(record(&cells[2], rep, 2.21 - wobble, 0.5, if rep == 4 { Status::Fail } else { Status::Pass }));
+        }
+        out
+    }
+
+    #[test]
+    fn cells_are_summarised_and_judged_against_the_baseline() {
+        let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
+        let records = records(&cells);
+        let run = RunRecords { run: "r1", matrix: "m", state: "done", cells: &cells, records: &records };
+        let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
+        let [flip, order3, same] = [&report.cells[0], &report.cells[1], &report.cells[2]];
+        assert_eq!((flip.n, flip.verdict), (5, Some(Verdict::Baseline)));
+        assert_eq!(order3.verdict, Some(Verdict::Better));
+        let maps = &order3.metrics["maps_per_packet"];
+        assert_eq!(maps.change.unwrap().verdict, Verdict::Better, "fewer maps per packet");
+        assert_eq!(maps.change.unwrap().change_pct, Some(-87.5));
+        assert_eq!((same.n, same.status["FAIL"], same.verdict), (4, 1, Some(Verdict::Same)));
+        assert_eq!(same.reasons, vec!["it broke".to_string()]);
+
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        let c = &json["cells"][1];
+        assert_eq!(
+            (c["cell"].as_str(), c["variant"].as_str(), c["n"].as_u64()),
+            (Some("c02"), Some("order3"), Some(5))
+        );
+        assert_eq!(c["status"]["PASS"], 5);
+        for key in ["mean", "stddev", "min", "max", "ci95", "change_pct", "verdict"] {
+            assert!(c["metrics"]["gbit_s"].get(key).is_some(), "{key} in {c}");
+        }
+        assert_eq!(c["verdict"], "better");
+        let md = report.to_markdown();
+        assert!(md.contains("| c02 | order3 | rx | aq | 5 | 5 PASS |"), "{md}");
+        let csv = report.to_csv();
+        assert_eq!(csv.lines().count(), 1 + 3 * 2, "{csv}");
+        assert!(csv.lines().nth(3).unwrap().starts_with("c02,probe,order3,,rx,aq,5,5,0,0,0,0,gbit_s,"), "{csv}");
+    }
+
+    #[test]
+    fn two_runs_compare_cell_by_cell() {
+        let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
+        let a = records(&cells);
+        let mut b = records(&cells);
+        for r in b.iter_mut().filter(|r| r.cell.index == 0) {
+            r.workload.gbit_s = r.workload.gbit_s.map(|g| g * 2.0);
+        }
+        let run_a = RunRecords { run: "a", matrix: "m", state: "done", cells: &cells, records: &a };
+        let run_b = RunRecords { run: "b", matrix: "m", state: "done", cells: &cells, records: &b };
+        let report = Report::compare(&run_a, &run_b, &VerdictRule::default());
+        assert_eq!(report.cells[0].verdict, Some(Verdict::Better));
+        assert_eq!(report.cells[0].against.as_deref(), Some("a/c01"));
+        assert_eq!(report.cells[1].verdict, Some(Verdict::Same));
+    }
+}

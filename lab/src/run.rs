@@ -1,0 +1,133 @@
+//! A lab run from start to report: check the matrix against this host, create the run, execute
+//! it, and build its report; and the same for a run to resume. What the CLI and, later, the HTTP
+//! API call.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use crate::matrix::{MatrixError, Plan};
+use crate::report::{Report, RunRecords};
+use crate::scheduler::{self, LabError, Outcome, Progress};
+use crate::stats::VerdictRule;
+use crate::store::{RunState, Store, StoreError};
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The `driverlab` binary that runs VMs and models.
+    pub driverlab: PathBuf,
+    /// Record cells this host cannot run as SKIP instead of refusing the matrix.
+    pub skip_unrunnable: bool,
+}
+
+/// Errors of a run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The matrix does not check out.
+    #[error(transparent)]
+    Matrix(#[from] MatrixError),
+    /// The lab failed.
+    #[error(transparent)]
+    Lab(#[from] LabError),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The run cannot be resumed.
+    #[error("run {run} is {state:?}: {why}")]
+    NotResumable {
+        /// The run.
+        run: String,
+        /// Its state.
+        state: RunState,
+        /// What to do instead.
+        why: &'static str,
+    },
+}
+
+impl RunError {
+    /// True for the user's mistakes (a bad matrix, a cell this host cannot run).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, RunError::Matrix(_) | RunError::Lab(LabError::Unrunnable(_) | LabError::Missing(_)))
+    }
+}
+
+/// Checks `plan` against this host and creates its run; returns the run's ID. Cells this host
+/// cannot run are refused, or recorded as SKIP with `skip_unrunnable`.
+pub fn create(store: &mut Store, plan: &Plan, options: &RunOptions) -> Result<String, RunError> {
+    let refused = scheduler::refusals(plan)?;
+    if !refused.is_empty() && !options.skip_unrunnable {
+        return Err(LabError::Unrunnable(refused).into());
+    }
+    let run = store.create_run(plan)?;
+    scheduler::record_skips(store, &run, plan, &refused)?;
+    Ok(run)
+}
+
+/// Runs what `run` has left to run.
+pub fn execute(
+    store: Arc<Mutex<Store>>,
+    plan: &Plan,
+    run: &str,
+    options: &RunOptions,
+    progress: &dyn Progress,
+    cancel: &AtomicBool,
+) -> Result<Outcome, RunError> {
+    Ok(scheduler::execute(store, &options.driverlab, plan, run, progress, cancel)?)
+}
+
+/// The plan of a stored run, ready to resume: refused unless it was interrupted or cancelled.
+pub fn resumable(store: &Store, run: &str) -> Result<Plan, RunError> {
+    let info = store.run(run)?;
+    match info.state {
+        RunState::Interrupted | RunState::Cancelled => {}
+        RunState::Done => {
+            return Err(RunError::NotResumable {
+                run: run.into(),
+                state: info.state,
+                why: "every repetition has a result; start a new run to measure again",
+            });
+        }
+        RunState::Running => {
+            return Err(RunError::NotResumable {
+                run: run.into(),
+                state: info.state,
+                why: "its lab process is still working on it",
+            });
+        }
+    }
+    let (file, text, cells) = store.run_plan(run)?;
+    let plan = Plan::parse(Path::new(&file), &text)?;
+    if plan.cells != cells {
+        return Err(StoreError::Corrupt {
+            run: run.into(),
+            what: "cells",
+            reason: "they differ from the matrix's".into(),
+        }
+        .into());
+    }
+    Ok(plan)
+}
+
+/// The report of `run`, judged against `baseline` (the matrix's own when none is given).
+pub fn report(store: &Store, run: &str, baseline: Option<&str>) -> Result<Report, RunError> {
+    let info = store.run(run)?;
+    let (_, _, cells) = store.run_plan(run)?;
+    let records = store.records(run)?;
+    let state = format!("{:?}", info.state).to_lowercase();
+    let records = RunRecords { run, matrix: &info.matrix, state: &state, cells: &cells, records: &records };
+    let baseline = baseline.or(info.baseline.as_deref());
+    Ok(Report::of_run(&records, baseline, &VerdictRule::default()))
+}
+
+/// Run `b` against run `a`, cell by cell.
+pub fn compare(store: &Store, a: &str, b: &str) -> Result<Report, RunError> {
+    let (info_a, info_b) = (store.run(a)?, store.run(b)?);
+    let (cells_a, cells_b) = (store.run_plan(a)?.2, store.run_plan(b)?.2);
+    let (records_a, records_b) = (store.records(a)?, store.records(b)?);
+    let (state_a, state_b) =
+        (format!("{:?}", info_a.state).to_lowercase(), format!("{:?}", info_b.state).to_lowercase());
+    let run_a = RunRecords { run: a, matrix: &info_a.matrix, state: &state_a, cells: &cells_a, records: &records_a };
+    let run_b = RunRecords { run: b, matrix: &info_b.matrix, state: &state_b, cells: &cells_b, records: &records_b };
+    Ok(Report::compare(&run_a, &run_b, &VerdictRule::default()))
+}

@@ -1,0 +1,286 @@
+//! Running a matrix: which cells this host can run, then one worker per device, in parallel. A
+//! worker takes the device's exclusive lease (host devices; a model is a fresh process per VM),
+//! checks its health before the first repetition and after any that did not pass, quarantines it
+//! when the check fails, and runs the device's repetitions round by round (repetition 1 of every
+//! cell, then repetition 2, ...) so slow drift affects every cell alike. Each record is committed
+//! as it is made.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use vm_spec::DeviceSpec;
+use vm_spec::host::virtualization;
+
+use crate::health;
+use crate::matrix::{Cell, DeviceKind, Plan, Workload};
+use crate::model_process::ModelProcess;
+use crate::record::{Record, Status};
+use crate::runner::{self, RunContext};
+use crate::store::{RunState, Store, StoreError};
+
+/// How often a worker asks again for a device another run holds.
+const LEASE_POLL: Duration = Duration::from_secs(2);
+/// Frames the health check receives from a model's generator.
+const HEALTH_FRAMES_MODEL: u32 = 64;
+
+/// Errors running a matrix.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Cells this host cannot run, each with its reason.
+    #[error("{} cell(s) cannot run on this host:\n{}\n(--skip-unrunnable records them as SKIP and runs the rest)",
+        .0.len(), .0.iter().map(|(c, r)| format!("  {} {}: {r}", c.id, c.key())).collect::<Vec<_>>().join("\n"))]
+    Unrunnable(Vec<(Cell, String)>),
+    /// A file the matrix names is missing.
+    #[error("{0}")]
+    Missing(String),
+}
+
+/// What happens as a run goes.
+pub trait Progress: Send + Sync {
+    /// A repetition was recorded; `done` of `total` have results.
+    fn recorded(&self, record: &Record, done: usize, total: usize);
+    /// Something worth a line (a health check, a quarantine, waiting for a lease).
+    fn note(&self, line: &str);
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Records by status, over the whole run.
+    pub counts: std::collections::BTreeMap<Status, usize>,
+    /// Whether it was cancelled before every repetition ran.
+    pub cancelled: bool,
+}
+
+/// Why the cells of `plan` cannot run here, if they cannot.
+pub fn refusals(plan: &Plan) -> Result<Vec<(Cell, String)>, LabError> {
+    let virt = virtualization();
+    let vfio = Path::new("/dev/vfio/vfio").exists();
+    let mut refused = Vec::new();
+    for cell in &plan.cells {
+        let image = plan.image(&cell.image).expect("checked");
+        if !image.is_probe() {
+            for path in std::iter::once(PathBuf::from(&image.kernel)).chain(image.initrd.clone()) {
+                let path = plan.resolve(&path);
+                if !path.exists() {
+                    return Err(LabError::Missing(format!(
+                        "{}: image {:?}: {} does not exist",
+                        plan.file.display(),
+                        image.name,
+                        path.display()
+                    )));
+                }
+            }
+        }
+        let reason = if !image.is_probe() && !virt.boots_linux() {
+            Some(format!(
+                "image {:?} is a Linux kernel, and driverlab's VMM boots Linux only with hardware virtualization; this host has {}",
+                image.name,
+                virt.describe()
+            ))
+        } else if matches!(plan.workload(&cell.workload), Some(Workload::Iperf3 { .. })) {
+            Some(
+                "iperf3 workloads need the guest agent in the image's initramfs, which this driverlab cannot build yet"
+                    .into(),
+            )
+        } else if matches!(plan.device(&cell.device).map(|d| d.kind()), Some(DeviceKind::Host(_))) && !vfio {
+            Some(
+                "the device is a host PCI device and this host has no kernel VFIO (`driverlab doctor --device BDF`)"
+                    .into(),
+            )
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            refused.push((cell.clone(), reason));
+        }
+    }
+    Ok(refused)
+}
+
+/// Records SKIP for every repetition of the cells `refused` names.
+pub fn record_skips(store: &Store, run: &str, plan: &Plan, refused: &[(Cell, String)]) -> Result<(), LabError> {
+    for (cell, reason) in refused {
+        for repetition in 0..plan.matrix.repetitions {
+            store.record(&Record::not_run(run, cell, repetition, Status::Skip, reason.clone()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The identity of a device for leases and quarantine: `vfio=BDF` for host devices; models have
+/// none (a fresh process per VM holds nothing).
+fn lease_key(plan: &Plan, device: &str) -> Option<String> {
+    match plan.device(device)?.kind() {
+        DeviceKind::Host(bdf) => Some(DeviceSpec::Vfio(bdf).to_string()),
+        DeviceKind::Model { .. } => None,
+    }
+}
+
+/// Runs every repetition of `run` that has no result yet, and marks the run done (or cancelled).
+pub fn execute(
+    store: Arc<Mutex<Store>>,
+    driverlab: &Path,
+    plan: &Plan,
+    run: &str,
+    progress: &dyn Progress,
+    cancel: &AtomicBool,
+) -> Result<Outcome, LabError> {
+    let artifacts = lock(&store).artifacts(run);
+    let done: BTreeSet<(usize, u32)> = lock(&store).done(run)?.into_iter().collect();
+    let total = plan.cells.len() * plan.matrix.repetitions as usize;
+    let recorded = Mutex::new(done.len());
+    let ctx = RunContext { driverlab: driverlab.to_path_buf(), run: run.to_string(), artifacts };
+    let devices: Vec<String> = plan.matrix.devices.iter().map(|d| d.get_ref().name.clone()).collect();
+    let errors: Mutex<Vec<LabError>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for device in &devices {
+            let pending: Vec<(u32, &Cell)> = (0..plan.matrix.repetitions)
+                .flat_map(|rep| plan.cells.iter().filter(|c| c.device == *device).map(move |c| (rep, c)))
+                .filter(|(rep, c)| !done.contains(&(c.index, *rep)))
+                .collect();
+            if pending.is_empty() {
+                continue;
+            }
+            let (store, ctx, recorded, errors) = (&store, &ctx, &recorded, &errors);
+            scope.spawn(move || {
+                let worker = Worker { store, ctx, plan, device, progress, cancel, recorded, total };
+                if let Err(e) = worker.run(pending) {
+                    lock(errors).push(e);
+                }
+            });
+        }
+    });
+    if let Some(e) = errors.into_inner().unwrap_or_else(|p| p.into_inner()).pop() {
+        return Err(e);
+    }
+    let cancelled = cancel.load(Ordering::SeqCst);
+    let store = lock(&store);
+    let records = store.records(run)?;
+    store.finish_run(run, if cancelled { RunState::Cancelled } else { RunState::Done })?;
+    Ok(Outcome { counts: crate::store::status_counts(&records), cancelled })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One device's share of a run.
+struct Worker<'a> {
+    store: &'a Mutex<Store>,
+    ctx: &'a RunContext,
+    plan: &'a Plan,
+    device: &'a str,
+    progress: &'a dyn Progress,
+    cancel: &'a AtomicBool,
+    recorded: &'a Mutex<usize>,
+    total: usize,
+}
+
+impl Worker<'_> {
+    fn run(&self, pending: Vec<(u32, &Cell)>) -> Result<(), LabError> {
+        let key = lease_key(self.plan, self.device);
+        if let Some(key) = &key {
+            if let Some(reason) = lock(self.store).quarantined(key)? {
+                return self.give_up(&pending, Status::Error, &format!("device {key} is quarantined: {reason}"));
+            }
+            if !self.lease(key)? {
+                return self.give_up(&pending, Status::Miss, "cancelled while waiting for the device");
+            }
+        }
+        let result = self.run_leased(&pending, key.as_deref());
+        if let Some(key) = &key {
+            lock(self.store).release(key, &self.ctx.run)?;
+        }
+        result
+    }
+
+    /// Waits for the device's lease; false if cancelled first.
+    fn lease(&self, key: &str) -> Result<bool, LabError> {
+        let mut told = false;
+        loop {
+            match lock(self.store).acquire(key, &self.ctx.run)? {
+                Ok(()) => return Ok(true),
+                Err(holder) if !told => {
+                    self.progress.note(&format!(
+                        "waiting for device {key}, leased by run {} (pid {} on {})",
+                        holder.run, holder.pid, holder.host
+                    ));
+                    told = true;
+                }
+                Err(_) => {}
+            }
+            if self.cancel.load(Ordering::SeqCst) {
+                return Ok(false);
+            }
+            std::thread::sleep(LEASE_POLL);
+        }
+    }
+
+    fn run_leased(&self, pending: &[(u32, &Cell)], key: Option<&str>) -> Result<(), LabError> {
+        let mut healthy = false;
+        for (i, &(rep, cell)) in pending.iter().enumerate() {
+            if self.cancel.load(Ordering::SeqCst) {
+                return self.give_up(&pending[i..], Status::Miss, "the run was cancelled");
+            }
+            if !healthy {
+                if let Err(reason) = self.health_check() {
+                    if let Some(key) = key {
+                        lock(self.store).quarantine(key, &reason)?;
+                    }
+                    self.progress.note(&format!("device {} quarantined: {reason}", self.device));
+                    let why = format!("device {} failed its health check: {reason}", self.device);
+                    return self.give_up(&pending[i..], Status::Error, &why);
+                }
+            }
+            let record = runner::run(self.ctx, self.plan, cell, rep);
+            // A repetition that did not pass may have left the device broken: check it again
+            // before the next one.
+            healthy = record.status == Status::Pass;
+            self.store_record(&record)?;
+        }
+        Ok(())
+    }
+
+    /// The probe's NIC checks on the device; the reason when they fail.
+    fn health_check(&self) -> Result<(), String> {
+        let device = self.plan.device(self.device).expect("checked");
+        let (spec, frames, _model) = match device.kind() {
+            DeviceKind::Host(bdf) => (DeviceSpec::Vfio(bdf), 0, None),
+            DeviceKind::Model { kind, args } => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let model = ModelProcess::start(&self.ctx.driverlab, &kind, &args).map_err(|e| e.to_string())?;
+                (model.device_spec(), HEALTH_FRAMES_MODEL, Some(model))
+            }
+        };
+        let health = health::check(&self.ctx.driverlab, &spec, frames).map_err(|e| e.to_string())?;
+        self.progress.note(&format!("health {}", health.verdict()));
+        if health.ok { Ok(()) } else { Err(health.failures.join("; ")) }
+    }
+
+    fn give_up(&self, pending: &[(u32, &Cell)], status: Status, reason: &str) -> Result<(), LabError> {
+        for &(rep, cell) in pending {
+            self.store_record(&Record::not_run(&self.ctx.run, cell, rep, status, reason))?;
+        }
+        Ok(())
+    }
+
+    fn store_record(&self, record: &Record) -> Result<(), LabError> {
+        let fresh = lock(self.store).record(record)?;
+        let done = {
+            let mut n = lock(self.recorded);
+            if fresh {
+                *n += 1;
+            }
+            *n
+        };
+        self.progress.recorded(record, done, self.total);
+        Ok(())
+    }
+}

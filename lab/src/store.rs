@@ -1,0 +1,654 @@
+//! The results database: SQLite (WAL, versioned migrations) with runs, their cells, one result
+//! per repetition, device leases and quarantines. Every result is committed as it is recorded, so
+//! a lab killed mid-run loses nothing it finished; the run is then `interrupted` and can be
+//! resumed.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use crate::matrix::{Cell, Plan};
+use crate::record::{Record, Status, now_rfc3339};
+
+/// How long a writer waits for another process's transaction.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The schema, one migration per entry; `PRAGMA user_version` counts those applied.
+const MIGRATIONS: &[&str] = &[
+    // 1: runs, cells, results, leases, quarantined devices.
+    "CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        matrix_name TEXT NOT NULL,
+        matrix_file TEXT NOT NULL,
+        matrix_toml TEXT NOT NULL,
+        baseline TEXT,
+        repetitions INTEGER NOT NULL,
+        cells_total INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER,
+        created_at TEXT NOT NULL,
+        finished_at TEXT
+    );
+    CREATE TABLE cells (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        idx INTEGER NOT NULL,
+        key TEXT NOT NULL,
+        cell TEXT NOT NULL,
+        PRIMARY KEY (run_id, idx)
+    );
+    CREATE TABLE results (
+        run_id TEXT NOT NULL REFERENCES runs(id),
+        cell_idx INTEGER NOT NULL,
+        repetition INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        reason TEXT,
+        record TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (run_id, cell_idx, repetition)
+    );
+    CREATE INDEX results_by_status ON results (run_id, status);
+    CREATE TABLE leases (
+        device TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        acquired_at TEXT NOT NULL
+    );
+    CREATE TABLE quarantine (
+        device TEXT PRIMARY KEY,
+        reason TEXT NOT NULL,
+        since TEXT NOT NULL
+    );",
+];
+
+/// Errors of the results database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite failed.
+    #[error("results database {}: {source}", path.display())]
+    Sqlite {
+        /// The database file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The folder for the database cannot be made.
+    #[error("results database folder {}: {source}", path.display())]
+    Folder {
+        /// The folder.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No such run.
+    #[error("no run {0} in the results database (`driverlab lab list` lists them)")]
+    NoRun(String),
+    /// A stored value does not parse (a newer driverlab wrote it, or the file was edited).
+    #[error("run {run}: stored {what} does not parse: {reason}")]
+    Corrupt {
+        /// The run.
+        run: String,
+        /// What.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The database was written by a newer driverlab.
+    #[error("results database {}: schema version {found}, this driverlab knows up to {known}", path.display())]
+    TooNew {
+        /// The database file.
+        path: PathBuf,
+        /// Its version.
+        found: i64,
+        /// Ours.
+        known: usize,
+    },
+}
+
+/// A run's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    /// Its lab process is working on it.
+    Running,
+    /// Every repetition has a result.
+    Done,
+    /// Its lab process went away before it finished: `driverlab lab resume` finishes it.
+    Interrupted,
+    /// Stopped on request; what did not run is MISS.
+    Cancelled,
+}
+
+impl RunState {
+    fn name(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Done => "done",
+            RunState::Interrupted => "interrupted",
+            RunState::Cancelled => "cancelled",
+        }
+    }
+
+    fn parse(s: &str) -> RunState {
+        match s {
+            "running" => RunState::Running,
+            "done" => RunState::Done,
+            "cancelled" => RunState::Cancelled,
+            _ => RunState::Interrupted,
+        }
+    }
+}
+
+/// A run as the database holds it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunInfo {
+    /// Its ID.
+    pub id: String,
+    /// The matrix's name.
+    pub matrix: String,
+    /// The matrix file it came from.
+    pub matrix_file: String,
+    /// The baseline variant.
+    pub baseline: Option<String>,
+    /// Repetitions per cell.
+    pub repetitions: u32,
+    /// Cells.
+    pub cells_total: usize,
+    /// Results recorded so far.
+    pub results: usize,
+    /// Its state (`running` with a lab process that is gone reads as `interrupted`).
+    pub state: RunState,
+    /// Where it ran.
+    pub host: String,
+    /// When it was created.
+    pub created_at: String,
+    /// When it finished.
+    pub finished_at: Option<String>,
+}
+
+/// Who holds a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseHolder {
+    /// The run.
+    pub run: String,
+    /// Its lab process.
+    pub pid: u32,
+    /// Its host.
+    pub host: String,
+}
+
+/// The results database.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// The default database: `$DRIVERLAB_DB`, else `driverlab/lab.db` in the user's data folder
+/// (`~/.local/share` on Linux).
+pub fn default_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("DRIVERLAB_DB") {
+        return PathBuf::from(path);
+    }
+    dirs::data_dir().unwrap_or_else(std::env::temp_dir).join("driverlab").join("lab.db")
+}
+
+/// This host's name, for leases.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+/// Whether process `pid` exists on this host.
+pub fn process_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists; it sends nothing.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+impl Store {
+    /// Opens (creating it and its folder if need be) the database at `path` and brings its schema
+    /// up to date.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::Folder { path: dir.to_path_buf(), source })?;
+        }
+        let sql = |source| StoreError::Sqlite { path: path.to_path_buf(), source };
+        let mut conn = Connection::open(path).map_err(sql)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(sql)?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(sql)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(sql)?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(sql)?;
+        if version as usize > MIGRATIONS.len() {
+            return Err(StoreError::TooNew { path: path.to_path_buf(), found: version, known: MIGRATIONS.len() });
+        }
+        for (i, migration) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Exclusive).map_err(sql)?;
+            tx.execute_batch(migration).map_err(sql)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64).map_err(sql)?;
+            tx.commit().map_err(sql)?;
+        }
+        Ok(Store { conn, path: path.to_path_buf() })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where a run's artifacts (serial logs) go: `artifacts/RUN` next to the database.
+    pub fn artifacts(&self, run: &str) -> PathBuf {
+        self.path.parent().unwrap_or(Path::new(".")).join("artifacts").join(run)
+    }
+
+    fn sql(&self) -> impl Fn(rusqlite::Error) -> StoreError + use<> {
+        let path = self.path.clone();
+        move |source| StoreError::Sqlite { path: path.clone(), source }
+    }
+
+    /// Records a new run of `plan` by this process; returns its ID.
+    pub fn create_run(&mut self, plan: &Plan) -> Result<String, StoreError> {
+        let id = new_run_id();
+        let sql = self.sql();
+        let tx = self.conn.transaction().map_err(&sql)?;
+        tx.execute(
+            "INSERT INTO runs (id, matrix_name, matrix_file, matrix_toml, baseline, repetitions, cells_total,
+                               state, host, pid, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9, ?10)",
+            params![
+                id,
+                plan.matrix.name,
+                plan.file.display().to_string(),
+                plan.text,
+                plan.baseline(),
+                plan.matrix.repetitions,
+                plan.cells.len(),
+                host_name(),
+                std::process::id(),
+                now_rfc3339(),
+            ],
+        )
+        .map_err(&sql)?;
+        for cell in &plan.cells {
+            let json = serde_json::to_string(cell).expect("a cell always serializes");
+            tx.execute(
+                "INSERT INTO cells (run_id, idx, key, cell) VALUES (?1, ?2, ?3, ?4)",
+                params![id, cell.index, cell.key(), json],
+            )
+            .map_err(&sql)?;
+        }
+        tx.commit().map_err(&sql)?;
+        Ok(id)
+    }
+
+    /// Marks `run` as worked on by this process again (resume).
+    pub fn claim_run(&self, run: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "UPDATE runs SET state = 'running', pid = ?2, host = ?3, finished_at = NULL WHERE id = ?1",
+                params![run, std::process::id(), host_name()],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Sets a run's final state.
+    pub fn finish_run(&self, run: &str, state: RunState) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "UPDATE runs SET state = ?2, finished_at = ?3 WHERE id = ?1",
+                params![run, state.name(), now_rfc3339()],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Stores one repetition's record; a record already there for the same repetition is kept
+    /// (returns false), so a resumed run never duplicates one.
+    pub fn record(&self, record: &Record) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(record).expect("a record always serializes");
+        let n = self
+            .conn
+            .execute(
+                "INSERT OR IGNORE INTO results (run_id, cell_idx, repetition, status, reason, record, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    record.run,
+                    record.cell.index,
+                    record.repetition,
+                    record.status.name(),
+                    record.reason,
+                    json,
+                    now_rfc3339()
+                ],
+            )
+            .map_err(self.sql())?;
+        Ok(n == 1)
+    }
+
+    fn run_row(&self, run: &str) -> Result<RunInfo, StoreError> {
+        let row = self
+            .conn
+            .query_row(
+                "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
+                        created_at, finished_at,
+                        (SELECT COUNT(*) FROM results WHERE run_id = runs.id)
+                 FROM runs WHERE id = ?1",
+                params![run],
+                run_info,
+            )
+            .optional()
+            .map_err(self.sql())?;
+        row.ok_or_else(|| StoreError::NoRun(run.to_string()))
+    }
+
+    /// One run.
+    pub fn run(&self, run: &str) -> Result<RunInfo, StoreError> {
+        self.run_row(run)
+    }
+
+    /// Every run, newest first.
+    pub fn runs(&self) -> Result<Vec<RunInfo>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
+                        created_at, finished_at,
+                        (SELECT COUNT(*) FROM results WHERE run_id = runs.id)
+                 FROM runs ORDER BY created_at DESC, id DESC",
+            )
+            .map_err(self.sql())?;
+        let rows = stmt.query_map([], run_info).map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+
+    /// A run's matrix text, its file name and its stored cells.
+    pub fn run_plan(&self, run: &str) -> Result<(String, String, Vec<Cell>), StoreError> {
+        let (file, toml): (String, String) = self
+            .conn
+            .query_row("SELECT matrix_file, matrix_toml FROM runs WHERE id = ?1", params![run], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+            .map_err(self.sql())?
+            .ok_or_else(|| StoreError::NoRun(run.to_string()))?;
+        let mut stmt =
+            self.conn.prepare("SELECT cell FROM cells WHERE run_id = ?1 ORDER BY idx").map_err(self.sql())?;
+        let cells = stmt
+            .query_map(params![run], |r| r.get::<_, String>(0))
+            .map_err(self.sql())?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.sql())?;
+        let cells = cells
+            .iter()
+            .map(|json| serde_json::from_str(json))
+            .collect::<Result<Vec<Cell>, _>>()
+            .map_err(|e| StoreError::Corrupt { run: run.to_string(), what: "cells", reason: e.to_string() })?;
+        Ok((file, toml, cells))
+    }
+
+    /// Every record of a run, by cell and repetition.
+    pub fn records(&self, run: &str) -> Result<Vec<Record>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT record FROM results WHERE run_id = ?1 ORDER BY cell_idx, repetition")
+            .map_err(self.sql())?;
+        let rows = stmt
+            .query_map(params![run], |r| r.get::<_, String>(0))
+            .map_err(self.sql())?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.sql())?;
+        rows.iter()
+            .map(|json| serde_json::from_str(json))
+            .collect::<Result<Vec<Record>, _>>()
+            .map_err(|e| StoreError::Corrupt { run: run.to_string(), what: "records", reason: e.to_string() })
+    }
+
+    /// The (cell index, repetition) pairs of a run that have a result.
+    pub fn done(&self, run: &str) -> Result<Vec<(usize, u32)>, StoreError> {
+        let mut stmt =
+            self.conn.prepare("SELECT cell_idx, repetition FROM results WHERE run_id = ?1").map_err(self.sql())?;
+        let rows = stmt.query_map(params![run], |r| Ok((r.get(0)?, r.get(1)?))).map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+
+    /// Takes the exclusive lease on `device` for `run`, or says who holds it. A lease whose holder
+    /// on this host is gone is taken over.
+    pub fn acquire(&mut self, device: &str, run: &str) -> Result<Result<(), LeaseHolder>, StoreError> {
+        let sql = self.sql();
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&sql)?;
+        let holder: Option<(String, String, u32)> = tx
+            .query_row("SELECT run_id, host, pid FROM leases WHERE device = ?1", params![device], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
+            .map_err(&sql)?;
+        let me = std::process::id();
+        let host = host_name();
+        if let Some((holder_run, holder_host, pid)) = holder {
+            let ours = holder_run == run && pid == me && holder_host == host;
+            let stale = holder_host == host && !process_alive(pid);
+            if !ours && !stale {
+                return Ok(Err(LeaseHolder { run: holder_run, pid, host: holder_host }));
+            }
+        }
+        tx.execute(
+            "INSERT OR REPLACE INTO leases (device, run_id, host, pid, acquired_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![device, run, host, me, now_rfc3339()],
+        )
+        .map_err(&sql)?;
+        tx.commit().map_err(&sql)?;
+        Ok(Ok(()))
+    }
+
+    /// Gives a lease back.
+    pub fn release(&self, device: &str, run: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "DELETE FROM leases WHERE device = ?1 AND run_id = ?2 AND pid = ?3",
+                params![device, run, std::process::id()],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// The leases held now: device, holder.
+    pub fn leases(&self) -> Result<Vec<(String, LeaseHolder)>, StoreError> {
+        let mut stmt =
+            self.conn.prepare("SELECT device, run_id, pid, host FROM leases ORDER BY device").map_err(self.sql())?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, LeaseHolder { run: r.get(1)?, pid: r.get(2)?, host: r.get(3)? })))
+            .map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+
+    /// Quarantines a host device: no run uses it until it is released.
+    pub fn quarantine(&self, device: &str, reason: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO quarantine (device, reason, since) VALUES (?1, ?2, ?3)",
+                params![device, reason, now_rfc3339()],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Why a device is quarantined, if it is.
+    pub fn quarantined(&self, device: &str) -> Result<Option<String>, StoreError> {
+        self.conn
+            .query_row("SELECT reason FROM quarantine WHERE device = ?1", params![device], |r| r.get(0))
+            .optional()
+            .map_err(self.sql())
+    }
+
+    /// Every quarantined device: device, reason, since.
+    pub fn quarantine_list(&self) -> Result<Vec<(String, String, String)>, StoreError> {
+        let mut stmt =
+            self.conn.prepare("SELECT device, reason, since FROM quarantine ORDER BY device").map_err(self.sql())?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+
+    /// Lifts a quarantine; returns whether there was one.
+    pub fn unquarantine(&self, device: &str) -> Result<bool, StoreError> {
+        let n = self.conn.execute("DELETE FROM quarantine WHERE device = ?1", params![device]).map_err(self.sql())?;
+        Ok(n > 0)
+    }
+
+    /// Merges every run of the database at `other` that this one lacks, with its cells and
+    /// results; results already here are kept. Returns (runs added, results added).
+    pub fn import(&mut self, other: &Path) -> Result<(usize, usize), StoreError> {
+        let source = Store::open(other)?;
+        drop(source);
+        let sql = self.sql();
+        let tx = self.conn.transaction().map_err(&sql)?;
+        tx.execute("ATTACH DATABASE ?1 AS other", params![other.display().to_string()]).map_err(&sql)?;
+        let runs = tx
+            .execute(
+                "INSERT OR IGNORE INTO runs SELECT id, matrix_name, matrix_file, matrix_toml, baseline, repetitions,
+                        cells_total, CASE state WHEN 'running' THEN 'interrupted' ELSE state END, host, pid,
+                        created_at, finished_at FROM other.runs",
+                [],
+            )
+            .map_err(&sql)?;
+        tx.execute("INSERT OR IGNORE INTO cells SELECT * FROM other.cells", []).map_err(&sql)?;
+        let results = tx.execute("INSERT OR IGNORE INTO results SELECT * FROM other.results", []).map_err(&sql)?;
+        tx.commit().map_err(&sql)?;
+        self.conn.execute("DETACH DATABASE other", []).map_err(self.sql())?;
+        Ok((runs, results))
+    }
+}
+
+fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
+    let state: String = r.get(6)?;
+    let host: String = r.get(7)?;
+    let pid: Option<u32> = r.get(8)?;
+    let mut state = RunState::parse(&state);
+    if state == RunState::Running && host == host_name() && !pid.is_some_and(process_alive) {
+        state = RunState::Interrupted;
+    }
+    Ok(RunInfo {
+        id: r.get(0)?,
+        matrix: r.get(1)?,
+        matrix_file: r.get(2)?,
+        baseline: r.get(3)?,
+        repetitions: r.get(4)?,
+        cells_total: r.get(5)?,
+        state,
+        host,
+        created_at: r.get(9)?,
+        finished_at: r.get(10)?,
+        results: r.get(11)?,
+    })
+}
+
+/// A new run ID: UTC date and time, then random hex (`20261201-153012-a3f9`).
+fn new_run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let stamp: String = now.chars().filter(char::is_ascii_digit).collect();
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher
+        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher.write_u32(std::process::id());
+    format!("{}-{}-{:04x}", &stamp[..8], &stamp[8..14], hasher.finish() & 0xffff)
+}
+
+/// Counts of a run's records by status.
+pub fn status_counts(records: &[Record]) -> std::collections::BTreeMap<Status, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for r in records {
+        *counts.entry(r.status).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Status;
+
+    fn plan() -> Plan {
+        let text = "name = \"t\"\nrepetitions = 2\n[[device]]\nname = \"aq\"\nmodel = \"aqc100\"\n\
+                    [[image]]\nname = \"probe\"\nkernel = \"probe\"\n[[variant]]\nname = \"v\"\nimage = \"probe\"\n\
+                    [[workload]]\nname = \"rx\"\nkind = \"probe-rx\"\n";
+        Plan::parse(Path::new("t.toml"), text).unwrap()
+    }
+
+    #[test]
+    fn runs_cells_and_results_survive_reopening_and_never_duplicate() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/lab.db");
+        let plan = plan();
+        let run = {
+            let mut store = Store::open(&path).unwrap();
+            let run = store.create_run(&plan).unwrap();
+            let record = Record::not_run(&run, &plan.cells[0], 0, Status::Pass, "ok");
+            assert!(store.record(&record).unwrap());
+            assert!(!store.record(&record).unwrap(), "the same repetition is kept once");
+            run
+        };
+        let store = Store::open(&path).unwrap();
+        let info = store.run(&run).unwrap();
+        assert_eq!((info.cells_total, info.results, info.repetitions), (1, 1, 2));
+        assert_eq!(info.state, RunState::Running, "this process still works on it");
+        assert_eq!(store.done(&run).unwrap(), vec![(0, 0)]);
+        let (_, toml, cells) = store.run_plan(&run).unwrap();
+        assert_eq!((toml, cells), (plan.text.clone(), plan.cells.clone()));
+        store.finish_run(&run, RunState::Done).unwrap();
+        assert_eq!(store.runs().unwrap()[0].state, RunState::Done);
+        assert!(matches!(store.run("nope"), Err(StoreError::NoRun(_))));
+    }
+
+    #[test]
+    fn a_run_whose_lab_is_gone_reads_as_interrupted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("lab.db")).unwrap();
+        let run = store.create_run(&plan()).unwrap();
+        store.conn.execute("UPDATE runs SET pid = 999999999 WHERE id = ?1", params![run]).unwrap();
+        assert_eq!(store.run(&run).unwrap().state, RunState::Interrupted);
+    }
+
+    #[test]
+    fn leases_are_exclusive_and_stale_ones_are_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lab.db");
+        let mut a = Store::open(&path).unwrap();
+        let mut b = Store::open(&path).unwrap();
+        assert_eq!(a.acquire("vfio=0000:63:00.0", "run-a").unwrap(), Ok(()));
+        assert_eq!(a.acquire("vfio=0000:63:00.0", "run-a").unwrap(), Ok(()), "re-entrant for its holder");
+        let held = b.acquire("vfio=0000:63:00.0", "run-b").unwrap().unwrap_err();
+        assert_eq!((held.run.as_str(), held.pid), ("run-a", std::process::id()));
+        a.release("vfio=0000:63:00.0", "run-a").unwrap();
+        assert_eq!(b.acquire("vfio=0000:63:00.0", "run-b").unwrap(), Ok(()));
+        // A holder that died.
+        b.conn.execute("UPDATE leases SET pid = 999999999", []).unwrap();
+        assert_eq!(a.acquire("vfio=0000:63:00.0", "run-a").unwrap(), Ok(()));
+        assert_eq!(a.leases().unwrap()[0].1.run, "run-a");
+    }
+
+    #[test]
+    fn quarantine_and_import() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut here = Store::open(&dir.path().join("here.db")).unwrap();
+        here.quarantine("vfio=0000:63:00.0", "no link after reset").unwrap();
+        assert_eq!(here.quarantined("vfio=0000:63:00.0").unwrap().as_deref(), Some("no link after reset"));
+        assert!(here.unquarantine("vfio=0000:63:00.0").unwrap());
+        assert_eq!(here.quarantined("vfio=0000:63:00.0").unwrap(), None);
+
+        let there_path = dir.path().join("there.db");
+        let mut there = Store::open(&there_path).unwrap();
+        let plan = plan();
+        let run = there.create_run(&plan).unwrap();
+        there.record(&Record::not_run(&run, &plan.cells[0], 0, Status::Pass, "ok")).unwrap();
+        drop(there);
+        assert_eq!(here.import(&there_path).unwrap(), (1, 1));
+        assert_eq!(here.import(&there_path).unwrap(), (0, 0), "idempotent");
+        assert_eq!(here.records(&run).unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,488 @@
+//! `driverlab lab ...`: run a matrix, list and show runs, report, compare, resume, export,
+//! import; and the devices' leases and quarantines.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use lab::matrix::Plan;
+use lab::record::{Record, Status};
+use lab::run::{self, RunError, RunOptions};
+use lab::scheduler::Progress;
+use lab::store::{self, Store};
+
+use super::CodedError;
+
+/// Lab commands.
+#[derive(Subcommand)]
+pub enum LabCommand {
+    /// Run a matrix: every cell, every repetition, then its report. The first line is
+    /// `run ID started`, the last `run ID: N cells, P passed, F failed, E errors` (repetitions).
+    /// Exit code 0 when every repetition passed (or was skipped), 1 otherwise, 2 for a matrix that
+    /// is invalid or cannot run here.
+    Run(RunArgs),
+    /// Finish an interrupted or cancelled run: only the repetitions without a result run.
+    Resume(ResumeArgs),
+    /// List the runs, newest first.
+    List(ListArgs),
+    /// Show one run: its state and every repetition's record.
+    Show(ShowArgs),
+    /// A run's report: per cell n, mean, stddev, min, max, 95% interval, and the change and
+    /// verdict against the baseline.
+    Report(ReportArgs),
+    /// Run B against run A, cell by cell (cells match on image, variant, parameters, workload and
+    /// device).
+    Compare(CompareArgs),
+    /// Export a run for other systems: `--format kcidb` writes KCIDB v4 JSON (KernelCI).
+    Export(ExportArgs),
+    /// Merge the runs of another box's results database into this one (idempotent).
+    Import(ImportArgs),
+    /// The devices' leases and quarantines.
+    Devices(DbArgs),
+    /// Lift a device's quarantine (after fixing it), e.g. `vfio=0000:63:00.0`.
+    Release(ReleaseArgs),
+}
+
+/// The results database.
+#[derive(Args, Clone)]
+pub struct DbArgs {
+    /// The results database [default: $DRIVERLAB_DB, else ~/.local/share/driverlab/lab.db].
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+}
+
+impl DbArgs {
+    fn open(&self) -> anyhow::Result<Store> {
+        let path = self.db.clone().unwrap_or_else(store::default_path);
+        Ok(Store::open(&path)?)
+    }
+}
+
+/// Report formats.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Format {
+    /// A markdown table.
+    Md,
+    /// The JSON report (docs/lab.md).
+    Json,
+    /// CSV, one row per cell and metric.
+    Csv,
+    /// An SVG chart of throughput and maps per packet per cell.
+    Svg,
+}
+
+/// Options of `lab run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// The matrix (TOML, docs/lab.md).
+    #[arg(value_name = "MATRIX.toml")]
+    pub matrix: PathBuf,
+    /// Record cells this host cannot run as SKIP (with the reason) instead of refusing the matrix.
+    #[arg(long)]
+    pub skip_unrunnable: bool,
+    /// The report's format.
+    #[arg(long, value_enum, default_value = "md")]
+    pub format: Format,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab resume`.
+#[derive(Args)]
+pub struct ResumeArgs {
+    /// The run.
+    pub run: String,
+    /// The report's format.
+    #[arg(long, value_enum, default_value = "md")]
+    pub format: Format,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab list`.
+#[derive(Args)]
+pub struct ListArgs {
+    /// JSON, one object per run.
+    #[arg(long)]
+    pub json: bool,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab show`.
+#[derive(Args)]
+pub struct ShowArgs {
+    /// The run.
+    pub run: String,
+    /// JSON: the run and every record.
+    #[arg(long)]
+    pub json: bool,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab report`.
+#[derive(Args)]
+pub struct ReportArgs {
+    /// The run.
+    pub run: String,
+    /// Judge against this variant instead of the matrix's baseline.
+    #[arg(long, value_name = "VARIANT")]
+    pub baseline: Option<String>,
+    /// Format.
+    #[arg(long, value_enum, default_value = "md")]
+    pub format: Format,
+    /// Write to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab compare`.
+#[derive(Args)]
+pub struct CompareArgs {
+    /// The run compared against.
+    pub a: String,
+    /// The run judged.
+    pub b: String,
+    /// Format.
+    #[arg(long, value_enum, default_value = "md")]
+    pub format: Format,
+    /// Write to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Export formats.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ExportFormat {
+    /// KCIDB v4 JSON (schema 4.5).
+    Kcidb,
+}
+
+/// Options of `lab export`.
+#[derive(Args)]
+pub struct ExportArgs {
+    /// The run.
+    pub run: String,
+    /// Format.
+    #[arg(long, value_enum)]
+    pub format: ExportFormat,
+    /// Write to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab import`.
+#[derive(Args)]
+pub struct ImportArgs {
+    /// The other database.
+    #[arg(value_name = "DB")]
+    pub other: PathBuf,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab release`.
+#[derive(Args)]
+pub struct ReleaseArgs {
+    /// The device, as `lab devices` lists it.
+    pub device: String,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+impl LabCommand {
+    /// Runs the command.
+    pub fn run(self) -> anyhow::Result<u8> {
+        match self {
+            LabCommand::Run(args) => run_matrix(args),
+            LabCommand::Resume(args) => resume(args),
+            LabCommand::List(args) => list(args),
+            LabCommand::Show(args) => show(args),
+            LabCommand::Report(args) => {
+                let store = args.db.open()?;
+                let report = run::report(&store, &args.run, args.baseline.as_deref()).map_err(coded)?;
+                write_report(&report, args.format, args.out.as_deref())
+            }
+            LabCommand::Compare(args) => {
+                let store = args.db.open()?;
+                let report = run::compare(&store, &args.a, &args.b).map_err(coded)?;
+                write_report(&report, args.format, args.out.as_deref())
+            }
+            LabCommand::Export(args) => {
+                let store = args.db.open()?;
+                let info = store.run(&args.run)?;
+                let records = store.records(&args.run)?;
+                let doc = match args.format {
+                    ExportFormat::Kcidb => lab::kcidb::export(&info, &records, &store.artifacts(&args.run)),
+                };
+                write_out(&serde_json::to_string_pretty(&doc)?, args.out.as_deref())?;
+                Ok(0)
+            }
+            LabCommand::Import(args) => {
+                let mut store = args.db.open()?;
+                let (runs, results) = store.import(&args.other)?;
+                println!("imported {runs} runs and {results} results from {}", args.other.display());
+                Ok(0)
+            }
+            LabCommand::Devices(db) => {
+                let store = db.open()?;
+                for (device, holder) in store.leases()? {
+                    println!("leased      {device}: run {} (pid {} on {})", holder.run, holder.pid, holder.host);
+                }
+                for (device, reason, since) in store.quarantine_list()? {
+                    println!("quarantined {device}: {reason} (since {since}; `driverlab lab release {device}`)");
+                }
+                Ok(0)
+            }
+            LabCommand::Release(args) => {
+                let store = args.db.open()?;
+                if store.unquarantine(&args.device)? {
+                    println!("{} is no longer quarantined", args.device);
+                    Ok(0)
+                } else {
+                    Err(CodedError { message: format!("{} is not quarantined", args.device), code: 2 }.into())
+                }
+            }
+        }
+    }
+}
+
+fn coded(e: RunError) -> anyhow::Error {
+    let code = if e.is_bad_input() { 2 } else { 1 };
+    CodedError { message: e.to_string(), code }.into()
+}
+
+fn write_out(text: &str, out: Option<&Path>) -> anyhow::Result<()> {
+    match out {
+        Some(path) => std::fs::write(path, text).with_context(|| path.display().to_string()),
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(text.as_bytes())?;
+            if !text.ends_with('\n') {
+                stdout.write_all(b"\n")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn render(report: &lab::report::Report, format: Format) -> anyhow::Result<String> {
+    Ok(match format {
+        Format::Md => report.to_markdown(),
+        Format::Json => report.to_json(),
+        Format::Csv => report.to_csv(),
+        Format::Svg => lab::chart::svg(report)?,
+    })
+}
+
+fn write_report(report: &lab::report::Report, format: Format, out: Option<&Path>) -> anyhow::Result<u8> {
+    write_out(&render(report, format)?, out)?;
+    Ok(0)
+}
+
+/// Progress on stderr: a bar with an ETA on a terminal, one line per repetition otherwise.
+struct Console {
+    bar: Option<indicatif::ProgressBar>,
+    started: Instant,
+}
+
+impl Console {
+    fn new(total: usize, done: usize) -> Console {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(total as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} repetitions, ETA {eta} {msg}")
+                    .expect("a valid template"),
+            );
+            bar.set_position(done as u64);
+            bar
+        });
+        Console { bar, started: Instant::now() }
+    }
+
+    fn line(&self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+}
+
+impl Progress for Console {
+    fn recorded(&self, r: &Record, done: usize, total: usize) {
+        let mut figures = Vec::new();
+        if let Some(g) = r.workload.gbit_s {
+            figures.push(format!("{g:.3} Gbit/s"));
+        }
+        if let Some(m) = r.maps_per_packet {
+            figures.push(format!("{m:.4} maps/packet"));
+        }
+        let what = match (&r.reason, r.status) {
+            (Some(reason), s) if s != Status::Pass => reason.clone(),
+            _ => figures.join(", "),
+        };
+        let text =
+            format!("[{done}/{total}] {} {} rep {}: {} {what}", r.cell.id, r.cell.label(), r.repetition + 1, r.status);
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(done as u64);
+                bar.set_message(format!("{} {}", r.cell.id, r.status));
+                bar.println(text);
+            }
+            None => {
+                let elapsed = self.started.elapsed().as_secs_f64();
+                eprintln!("{text} ({elapsed:.1} s)");
+            }
+        }
+    }
+
+    fn note(&self, line: &str) {
+        self.line(line);
+    }
+}
+
+/// Ctrl-C: finish the repetitions running, record the rest as MISS, mark the run cancelled.
+static CANCEL: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    CANCEL.store(true, Ordering::SeqCst);
+}
+
+fn catch_interrupt() {
+    // SAFETY: installing a handler that only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t) };
+}
+
+fn run_matrix(args: RunArgs) -> anyhow::Result<u8> {
+    let plan = Plan::load(&args.matrix).map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
+    let options = options(args.skip_unrunnable)?;
+    let mut store = args.db.open()?;
+    let run = run::create(&mut store, &plan, &options).map_err(coded)?;
+    println!("run {run} started");
+    execute(store, &plan, &run, &options, args.format)
+}
+
+fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
+    let options = options(false)?;
+    let store = args.db.open()?;
+    let plan = run::resumable(&store, &args.run).map_err(coded)?;
+    store.claim_run(&args.run)?;
+    println!("run {} resumed", args.run);
+    execute(store, &plan, &args.run, &options, args.format)
+}
+
+fn options(skip_unrunnable: bool) -> anyhow::Result<RunOptions> {
+    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
+    Ok(RunOptions { driverlab, skip_unrunnable })
+}
+
+fn execute(store: Store, plan: &Plan, run: &str, options: &RunOptions, format: Format) -> anyhow::Result<u8> {
+    let done = store.done(run)?.len();
+    let total = plan.cells.len() * plan.matrix.repetitions as usize;
+    let store = Arc::new(Mutex::new(store));
+    let console = Console::new(total, done);
+    catch_interrupt();
+    let outcome = run::execute(store.clone(), plan, run, options, &console, &CANCEL).map_err(coded)?;
+    if let Some(bar) = &console.bar {
+        bar.finish_and_clear();
+    }
+    let store = store.lock().unwrap_or_else(|p| p.into_inner());
+    let report = run::report(&store, run, None).map_err(coded)?;
+    write_out(&render(&report, format)?, None)?;
+    let count = |s: Status| outcome.counts.get(&s).copied().unwrap_or(0);
+    let mut last = format!(
+        "run {run}: {} cells, {} passed, {} failed, {} errors",
+        plan.cells.len(),
+        count(Status::Pass),
+        count(Status::Fail),
+        count(Status::Error)
+    );
+    for (status, word) in [(Status::Skip, "skipped"), (Status::Miss, "missed")] {
+        if count(status) > 0 {
+            last.push_str(&format!(", {} {word}", count(status)));
+        }
+    }
+    if outcome.cancelled {
+        last.push_str(" (cancelled)");
+    }
+    println!("{last}");
+    let clean = count(Status::Fail) + count(Status::Error) + count(Status::Miss) == 0;
+    Ok(if clean { 0 } else { 1 })
+}
+
+fn list(args: ListArgs) -> anyhow::Result<u8> {
+    let store = args.db.open()?;
+    let runs = store.runs()?;
+    if args.json {
+        for r in &runs {
+            println!("{}", serde_json::to_string(r)?);
+        }
+        return Ok(0);
+    }
+    println!("{:<22} {:<12} {:>5} {:>9}  {:<24} matrix", "run", "state", "cells", "results", "created");
+    for r in &runs {
+        let state = format!("{:?}", r.state).to_lowercase();
+        let results = format!("{}/{}", r.results, r.cells_total * r.repetitions as usize);
+        println!("{:<22} {:<12} {:>5} {:>9}  {:<24} {}", r.id, state, r.cells_total, results, r.created_at, r.matrix);
+    }
+    Ok(0)
+}
+
+fn show(args: ShowArgs) -> anyhow::Result<u8> {
+    let store = args.db.open()?;
+    let info = store.run(&args.run)?;
+    let records = store.records(&args.run)?;
+    if args.json {
+        let doc = serde_json::json!({"run": info, "artifacts": store.artifacts(&args.run), "records": records});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(0);
+    }
+    let state = format!("{:?}", info.state).to_lowercase();
+    println!("run {}: matrix {} ({}), {state}", info.id, info.matrix, info.matrix_file);
+    println!(
+        "created {} on {}, {} cells x {} repetitions, {} results",
+        info.created_at, info.host, info.cells_total, info.repetitions, info.results
+    );
+    println!("artifacts in {}", store.artifacts(&args.run).display());
+    for r in &records {
+        let mut figures = Vec::new();
+        if let Some(g) = r.workload.gbit_s {
+            figures.push(format!("{g:.3} Gbit/s"));
+        }
+        if let Some(m) = r.maps_per_packet {
+            figures.push(format!("{m:.4} maps/packet"));
+        }
+        if let Some(reason) = &r.reason {
+            figures.push(reason.clone());
+        }
+        println!(
+            "  {} rep {} {:<5} {}: {}",
+            r.cell.id,
+            r.repetition + 1,
+            r.status.name(),
+            r.cell.key(),
+            figures.join(", ")
+        );
+    }
+    Ok(0)
+}

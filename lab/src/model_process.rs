@@ -64,7 +64,7 @@ impl ModelProcess {
             if Instant::now() > deadline {
                 return Err(ModelError::NotServing { kind: kind.to_string(), socket: model.socket.clone() });
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(1));
         }
         Ok(model)
     }

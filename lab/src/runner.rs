@@ -3,8 +3,7 @@
 //! exit line, the serial log), tear down, and turn it all into a [`Record`].
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use vm_spec::control::{LiveCounters, ShutdownRequest};
@@ -278,22 +277,26 @@ struct Watched {
 
 /// Reads the live counters while the VM runs; stops a guest whose serial ports stay silent.
 struct Watchdog {
-    done: Arc<AtomicBool>,
+    done: std::sync::mpsc::Sender<()>,
     thread: std::thread::JoinHandle<Watched>,
 }
 
 impl Watchdog {
     fn start(socket: &Path, silence: Duration, spawned: Instant) -> Watchdog {
-        let done = Arc::new(AtomicBool::new(false));
+        let (done, stop) = std::sync::mpsc::channel::<()>();
         let client = ControlClient::new(socket, Duration::from_secs(2));
-        let stop = done.clone();
         let thread = std::thread::spawn(move || {
             let mut watched = Watched { answered_ms: None, last: None, silent_for: None };
             let mut bytes_seen = 0u64;
             let mut quiet_since = Instant::now();
-            while !stop.load(Ordering::SeqCst) {
-                // Often until the socket answers (that is the VM's start time), then calmly.
-                std::thread::sleep(if watched.answered_ms.is_some() { WATCH_PERIOD } else { Duration::from_millis(2) });
+            loop {
+                // Often until the socket answers (that is the VM's start time), then calmly; a
+                // word on `stop` (or its sender gone) ends the watch at once.
+                let period = if watched.answered_ms.is_some() { WATCH_PERIOD } else { Duration::from_millis(2) };
+                match stop.recv_timeout(period) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => break,
+                }
                 let Ok(counters) = client.counters() else { continue };
                 watched.answered_ms.get_or_insert(ms(spawned.elapsed()));
                 let bytes = counters.serial_bytes + counters.com2_bytes.unwrap_or(0);
@@ -313,7 +316,7 @@ impl Watchdog {
     }
 
     fn stop(self) -> Watched {
-        self.done.store(true, Ordering::SeqCst);
+        let _ = self.done.send(());
         self.thread.join().unwrap_or(Watched { answered_ms: None, last: None, silent_for: None })
     }
 }

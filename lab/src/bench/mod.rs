@@ -2,6 +2,7 @@
 //! driverlab, side by side with QEMU and Cloud Hypervisor booting the same ELF in the same run; virtio-iommu round
 //! trips; and the NIC ([`nic`]).
 
+pub mod lab_cost;
 pub mod nic;
 
 use std::path::{Path, PathBuf};

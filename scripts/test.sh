@@ -4,8 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-apt_install build-essential curl ca-certificates xz-utils busybox-static
+apt_install build-essential curl ca-certificates xz-utils busybox-static python3 python3-pip
 ensure_rust
+# kcidb-io (PyPI) carries the KCIDB schema the KCIDB export is checked against.
+python3 -c 'import kcidb_io' 2>/dev/null || python3 -m pip install --quiet kcidb-io >&2 \
+    || python3 -m pip install --quiet --break-system-packages kcidb-io >&2 \
+    || echo "kcidb-io could not be installed: the KCIDB schema test will skip" >&2
 DRIVERLAB_TEST_BZIMAGE="$(scripts/fetch-debian-kernel.sh 6.12)"
 DRIVERLAB_IASL="$(scripts/fetch-iasl.sh)"
 DRIVERLAB_ATLANTIC_SOURCE="$(scripts/fetch-atlantic-source.sh)"

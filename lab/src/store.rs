@@ -633,6 +633,39 @@ mod tests {
     }
 
     #[test]
+    fn parallel_workers_never_hold_a_device_together() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lab.db");
+        Store::open(&path).unwrap();
+        let holders = AtomicUsize::new(0);
+        let most = AtomicUsize::new(0);
+        let turns = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for worker in 0..4 {
+                let (path, holders, most, turns) = (&path, &holders, &most, &turns);
+                scope.spawn(move || {
+                    // Each worker is its own connection, as separate lab processes would be.
+                    let mut store = Store::open(path).unwrap();
+                    let run = format!("run-{worker}");
+                    for _ in 0..5 {
+                        while store.acquire("vfio=0000:63:00.0", &run).unwrap().is_err() {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(2));
+                        holders.fetch_sub(1, Ordering::SeqCst);
+                        turns.fetch_add(1, Ordering::SeqCst);
+                        store.release("vfio=0000:63:00.0", &run).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!((most.load(Ordering::SeqCst), turns.load(Ordering::SeqCst)), (1, 20));
+    }
+
+    #[test]
     fn quarantine_and_import() {
         let dir = tempfile::tempdir().unwrap();
         let mut here = Store::open(&dir.path().join("here.db")).unwrap();

@@ -318,3 +318,42 @@ fn the_probe_command_checks_a_device_in_one_line_and_json() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.starts_with("FAIL vfio-user=/nonexistent/aq.sock: "), "{text}");
 }
+
+#[test]
+fn cells_on_different_devices_run_in_parallel() {
+    if !kvm_available("cells_on_different_devices_run_in_parallel") {
+        return;
+    }
+    let lab = Lab::new();
+    let text = QUICK
+        .replace("repetitions = 4", "repetitions = 2")
+        .replace(
+            "[[device]]\nname = \"aq\"\nmodel = \"aqc100\"",
+            "[[device]]\nname = \"aq1\"\nmodel = \"aqc100\"\n\n[[device]]\nname = \"aq2\"\nmodel = \"aqc100\"",
+        )
+        .replace("frames = 3000", "frames = 6000");
+    let matrix = lab.matrix("two.toml", &text);
+    let out = lab.run(&["run", &matrix]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.lines().last().unwrap().ends_with(": 4 cells, 8 passed, 0 failed, 0 errors"), "{text}");
+    let shown = lab.json(&["show", &run_id(&text), "--json"]);
+    // Each device's repetitions as (start, end) in ms since the epoch.
+    let spans = |device: &str| -> Vec<(f64, f64)> {
+        shown["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["cell"]["device"] == device)
+            .map(|r| {
+                let start = humantime::parse_rfc3339(r["started_at"].as_str().unwrap()).unwrap();
+                let start = start.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() * 1e3;
+                (start, start + r["timings"]["total_ms"].as_f64().unwrap())
+            })
+            .collect()
+    };
+    let (one, two) = (spans("aq1"), spans("aq2"));
+    assert_eq!((one.len(), two.len()), (4, 4));
+    let overlap = one.iter().any(|a| two.iter().any(|b| a.0 < b.1 && b.0 < a.1));
+    assert!(overlap, "the two devices' repetitions never overlapped: {one:?} {two:?}");
+}

@@ -6,7 +6,16 @@
 //!   distribution bzImage.
 
 pub mod initramfs;
+pub mod initramfs_build;
 pub mod kernel;
+pub mod kernel_image;
+pub mod module_build;
+pub mod modules;
+pub mod patches;
+pub mod store;
+
+/// The guest agent: the initramfs's `/init`, a POSIX sh script (`agent/init`).
+pub static AGENT: &str = include_str!("../agent/init");
 
 /// The probe guest: an x86-64 ELF with a PVH note, loaded at 1 MiB.
 pub static PROBE_ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe.elf"));

@@ -8,6 +8,7 @@
 //! the probe guest reported on the serial port; [`bench`] holds the benchmarks and [`stats`]
 //! their summaries.
 
+pub mod agent;
 pub mod bench;
 pub mod chart;
 pub mod crash;

@@ -1,5 +1,6 @@
 //! Command-line parsing and dispatch.
 
+mod agent;
 mod bench;
 mod doctor;
 mod image;
@@ -40,6 +41,9 @@ pub enum Command {
     /// The lab: run a matrix of driver variants, keep every result, report and compare them.
     #[command(subcommand)]
     Lab(lab::LabCommand),
+    /// What the guest agent sent: its frames, and the Linux check's verdict over a run's logs.
+    #[command(subcommand)]
+    Agent(agent::AgentCommand),
     /// Check one NIC with the probe guest (firmware, MAC, link, DMA through the vIOMMU, MSI-X) in
     /// a fresh micro-VM: a one-line verdict, then JSON. Exit code 0 healthy, 1 not.
     Probe(probe::ProbeArgs),
@@ -66,6 +70,7 @@ impl Command {
             Command::Model(cmd) => cmd.run(),
             Command::Lab(cmd) => cmd.run(),
             Command::Probe(args) => probe::run(args),
+            Command::Agent(cmd) => cmd.run(),
             Command::Doctor(args) => doctor::run(args),
             Command::Serve(args) => serve::serve(args),
             Command::Api(args) => serve::request(args),

@@ -1,0 +1,250 @@
+//! `driverlab image initramfs`: the initramfs a Linux cell boots: static busybox, iperf3 and
+//! ethtool with every shared library they load, the kernel's virtio-iommu and NIC driver modules
+//! with their dependencies (a driver variant's module replacing the stock one), and the guest
+//! agent as `/init`. Packed sorted with fixed times and owners, so the same inputs give the same
+//! bytes; the archive's hash is its identity.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use crate::initramfs::{Node, Tree};
+use crate::kernel_image::KernelManifest;
+use crate::module_build::ModuleManifest;
+use crate::modules::{ModuleTree, canonical, modinfo};
+use crate::patches::Patch;
+use crate::store::{ImageError, ImageStore, image_id, mkdir, read, run_tool, sha256, write, write_manifest};
+
+/// Programs every image carries besides busybox.
+pub const PROGRAMS: &[&str] = &["iperf3", "ethtool"];
+/// Where Debian's busybox-static puts its binary.
+pub const BUSYBOX: &str = "/bin/busybox";
+
+/// What to put in.
+#[derive(Debug, Clone, Default)]
+pub struct InitramfsRequest {
+    /// The kernel image the modules belong to.
+    pub kernel: String,
+    /// Driver variants: module images (`module-...`) or `.ko` files; each replaces the kernel's
+    /// module of the same name.
+    pub modules: Vec<String>,
+    /// Stock drivers of the kernel to include as well (default: `atlantic`, when no variant is
+    /// given).
+    pub drivers: Vec<String>,
+}
+
+/// One module in the image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageModule {
+    /// Its name.
+    pub name: String,
+    /// SHA-256 of the (uncompressed) module.
+    pub sha256: String,
+    /// `kernel` (the kernel image's own), a module image ID, or `file PATH`.
+    pub from: String,
+    /// Its parameters (from `.modinfo`).
+    pub params: BTreeMap<String, String>,
+}
+
+/// An initramfs image's manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitramfsManifest {
+    /// `initramfs-` and 16 hex digits: the archive's hash.
+    pub id: String,
+    /// `initramfs`.
+    pub kind: String,
+    /// The kernel image.
+    pub kernel: String,
+    /// Its release.
+    pub release: String,
+    /// The archive, in the image's folder.
+    pub archive: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The drivers the agent can load (`driverlab.nic=`), each with its load group.
+    pub drivers: Vec<String>,
+    /// Every module, in load order per group.
+    pub modules: Vec<ImageModule>,
+    /// The patches behind the variant modules.
+    pub patches: Vec<Patch>,
+    /// Every file: path and SHA-256 (links: `-> target`).
+    pub files: BTreeMap<String, String>,
+}
+
+impl InitramfsManifest {
+    /// The archive on disk.
+    pub fn archive_path(&self, store: &ImageStore) -> PathBuf {
+        store.dir(&self.id).join(&self.archive)
+    }
+}
+
+/// A program on this host's `PATH`.
+fn which(program: &str) -> Result<PathBuf, ImageError> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .ok_or_else(|| ImageError::Invalid(format!("{program} is not installed (apt-get install {program})")))
+}
+
+/// The shared libraries `ldd` says `binary` loads, loader included.
+pub fn libraries(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
+    let out = run_tool(Command::new("ldd").arg(binary), &format!("ldd {}", binary.display()))?;
+    Ok(parse_ldd(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Paths in `ldd` output: `name => /path (addr)` and `/path (addr)` lines.
+pub fn parse_ldd(text: &str) -> Vec<PathBuf> {
+    let mut libs: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                [_, "=>", path, ..] if path.starts_with('/') => Some(PathBuf::from(path)),
+                [path, ..] if path.starts_with('/') => Some(PathBuf::from(path)),
+                _ => None,
+            }
+        })
+        .collect();
+    libs.sort();
+    libs.dedup();
+    libs
+}
+
+/// Builds the initramfs `request` asks for (or finds it, if the same bytes are in the store).
+pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<InitramfsManifest, ImageError> {
+    let kernel: KernelManifest = store.manifest(&request.kernel)?;
+    let tree_index = ModuleTree::open(&kernel.modules_dir(store))?;
+    let mut tree = Tree::new();
+    for dir in ["dev", "etc/driverlab", "lib/modules", "proc", "run", "sys", "tmp"] {
+        tree.add(dir, Node::Dir);
+    }
+    tree.add("dev/console", Node::CharDevice { major: 5, minor: 1 });
+    tree.file("init", 0o755, crate::AGENT.as_bytes().to_vec());
+
+    // Programs.
+    let busybox = read(Path::new(BUSYBOX))
+        .map_err(|_| ImageError::Invalid(format!("no {BUSYBOX}: apt-get install busybox-static")))?;
+    let applets = run_tool(Command::new(BUSYBOX).arg("--list"), "busybox --list")?;
+    for applet in String::from_utf8_lossy(&applets.stdout).lines().filter(|a| !a.is_empty() && *a != "busybox") {
+        tree.add(&format!("bin/{applet}"), Node::Symlink("busybox".into()));
+    }
+    tree.file("bin/busybox", 0o755, busybox);
+    for program in PROGRAMS {
+        let path = which(program)?;
+        tree.file(&format!("bin/{program}"), 0o755, read(&path)?);
+        for lib in libraries(&path)? {
+            let data = read(&lib)?;
+            tree.file(&lib.to_string_lossy(), 0o755, data);
+        }
+    }
+
+    // Modules: the variants replace the kernel's own.
+    let mut extra: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut from: BTreeMap<String, String> = BTreeMap::new();
+    let mut patches = Vec::new();
+    let mut drivers: Vec<String> = request.drivers.iter().map(|d| canonical(d)).collect();
+    for module in &request.modules {
+        let (name, data, source) = if module.starts_with("module-") {
+            let manifest: ModuleManifest = store.manifest(module)?;
+            if manifest.kernel != kernel.id {
+                return Err(ImageError::Invalid(format!(
+                    "{module} was built for {} ({}), not {} ({})",
+                    manifest.kernel, manifest.release, kernel.id, kernel.release
+                )));
+            }
+            let main = manifest
+                .main_module()
+                .ok_or_else(|| ImageError::Invalid(format!("{module}: which of its modules is the driver?")))?;
+            patches.extend(manifest.patches.clone());
+            let data = read(&store.dir(module).join(&main.file))?;
+            (main.modinfo.name.clone(), data, module.clone())
+        } else {
+            let path = PathBuf::from(module);
+            let data = crate::modules::read(&path)?;
+            let info = modinfo(&data, &path)?;
+            (info.name, data, format!("file {}", path.display()))
+        };
+        from.insert(name.clone(), source);
+        extra.insert(name.clone(), data);
+        if !drivers.contains(&name) {
+            drivers.push(name);
+        }
+    }
+    if drivers.is_empty() {
+        drivers.push("atlantic".into());
+    }
+    let mut modules = Vec::new();
+    let mut groups: Vec<(String, Vec<String>)> = vec![("iommu".into(), vec!["virtio_iommu".into()])];
+    groups.extend(drivers.iter().map(|d| (d.clone(), vec![d.clone()])));
+    for (group, roots) in groups {
+        let order = tree_index.closure(&roots, &extra)?;
+        let mut list = String::new();
+        for (name, data) in order {
+            list.push_str(&name);
+            list.push('\n');
+            if modules.iter().any(|m: &ImageModule| m.name == name) {
+                continue;
+            }
+            let info = modinfo(&data, Path::new(&name))?;
+            modules.push(ImageModule {
+                name: name.clone(),
+                sha256: sha256(&data),
+                from: from.get(&name).cloned().unwrap_or_else(|| "kernel".into()),
+                params: info.params,
+            });
+            tree.file(&format!("lib/modules/{name}.ko"), 0o644, data);
+        }
+        tree.file(&format!("etc/driverlab/modules.{group}"), 0o644, list.into_bytes());
+    }
+
+    let archive = tree.cpio_gz();
+    let id = image_id("initramfs", &[&archive]);
+    let files = tree
+        .nodes()
+        .iter()
+        .filter_map(|(path, node)| match node {
+            Node::File { data, .. } => Some((path.clone(), sha256(data))),
+            Node::Symlink(target) => Some((path.clone(), format!("-> {target}"))),
+            _ => None,
+        })
+        .collect();
+    let manifest = InitramfsManifest {
+        id: id.clone(),
+        kind: "initramfs".into(),
+        kernel: kernel.id.clone(),
+        release: kernel.release.clone(),
+        archive: "initramfs.cpio.gz".into(),
+        size: archive.len() as u64,
+        drivers,
+        modules,
+        patches,
+        files,
+    };
+    if store.manifest::<InitramfsManifest>(&id).is_err() {
+        let scratch = store.scratch("initramfs")?;
+        mkdir(&scratch)?;
+        write(&scratch.join(&manifest.archive), &archive)?;
+        write_manifest(&scratch, &manifest)?;
+        store.commit(&scratch, &id)?;
+    }
+    Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_output_gives_library_paths() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibiperf.so.0 => /lib/x86_64-linux-gnu/libiperf.so.0 (0x7f)\n\
+                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x7f)\n\t/lib64/ld-linux-x86-64.so.2 (0x7f)\n";
+        let libs = parse_ldd(text);
+        assert_eq!(libs.len(), 3);
+        assert!(libs.contains(&PathBuf::from("/lib64/ld-linux-x86-64.so.2")));
+        assert!(!libs.iter().any(|l| l.to_string_lossy().contains("vdso")));
+    }
+}

@@ -1,0 +1,275 @@
+//! `driverlab image module`: a driver variant. The driver's folder is taken from Debian's
+//! `linux-source-SERIES` (or a kernel tree), patched, and built out of tree against the kernel
+//! image's headers (`/usr/src/linux-headers-RELEASE`, Debian's `linux-headers-*`); each module's
+//! vermagic must match the kernel's, and its parameters are recorded.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use crate::kernel_image::KernelManifest;
+use crate::modules::{ModInfo, ModuleTree, modinfo};
+use crate::patches::{self, Patch};
+use crate::store::{ImageError, ImageStore, cache_dir, image_id, mkdir, read, run_tool, sha256, write, write_manifest};
+
+/// Where the driver's sources come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSpec {
+    /// A Debian source package with the kernel tree as a tarball in /usr/src
+    /// (`linux-source-6.12`).
+    Package(String),
+    /// A kernel tree.
+    Tree(PathBuf),
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct ModuleRequest {
+    /// The driver's folder in the kernel tree, e.g. `drivers/net/ethernet/aquantia/atlantic`.
+    pub driver: String,
+    /// Patch files, applied in order.
+    pub patches: Vec<PathBuf>,
+    /// The sources.
+    pub source: SourceSpec,
+    /// The kernel image to build against.
+    pub kernel: String,
+    /// The kernel headers; default `/usr/src/linux-headers-RELEASE`.
+    pub headers: Option<PathBuf>,
+    /// Build only these modules of the folder (e.g. `lan743x` of `drivers/net/ethernet/microchip`),
+    /// not everything its Makefile lists.
+    pub only: Vec<String>,
+}
+
+/// One built module.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuiltModule {
+    /// Its file in the image's folder.
+    pub file: String,
+    /// SHA-256 of the file.
+    pub sha256: String,
+    /// What its `.modinfo` says.
+    pub modinfo: ModInfo,
+}
+
+/// A module image's manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleManifest {
+    /// `module-` and 16 hex digits.
+    pub id: String,
+    /// `module`.
+    pub kind: String,
+    /// The driver's folder.
+    pub driver: String,
+    /// The kernel image it was built for.
+    pub kernel: String,
+    /// That kernel's release.
+    pub release: String,
+    /// Where the sources came from (`package linux-source-6.12 VERSION`, `tree PATH`).
+    pub source: String,
+    /// The patches applied, in order.
+    pub patches: Vec<Patch>,
+    /// The modules built.
+    pub modules: Vec<BuiltModule>,
+}
+
+impl ModuleManifest {
+    /// The module the driver is named after (the folder's last part, or the only one built).
+    pub fn main_module(&self) -> Option<&BuiltModule> {
+        if self.modules.len() == 1 {
+            return self.modules.first();
+        }
+        let name = self.driver.rsplit('/').next().unwrap_or_default();
+        self.modules.iter().find(|m| m.modinfo.name == name)
+    }
+}
+
+/// The driver folder from `source`, copied to `dest/DRIVER`; returns a description of the source.
+fn copy_sources(source: &SourceSpec, driver: &str, dest: &Path) -> Result<String, ImageError> {
+    let target = dest.join(driver);
+    mkdir(target.parent().expect("a driver path has a parent"))?;
+    match source {
+        SourceSpec::Tree(tree) => {
+            let from = tree.join(driver);
+            if !from.is_dir() {
+                return Err(ImageError::Invalid(format!("{} has no {driver}", tree.display())));
+            }
+            run_tool(Command::new("cp").arg("-a").arg(&from).arg(&target), "copying the driver's sources")?;
+            Ok(format!("tree {}", tree.display()))
+        }
+        SourceSpec::Package(package) => {
+            let series = package.strip_prefix("linux-source-").unwrap_or(package);
+            let tarball = PathBuf::from(format!("/usr/src/linux-source-{series}.tar.xz"));
+            if !tarball.exists() {
+                return Err(ImageError::Invalid(format!(
+                    "{} is missing: install Debian's {package} (apt-get install {package})",
+                    tarball.display()
+                )));
+            }
+            let version = installed_version(package).unwrap_or_else(|| "unknown".into());
+            // Unpack each driver folder once per source version; later builds copy it.
+            let cache = cache_dir().join("sources").join(format!("{package}-{version}"));
+            let unpacked = cache.join(driver);
+            if !cache.join(format!("{}.complete", driver.replace('/', "_"))).exists() {
+                mkdir(&cache)?;
+                let member = format!("linux-source-{series}/{driver}");
+                run_tool(
+                    Command::new("tar")
+                        .arg("-xJf")
+                        .arg(&tarball)
+                        .arg("-C")
+                        .arg(&cache)
+                        .arg("--strip-components=1")
+                        .arg(&member),
+                    &format!("unpacking {driver} from {}", tarball.display()),
+                )
+                .map_err(|e| ImageError::Invalid(format!("{}: no {driver} in it? {e}", tarball.display())))?;
+                write(&cache.join(format!("{}.complete", driver.replace('/', "_"))), b"")?;
+            }
+            run_tool(Command::new("cp").arg("-a").arg(&unpacked).arg(&target), "copying the driver's sources")?;
+            Ok(format!("package {package} {version}"))
+        }
+    }
+}
+
+fn installed_version(package: &str) -> Option<String> {
+    let out = Command::new("dpkg-query").args(["-W", "-f=${Version}", package]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A hash over every file below `dir` (relative path and contents, in path order).
+fn hash_dir(dir: &Path) -> Result<String, ImageError> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).map_err(|source| ImageError::Io { path: at.clone(), source })?.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    let mut all = Vec::new();
+    for file in files {
+        all.extend_from_slice(file.strip_prefix(dir).unwrap_or(&file).to_string_lossy().as_bytes());
+        all.push(0);
+        all.extend_from_slice(sha256(&read(&file)?).as_bytes());
+    }
+    Ok(sha256(&all))
+}
+
+/// Builds the driver variant `request` asks for (or returns it, if the store has it).
+pub fn build(store: &ImageStore, request: &ModuleRequest) -> Result<ModuleManifest, ImageError> {
+    let kernel: KernelManifest = store.manifest(&request.kernel)?;
+    let driver = request.driver.trim_matches('/').to_string();
+    if driver.is_empty() || driver.split('/').any(|p| p == ".." || p.is_empty()) {
+        return Err(ImageError::Invalid(format!("--driver {:?}: give a folder of the kernel tree", request.driver)));
+    }
+    let headers =
+        request.headers.clone().unwrap_or_else(|| PathBuf::from(format!("/usr/src/linux-headers-{}", kernel.release)));
+    if !headers.join("Makefile").exists() {
+        return Err(ImageError::Invalid(format!(
+            "no kernel headers at {}: install Debian's linux-headers-{} (apt-get install linux-headers-{} dwarves), \
+             or give --headers",
+            headers.display(),
+            kernel.release,
+            kernel.release
+        )));
+    }
+    let mut series = Vec::new();
+    for file in &request.patches {
+        let text = read(file)?;
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        series.extend(patches::parse(&name, &String::from_utf8_lossy(&text))?);
+    }
+
+    let scratch = store.scratch("module")?;
+    let tree = scratch.join("src");
+    let source = copy_sources(&request.source, &driver, &tree)?;
+    for patch in &series {
+        patches::apply(patch, &tree)?;
+    }
+    let dir = tree.join(&driver);
+    // The identity: the kernel, the driver and its patched sources. The same again is reused.
+    let sources = hash_dir(&dir)?;
+    let only = request.only.join(",");
+    let id = image_id("module", &[kernel.id.as_bytes(), driver.as_bytes(), sources.as_bytes(), only.as_bytes()]);
+    if let Ok(existing) = store.manifest::<ModuleManifest>(&id) {
+        let _ = std::fs::remove_dir_all(&scratch);
+        return Ok(existing);
+    }
+    let mut make = Command::new("make");
+    make.arg("-C").arg(&headers).arg(format!("M={}", dir.display())).arg("-j2");
+    if request.only.is_empty() {
+        make.arg("modules");
+    } else {
+        // Kbuild's single targets: just these modules of the folder.
+        make.args(request.only.iter().map(|m| format!("{m}.ko")));
+    }
+    run_tool(&mut make, &format!("building {driver} against {}", headers.display()))?;
+    let mut built: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|source| ImageError::Io { path: dir.clone(), source })?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ko"))
+        .filter(|p| {
+            request.only.is_empty()
+                || p.file_stem().is_some_and(|s| request.only.iter().any(|o| *o == s.to_string_lossy()))
+        })
+        .collect();
+    built.sort();
+    if built.is_empty() {
+        return Err(ImageError::Tool { what: format!("building {driver}"), detail: "make built no .ko".into() });
+    }
+    // The kernel's own vermagic, from any module of its tree.
+    let tree_index = ModuleTree::open(&kernel.modules_dir(store))?;
+    let reference = tree_index
+        .path(built[0].file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default().as_str())
+        .or_else(|| tree_index.path("virtio_iommu"))
+        .map(Path::to_path_buf);
+    let kernel_vermagic = match &reference {
+        Some(path) => Some(modinfo(&crate::modules::read(path)?, path)?.vermagic),
+        None => None,
+    };
+
+    let image = scratch.join("image");
+    mkdir(&image)?;
+    let mut modules = Vec::new();
+    for ko in &built {
+        // Debian ships its modules without debug information; BTF stays.
+        run_tool(Command::new("strip").arg("--strip-debug").arg(ko), "stripping the module")?;
+        let data = read(ko)?;
+        let info = modinfo(&data, ko)?;
+        if let Some(expected) = &kernel_vermagic
+            && info.vermagic != *expected
+        {
+            return Err(ImageError::Invalid(format!(
+                "{}: vermagic {:?}, but kernel {} wants {:?}: the headers do not match the kernel",
+                ko.display(),
+                info.vermagic,
+                kernel.release,
+                expected
+            )));
+        }
+        let file = ko.file_name().expect("a .ko").to_string_lossy().into_owned();
+        write(&image.join(&file), &data)?;
+        modules.push(BuiltModule { file, sha256: sha256(&data), modinfo: info });
+    }
+    let manifest = ModuleManifest {
+        id: id.clone(),
+        kind: "module".into(),
+        driver,
+        kernel: kernel.id.clone(),
+        release: kernel.release.clone(),
+        source,
+        patches: series,
+        modules,
+    };
+    write_manifest(&image, &manifest)?;
+    store.commit(&image, &id)?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(manifest)
+}

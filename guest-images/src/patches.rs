@@ -1,0 +1,224 @@
+//! Patches as developers send them: `git format-patch` files, single mails, or mboxes of a
+//! series; quoted-printable bodies are decoded. Each patch is applied with `patch -p1 --fuzz=0`,
+//! so a patch that does not apply exactly is refused rather than applied somewhere else.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::{ImageError, sha256};
+
+/// One patch of a series.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Patch {
+    /// The file it came from.
+    pub file: String,
+    /// Its subject line, without the `[PATCH n/m]` tag.
+    pub subject: String,
+    /// Its author.
+    pub author: String,
+    /// SHA-256 of the diff.
+    pub sha256: String,
+    /// The files it changes.
+    pub files: Vec<String>,
+    /// The diff itself.
+    #[serde(skip)]
+    pub diff: String,
+}
+
+/// The patches in one file (a format-patch file, a mail or an mbox with several).
+pub fn parse(file: &str, text: &str) -> Result<Vec<Patch>, ImageError> {
+    let mut messages: Vec<Vec<&str>> = Vec::new();
+    for line in text.lines() {
+        // mbox separators: "From <something> <date>" at the start of a line.
+        if line.starts_with("From ") && !messages.last().is_some_and(|m| m.is_empty()) {
+            messages.push(Vec::new());
+            continue;
+        }
+        if messages.is_empty() {
+            messages.push(Vec::new());
+        }
+        messages.last_mut().expect("pushed").push(line);
+    }
+    let patches: Vec<Patch> = messages.iter().filter_map(|m| message(file, m)).collect();
+    if patches.is_empty() {
+        return Err(ImageError::Invalid(format!("{file}: no patch in it (no `diff --git` or `---`/`+++` lines)")));
+    }
+    Ok(patches)
+}
+
+fn message(file: &str, lines: &[&str]) -> Option<Patch> {
+    // Headers run to the first empty line, when the message has headers at all.
+    let has_headers = lines.first().is_some_and(|l| l.contains(':') && !l.starts_with("diff "));
+    let (headers, body) = if has_headers {
+        let end = lines.iter().position(|l| l.is_empty()).unwrap_or(lines.len());
+        (&lines[..end], &lines[(end + 1).min(lines.len())..])
+    } else {
+        (&lines[..0], lines)
+    };
+    let header = |name: &str| -> String {
+        let mut value = String::new();
+        let mut inside = false;
+        for line in headers {
+            if let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix(':')) {
+                value = rest.trim().to_string();
+                inside = true;
+            } else if inside && line.starts_with([' ', '\t']) {
+                value.push(' ');
+                value.push_str(line.trim());
+            } else {
+                inside = false;
+            }
+        }
+        value
+    };
+    let quoted_printable = header("Content-Transfer-Encoding").eq_ignore_ascii_case("quoted-printable");
+    let body = if quoted_printable { decode_quoted_printable(&body.join("\n")) } else { body.join("\n") };
+    let lines: Vec<&str> = body.lines().collect();
+    let start = lines.iter().position(|l| l.starts_with("diff --git "))?;
+    let end = lines[start..].iter().position(|l| *l == "-- " || *l == "--").map_or(lines.len(), |p| start + p);
+    let mut diff = lines[start..end].join("\n");
+    diff.push('\n');
+    let files = lines[start..end].iter().filter_map(|l| l.strip_prefix("+++ b/")).map(String::from).collect();
+    let subject = header("Subject");
+    let subject = match subject.strip_prefix('[').and_then(|s| s.split_once(']')) {
+        Some((_, rest)) => rest.trim().to_string(),
+        None => subject,
+    };
+    Some(Patch {
+        file: file.to_string(),
+        subject,
+        author: header("From"),
+        sha256: sha256(diff.as_bytes()),
+        files,
+        diff,
+    })
+}
+
+/// Decodes quoted-printable text (soft line breaks `=` at a line's end, `=XX` escapes).
+pub fn decode_quoted_printable(text: &str) -> String {
+    let mut out = Vec::with_capacity(text.len());
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'=' if bytes.get(i + 1) == Some(&b'\n') => i += 2,
+            b'=' if i + 2 < bytes.len() && bytes[i + 1].is_ascii_hexdigit() && bytes[i + 2].is_ascii_hexdigit() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).expect("ASCII");
+                out.push(u8::from_str_radix(hex, 16).expect("hex digits"));
+                i += 3;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Applies `patch` to the tree at `root` (paths in the patch are `a/...`, `b/...`): exactly, or
+/// not at all.
+pub fn apply(patch: &Patch, root: &Path) -> Result<(), ImageError> {
+    let dry = run_patch(patch, root, true)?;
+    if !dry.0 {
+        return Err(ImageError::Invalid(format!(
+            "{} ({}) does not apply without fuzz to {}:\n{}",
+            patch.file,
+            patch.subject,
+            root.display(),
+            dry.1.trim_end()
+        )));
+    }
+    let done = run_patch(patch, root, false)?;
+    if !done.0 {
+        return Err(ImageError::Tool { what: format!("applying {}", patch.file), detail: done.1 });
+    }
+    Ok(())
+}
+
+fn run_patch(patch: &Patch, root: &Path, dry_run: bool) -> Result<(bool, String), ImageError> {
+    let mut command = Command::new("patch");
+    command.args(["-p1", "--fuzz=0", "--forward", "--batch", "--no-backup-if-mismatch", "-d"]).arg(root);
+    if dry_run {
+        command.arg("--dry-run");
+    }
+    let mut child =
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|e| {
+            ImageError::Tool { what: "patch".into(), detail: format!("cannot run patch: {e} (apt-get install patch)") }
+        })?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(patch.diff.as_bytes())
+        .map_err(|source| ImageError::Io { path: root.to_path_buf(), source })?;
+    let out = child.wait_with_output().map_err(|source| ImageError::Io { path: root.to_path_buf(), source })?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Ok((out.status.success(), text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FORMAT_PATCH: &str = "From 3d7f53288291ecd6 Mon Sep 17 00:00:00 2001\n\
+From: Yangyu Chen <cyy@cyyself.name>\n\
+Date: Sat, 6 Sep 2025 21:54:34 +0800\n\
+Subject: [PATCH] net: atlantic: make RX page order\n tunable via module param\n\
+\n\
+Explanation.\n\
+---\n\
+ a.c | 1 +\n\
+\n\
+diff --git a/a.c b/a.c\n\
+index 1..2 100644\n\
+--- a/a.c\n\
++++ b/a.c\n\
+@@ -1,2 +1,3 @@\n\
+ one\n\
++one and a half\n\
+ two\n\
+-- \n\
+2.47.2\n";
+
+    #[test]
+    fn a_format_patch_file_gives_its_subject_author_and_diff() {
+        let patches = parse("000.patch", FORMAT_PATCH).unwrap();
+        assert_eq!(patches.len(), 1);
+        let p = &patches[0];
+        assert_eq!(p.subject, "net: atlantic: make RX page order tunable via module param");
+        assert_eq!(p.author, "Yangyu Chen <cyy@cyyself.name>");
+        assert_eq!(p.files, ["a.c"]);
+        assert!(p.diff.starts_with("diff --git a/a.c b/a.c\n") && p.diff.ends_with(" two\n"), "{}", p.diff);
+    }
+
+    #[test]
+    fn mboxes_split_and_quoted_printable_decodes() {
+        let second = FORMAT_PATCH.replace("[PATCH]", "[PATCH 2/2]").replace("one and a half", "=3D half");
+        let qp = second.replace("Subject:", "Content-Transfer-Encoding: quoted-printable\nSubject:");
+        let mbox = format!("{FORMAT_PATCH}{qp}");
+        let patches = parse("series.mbox", &mbox).unwrap();
+        assert_eq!(patches.len(), 2);
+        assert!(patches[1].diff.contains("+= half\n"), "{}", patches[1].diff);
+        assert_ne!(patches[0].sha256, patches[1].sha256);
+        assert_eq!(decode_quoted_printable("a=\nb =3D c=20"), "ab = c ");
+        assert!(matches!(parse("x", "just a mail\n"), Err(ImageError::Invalid(_))));
+    }
+
+    #[test]
+    fn patches_apply_exactly_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.c"), "one\ntwo\n").unwrap();
+        let patch = &parse("000.patch", FORMAT_PATCH).unwrap()[0];
+        apply(patch, dir.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join("a.c")).unwrap(), "one\none and a half\ntwo\n");
+        let err = apply(patch, dir.path()).unwrap_err();
+        assert!(err.is_bad_input() && err.to_string().contains("does not apply"), "{err}");
+        std::fs::write(dir.path().join("a.c"), "one\nthree\n").unwrap();
+        assert!(apply(patch, dir.path()).unwrap_err().to_string().contains("does not apply"));
+        assert_eq!(std::fs::read_to_string(dir.path().join("a.c")).unwrap(), "one\nthree\n", "untouched");
+    }
+}

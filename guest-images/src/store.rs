@@ -1,0 +1,239 @@
+//! The image store: a content-addressed cache of kernels, driver modules and initramfs archives,
+//! each in a folder named by its ID with a `manifest.json` that says what it is made of.
+//!
+//! ```text
+//! ~/.cache/driverlab/images/
+//!   kernel-3fa9c1d27e5b8a40/     manifest.json bzImage vmlinux config lib/modules/RELEASE/...
+//!   module-8c21f0e94b1d7a66/     manifest.json atlantic.ko
+//!   initramfs-5d0e7b3a9c4f1e28/  manifest.json initramfs.cpio.gz
+//! ```
+//!
+//! An ID is the kind and the first 16 hex digits of a SHA-256 over what identifies the image
+//! (the kernel's bytes, the module's sources and patches, the archive's bytes).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+
+/// Errors of the image store and the image commands.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// A file or folder cannot be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A tool the step needs failed (apt-get, dpkg-deb, patch, make, ...).
+    #[error("{what}: {detail}")]
+    Tool {
+        /// What was being done.
+        what: String,
+        /// The tool's last words.
+        detail: String,
+    },
+    /// The input is not what the command needs (the user's to fix).
+    #[error("{0}")]
+    Invalid(String),
+    /// No image with this ID.
+    #[error("no image {0} in the image store (`driverlab image list` lists them)")]
+    NoImage(String),
+    /// A kernel image could not be taken apart.
+    #[error(transparent)]
+    Kernel(#[from] crate::kernel::KernelError),
+    /// A module could not be read.
+    #[error(transparent)]
+    Module(#[from] crate::modules::ModuleError),
+}
+
+impl ImageError {
+    /// True when the input is at fault, not the host.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, ImageError::Invalid(_) | ImageError::NoImage(_))
+    }
+}
+
+/// Reads a file, naming it in the error.
+pub fn read(path: &Path) -> Result<Vec<u8>, ImageError> {
+    std::fs::read(path).map_err(|source| ImageError::Io { path: path.to_path_buf(), source })
+}
+
+/// Writes a file, naming it in the error.
+pub fn write(path: &Path, data: &[u8]) -> Result<(), ImageError> {
+    std::fs::write(path, data).map_err(|source| ImageError::Io { path: path.to_path_buf(), source })
+}
+
+/// Makes a folder and its parents.
+pub fn mkdir(path: &Path) -> Result<(), ImageError> {
+    std::fs::create_dir_all(path).map_err(|source| ImageError::Io { path: path.to_path_buf(), source })
+}
+
+/// Hex SHA-256 of `data`.
+pub fn sha256(data: &[u8]) -> String {
+    hex(&Sha256::digest(data))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An ID from the parts that identify an image: `KIND-` and 16 hex digits.
+pub fn image_id(kind: &str, parts: &[&[u8]]) -> String {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    format!("{kind}-{}", &hex(&hasher.finalize())[..16])
+}
+
+/// The image store.
+#[derive(Debug, Clone)]
+pub struct ImageStore {
+    root: PathBuf,
+}
+
+/// The default store: `$DRIVERLAB_IMAGES`, else `images` in driverlab's cache folder
+/// (`$DRIVERLAB_CACHE`, `$XDG_CACHE_HOME/driverlab`, `~/.cache/driverlab`).
+pub fn default_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("DRIVERLAB_IMAGES") {
+        return PathBuf::from(dir);
+    }
+    cache_dir().join("images")
+}
+
+/// driverlab's cache folder, shared with the scripts.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("DRIVERLAB_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("driverlab");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    home.join(".cache").join("driverlab")
+}
+
+impl ImageStore {
+    /// The store at `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        ImageStore { root: root.into() }
+    }
+
+    /// Its folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The folder of image `id`.
+    pub fn dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    /// A scratch folder inside the store, for building an image before it gets its ID.
+    pub fn scratch(&self, what: &str) -> Result<PathBuf, ImageError> {
+        let dir = self.root.join(format!(".build-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        mkdir(&dir)?;
+        Ok(dir)
+    }
+
+    /// Moves a built folder into place as image `id`, unless the image exists already (the same
+    /// ID is the same content). Returns the image's folder.
+    pub fn commit(&self, scratch: &Path, id: &str) -> Result<PathBuf, ImageError> {
+        let dir = self.dir(id);
+        if dir.join("manifest.json").exists() {
+            let _ = std::fs::remove_dir_all(scratch);
+            return Ok(dir);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::rename(scratch, &dir).map_err(|source| ImageError::Io { path: dir.clone(), source })?;
+        Ok(dir)
+    }
+
+    /// Reads image `id`'s manifest.
+    pub fn manifest<T: DeserializeOwned>(&self, id: &str) -> Result<T, ImageError> {
+        if id.is_empty() || id.contains(['/', '.']) {
+            return Err(ImageError::Invalid(format!("{id:?} is not an image ID")));
+        }
+        let path = self.dir(id).join("manifest.json");
+        if !path.exists() {
+            return Err(ImageError::NoImage(id.to_string()));
+        }
+        let text = read(&path)?;
+        serde_json::from_slice(&text).map_err(|e| ImageError::Invalid(format!("{}: {e}", path.display())))
+    }
+
+    /// Every image: ID and manifest as JSON.
+    pub fn list(&self) -> Result<Vec<(String, serde_json::Value)>, ImageError> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(&self.root) else { return Ok(out) };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            if let Ok(value) = self.manifest::<serde_json::Value>(&name) {
+                out.push((name, value));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}
+
+/// Writes `manifest` as `dir/manifest.json`.
+pub fn write_manifest<T: Serialize>(dir: &Path, manifest: &T) -> Result<(), ImageError> {
+    let text = serde_json::to_vec_pretty(manifest).expect("a manifest always serializes");
+    write(&dir.join("manifest.json"), &text)
+}
+
+/// Runs a tool, failing with its last lines of output.
+pub fn run_tool(command: &mut std::process::Command, what: &str) -> Result<std::process::Output, ImageError> {
+    let out = command.output().map_err(|e| ImageError::Tool {
+        what: what.to_string(),
+        detail: format!("cannot run {:?}: {e}", command.get_program()),
+    })?;
+    if !out.status.success() {
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let tail: Vec<&str> = text.lines().rev().take(12).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        return Err(ImageError::Tool { what: what.to_string(), detail: tail.join("\n") });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_depend_on_every_part_and_its_boundaries() {
+        let a = image_id("module", &[b"ab", b"c"]);
+        assert_eq!(a.len(), "module-".len() + 16);
+        assert_ne!(a, image_id("module", &[b"a", b"bc"]));
+        assert_eq!(a, image_id("module", &[b"ab", b"c"]));
+        assert_eq!(sha256(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    }
+
+    #[test]
+    fn commit_keeps_the_first_copy_and_manifests_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(dir.path());
+        let scratch = store.scratch("t").unwrap();
+        write_manifest(&scratch, &serde_json::json!({"id": "x-1"})).unwrap();
+        let committed = store.commit(&scratch, "x-1").unwrap();
+        assert!(committed.join("manifest.json").exists() && !scratch.exists());
+        let again = store.scratch("t").unwrap();
+        store.commit(&again, "x-1").unwrap();
+        assert!(!again.exists());
+        assert_eq!(store.list().unwrap().len(), 1);
+        assert!(matches!(store.manifest::<serde_json::Value>("x-2"), Err(ImageError::NoImage(_))));
+        assert!(matches!(store.manifest::<serde_json::Value>("../etc"), Err(ImageError::Invalid(_))));
+    }
+}

@@ -1,0 +1,520 @@
+//! The guest agent's results: frames on COM2 (`guest-images/agent/init`), parsed back into
+//! JSON, and the verdict the Linux check draws from them.
+//!
+//! ```text
+//! @@DL 7 step json 58
+//! {"step":"probe","status":"ok","reason":"","secs":1.20,"if":"eth0"}
+//! @@END 7
+//! ```
+//!
+//! A frame is trusted only whole: its header, exactly the bytes it announced, and its end line.
+//! Anything else on the port (a torn frame, noise) is skipped and counted, never guessed at.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// The header line's marker.
+pub const BEGIN: &str = "@@DL ";
+/// The end line's marker.
+pub const END: &str = "@@END ";
+/// The largest payload a frame may announce.
+pub const MAX_PAYLOAD: usize = 64 << 20;
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Frame {
+    /// Its sequence number.
+    pub seq: u64,
+    /// What it is: `hello`, `step`, `iperf3`, `netdev-before`, `ethtool-S-after`, `dmesg`, `done`, ...
+    pub kind: String,
+    /// The payload: JSON as sent, or a text frame as a JSON string.
+    pub payload: Value,
+}
+
+/// The frames of a result port's output, and how many broken ones were skipped.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Frames {
+    /// The whole frames, in order.
+    pub frames: Vec<Frame>,
+    /// Frames that were torn, malformed or not valid JSON.
+    pub broken: usize,
+}
+
+/// Encodes one frame (what the agent writes; for tests and for other agents).
+pub fn encode(seq: u64, kind: &str, text: bool, payload: &[u8]) -> Vec<u8> {
+    let mut out =
+        format!("{BEGIN}{seq} {kind} {} {}\n", if text { "text" } else { "json" }, payload.len()).into_bytes();
+    out.extend_from_slice(payload);
+    out.extend_from_slice(format!("\n{END}{seq}\n").as_bytes());
+    out
+}
+
+/// Parses a result port's output.
+pub fn parse(data: &[u8]) -> Frames {
+    let mut out = Frames::default();
+    let mut at = 0;
+    while let Some(offset) = find(&data[at..], BEGIN.as_bytes()) {
+        let start = at + offset;
+        // A header starts a line.
+        if start > 0 && data[start - 1] != b'\n' {
+            at = start + BEGIN.len();
+            continue;
+        }
+        let Some(line_end) = find(&data[start..], b"\n").map(|n| start + n) else {
+            out.broken += 1;
+            break;
+        };
+        let header = String::from_utf8_lossy(&data[start + BEGIN.len()..line_end]).into_owned();
+        let fields: Vec<&str> = header.split(' ').collect();
+        let parsed = match fields.as_slice() {
+            [seq, kind, format, len] => match (seq.parse::<u64>(), len.parse::<usize>()) {
+                (Ok(seq), Ok(len))
+                    if len <= MAX_PAYLOAD && (*format == "json" || *format == "text") && !kind.is_empty() =>
+                {
+                    Some((seq, kind.to_string(), *format == "text", len))
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some((seq, kind, text, len)) = parsed else {
+            out.broken += 1;
+            at = line_end + 1;
+            continue;
+        };
+        let body = line_end + 1;
+        let end_line = format!("\n{END}{seq}\n");
+        let whole = data.get(body..body + len).is_some() && data[body + len..].starts_with(end_line.as_bytes());
+        if !whole {
+            out.broken += 1;
+            at = line_end + 1;
+            continue;
+        }
+        let bytes = &data[body..body + len];
+        let payload = if text {
+            Some(Value::String(String::from_utf8_lossy(bytes).into_owned()))
+        } else {
+            serde_json::from_slice(bytes).ok()
+        };
+        match payload {
+            Some(payload) => out.frames.push(Frame { seq, kind, payload }),
+            None => out.broken += 1,
+        }
+        at = body + len + end_line.len();
+    }
+    out
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+impl Frames {
+    /// The first frame of `kind`.
+    pub fn first(&self, kind: &str) -> Option<&Value> {
+        self.frames.iter().find(|f| f.kind == kind).map(|f| &f.payload)
+    }
+
+    /// The `step` frames, in order.
+    pub fn steps(&self) -> impl Iterator<Item = &Value> {
+        self.frames.iter().filter(|f| f.kind == "step").map(|f| &f.payload)
+    }
+
+    /// The last result of step `name`.
+    pub fn step(&self, name: &str) -> Option<&Value> {
+        self.steps().filter(|s| s["step"] == name).last()
+    }
+}
+
+/// Kernel messages that fail a run: warnings, BUGs, oopses, lockups, stalls, transmit
+/// timeouts, IOMMU faults and DMA-API complaints.
+pub const FAULTS: &[&str] = &[
+    "WARNING:",
+    "BUG:",
+    "Oops",
+    "general protection fault",
+    "Unable to handle",
+    "Call Trace",
+    "NETDEV WATCHDOG",
+    "soft lockup",
+    "hard LOCKUP",
+    "blocked for more than",
+    "page allocation failure",
+    "fault from EP",
+    "swiotlb buffer is full",
+    "DMA-API",
+];
+
+/// The lines of `log` that report a kernel fault (see [`FAULTS`]; also RCU stalls and IOMMU,
+/// DMAR and AMD-Vi faults).
+pub fn fault_lines(log: &str) -> Vec<String> {
+    let mut lines: Vec<String> = log
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| !l.starts_with(BEGIN) && !l.starts_with(END))
+        .filter(|l| {
+            let lower = l.to_ascii_lowercase();
+            FAULTS.iter().any(|f| l.contains(f))
+                || (lower.contains("rcu") && lower.contains("stall"))
+                || ((lower.contains("iommu") || l.contains("DMAR:") || l.contains("AMD-Vi:"))
+                    && lower.contains(" fault"))
+        })
+        .map(String::from)
+        .collect();
+    lines.sort();
+    lines.dedup();
+    lines
+}
+
+/// What a Linux run's frames and console say.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// Every step passed, the agent finished, and no kernel fault showed.
+    pub ok: bool,
+    /// Each step: name, status, and its frame.
+    pub steps: Vec<(String, String, Value)>,
+    /// What is wrong, one line each.
+    pub problems: Vec<String>,
+    /// The kernel faults seen (on the console or in the agent's dmesg frames).
+    pub faults: Vec<String>,
+}
+
+/// Judges a run from the agent's frames and the console log.
+pub fn verdict(frames: &Frames, console: &str) -> Verdict {
+    let mut problems = Vec::new();
+    let steps: Vec<(String, String, Value)> = frames
+        .steps()
+        .map(|s| {
+            (s["step"].as_str().unwrap_or("?").to_string(), s["status"].as_str().unwrap_or("?").to_string(), s.clone())
+        })
+        .collect();
+    for (name, status, frame) in &steps {
+        if status == "fail" {
+            problems.push(format!("step {name} failed: {}", frame["reason"].as_str().unwrap_or("")));
+        }
+    }
+    match frames.first("done") {
+        None => {
+            let last = steps.last().map_or("none".to_string(), |s| s.0.clone());
+            problems.push(format!("the agent did not finish; its last step: {last}"));
+        }
+        Some(done) if done["ok"] != true && problems.is_empty() => problems.push(format!("the agent says: {done}")),
+        Some(_) => {}
+    }
+    if frames.broken > 0 {
+        problems.push(format!("{} broken frame(s) on the result port", frames.broken));
+    }
+    let mut log = console.to_string();
+    for frame in frames.frames.iter().filter(|f| f.kind == "dmesg" || f.kind == "dmesg-delta") {
+        log.push('\n');
+        log.push_str(frame.payload.as_str().unwrap_or_default());
+    }
+    let faults = fault_lines(&log);
+    if !faults.is_empty() {
+        problems.push(format!("kernel faults: {} distinct line(s), first: {}", faults.len(), faults[0]));
+    }
+    Verdict { ok: problems.is_empty(), steps, problems, faults }
+}
+
+/// What iperf3's JSON says the guest received and sent, in Gbit/s, and the retransmits.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct IperfFigures {
+    /// Goodput the receiver saw (`end.sum_received`), Gbit/s.
+    pub received_gbit_s: f64,
+    /// What the sender sent (`end.sum_sent`), Gbit/s.
+    pub sent_gbit_s: f64,
+    /// TCP retransmits (`end.sum_sent.retransmits`).
+    pub retransmits: Option<u64>,
+    /// Seconds measured.
+    pub seconds: f64,
+}
+
+/// Reads iperf3's `--json` output (TCP or UDP).
+pub fn iperf_figures(json: &Value) -> Option<IperfFigures> {
+    let end = json.get("end")?;
+    let received = end.get("sum_received").or_else(|| end.get("sum"))?;
+    let sent = end.get("sum_sent").or_else(|| end.get("sum"))?;
+    Some(IperfFigures {
+        received_gbit_s: received.get("bits_per_second")?.as_f64()? / 1e9,
+        sent_gbit_s: sent.get("bits_per_second")?.as_f64()? / 1e9,
+        retransmits: sent.get("retransmits").and_then(Value::as_u64),
+        seconds: received.get("seconds").and_then(Value::as_f64).unwrap_or(0.0),
+    })
+}
+
+/// The Linux check's report over a folder of logs: `agent.log` (the result port), `console.log`,
+/// and where there are, `model.log` (the model's counters lines), `qemu.log` (QEMU's stderr) and
+/// `qemu-trace.log` (its virtio-iommu and vfio-user trace).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LinuxCheck {
+    /// The agent's verdict, with the checks on the other logs added to its problems.
+    pub verdict: Verdict,
+    /// iperf3 per direction (`tx`, `rx`, `bidir`).
+    pub iperf: Vec<(String, IperfFigures)>,
+    /// The model's last counters line.
+    pub model_counters: Option<Value>,
+    /// QEMU's trace events counted by name (`virtio_iommu_map`, `vfio_user_dma_map`, ...).
+    pub trace: std::collections::BTreeMap<String, u64>,
+}
+
+/// Judges the Linux check's logs in `dir`.
+pub fn linux_check(dir: &std::path::Path) -> std::io::Result<LinuxCheck> {
+    let read = |name: &str| std::fs::read(dir.join(name));
+    let frames = parse(&read("agent.log")?);
+    let console = String::from_utf8_lossy(&read("console.log").unwrap_or_default()).into_owned();
+    let mut verdict = verdict(&frames, &console);
+    let mut iperf = Vec::new();
+    let directions: Vec<String> = frames
+        .frames
+        .iter()
+        .filter(|f| f.kind == "workload-begin")
+        .map(|f| f.payload["direction"].as_str().unwrap_or("?").to_string())
+        .collect();
+    for (direction, frame) in directions.iter().zip(frames.frames.iter().filter(|f| f.kind == "iperf3")) {
+        if let Some(figures) = iperf_figures(&frame.payload) {
+            iperf.push((direction.clone(), figures));
+        }
+    }
+    let model_counters = read("model.log").ok().and_then(|log| {
+        String::from_utf8_lossy(&log).lines().rev().find_map(|l| {
+            let value: Value = serde_json::from_str(l.get(l.find("{\"model\"")?..)?).ok()?;
+            value.get("counters").is_some().then_some(value)
+        })
+    });
+    if let Ok(log) = read("model.log") {
+        match &model_counters {
+            None if !log.is_empty() => verdict.problems.push("the model printed no counters line (model.log)".into()),
+            Some(line) if line["counters"]["dma_faults"].as_u64().unwrap_or(0) > 0 => verdict.problems.push(format!(
+                "the model refused {} DMA accesses outside the guest's mappings (IOMMU faults; model.log)",
+                line["counters"]["dma_faults"]
+            )),
+            _ => {}
+        }
+    }
+    if let Ok(log) = read("qemu.log") {
+        let log = String::from_utf8_lossy(&log);
+        let errors: std::collections::BTreeSet<&str> =
+            log.lines().filter(|l| l.to_ascii_lowercase().contains("error") && !l.contains("warning:")).collect();
+        if !errors.is_empty() {
+            verdict.problems.push(format!("QEMU reported errors: {} distinct line(s) in qemu.log", errors.len()));
+        }
+    }
+    let mut trace = std::collections::BTreeMap::new();
+    if let Ok(log) = read("qemu-trace.log") {
+        for line in String::from_utf8_lossy(&log).lines() {
+            // "2026-11-30T23:22:59.155058Z virtio_iommu_map domain=1 ...", or without the time.
+            let mut words = line.split_whitespace();
+            let first = words.next().unwrap_or_default();
+            let event =
+                if first.contains('T') && first.ends_with('Z') { words.next().unwrap_or_default() } else { first };
+            if event.starts_with("virtio_iommu_") || event.starts_with("vfio_user_") {
+                *trace.entry(event.to_string()).or_insert(0) += 1;
+            }
+        }
+        if trace.contains_key("virtio_iommu_report_fault") {
+            verdict.problems.push("QEMU's virtio-iommu reported translation faults (qemu-trace.log)".into());
+        }
+    }
+    verdict.ok = verdict.problems.is_empty();
+    Ok(LinuxCheck { verdict, iperf, model_counters, trace })
+}
+
+impl LinuxCheck {
+    /// The summary a person reads: the steps with their facts, throughput, IOMMU activity, and
+    /// `result: PASS` or `result: FAIL` with the problems.
+    pub fn summary(&self) -> String {
+        let mut out = String::from("steps:\n");
+        for (name, status, frame) in &self.verdict.steps {
+            let facts: Vec<String> = frame
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, v)| {
+                    let empty_reason = k.as_str() == "reason" && v.as_str() == Some("");
+                    !(matches!(k.as_str(), "step" | "status") || empty_reason)
+                })
+                .map(|(k, v)| format!("{k}={}", v.as_str().map_or(v.to_string(), |s| s.replace(' ', "_"))))
+                .collect();
+            out.push_str(&format!("  {name:<14} {status:<5} {}\n", facts.join(" ")));
+        }
+        for (direction, f) in &self.iperf {
+            let retransmits = f.retransmits.map_or(String::new(), |r| format!(", {r} retransmits"));
+            out.push_str(&format!(
+                "iperf3 {direction}: {:.1} Mbit/s received, {:.1} Mbit/s sent{retransmits}\n",
+                f.received_gbit_s * 1e3,
+                f.sent_gbit_s * 1e3
+            ));
+        }
+        if !self.trace.is_empty() {
+            let counts: Vec<String> = self.trace.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            out.push_str(&format!("QEMU trace: {}\n", counts.join(" ")));
+        }
+        if let Some(line) = &self.model_counters {
+            out.push_str(&format!("model counters: {line}\n"));
+        }
+        if self.verdict.faults.is_empty() {
+            out.push_str("kernel faults: none\n");
+        } else {
+            out.push_str("kernel faults:\n");
+            for line in self.verdict.faults.iter().take(20) {
+                out.push_str(&format!("  {line}\n"));
+            }
+        }
+        if self.verdict.ok {
+            out.push_str("result: PASS\n");
+        } else {
+            out.push_str("result: FAIL\n");
+            for p in &self.verdict.problems {
+                out.push_str(&format!("  - {p}\n"));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn frames_parse_and_noise_is_skipped() {
+        let mut port = b"agent: booting\n".to_vec();
+        port.extend(encode(1, "hello", false, br#"{"agent":"driverlab"}"#));
+        port.extend(b"@@DL 2 step json 999\n{\"torn\":"); // the guest died mid-frame
+        port.extend(b"\nnoise @@DL 3 x json 2\n");
+        port.extend(encode(4, "dmesg", true, b"[ 1.0] WARNING: at aq_ring.c\nline two"));
+        port.extend(encode(5, "step", false, br#"{"step":"probe","status":"ok"}"#));
+        port.extend(encode(6, "step", false, b"not json"));
+        let frames = parse(&port);
+        let kinds: Vec<&str> = frames.frames.iter().map(|f| f.kind.as_str()).collect();
+        assert_eq!(kinds, ["hello", "dmesg", "step"]);
+        assert_eq!(frames.broken, 2, "the torn frame and the invalid JSON");
+        assert_eq!(frames.first("dmesg").unwrap().as_str().unwrap().lines().count(), 2);
+        assert_eq!(frames.step("probe").unwrap()["status"], "ok");
+    }
+
+    #[test]
+    fn the_verdict_needs_every_step_the_end_and_a_clean_log() {
+        let mut port = Vec::new();
+        for (i, step) in ["boot", "probe", "iperf"].iter().enumerate() {
+            port.extend(encode(i as u64, "step", false, format!(r#"{{"step":"{step}","status":"ok"}}"#).as_bytes()));
+        }
+        let unfinished = verdict(&parse(&port), "");
+        assert!(!unfinished.ok && unfinished.problems[0].contains("did not finish; its last step: iperf"));
+        port.extend(encode(9, "done", false, br#"{"ok":true,"failed":[]}"#));
+        assert!(verdict(&parse(&port), "Linux version 6.12\n").ok);
+        let faulty = verdict(&parse(&port), "[ 3.2] NETDEV WATCHDOG: eth0 (atlantic): transmit queue 0 timed out\n");
+        assert!(!faulty.ok && faulty.faults.len() == 1, "{faulty:?}");
+        assert_eq!(fault_lines("AMD-Vi: Event logged [IO_PAGE_FAULT]\nvirtio_iommu: page fault from EP 16\n").len(), 1);
+        assert_eq!(fault_lines("rcu: INFO: rcu_preempt self-detected stall on CPU\n").len(), 1);
+        port.extend(encode(10, "step", false, br#"{"step":"unload","status":"fail","reason":"rmmod: busy"}"#));
+        let failed = verdict(&parse(&port), "");
+        assert!(failed.problems.iter().any(|p| p == "step unload failed: rmmod: busy"), "{failed:?}");
+    }
+
+    #[test]
+    fn iperf3_json_gives_goodput_and_retransmits() {
+        let tcp: Value = serde_json::json!({"end": {"sum_sent": {"bits_per_second": 9.2e9, "retransmits": 12},
+            "sum_received": {"bits_per_second": 9.14e9, "seconds": 10.0}}});
+        let f = iperf_figures(&tcp).unwrap();
+        assert_eq!((f.received_gbit_s, f.retransmits, f.seconds), (9.14, Some(12), 10.0));
+        let udp: Value =
+            serde_json::json!({"end": {"sum": {"bits_per_second": 1.0e9, "seconds": 5.0, "lost_percent": 0.1}}});
+        assert_eq!(iperf_figures(&udp).unwrap().sent_gbit_s, 1.0);
+        assert!(iperf_figures(&serde_json::json!({"error": "unable to connect"})).is_none());
+    }
+
+    /// Runs the agent's own frame functions in busybox sh and parses what they wrote.
+    #[test]
+    fn the_agent_s_frames_round_trip_through_the_parser() {
+        let busybox = ["/bin/busybox", "/usr/bin/busybox"].into_iter().find(|p| std::path::Path::new(p).exists());
+        let Some(busybox) = busybox else {
+            eprintln!(
+                "SKIP the_agent_s_frames_round_trip_through_the_parser: no busybox (apt-get install busybox-static)"
+            );
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("init"), guest_images::AGENT).unwrap();
+        let script = r#"DRIVERLAB_AGENT_LIB=1 . ./init
+            OUT=port; T0=$(cut -d' ' -f1 /proc/uptime)
+            frame_json hello '{"agent":"driverlab","version":1}'
+            STEP=probe; ok ',"if":"eth0","fw":"3.1.38"'
+            STEP=ping; fail "ping 10.77.0.1: no "reply"" ',"received":0'
+            frame_cmd interrupts-before printf 'CPU0
+ 24: 7 PCI-MSI atlantic
+'
+            printf 'plain text	with a tab
+' >/tmp/t; frame dmesg-delta text /tmp/t
+            frame_json done '{"ok":false,"failed":["ping"]}'"#;
+        let out =
+            std::process::Command::new(busybox).args(["sh", "-c", script]).current_dir(dir.path()).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let frames = parse(&std::fs::read(dir.path().join("port")).unwrap());
+        assert_eq!(frames.broken, 0);
+        let kinds: Vec<&str> = frames.frames.iter().map(|f| f.kind.as_str()).collect();
+        assert_eq!(kinds, ["hello", "step", "step", "interrupts-before", "dmesg-delta", "done"]);
+        assert_eq!(frames.step("probe").unwrap()["fw"], "3.1.38");
+        let ping = frames.step("ping").unwrap();
+        assert_eq!((ping["status"].as_str(), ping["received"].as_u64()), (Some("fail"), Some(0)));
+        assert_eq!(ping["reason"], "ping 10.77.0.1: no reply", "quotes are dropped, not breaking the JSON");
+        assert!(frames.first("interrupts-before").unwrap().as_str().unwrap().contains("PCI-MSI atlantic"));
+        assert_eq!(frames.first("dmesg-delta").unwrap(), "plain text\twith a tab\n");
+        let verdict = verdict(&frames, "");
+        assert!(!verdict.ok && verdict.problems[0].starts_with("step ping failed"));
+    }
+
+    #[test]
+    fn the_agent_passes_shellcheck() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("init");
+        std::fs::write(&file, guest_images::AGENT).unwrap();
+        match std::process::Command::new("shellcheck").args(["-s", "sh"]).arg(&file).output() {
+            Err(e) => eprintln!("SKIP the_agent_passes_shellcheck: no shellcheck ({e}; apt-get install shellcheck)"),
+            Ok(out) => assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout)),
+        }
+    }
+
+    fn kind() -> impl Strategy<Value = String> {
+        "[a-z][a-z0-9-]{0,12}"
+    }
+
+    proptest! {
+        #[test]
+        fn frames_round_trip_between_any_noise(
+            texts in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..200), 0..6),
+            kinds in proptest::collection::vec(kind(), 6),
+            noise in proptest::collection::vec("[^@]{0,40}\n", 7),
+        ) {
+            let mut port = Vec::new();
+            for (i, text) in texts.iter().enumerate() {
+                port.extend(noise[i].as_bytes());
+                port.extend(encode(i as u64, &kinds[i], true, text));
+            }
+            port.extend(noise[6].as_bytes());
+            let frames = parse(&port);
+            prop_assert_eq!(frames.broken, 0);
+            prop_assert_eq!(frames.frames.len(), texts.len());
+            for (frame, text) in frames.frames.iter().zip(&texts) {
+                prop_assert_eq!(frame.payload.as_str().unwrap(), String::from_utf8_lossy(text));
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = parse(&data);
+            let mut framed = b"@@DL 1 a json 3\n".to_vec();
+            framed.extend(&data);
+            let _ = parse(&framed);
+        }
+
+        #[test]
+        fn a_truncated_frame_is_never_taken(cut in 0usize..60) {
+            let whole = encode(1, "step", false, br#"{"step":"probe","status":"ok","secs":1.5}"#);
+            let cut = cut.min(whole.len() - 1);
+            let frames = parse(&whole[..cut]);
+            prop_assert!(frames.frames.is_empty());
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The image commands end to end on Debian's packages: the 6.12 kernel, driver variants built
+//! from the example patches (atlantic's `rxpageorder`, the lan743x spacing revert), and the
+//! initramfs with the agent, built twice to the same bytes. They fetch packages and need the
+//! kernel headers, which `scripts/test.sh` installs before it sets `DRIVERLAB_IMAGE_TESTS=1`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::driverlab;
+use serde_json::Value;
+
+fn enabled(test: &str) -> bool {
+    if std::env::var_os("DRIVERLAB_IMAGE_TESTS").is_none() {
+        eprintln!(
+            "SKIP {test}: set DRIVERLAB_IMAGE_TESTS=1 once the kernel headers, linux-source-6.12, dwarves and patch \
+             are installed (scripts/test.sh does)"
+        );
+        return false;
+    }
+    true
+}
+
+/// `driverlab image ARGS` with its own store; returns (exit code, last stdout line, stderr).
+fn image(store: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(driverlab()).arg("image").args(args).env("DRIVERLAB_IMAGES", store).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    (
+        out.status.code(),
+        stdout.lines().last().unwrap_or_default().to_string(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn manifest(store: &Path, id: &str) -> Value {
+    let out = Command::new(driverlab()).args(["image", "show", id]).env("DRIVERLAB_IMAGES", store).output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn patch(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/patches").join(name).display().to_string()
+}
+
+#[test]
+fn debian_kernel_variants_and_a_reproducible_initramfs() {
+    if !enabled("debian_kernel_variants_and_a_reproducible_initramfs") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path();
+
+    let (code, kernel, stderr) = image(store, &["kernel"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(kernel.starts_with("kernel-"), "{kernel}");
+    let k = manifest(store, &kernel);
+    let release = k["release"].as_str().unwrap().to_string();
+    assert!(release.starts_with("6.12.") && release.ends_with("-amd64"), "{release}");
+    assert_eq!((k["facts"]["VIRTIO_IOMMU"].as_str(), k["facts"]["ACPI_VIOT"].as_str()), (Some("m"), Some("y")));
+    assert_eq!((k["facts"]["AQTION"].as_str(), k["facts"]["LAN743X"].as_str()), (Some("m"), Some("m")));
+    let vmlinux = std::fs::read(store.join(&kernel).join("vmlinux")).unwrap();
+    assert_eq!(&vmlinux[..4], b"\x7fELF", "the vmlinux came out of the bzImage");
+    assert_eq!(image(store, &["kernel"]).1, kernel, "the same package is the same image");
+
+    // seed 000: the rxpageorder parameter, applied to 6.12 without fuzz.
+    let (code, ko, stderr) =
+        image(store, &["module", "--kernel", &kernel, "--patch", &patch("000-atlantic-rxpageorder.patch")]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(ko.ends_with("/atlantic.ko"), "{ko}");
+    let module_id = PathBuf::from(&ko).parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    let m = manifest(store, &module_id);
+    let built = &m["modules"][0]["modinfo"];
+    assert!(built["params"]["rxpageorder"].as_str().unwrap().starts_with("RX page order"), "{built}");
+    assert!(built["vermagic"].as_str().unwrap().starts_with(&format!("{release} ")), "{built}");
+    assert_eq!(m["patches"][0]["subject"], "net: atlantic: make RX page order tunable via module param");
+    if let Ok(out) = Command::new("modinfo").args(["-F", "parm", &ko]).output() {
+        assert!(String::from_utf8_lossy(&out.stdout).contains("rxpageorder:RX page order"), "kmod's modinfo agrees");
+    }
+
+    // seed 004's revert: the old descriptor spacing for lan743x.
+    let (code, lan, stderr) = image(
+        store,
+        &[
+            "module",
+            "--kernel",
+            &kernel,
+            "--driver",
+            "drivers/net/ethernet/microchip",
+            "--only",
+            "lan743x",
+            "--patch",
+            &patch("004-lan743x-revert-dma-descriptor-spacing.patch"),
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(lan.ends_with("/lan743x.ko"), "{lan}");
+
+    // A patch whose context is not in 6.12 is refused, with patch's words.
+    let stale = dir.path().join("stale.patch");
+    let text = std::fs::read_to_string(patch("000-atlantic-rxpageorder.patch")).unwrap();
+    std::fs::write(&stale, text.replace(" \tcfg->tx_itr = aq_itr_tx;", " \tcfg->tx_itr = aq_itr_tx + 1;")).unwrap();
+    let (code, _, stderr) = image(store, &["module", "--kernel", &kernel, "--patch", stale.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("does not apply without fuzz"), "{stderr}");
+
+    // The initramfs, twice: the same bytes.
+    let args = ["initramfs", "--kernel", kernel.as_str(), "--module", module_id.as_str(), "--driver", "lan743x"];
+    let (code, first, stderr) = image(store, &args);
+    assert_eq!(code, Some(0), "{stderr}");
+    let bytes = std::fs::read(&first).unwrap();
+    std::fs::remove_dir_all(PathBuf::from(&first).parent().unwrap()).unwrap();
+    let (_, second, _) = image(store, &args);
+    assert_eq!(first, second, "the same ID");
+    assert_eq!(std::fs::read(&second).unwrap(), bytes, "the same bytes");
+    let id = PathBuf::from(&second).parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    let i = manifest(store, &id);
+    let files = i["files"].as_object().unwrap();
+    for file in
+        ["init", "bin/busybox", "bin/iperf3", "bin/ethtool", "lib/modules/atlantic.ko", "lib/modules/virtio_iommu.ko"]
+    {
+        assert!(files.contains_key(file), "{file} in the image");
+    }
+    assert!(files.keys().any(|f| f.contains("libiperf")), "iperf3's library");
+    assert!(files.keys().any(|f| f.ends_with("ld-linux-x86-64.so.2")), "the loader");
+    let modules = i["modules"].as_array().unwrap();
+    let atlantic = modules.iter().find(|m| m["name"] == "atlantic").unwrap();
+    assert_eq!(atlantic["from"], module_id.as_str(), "the variant replaced the stock driver");
+    assert_eq!(atlantic["sha256"], m["modules"][0]["sha256"]);
+    assert!(modules.iter().any(|m| m["name"] == "macsec"), "atlantic's dependency");
+    assert!(modules.iter().any(|m| m["name"] == "phylink"), "lan743x's dependencies");
+    assert_eq!(files["init"].as_str().unwrap(), guest_images::store::sha256(guest_images::AGENT.as_bytes()));
+    assert_eq!(i["patches"][0]["subject"], m["patches"][0]["subject"]);
+}

@@ -171,16 +171,16 @@ Subject: [PATCH] net: atlantic: make RX page order\n tunable via module param\n\
 \n\
 Explanation.\n\
 ---\n\
- a.c | 1 +\n\
+\x20a.c | 1 +\n\
 \n\
 diff --git a/a.c b/a.c\n\
 index 1..2 100644\n\
 --- a/a.c\n\
 +++ b/a.c\n\
 @@ -1,2 +1,3 @@\n\
- one\n\
+\x20one\n\
 +one and a half\n\
- two\n\
+\x20two\n\
 -- \n\
 2.47.2\n";
 

@@ -128,6 +128,9 @@ pub struct Device {
     /// A host PCI device bound to vfio-pci.
     #[serde(default)]
     pub bdf: Option<Bdf>,
+    /// The Linux driver that drives it in Linux images [default: `atlantic` for the AQC100].
+    #[serde(default)]
+    pub driver: Option<String>,
 }
 
 /// What a device is, once checked.
@@ -145,6 +148,11 @@ pub enum DeviceKind {
 }
 
 impl Device {
+    /// The Linux driver of the device.
+    pub fn linux_driver(&self) -> String {
+        self.driver.clone().unwrap_or_else(|| "atlantic".into())
+    }
+
     /// What the device is.
     pub fn kind(&self) -> DeviceKind {
         match (&self.model, self.bdf) {

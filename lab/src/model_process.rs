@@ -42,13 +42,30 @@ impl ModelProcess {
     /// Starts `DRIVERLAB model KIND --once --socket DIR/KIND.sock ARGS...` and waits until it
     /// serves. Its stdout (the counters it prints) is kept for [`ModelProcess::terminate`].
     pub fn start(driverlab: &Path, kind: &str, args: &[&str]) -> Result<ModelProcess, ModelError> {
+        ModelProcess::start_in(driverlab, kind, args, None)
+    }
+
+    /// The same, inside network namespace `netns` (where its TAP is), when one is given.
+    pub fn start_in(
+        driverlab: &Path,
+        kind: &str,
+        args: &[&str],
+        netns: Option<&str>,
+    ) -> Result<ModelProcess, ModelError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let start_error = |source| ModelError::Start { kind: kind.to_string(), source };
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("driverlab-model-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(start_error)?;
         let socket = dir.join(format!("{kind}.sock"));
-        let mut command = Command::new(driverlab);
+        let mut command = match netns {
+            Some(netns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", netns]).arg(driverlab);
+                c
+            }
+            None => Command::new(driverlab),
+        };
         command.args(["model", kind, "--once", "--socket"]).arg(&socket).args(args);
         crate::vm_process::die_with_parent(&mut command);
         let child = match command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn() {

@@ -12,10 +12,12 @@ use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, SerialSpec, VmSpec};
 use crate::crash;
 use crate::matrix::{Cell, DeviceKind, Plan, Workload};
 use crate::model_process::ModelProcess;
+use crate::peer::Peer;
 use crate::probe_report::ProbeReport;
 use crate::record::{Crash, Record, Status, now_rfc3339};
 use crate::vm_control::ControlClient;
 use crate::vm_process::{VmOutcome, VmProcess};
+use guest_images::store::ImageStore;
 
 /// How often the watchdog reads the live counters.
 const WATCH_PERIOD: Duration = Duration::from_millis(200);
@@ -44,8 +46,24 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
         words.extend(variant.cmdline.split_whitespace().map(String::from));
     }
     words.extend(cell.params.iter().map(|(k, v)| format!("{k}={v}")));
-    if let Some(Workload::ProbeRx { frames, .. }) = plan.workload(&cell.workload) {
-        words.extend(["probe.viommu_ops=0".into(), "probe.nic=aqc100".into(), format!("probe.frames={frames}")]);
+    match plan.workload(&cell.workload) {
+        Some(Workload::ProbeRx { frames, .. }) => {
+            words.extend(["probe.viommu_ops=0".into(), "probe.nic=aqc100".into(), format!("probe.frames={frames}")]);
+        }
+        Some(Workload::Iperf3 { direction, duration_s, ip, mtu, streams, protocol, .. }) => {
+            // The agent's words (guest-images/agent/init): its driver, the workload, the MTU.
+            let driver = plan.device(&cell.device).map_or("atlantic".into(), |d| d.linux_driver());
+            let direction = format!("{direction:?}").to_lowercase();
+            let protocol = format!("{protocol:?}").to_lowercase();
+            words.extend([
+                "console=ttyS0".into(),
+                "panic=-1".into(),
+                format!("driverlab.nic={driver}"),
+                format!("driverlab.mtu={mtu}"),
+                format!("driverlab.iperf={direction},{},{ip},{streams},{protocol}", duration_s.ceil() as u64),
+            ]);
+        }
+        None => {}
     }
     words.join(" ")
 }
@@ -70,14 +88,38 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
         return fail(record, Status::Error, format!("artifacts folder {}: {e}", rep_dir.display()));
     }
 
-    // The device: a fresh model for this VM, or the host device.
+    // Linux images: their files, and for a model, the peer its TAP end lives with.
+    let linux = !image.is_probe();
+    let resolved = if linux {
+        let store = ImageStore::new(guest_images::store::default_root());
+        match crate::images::resolve(plan, image, &store) {
+            Ok(resolved) => Some(resolved),
+            Err(e) => return fail(record, Status::Error, e),
+        }
+    } else {
+        None
+    };
+    let iperf = matches!(plan.workload(&cell.workload), Some(Workload::Iperf3 { .. }));
+    let peer = match (iperf, device.kind()) {
+        (true, DeviceKind::Model { .. }) => match Peer::start() {
+            Ok(peer) => Some(peer),
+            Err(e) => return fail(record, Status::Error, e.to_string()),
+        },
+        _ => None,
+    };
+
+    // The device: a fresh model for this VM (its wire the peer's TAP, with a peer), or the
+    // host device.
     let mut model = None;
     let device_spec = match device.kind() {
         DeviceKind::Host(bdf) => DeviceSpec::Vfio(bdf),
         DeviceKind::Model { kind, args } => {
             let model_start = Instant::now();
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            match ModelProcess::start(&ctx.driverlab, &kind, &args) {
+            let args: Vec<&str> = match &peer {
+                Some(_) => vec!["--tap", crate::peer::TAP],
+                None => args.iter().map(String::as_str).collect(),
+            };
+            match ModelProcess::start_in(&ctx.driverlab, &kind, &args, peer.as_ref().map(Peer::netns)) {
                 Ok(m) => {
                     record.timings.model_start_ms = Some(ms(model_start.elapsed()));
                     let spec = m.device_spec();
@@ -90,18 +132,23 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
     };
 
     let serial_log = rep_dir.join("serial.log");
-    let kernel = if image.is_probe() { Kernel::Probe } else { Kernel::Path(plan.resolve(Path::new(&image.kernel))) };
+    let agent_log = rep_dir.join("agent.log");
+    let mut words = cmdline(plan, cell);
+    if let Some(peer) = &peer {
+        words.push(' ');
+        words.push_str(&peer.cmdline());
+    }
     let spec = VmSpec {
-        kernel,
-        initrd: image.initrd.as_ref().map(|p| plan.resolve(p)),
-        cmdline: cmdline(plan, cell),
+        kernel: resolved.as_ref().map_or(Kernel::Probe, |r| Kernel::Path(r.kernel.clone())),
+        initrd: resolved.as_ref().and_then(|r| r.initrd.clone()),
+        cmdline: words,
         memory_mib: image.memory_mib,
         vcpus: image.vcpus,
         iommu: image.iommu.then(IommuSpec::default),
         devices: vec![device_spec],
         serial: SerialSpec {
             com1: SerialOutput::File(serial_log.clone()),
-            com2: (!image.is_probe()).then(|| SerialOutput::File(rep_dir.join("agent.log"))),
+            com2: linux.then(|| SerialOutput::File(agent_log.clone())),
         },
         timeout_s: Some(plan.matrix.timeout_s),
         ..VmSpec::new(Kernel::Probe)
@@ -119,11 +166,17 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
             return fail(record, Status::Error, e.to_string());
         }
     };
-    let watch = Watchdog::start(&socket, Duration::from_secs_f64(plan.matrix.silence_s), spawned);
+    let watch = Watchdog::start(
+        &socket,
+        Duration::from_secs_f64(plan.matrix.silence_s),
+        spawned,
+        linux.then_some(agent_log.as_path()),
+    );
     let outcome = vm.wait();
     let watched = watch.stop();
     let _ = std::fs::remove_dir_all(&private);
     drop(model);
+    drop(peer);
 
     record.timings.vm_start_ms = watched.answered_ms;
     record.serial_log = serial_log.strip_prefix(&ctx.artifacts).ok().map(|p| p.display().to_string());
@@ -132,8 +185,13 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
         Err(e) => return fail(record, Status::Error, e.to_string()),
     };
     let serial = std::fs::read_to_string(&serial_log).unwrap_or_default();
-    collect(&mut record, &outcome, &serial, watched.last);
-    let (status, reason) = judge(&outcome, &serial, &record, watched.silent_for, plan.matrix.timeout_s);
+    collect(&mut record, &outcome, &serial, watched.last.clone());
+    let frames = linux.then(|| crate::agent::parse(&std::fs::read(&agent_log).unwrap_or_default()));
+    if let Some(frames) = &frames {
+        collect_agent(&mut record, frames, &watched.window);
+    }
+    let (status, reason) =
+        judge(&outcome, &serial, &record, watched.silent_for, plan.matrix.timeout_s, frames.as_ref());
     if status == Status::Fail
         && record.crash.is_none()
         && let Some(silence) = watched.silent_for
@@ -188,6 +246,38 @@ fn collect(record: &mut Record, out: &VmOutcome, serial: &str, last: Option<Live
     }
 }
 
+/// Fills the record from the agent's frames: iperf3's JSON verbatim and its goodput, the packets
+/// the guest received (its interface's counters before and after), and the IOMMU maps the
+/// virtio-iommu counted between the workload's begin and end frames.
+fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &Window) {
+    if let Some(iperf) = frames.first("iperf3") {
+        record.workload.output = Some(iperf.clone());
+        if let Some(figures) = crate::agent::iperf_figures(iperf) {
+            record.workload.gbit_s = Some(figures.received_gbit_s);
+            record.workload.retransmits = figures.retransmits;
+            record.timings.workload_ms = Some(figures.seconds * 1e3);
+        }
+    }
+    let stat = |kind: &str, key: &str| frames.first(kind).and_then(|f| f.get(key)).and_then(|v| v.as_u64());
+    if let (Some(before), Some(after)) = (stat("netdev-before", "rx_packets"), stat("netdev-after", "rx_packets")) {
+        let packets = after.saturating_sub(before);
+        record.workload.rx_packets = Some(packets);
+        if let (Some(b), Some(a)) = (stat("netdev-before", "rx_bytes"), stat("netdev-after", "rx_bytes")) {
+            record.workload.rx_bytes = Some(a.saturating_sub(b));
+        }
+        if let Some(ms) = record.timings.workload_ms.filter(|&ms| ms > 0.0) {
+            record.workload.packets_per_s = Some(packets as f64 * 1e3 / ms);
+        }
+        let maps = |c: &Option<LiveCounters>| c.as_ref().and_then(|c| c.viommu.as_ref()).map(|v| (v.maps, v.unmaps));
+        if let (Some((m0, u0)), Some((m1, u1))) = (maps(&window.begin), maps(&window.end))
+            && packets > 0
+        {
+            record.maps_per_packet = Some(m1.saturating_sub(m0) as f64 / packets as f64);
+            record.unmaps_per_packet = Some(u1.saturating_sub(u0) as f64 / packets as f64);
+        }
+    }
+}
+
 /// The status and its reason.
 fn judge(
     out: &VmOutcome,
@@ -195,6 +285,7 @@ fn judge(
     record: &Record,
     silent_for: Option<Duration>,
     timeout_s: f64,
+    frames: Option<&crate::agent::Frames>,
 ) -> (Status, Option<String>) {
     if let Some(error) = &out.error {
         return (Status::Error, Some(format!("the VMM could not run the VM ({:?}): {}", error.kind, error.message)));
@@ -233,6 +324,14 @@ fn judge(
             Some(format!("device {}: {}", d.device.device, d.device.error.clone().unwrap_or_default())),
         );
     }
+    if let Some(frames) = frames {
+        let verdict = crate::agent::verdict(frames, serial);
+        return match verdict.problems.first() {
+            Some(problem) => (Status::Fail, Some(problem.clone())),
+            None if record.workload.gbit_s.is_none() => (Status::Fail, Some("the workload reported nothing".into())),
+            None => (Status::Pass, None),
+        };
+    }
     let report = ProbeReport::parse(serial);
     match report.done() {
         None => (Status::Fail, Some("the probe did not finish its report".into())),
@@ -265,6 +364,13 @@ fn private_dir() -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
+/// The live counters when the agent announced the workload's begin and end.
+#[derive(Debug, Clone, Default)]
+struct Window {
+    begin: Option<LiveCounters>,
+    end: Option<LiveCounters>,
+}
+
 /// What the watchdog saw.
 struct Watched {
     /// When the control socket first answered, from the VMM's spawn.
@@ -273,6 +379,8 @@ struct Watched {
     last: Option<LiveCounters>,
     /// Set when the watchdog stopped a silent guest: how long it was silent.
     silent_for: Option<Duration>,
+    /// The workload's window.
+    window: Window,
 }
 
 /// Reads the live counters while the VM runs; stops a guest whose serial ports stay silent.
@@ -282,12 +390,14 @@ struct Watchdog {
 }
 
 impl Watchdog {
-    fn start(socket: &Path, silence: Duration, spawned: Instant) -> Watchdog {
+    fn start(socket: &Path, silence: Duration, spawned: Instant, agent_log: Option<&Path>) -> Watchdog {
+        let agent_log = agent_log.map(Path::to_path_buf);
         let (done, stop) = std::sync::mpsc::channel::<()>();
         let client = ControlClient::new(socket, Duration::from_secs(2));
         let thread = std::thread::spawn(move || {
-            let mut watched = Watched { answered_ms: None, last: None, silent_for: None };
+            let mut watched = Watched { answered_ms: None, last: None, silent_for: None, window: Window::default() };
             let mut bytes_seen = 0u64;
+            let mut agent_seen = 0usize;
             let mut quiet_since = Instant::now();
             loop {
                 // Often until the socket answers (that is the VM's start time), then calmly; a
@@ -308,6 +418,21 @@ impl Watchdog {
                     watched.silent_for = Some(quiet_since.elapsed());
                     let _ = client.shutdown(ShutdownRequest { grace_s: Some(0.0) });
                 }
+                // The agent's workload frames: snapshot the counters as they show up.
+                if let Some(log) = &agent_log
+                    && let Ok(data) = std::fs::read(log)
+                    && data.len() > agent_seen
+                {
+                    let fresh = String::from_utf8_lossy(&data[agent_seen..]).into_owned();
+                    agent_seen = data.len();
+                    for line in fresh.lines().filter(|l| l.starts_with(crate::agent::BEGIN)) {
+                        match line.split(' ').nth(2) {
+                            Some("workload-begin") => watched.window.begin = Some(counters.clone()),
+                            Some("workload-end") => watched.window.end = Some(counters.clone()),
+                            _ => {}
+                        }
+                    }
+                }
                 watched.last = Some(counters);
             }
             watched
@@ -317,6 +442,75 @@ impl Watchdog {
 
     fn stop(self) -> Watched {
         let _ = self.done.send(());
-        self.thread.join().unwrap_or(Watched { answered_ms: None, last: None, silent_for: None })
+        self.thread.join().unwrap_or(Watched {
+            answered_ms: None,
+            last: None,
+            silent_for: None,
+            window: Window::default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::encode;
+    use vm_spec::counters::IommuCounts;
+
+    fn counters(maps: u64) -> LiveCounters {
+        LiveCounters {
+            state: vm_spec::control::VmState::Running,
+            run_ms: 0.0,
+            serial_bytes: 0,
+            com2_bytes: None,
+            exits: vm_spec::ExitCounts::default(),
+            viommu: Some(IommuCounts { maps, unmaps: maps, ..IommuCounts::default() }),
+            devices: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_agent_s_frames_fill_the_record_over_the_workload_s_window() {
+        let mut port = Vec::new();
+        port.extend(encode(1, "netdev-before", false, br#"{"rx_packets":1000,"rx_bytes":100000}"#));
+        port.extend(encode(2, "workload-begin", false, br#"{"workload":"iperf3","direction":"rx"}"#));
+        port.extend(encode(3, "workload-end", false, br#"{"workload":"iperf3","direction":"rx","exit":0}"#));
+        port.extend(encode(4, "netdev-after", false, br#"{"rx_packets":81000,"rx_bytes":121100000}"#));
+        let iperf = br#"{"end":{"sum_sent":{"bits_per_second":9.2e9,"retransmits":3},"sum_received":{"bits_per_second":9.14e9,"seconds":10.0}}}"#;
+        port.extend(encode(5, "iperf3", false, iperf));
+        let frames = crate::agent::parse(&port);
+        let cell = Cell {
+            index: 0,
+            id: "c01".into(),
+            image: "debian".into(),
+            variant: "stock".into(),
+            params: Default::default(),
+            workload: "iperf-rx".into(),
+            device: "aq".into(),
+        };
+        let mut record = Record::not_run("r", &cell, 0, Status::Pass, "");
+        // Boot and link-up mapped 5000 times; the workload 48000 times more.
+        let window = Window { begin: Some(counters(5000)), end: Some(counters(53_000)) };
+        collect_agent(&mut record, &frames, &window);
+        assert_eq!(record.workload.gbit_s, Some(9.14));
+        assert_eq!((record.workload.rx_packets, record.workload.rx_bytes), (Some(80_000), Some(121_000_000)));
+        assert_eq!(record.maps_per_packet, Some(0.6), "48000 maps over 80000 packets");
+        assert_eq!(record.workload.packets_per_s, Some(8000.0));
+        assert_eq!(record.workload.retransmits, Some(3));
+        assert!(record.workload.output.as_ref().unwrap()["end"].is_object(), "iperf3's JSON, verbatim");
+    }
+
+    #[test]
+    fn linux_cells_get_the_agent_s_words() {
+        let text = "name = \"l\"\n[[device]]\nname = \"aq\"\nmodel = \"aqc100\"\n[[image]]\nname = \"debian\"\nkernel = \"/boot/vmlinux\"\n\
+                    cmdline = \"quiet\"\n[[variant]]\nname = \"order3\"\nimage = \"debian\"\nparams = { \"atlantic.rxpageorder\" = 3 }\n\
+                    [[workload]]\nname = \"rx\"\nkind = \"iperf3\"\nip = 6\nduration_s = 8\n";
+        let plan = Plan::parse(Path::new("l.toml"), text).unwrap();
+        let words = cmdline(&plan, &plan.cells[0]);
+        assert_eq!(
+            words,
+            "quiet atlantic.rxpageorder=3 console=ttyS0 panic=-1 driverlab.nic=atlantic driverlab.mtu=1500 \
+             driverlab.iperf=rx,8,6,1,tcp"
+        );
     }
 }

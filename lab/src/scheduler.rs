@@ -6,13 +6,15 @@
 //! as it is made.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vm_spec::DeviceSpec;
 use vm_spec::host::virtualization;
+
+use guest_images::store::ImageStore;
 
 use crate::health;
 use crate::matrix::{Cell, DeviceKind, Plan, Workload};
@@ -58,38 +60,41 @@ pub struct Outcome {
     pub cancelled: bool,
 }
 
-/// Why the cells of `plan` cannot run here, if they cannot.
+/// Why the cells of `plan` cannot run here, if they cannot. A Linux image that does not resolve
+/// (a missing file, an unknown image ID) is the matrix's mistake, not the host's.
 pub fn refusals(plan: &Plan) -> Result<Vec<(Cell, String)>, LabError> {
     let virt = virtualization();
     let vfio = Path::new("/dev/vfio/vfio").exists();
+    let store = ImageStore::new(guest_images::store::default_root());
     let mut refused = Vec::new();
     for cell in &plan.cells {
         let image = plan.image(&cell.image).expect("checked");
-        if !image.is_probe() {
-            for path in std::iter::once(PathBuf::from(&image.kernel)).chain(image.initrd.clone()) {
-                let path = plan.resolve(&path);
-                if !path.exists() {
-                    return Err(LabError::Missing(format!(
-                        "{}: image {:?}: {} does not exist",
-                        plan.file.display(),
-                        image.name,
-                        path.display()
-                    )));
-                }
-            }
-        }
-        let reason = if !image.is_probe() && !virt.boots_linux() {
+        let device = plan.device(&cell.device).expect("checked");
+        let resolved = if image.is_probe() {
+            None
+        } else {
+            Some(crate::images::resolve(plan, image, &store).map_err(LabError::Missing)?)
+        };
+        let iperf = matches!(plan.workload(&cell.workload), Some(Workload::Iperf3 { .. }));
+        let host_device = matches!(device.kind(), DeviceKind::Host(_));
+        let reason = if let Some(refusal) =
+            resolved.as_ref().and_then(|r| r.manifest.as_ref()).and_then(|m| m.viommu_refusal()).filter(|_| image.iommu)
+        {
+            Some(format!("image {:?}: {refusal}", image.name))
+        } else if !image.is_probe() && !virt.boots_linux() {
             Some(format!(
                 "image {:?} is a Linux kernel, and driverlab's VMM boots Linux only with hardware virtualization; this host has {}",
                 image.name,
                 virt.describe()
             ))
-        } else if matches!(plan.workload(&cell.workload), Some(Workload::Iperf3 { .. })) {
+        } else if iperf && host_device {
             Some(
-                "iperf3 workloads need the guest agent in the image's initramfs, which this driverlab cannot build yet"
+                "an iperf3 workload on a host device needs a remote peer, which the lab cannot drive yet (over SSH)"
                     .into(),
             )
-        } else if matches!(plan.device(&cell.device).map(|d| d.kind()), Some(DeviceKind::Host(_))) && !vfio {
+        } else if iperf && !crate::peer::can_create() {
+            Some("an iperf3 workload on a model needs its peer's network namespace, which needs root".into())
+        } else if host_device && !vfio {
             Some(
                 "the device is a host PCI device and this host has no kernel VFIO (`driverlab doctor --device BDF`)"
                     .into(),

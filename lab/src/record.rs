@@ -65,9 +65,10 @@ pub struct Timings {
     pub vm_setup_ms: Option<f64>,
     /// From the vCPUs starting to the guest's first serial byte.
     pub first_serial_ms: Option<f64>,
-    /// From the vCPUs starting to the driver finding the device (Linux: the driver's probe line).
+    /// From the kernel starting to the driver's interface passing the agent's checks (Linux
+    /// images: the end of its `probe` step, by the guest's uptime).
     pub driver_probe_ms: Option<f64>,
-    /// From the vCPUs starting to link up (Linux images).
+    /// From the kernel starting to the link coming up (Linux images: the agent's `link-up` step).
     pub link_up_ms: Option<f64>,
     /// The workload itself, as the guest timed it.
     pub workload_ms: Option<f64>,
@@ -86,6 +87,10 @@ pub struct WorkloadResult {
     pub rx_packets: Option<u64>,
     /// Bytes the guest received.
     pub rx_bytes: Option<u64>,
+    /// Packets the guest sent (Linux images).
+    pub tx_packets: Option<u64>,
+    /// Bytes the guest sent (Linux images).
+    pub tx_bytes: Option<u64>,
     /// Goodput in Gbit/s.
     pub gbit_s: Option<f64>,
     /// Packets per second.

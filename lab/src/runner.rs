@@ -250,6 +250,12 @@ fn collect(record: &mut Record, out: &VmOutcome, serial: &str, last: Option<Live
 /// the guest received (its interface's counters before and after), and the IOMMU maps the
 /// virtio-iommu counted between the workload's begin and end frames.
 fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &Window) {
+    // When a passing step ended, by the guest's uptime.
+    let ended = |step: &str| {
+        frames.step(step).filter(|s| s["status"] == "ok").and_then(|s| s["at"].as_f64()).map(|at| at * 1e3)
+    };
+    record.timings.driver_probe_ms = ended("probe");
+    record.timings.link_up_ms = ended("link-up");
     if let Some(iperf) = frames.first("iperf3") {
         record.workload.output = Some(iperf.clone());
         if let Some(figures) = crate::agent::iperf_figures(iperf) {
@@ -259,22 +265,25 @@ fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &Wi
         }
     }
     let stat = |kind: &str, key: &str| frames.first(kind).and_then(|f| f.get(key)).and_then(|v| v.as_u64());
-    if let (Some(before), Some(after)) = (stat("netdev-before", "rx_packets"), stat("netdev-after", "rx_packets")) {
-        let packets = after.saturating_sub(before);
-        record.workload.rx_packets = Some(packets);
-        if let (Some(b), Some(a)) = (stat("netdev-before", "rx_bytes"), stat("netdev-after", "rx_bytes")) {
-            record.workload.rx_bytes = Some(a.saturating_sub(b));
-        }
-        if let Some(ms) = record.timings.workload_ms.filter(|&ms| ms > 0.0) {
-            record.workload.packets_per_s = Some(packets as f64 * 1e3 / ms);
-        }
-        let maps = |c: &Option<LiveCounters>| c.as_ref().and_then(|c| c.viommu.as_ref()).map(|v| (v.maps, v.unmaps));
-        if let (Some((m0, u0)), Some((m1, u1))) = (maps(&window.begin), maps(&window.end))
-            && packets > 0
-        {
-            record.maps_per_packet = Some(m1.saturating_sub(m0) as f64 / packets as f64);
-            record.unmaps_per_packet = Some(u1.saturating_sub(u0) as f64 / packets as f64);
-        }
+    let delta = |key: &str| Some(stat("netdev-after", key)?.saturating_sub(stat("netdev-before", key)?));
+    let w = &mut record.workload;
+    (w.rx_packets, w.rx_bytes, w.tx_packets, w.tx_bytes) =
+        (delta("rx_packets"), delta("rx_bytes"), delta("tx_packets"), delta("tx_bytes"));
+    // The packets the workload moved: received for rx, sent for tx, both for bidir.
+    let direction = frames.first("workload-begin").and_then(|f| f.get("direction")).and_then(|d| d.as_str());
+    let packets = match direction {
+        Some("tx") => w.tx_packets,
+        Some("bidir") => w.rx_packets.zip(w.tx_packets).map(|(r, t)| r + t),
+        _ => w.rx_packets,
+    };
+    let Some(packets) = packets.filter(|&p| p > 0) else { return };
+    if let Some(ms) = record.timings.workload_ms.filter(|&ms| ms > 0.0) {
+        record.workload.packets_per_s = Some(packets as f64 * 1e3 / ms);
+    }
+    let maps = |c: &Option<LiveCounters>| c.as_ref().and_then(|c| c.viommu.as_ref()).map(|v| (v.maps, v.unmaps));
+    if let (Some((m0, u0)), Some((m1, u1))) = (maps(&window.begin), maps(&window.end)) {
+        record.maps_per_packet = Some(m1.saturating_sub(m0) as f64 / packets as f64);
+        record.unmaps_per_packet = Some(u1.saturating_sub(u0) as f64 / packets as f64);
     }
 }
 
@@ -472,6 +481,8 @@ mod tests {
     #[test]
     fn the_agent_s_frames_fill_the_record_over_the_workload_s_window() {
         let mut port = Vec::new();
+        port.extend(encode(0, "step", false, br#"{"step":"probe","status":"ok","secs":0.4,"at":2.25}"#));
+        port.extend(encode(1, "step", false, br#"{"step":"link-up","status":"ok","secs":1.5,"at":3.75}"#));
         port.extend(encode(1, "netdev-before", false, br#"{"rx_packets":1000,"rx_bytes":100000}"#));
         port.extend(encode(2, "workload-begin", false, br#"{"workload":"iperf3","direction":"rx"}"#));
         port.extend(encode(3, "workload-end", false, br#"{"workload":"iperf3","direction":"rx","exit":0}"#));
@@ -493,11 +504,37 @@ mod tests {
         let window = Window { begin: Some(counters(5000)), end: Some(counters(53_000)) };
         collect_agent(&mut record, &frames, &window);
         assert_eq!(record.workload.gbit_s, Some(9.14));
+        assert_eq!((record.timings.driver_probe_ms, record.timings.link_up_ms), (Some(2250.0), Some(3750.0)));
         assert_eq!((record.workload.rx_packets, record.workload.rx_bytes), (Some(80_000), Some(121_000_000)));
         assert_eq!(record.maps_per_packet, Some(0.6), "48000 maps over 80000 packets");
         assert_eq!(record.workload.packets_per_s, Some(8000.0));
         assert_eq!(record.workload.retransmits, Some(3));
         assert!(record.workload.output.as_ref().unwrap()["end"].is_object(), "iperf3's JSON, verbatim");
+    }
+
+    #[test]
+    fn a_tx_workload_counts_maps_per_packet_sent() {
+        let mut port = Vec::new();
+        port.extend(encode(1, "netdev-before", false, br#"{"rx_packets":10,"tx_packets":100}"#));
+        port.extend(encode(2, "workload-begin", false, br#"{"workload":"iperf3","direction":"tx"}"#));
+        port.extend(encode(3, "workload-end", false, br#"{"workload":"iperf3","direction":"tx","exit":0}"#));
+        port.extend(encode(4, "netdev-after", false, br#"{"rx_packets":2010,"tx_packets":4100}"#));
+        let frames = crate::agent::parse(&port);
+        let cell = Cell {
+            index: 0,
+            id: "c01".into(),
+            image: "debian".into(),
+            variant: "stock".into(),
+            params: Default::default(),
+            workload: "iperf-tx".into(),
+            device: "aq".into(),
+        };
+        let mut record = Record::not_run("r", &cell, 0, Status::Pass, "");
+        let window = Window { begin: Some(counters(100)), end: Some(counters(8100)) };
+        collect_agent(&mut record, &frames, &window);
+        assert_eq!((record.workload.rx_packets, record.workload.tx_packets), (Some(2000), Some(4000)));
+        assert_eq!(record.maps_per_packet, Some(2.0), "8000 maps over 4000 packets sent, not 2000 ACKs received");
+        assert_eq!(record.workload.rx_bytes, None, "no byte counts in the frames");
     }
 
     #[test]

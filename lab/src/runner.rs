@@ -478,6 +478,20 @@ mod tests {
         }
     }
 
+    /// A passing record of a Linux cell under `workload`.
+    fn passed(workload: &str) -> Record {
+        let cell = Cell {
+            index: 0,
+            id: "c01".into(),
+            image: "debian".into(),
+            variant: "stock".into(),
+            params: Default::default(),
+            workload: workload.into(),
+            device: "aq".into(),
+        };
+        Record::not_run("r", &cell, 0, Status::Pass, "")
+    }
+
     #[test]
     fn the_agent_s_frames_fill_the_record_over_the_workload_s_window() {
         let mut port = Vec::new();
@@ -490,16 +504,7 @@ mod tests {
         let iperf = br#"{"end":{"sum_sent":{"bits_per_second":9.2e9,"retransmits":3},"sum_received":{"bits_per_second":9.14e9,"seconds":10.0}}}"#;
         port.extend(encode(5, "iperf3", false, iperf));
         let frames = crate::agent::parse(&port);
-        let cell = Cell {
-            index: 0,
-            id: "c01".into(),
-            image: "debian".into(),
-            variant: "stock".into(),
-            params: Default::default(),
-            workload: "iperf-rx".into(),
-            device: "aq".into(),
-        };
-        let mut record = Record::not_run("r", &cell, 0, Status::Pass, "");
+        let mut record = passed("iperf-rx");
         // Boot and link-up mapped 5000 times; the workload 48000 times more.
         let window = Window { begin: Some(counters(5000)), end: Some(counters(53_000)) };
         collect_agent(&mut record, &frames, &window);
@@ -520,16 +525,7 @@ mod tests {
         port.extend(encode(3, "workload-end", false, br#"{"workload":"iperf3","direction":"tx","exit":0}"#));
         port.extend(encode(4, "netdev-after", false, br#"{"rx_packets":2010,"tx_packets":4100}"#));
         let frames = crate::agent::parse(&port);
-        let cell = Cell {
-            index: 0,
-            id: "c01".into(),
-            image: "debian".into(),
-            variant: "stock".into(),
-            params: Default::default(),
-            workload: "iperf-tx".into(),
-            device: "aq".into(),
-        };
-        let mut record = Record::not_run("r", &cell, 0, Status::Pass, "");
+        let mut record = passed("iperf-tx");
         let window = Window { begin: Some(counters(100)), end: Some(counters(8100)) };
         collect_agent(&mut record, &frames, &window);
         assert_eq!((record.workload.rx_packets, record.workload.tx_packets), (Some(2000), Some(4000)));

@@ -137,15 +137,23 @@ pub struct ReportArgs {
     /// Judge against this variant instead of the matrix's baseline.
     #[arg(long, value_name = "VARIANT")]
     pub baseline: Option<String>,
+    /// Where the report goes.
+    #[command(flatten)]
+    pub output: ReportOutput,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// A report's format and destination.
+#[derive(Args)]
+pub struct ReportOutput {
     /// Format.
     #[arg(long, value_enum, default_value = "md")]
     pub format: Format,
     /// Write to this file instead of stdout.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// Database.
-    #[command(flatten)]
-    pub db: DbArgs,
 }
 
 /// Options of `lab compare`.
@@ -155,12 +163,9 @@ pub struct CompareArgs {
     pub a: String,
     /// The run judged.
     pub b: String,
-    /// Format.
-    #[arg(long, value_enum, default_value = "md")]
-    pub format: Format,
-    /// Write to this file instead of stdout.
-    #[arg(long, value_name = "FILE")]
-    pub out: Option<PathBuf>,
+    /// Where the report goes.
+    #[command(flatten)]
+    pub output: ReportOutput,
     /// Database.
     #[command(flatten)]
     pub db: DbArgs,
@@ -221,12 +226,12 @@ impl LabCommand {
             LabCommand::Report(args) => {
                 let store = args.db.open()?;
                 let report = run::report(&store, &args.run, args.baseline.as_deref()).map_err(coded)?;
-                write_report(&report, args.format, args.out.as_deref())
+                write_report(&report, args.output.format, args.output.out.as_deref())
             }
             LabCommand::Compare(args) => {
                 let store = args.db.open()?;
                 let report = run::compare(&store, &args.a, &args.b).map_err(coded)?;
-                write_report(&report, args.format, args.out.as_deref())
+                write_report(&report, args.output.format, args.output.out.as_deref())
             }
             LabCommand::Export(args) => {
                 let store = args.db.open()?;

@@ -26,7 +26,10 @@ Options:
   --duration S     seconds of each iperf3 run (default 10; TCG is slow, keep it short)
   --timeout S      kill the guest after S seconds (default 300 + 3 x duration)
   --smp N          guest CPUs (default 1; atlantic then uses 1 queue and 3 vectors)
-  --append ARGS    extra kernel parameters, e.g. 'iommu.strict=1'
+  --append ARGS    extra kernel parameters, e.g. 'iommu.strict=1' or 'atlantic.rxpageorder=3'
+  --patch FILE     a driver variant: build the driver with this patch (repeat for a series;
+                   `driverlab image module`) and boot it instead of the kernel's own module,
+                   e.g. examples/patches/001-atlantic-page-pool.patch
   --logs DIR       where the logs go (default target/atlantic-check/DATE-MODE)
   --keep           keep the QEMU trace file (every guest IOMMU map/unmap; can be large)
   --nic e1000e     harness self-test: instead of the model, QEMU's emulated e1000e on the
@@ -58,6 +61,7 @@ append=""
 logdir=""
 keep=0
 model_cmd=""
+patches=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --model-cmd) model_cmd="${2:?--model-cmd needs a command}"; shift ;;
@@ -65,6 +69,7 @@ while [ $# -gt 0 ]; do
         --timeout) timeout_s="${2:?--timeout needs seconds}"; shift ;;
         --smp) smp="${2:?--smp needs a number}"; shift ;;
         --append) append="${2:?--append needs kernel parameters}"; shift ;;
+        --patch) patches+=(--patch "$(realpath "${2:?--patch needs a file}")"); shift ;;
         --logs) logdir="${2:?--logs needs a directory}"; shift ;;
         --keep) keep=1 ;;
         --nic) nic="${2:?--nic needs atlantic or e1000e}"; shift ;;
@@ -139,7 +144,13 @@ kernel_id=$("$bin" image kernel | tail -n 1)
 kernel=$("$bin" image path "$kernel_id" bzImage)
 kver=$("$bin" image show "$kernel_id" | sed -n 's/^ *"release": "\(.*\)",$/\1/p')
 t_kernel=$(now)
-initrd=$("$bin" image initramfs --kernel "$kernel_id" --driver "$nic" | tail -n 1)
+variant=()
+if [ ${#patches[@]} -gt 0 ]; then
+    ko=$("$bin" image module --kernel "$kernel_id" "${patches[@]}" | tail -n 1)
+    log "driver variant: $ko"
+    variant=(--module "$ko")
+fi
+initrd=$("$bin" image initramfs --kernel "$kernel_id" --driver "$nic" "${variant[@]}" | tail -n 1)
 t_initrd=$(now)
 
 # --- Run directories ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 //! The image commands end to end on Debian's packages: the 6.12 kernel, driver variants built
-//! from the example patches (atlantic's `rxpageorder`, the lan743x spacing revert), and the
-//! initramfs with the agent, built twice to the same bytes. They fetch packages and need the
-//! kernel headers, which `scripts/test.sh` installs before it sets `DRIVERLAB_IMAGE_TESTS=1`.
+//! from the example patches (atlantic's `rxpageorder` and page_pool conversion, the lan743x
+//! spacing revert), and the initramfs with the agent, built twice to the same bytes. They fetch
+//! packages and need the kernel headers, which `scripts/test.sh` installs before it sets
+//! `DRIVERLAB_IMAGE_TESTS=1`.
 
 mod common;
 
@@ -76,6 +77,23 @@ fn debian_kernel_variants_and_a_reproducible_initramfs() {
     if let Ok(out) = Command::new("modinfo").args(["-F", "parm", &ko]).output() {
         assert!(String::from_utf8_lossy(&out.stdout).contains("rxpageorder:RX page order"), "kmod's modinfo agrees");
     }
+
+    // seed 001: the page_pool conversion, backported to 6.12; its Kconfig `select PAGE_POOL` is
+    // outside the driver's folder, and left out because the kernel has page_pool built in.
+    let (code, pp, stderr) =
+        image(store, &["module", "--kernel", &kernel, "--patch", &patch("001-atlantic-page-pool.patch")]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let pp_id = PathBuf::from(&pp).parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    let p = manifest(store, &pp_id);
+    assert_eq!(p["patches"][0]["subject"], "net: atlantic: convert RX path to page_pool (backport to 6.12)");
+    assert_eq!(p["outside"][0]["file"], "drivers/net/ethernet/aquantia/Kconfig");
+    assert_eq!(p["outside"][0]["note"], "select PAGE_POOL: the kernel has CONFIG_PAGE_POOL=y");
+    assert!(p["modules"][0]["modinfo"]["params"].get("rxpageorder").is_none(), "no tunable: {p}");
+    let bytes = std::fs::read(&pp).unwrap();
+    for symbol in ["page_pool_create", "page_pool_alloc_frag", "page_pool_destroy"] {
+        assert!(bytes.windows(symbol.len()).any(|w| w == symbol.as_bytes()), "{pp} imports {symbol}");
+    }
+    assert_ne!(pp_id, m["id"].as_str().unwrap(), "another variant, another image");
 
     // seed 004's revert: the old descriptor spacing for lan743x.
     let (code, lan, stderr) = image(

@@ -69,8 +69,58 @@ pub struct ModuleManifest {
     pub source: String,
     /// The patches applied, in order.
     pub patches: Vec<Patch>,
+    /// What the patches change outside the driver's folder, which an out-of-tree build cannot
+    /// carry, and why that is fine (a Kconfig `select` the kernel's config already satisfies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outside: Vec<OutsideChange>,
     /// The modules built.
     pub modules: Vec<BuiltModule>,
+}
+
+/// A change a patch makes outside the driver's folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutsideChange {
+    /// The patch's file.
+    pub patch: String,
+    /// The file it changes.
+    pub file: String,
+    /// Why the module is right without it.
+    pub note: String,
+}
+
+/// Whether a change outside the driver's folder can be left out of an out-of-tree build: only
+/// Kconfig lines that select or imply symbols the kernel's config already has.
+fn outside_note(file: &str, section: &str, config: &str) -> Result<String, String> {
+    let cannot = || {
+        format!(
+            "it changes {file}, outside the driver's folder, and an out-of-tree module build cannot carry that:              build a kernel tree with it (`driverlab image kernel --tree PATH`) and the module from that tree              (`--tree PATH`)"
+        )
+    };
+    if !file.ends_with("Kconfig") {
+        return Err(cannot());
+    }
+    let mut notes = Vec::new();
+    for line in crate::patches::changed_lines(section) {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let symbol = line.strip_prefix("select ").or_else(|| line.strip_prefix("imply ")).ok_or_else(cannot)?;
+        let symbol = symbol.split_whitespace().next().unwrap_or_default();
+        let set = config
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("CONFIG_{symbol}=")))
+            .filter(|v| *v == "y" || *v == "m");
+        match set {
+            Some(value) => notes.push(format!("{line}: the kernel has CONFIG_{symbol}={value}")),
+            None => {
+                return Err(format!(
+                    "it needs CONFIG_{symbol} ({file}: `{line}`), which the kernel's config does not set"
+                ));
+            }
+        }
+    }
+    Ok(notes.join("; "))
 }
 
 impl ModuleManifest {
@@ -186,10 +236,23 @@ pub fn build(store: &ImageStore, request: &ModuleRequest) -> Result<ModuleManife
         series.extend(patches::parse(&name, &String::from_utf8_lossy(&text))?);
     }
 
+    let config = String::from_utf8_lossy(&read(&store.dir(&kernel.id).join(&kernel.config))?).into_owned();
+    let mut outside = Vec::new();
+    let mut cut = Vec::new();
+    for patch in &series {
+        let (inside, changes) = patches::split(patch, &driver);
+        for (file, section) in changes {
+            let note = outside_note(&file, &section, &config)
+                .map_err(|why| ImageError::Invalid(format!("{} ({}): {why}", patch.file, patch.subject)))?;
+            outside.push(OutsideChange { patch: patch.file.clone(), file, note });
+        }
+        cut.push(inside);
+    }
+
     let scratch = store.scratch("module")?;
     let tree = scratch.join("src");
     let source = copy_sources(&request.source, &driver, &tree)?;
-    for patch in &series {
+    for patch in cut.iter().filter(|p| !p.diff.is_empty()) {
         patches::apply(patch, &tree)?;
     }
     let dir = tree.join(&driver);
@@ -266,10 +329,37 @@ pub fn build(store: &ImageStore, request: &ModuleRequest) -> Result<ModuleManife
         release: kernel.release.clone(),
         source,
         patches: series,
+        outside,
         modules,
     };
     write_manifest(&image, &manifest)?;
     store.commit(&image, &id)?;
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KCONFIG: &str = "diff --git a/d/Kconfig b/d/Kconfig\n--- a/d/Kconfig\n+++ b/d/Kconfig\n@@ -1,2 +1,3 @@\n \
+                           config AQTION\n \tdepends on PCI\n+\tselect PAGE_POOL\n";
+
+    #[test]
+    fn kconfig_selects_the_kernel_has_are_left_out_with_a_note() {
+        let note = outside_note("d/Kconfig", KCONFIG, "CONFIG_PCI=y\nCONFIG_PAGE_POOL=y\n").unwrap();
+        assert_eq!(note, "select PAGE_POOL: the kernel has CONFIG_PAGE_POOL=y");
+    }
+
+    #[test]
+    fn other_changes_outside_the_folder_are_refused_with_what_to_do() {
+        let missing = outside_note("d/Kconfig", KCONFIG, "CONFIG_PCI=y\n# CONFIG_PAGE_POOL is not set\n").unwrap_err();
+        assert!(missing.contains("needs CONFIG_PAGE_POOL"), "{missing}");
+        let depends = KCONFIG.replace("select PAGE_POOL", "depends on NET");
+        assert!(outside_note("d/Kconfig", &depends, "CONFIG_NET=y\n").unwrap_err().contains("--tree"));
+        let header = KCONFIG.replace("d/Kconfig", "include/linux/skbuff.h");
+        assert!(
+            outside_note("include/linux/skbuff.h", &header, "").unwrap_err().contains("outside the driver's folder")
+        );
+    }
 }

@@ -119,6 +119,48 @@ pub fn decode_quoted_printable(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A patch cut to the files under `folder`, and the changes it makes outside it: `(file, diff)`.
+pub fn split(patch: &Patch, folder: &str) -> (Patch, Vec<(String, String)>) {
+    let prefix = format!("{}/", folder.trim_matches('/'));
+    let mut inside = String::new();
+    let mut outside = Vec::new();
+    for section in file_sections(&patch.diff) {
+        let file = section
+            .lines()
+            .find_map(|l| l.strip_prefix("+++ b/").or_else(|| l.strip_prefix("--- a/")))
+            .unwrap_or_default()
+            .to_string();
+        if file.starts_with(&prefix) {
+            inside.push_str(section);
+        } else {
+            outside.push((file, section.to_string()));
+        }
+    }
+    let files = patch.files.iter().filter(|f| f.starts_with(&prefix)).cloned().collect();
+    (Patch { files, diff: inside, ..patch.clone() }, outside)
+}
+
+/// The diff's sections, one per file, each from its `diff --git` line.
+fn file_sections(diff: &str) -> Vec<&str> {
+    let mut starts: Vec<usize> = Vec::new();
+    let mut offset = 0;
+    for line in diff.split_inclusive('\n') {
+        if line.starts_with("diff --git ") {
+            starts.push(offset);
+        }
+        offset += line.len();
+    }
+    starts.iter().enumerate().map(|(i, &s)| &diff[s..starts.get(i + 1).copied().unwrap_or(diff.len())]).collect()
+}
+
+/// The lines a diff section adds and removes, without their `+`/`-`.
+pub fn changed_lines(section: &str) -> impl Iterator<Item = &str> {
+    section
+        .lines()
+        .filter(|l| !l.starts_with("+++ ") && !l.starts_with("--- "))
+        .filter_map(|l| l.strip_prefix('+').or_else(|| l.strip_prefix('-')))
+}
+
 /// Applies `patch` to the tree at `root` (paths in the patch are `a/...`, `b/...`): exactly, or
 /// not at all.
 pub fn apply(patch: &Patch, root: &Path) -> Result<(), ImageError> {
@@ -206,6 +248,27 @@ index 1..2 100644\n\
         assert_ne!(patches[0].sha256, patches[1].sha256);
         assert_eq!(decode_quoted_printable("a=\nb =3D c=20"), "ab = c ");
         assert!(matches!(parse("x", "just a mail\n"), Err(ImageError::Invalid(_))));
+    }
+
+    #[test]
+    fn a_patch_splits_at_its_driver_s_folder() {
+        let diff = "diff --git a/drv/Kconfig b/drv/Kconfig\n--- a/drv/Kconfig\n+++ b/drv/Kconfig\n@@ -1 +1,2 @@\n config X\n+\tselect PAGE_POOL\n\
+                    diff --git a/drv/x/a.c b/drv/x/a.c\n--- a/drv/x/a.c\n+++ b/drv/x/a.c\n@@ -1 +1 @@\n-one\n+two\n";
+        let patch = Patch {
+            file: "p".into(),
+            subject: "s".into(),
+            author: "a".into(),
+            sha256: String::new(),
+            files: vec!["drv/Kconfig".into(), "drv/x/a.c".into()],
+            diff: diff.into(),
+        };
+        let (inside, outside) = split(&patch, "drv/x/");
+        assert_eq!(inside.files, ["drv/x/a.c"]);
+        assert!(inside.diff.starts_with("diff --git a/drv/x/a.c") && inside.diff.ends_with("+two\n"));
+        assert_eq!(outside.len(), 1);
+        assert_eq!(outside[0].0, "drv/Kconfig");
+        assert_eq!(changed_lines(&outside[0].1).collect::<Vec<_>>(), ["\tselect PAGE_POOL"]);
+        assert_eq!(inside.diff.len() + outside[0].1.len(), diff.len(), "nothing lost, nothing repeated");
     }
 
     #[test]

@@ -143,6 +143,8 @@ pub const FAULTS: &[&str] = &[
     "fault from EP",
     "swiotlb buffer is full",
     "DMA-API",
+    // page_pool_release_retry(): pages still out of a destroyed pool after a minute.
+    "stalled pool shutdown",
 ];
 
 /// The lines of `log` that report a kernel fault (see [`FAULTS`]; also RCU stalls and IOMMU,
@@ -408,6 +410,8 @@ mod tests {
         assert!(!faulty.ok && faulty.faults.len() == 1, "{faulty:?}");
         assert_eq!(fault_lines("AMD-Vi: Event logged [IO_PAGE_FAULT]\nvirtio_iommu: page fault from EP 16\n").len(), 1);
         assert_eq!(fault_lines("rcu: INFO: rcu_preempt self-detected stall on CPU\n").len(), 1);
+        let leak = "page_pool_release_retry() stalled pool shutdown: id 9, 1 inflight 60 sec\n";
+        assert_eq!(fault_lines(leak).len(), 1, "a page_pool that cannot drain");
         port.extend(encode(10, "step", false, br#"{"step":"unload","status":"fail","reason":"rmmod: busy"}"#));
         let failed = verdict(&parse(&port), "");
         assert!(failed.problems.iter().any(|p| p == "step unload failed: rmmod: busy"), "{failed:?}");

@@ -148,4 +148,72 @@ fn debian_kernel_variants_and_a_reproducible_initramfs() {
     assert!(modules.iter().any(|m| m["name"] == "phylink"), "lan743x's dependencies");
     assert_eq!(files["init"].as_str().unwrap(), guest_images::store::sha256(guest_images::AGENT.as_bytes()));
     assert_eq!(i["patches"][0]["subject"], m["patches"][0]["subject"]);
+
+    linux_matrix(store, &kernel, &pp_id);
+}
+
+/// The stock driver against seed 001's page_pool variant as a lab matrix on the AQC100 model:
+/// refused here with the reason when this host cannot boot Linux under driverlab's VMM, run to
+/// PASS with fewer maps per packet for page_pool where it can.
+fn linux_matrix(store: &Path, kernel: &str, page_pool: &str) {
+    let initramfs = |extra: &[&str]| {
+        let mut args = vec!["initramfs", "--kernel", kernel];
+        args.extend(extra);
+        let (code, archive, stderr) = image(store, &args);
+        assert_eq!(code, Some(0), "{stderr}");
+        PathBuf::from(archive).parent().unwrap().file_name().unwrap().to_string_lossy().into_owned()
+    };
+    let (stock, pool) = (initramfs(&[]), initramfs(&["--module", page_pool]));
+    let dir = tempfile::tempdir().unwrap();
+    let matrix = dir.path().join("linux.toml");
+    std::fs::write(
+        &matrix,
+        format!(
+            "name = \"page-pool\"\nbaseline = \"stock\"\ntimeout_s = 240\n\
+             [[device]]\nname = \"aqc100\"\nmodel = \"aqc100\"\n\
+             [[image]]\nname = \"stock\"\nkernel = \"{kernel}\"\ninitrd = \"{stock}\"\n\
+             [[image]]\nname = \"page-pool\"\nkernel = \"{kernel}\"\ninitrd = \"{pool}\"\n\
+             [[variant]]\nname = \"stock\"\nimage = \"stock\"\n\
+             [[variant]]\nname = \"page-pool\"\nimage = \"page-pool\"\n\
+             [[workload]]\nname = \"rx\"\nkind = \"iperf3\"\ndirection = \"rx\"\nduration_s = 5\nip = 6\n"
+        ),
+    )
+    .unwrap();
+    let lab = |args: &[&str]| {
+        Command::new(driverlab())
+            .arg("lab")
+            .args(args)
+            .env("DRIVERLAB_IMAGES", store)
+            .env("DRIVERLAB_DB", dir.path().join("lab.db"))
+            .output()
+            .unwrap()
+    };
+    let out = lab(&["run", matrix.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let virt = vm_spec::host::virtualization();
+    let root = lab::peer::can_create();
+    if !virt.boots_linux() || !root {
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("2 cell(s) cannot run on this host"), "{stderr}");
+        let reason =
+            if virt.boots_linux() { "which needs root" } else { "boots Linux only with hardware virtualization" };
+        assert!(stderr.contains(reason), "{stderr}");
+        eprintln!(
+            "SKIP linux_matrix_stock_against_page_pool_under_driverlab: {} (the matrix was refused with that reason)",
+            if virt.boots_linux() { "needs root for the peer's network namespace".into() } else { virt.describe() }
+        );
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let run = stdout.lines().next().and_then(|l| l.strip_prefix("run ")).and_then(|l| l.strip_suffix(" started"));
+    let report = lab(&["report", run.unwrap_or_else(|| panic!("no run line: {stdout}")), "--format", "json"]);
+    let report: Value = serde_json::from_slice(&report.stdout).unwrap();
+    let maps = |variant: &str| {
+        let cell = report["cells"].as_array().unwrap().iter().find(|c| c["variant"] == variant).unwrap();
+        assert_eq!(cell["status"]["PASS"], 1, "{cell}");
+        cell["metrics"]["maps_per_packet"]["mean"].as_f64().unwrap()
+    };
+    let (stock, pool) = (maps("stock"), maps("page-pool"));
+    assert!(pool < stock / 2.0, "page_pool maps {pool} per packet, stock {stock}");
 }

@@ -131,6 +131,22 @@ pub struct Device {
     /// The Linux driver that drives it in Linux images [default: `atlantic` for the AQC100].
     #[serde(default)]
     pub driver: Option<String>,
+    /// A host device's traffic peer for iperf3: an SSH destination (`[user@]host`, key login)
+    /// on the NIC's wire that has iperf3. A model's peer is a namespace the lab makes.
+    #[serde(default)]
+    pub peer: Option<String>,
+    /// The peer's IPv4 address on the wire [default: 10.77.0.1].
+    #[serde(default)]
+    pub peer_ip: Option<String>,
+    /// The guest's IPv4 address and prefix on the wire [default: 10.77.0.2/24].
+    #[serde(default)]
+    pub guest_ip: Option<String>,
+    /// The peer's IPv6 address on the wire [default: fd77::1].
+    #[serde(default)]
+    pub peer_ip6: Option<String>,
+    /// The guest's IPv6 address and prefix on the wire [default: fd77::2/64].
+    #[serde(default)]
+    pub guest_ip6: Option<String>,
 }
 
 /// What a device is, once checked.
@@ -148,6 +164,18 @@ pub enum DeviceKind {
 }
 
 impl Device {
+    /// The guest's and the peer's addresses: the device's, else the defaults.
+    pub fn addresses(&self) -> crate::peer::Addresses {
+        let default = crate::peer::Addresses::default();
+        let or = |value: &Option<String>, default: String| value.clone().unwrap_or(default);
+        crate::peer::Addresses {
+            guest_v4: or(&self.guest_ip, default.guest_v4),
+            peer_v4: or(&self.peer_ip, default.peer_v4),
+            guest_v6: or(&self.guest_ip6, default.guest_v6),
+            peer_v6: or(&self.peer_ip6, default.peer_v6),
+        }
+    }
+
     /// The Linux driver of the device.
     pub fn linux_driver(&self) -> String {
         self.driver.clone().unwrap_or_else(|| "atlantic".into())
@@ -168,6 +196,21 @@ impl Device {
             (None, None) => DeviceKind::Model { kind: String::new(), args: Vec::new() },
         }
     }
+}
+
+/// A device's address field: its name, its value, what makes it valid, and what it should be.
+type AddressCheck<'a> = (&'static str, &'a Option<String>, fn(&str) -> bool, &'static str);
+
+/// `[user@]host` with nothing SSH could take for an option.
+fn ssh_destination(text: &str) -> bool {
+    let (user, host) = text.split_once('@').unwrap_or(("", text));
+    let word = |w: &str| w.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+    !host.is_empty() && !host.starts_with('-') && !user.starts_with('-') && word(user) && word(host)
+}
+
+/// `ADDRESS/PREFIX`, the prefix at most `max`.
+fn with_prefix<A: std::str::FromStr>(text: &str, max: u8) -> bool {
+    text.split_once('/').is_some_and(|(a, p)| a.parse::<A>().is_ok() && p.parse::<u8>().is_ok_and(|p| p <= max))
 }
 
 /// A guest image: the probe, or a kernel (and initrd) on this host.
@@ -533,6 +576,41 @@ impl Checker<'_> {
                 }
                 _ => {}
             }
+            if let Some(peer) = &d.peer {
+                if d.model.is_some() {
+                    return Err(self.error(
+                        Some(span),
+                        format!("device[{i}].peer"),
+                        "a model's peer is a network namespace the lab makes; peer is for host devices",
+                    ));
+                }
+                if !ssh_destination(peer) {
+                    return Err(self.error(
+                        Some(span),
+                        format!("device[{i}].peer"),
+                        format!("{peer:?} is not an SSH destination: give [user@]host (letters, digits, . - _)"),
+                    ));
+                }
+            } else if d.peer_ip.is_some() || d.guest_ip.is_some() || d.peer_ip6.is_some() || d.guest_ip6.is_some() {
+                return Err(self.error(Some(span), format!("device[{i}]"), "addresses are for a device with a peer"));
+            }
+            let checks: [AddressCheck; 4] = [
+                ("peer_ip", &d.peer_ip, |a| a.parse::<std::net::Ipv4Addr>().is_ok(), "an IPv4 address"),
+                ("guest_ip", &d.guest_ip, |a| with_prefix::<std::net::Ipv4Addr>(a, 32), "IPv4/prefix"),
+                ("peer_ip6", &d.peer_ip6, |a| a.parse::<std::net::Ipv6Addr>().is_ok(), "an IPv6 address"),
+                ("guest_ip6", &d.guest_ip6, |a| with_prefix::<std::net::Ipv6Addr>(a, 128), "IPv6/prefix"),
+            ];
+            for (field, value, valid, what) in checks {
+                if let Some(value) = value
+                    && !valid(value)
+                {
+                    return Err(self.error(
+                        Some(span),
+                        format!("device[{i}].{field}"),
+                        format!("{value:?}: give {what}"),
+                    ));
+                }
+            }
         }
         for (i, image) in m.images.iter().enumerate() {
             let (span, image) = (image.span(), image.get_ref());
@@ -767,6 +845,24 @@ ip = 6
             }
             assert!(err.to_string().starts_with("m.toml:"), "{err}");
         }
+        let host = |extra: &str| GOOD.replace("model = \"aqc100\"", &format!("bdf = \"0000:63:00.0\"\n{extra}"));
+        for (text, field, message) in [
+            (host("peer = \"-oProxyCommand=x\""), "device[0].peer", "not an SSH destination"),
+            (host("peer = \"lab@peer box\""), "device[0].peer", "not an SSH destination"),
+            (host("peer = \"lab@peer\"\npeer_ip = \"10.0.0.300\""), "device[0].peer_ip", "an IPv4 address"),
+            (host("peer = \"lab@peer\"\nguest_ip = \"10.0.0.2\""), "device[0].guest_ip", "IPv4/prefix"),
+            (host("peer = \"peer\"\nguest_ip6 = \"fd00::2/129\""), "device[0].guest_ip6", "IPv6/prefix"),
+            (host("peer_ip = \"10.0.0.1\""), "device[0]", "addresses are for a device with a peer"),
+            (GOOD.replace("model = \"aqc100\"", "model = \"aqc100\"\npeer = \"lab@x\""), "device[0].peer", "namespace"),
+        ] {
+            let err = parse(&text).unwrap_err();
+            assert_eq!((err.field.as_str(), err.message.contains(message)), (field, true), "{err}");
+        }
+        let plan = parse(&host("peer = \"lab@peer-1.lan\"\npeer_ip = \"192.168.7.1\"\nguest_ip = \"192.168.7.2/24\""))
+            .unwrap();
+        let addresses = plan.device("aq").unwrap().addresses();
+        assert_eq!((addresses.peer_v4.as_str(), addresses.guest_v6.as_str()), ("192.168.7.1", "fd77::2/64"));
+
         let no_probe_workload = GOOD.replace("kind = \"probe-rx\"\nframes = 1000", "kind = \"iperf3\"");
         assert!(parse(&no_probe_workload).unwrap_err().message.contains("needs a probe-rx workload"));
     }

@@ -100,12 +100,17 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
         None
     };
     let iperf = matches!(plan.workload(&cell.workload), Some(Workload::Iperf3 { .. }));
-    let peer = match (iperf, device.kind()) {
-        (true, DeviceKind::Model { .. }) => match Peer::start() {
-            Ok(peer) => Some(peer),
-            Err(e) => return fail(record, Status::Error, e.to_string()),
-        },
+    let peer = match (iperf, device.kind(), &device.peer) {
+        (true, DeviceKind::Model { .. }, _) => Some(Peer::namespace()),
+        (true, DeviceKind::Host(_), Some(destination)) => {
+            let limit = Duration::from_secs_f64(plan.matrix.timeout_s);
+            Some(Peer::remote(destination, device.addresses(), limit))
+        }
         _ => None,
+    };
+    let peer = match peer.transpose() {
+        Ok(peer) => peer,
+        Err(e) => return fail(record, Status::Error, e.to_string()),
     };
 
     // The device: a fresh model for this VM (its wire the peer's TAP, with a peer), or the
@@ -119,7 +124,7 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
                 Some(_) => vec!["--tap", crate::peer::TAP],
                 None => args.iter().map(String::as_str).collect(),
             };
-            match ModelProcess::start_in(&ctx.driverlab, &kind, &args, peer.as_ref().map(Peer::netns)) {
+            match ModelProcess::start_in(&ctx.driverlab, &kind, &args, peer.as_ref().and_then(Peer::netns)) {
                 Ok(m) => {
                     record.timings.model_start_ms = Some(ms(model_start.elapsed()));
                     let spec = m.device_spec();

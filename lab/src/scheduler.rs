@@ -63,8 +63,25 @@ pub struct Outcome {
 /// Why the cells of `plan` cannot run here, if they cannot. A Linux image that does not resolve
 /// (a missing file, an unknown image ID) is the matrix's mistake, not the host's.
 pub fn refusals(plan: &Plan) -> Result<Vec<(Cell, String)>, LabError> {
-    let virt = virtualization();
-    let vfio = Path::new("/dev/vfio/vfio").exists();
+    let host = Host {
+        virt: virtualization(),
+        vfio: Path::new("/dev/vfio/vfio").exists(),
+        root: crate::peer::can_create(),
+        ssh: ssh_found(),
+    };
+    refusals_on(plan, &host)
+}
+
+/// What decides whether a cell can run on a host.
+struct Host {
+    virt: vm_spec::host::Virtualization,
+    vfio: bool,
+    root: bool,
+    ssh: bool,
+}
+
+fn refusals_on(plan: &Plan, host: &Host) -> Result<Vec<(Cell, String)>, LabError> {
+    let (virt, vfio) = (&host.virt, host.vfio);
     let store = ImageStore::new(guest_images::store::default_root());
     let mut refused = Vec::new();
     for cell in &plan.cells {
@@ -87,12 +104,19 @@ pub fn refusals(plan: &Plan) -> Result<Vec<(Cell, String)>, LabError> {
                 image.name,
                 virt.describe()
             ))
-        } else if iperf && host_device {
-            Some(
-                "an iperf3 workload on a host device needs a remote peer, which the lab cannot drive yet (over SSH)"
-                    .into(),
-            )
-        } else if iperf && !crate::peer::can_create() {
+        } else if iperf && host_device && device.peer.is_none() {
+            Some(format!(
+                "device {:?}: an iperf3 workload on a host device needs its peer on the NIC's wire: set peer = \"user@host\" \
+                 (SSH with a key, iperf3 installed there) and its addresses (peer_ip, guest_ip)",
+                device.name
+            ))
+        } else if iperf && host_device && !host.ssh {
+            Some(format!(
+                "device {:?}: its peer is reached over SSH, and there is no {} here (apt-get install openssh-client)",
+                device.name,
+                crate::peer::ssh_program()
+            ))
+        } else if iperf && !host_device && !host.root {
             Some("an iperf3 workload on a model needs its peer's network namespace, which needs root".into())
         } else if host_device && !vfio {
             Some(
@@ -107,6 +131,16 @@ pub fn refusals(plan: &Plan) -> Result<Vec<(Cell, String)>, LabError> {
         }
     }
     Ok(refused)
+}
+
+/// Whether the SSH client runs.
+fn ssh_found() -> bool {
+    std::process::Command::new(crate::peer::ssh_program())
+        .arg("-V")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok()
 }
 
 /// Records SKIP for every repetition of the cells `refused` names.
@@ -287,5 +321,51 @@ impl Worker<'_> {
         };
         self.progress.recorded(record, done, self.total);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_spec::host::Virtualization;
+
+    /// A Linux iperf3 matrix on `device` (TOML lines), with a kernel file that exists.
+    fn plan(dir: &Path, device: &str) -> Plan {
+        std::fs::write(dir.join("vmlinux"), b"ELF").unwrap();
+        let text = format!(
+            "name = \"m\"\n[[device]]\nname = \"nic\"\n{device}\n[[image]]\nname = \"debian\"\nkernel = \"vmlinux\"\n\
+             [[variant]]\nname = \"stock\"\nimage = \"debian\"\n[[workload]]\nname = \"rx\"\nkind = \"iperf3\"\n"
+        );
+        Plan::parse(&dir.join("m.toml"), &text).unwrap()
+    }
+
+    fn reasons(plan: &Plan, host: &Host) -> Vec<String> {
+        refusals_on(plan, host).unwrap().into_iter().map(|(_, reason)| reason).collect()
+    }
+
+    /// A host with hardware virtualization or PVM, kernel VFIO, root and SSH, or not.
+    fn host(hardware: bool, vfio: bool, root: bool, ssh: bool) -> Host {
+        let virt = if hardware { Virtualization::Hardware("svm".into()) } else { Virtualization::Pvm };
+        Host { virt, vfio, root, ssh }
+    }
+
+    #[test]
+    fn each_cell_is_refused_for_the_first_thing_this_host_lacks() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = plan(dir.path(), "model = \"aqc100\"");
+        let bare = plan(dir.path(), "bdf = \"0000:63:00.0\"");
+        let peered = plan(dir.path(), "bdf = \"0000:63:00.0\"\npeer = \"lab@peer\"");
+        let able = host(true, true, true, true);
+        assert!(reasons(&model, &able).is_empty() && reasons(&peered, &able).is_empty());
+
+        let first = |plan: &Plan, host: &Host| reasons(plan, host).first().cloned().unwrap_or_default();
+        assert!(
+            first(&model, &host(false, true, true, true)).contains("boots Linux only with hardware virtualization")
+        );
+        assert!(first(&model, &host(true, true, false, true)).contains("needs root"));
+        assert!(reasons(&peered, &host(true, true, false, true)).is_empty(), "a remote peer needs no namespace");
+        assert!(first(&bare, &able).contains("set peer = \"user@host\""), "{}", first(&bare, &able));
+        assert!(first(&peered, &host(true, true, true, false)).contains("openssh-client"));
+        assert!(first(&peered, &host(true, false, true, true)).contains("no kernel VFIO"));
     }
 }

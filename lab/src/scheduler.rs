@@ -345,7 +345,7 @@ mod tests {
 
     /// A host with hardware virtualization or PVM, kernel VFIO, root and SSH, or not.
     fn host(hardware: bool, vfio: bool, root: bool, ssh: bool) -> Host {
-        let virt = if hardware { Virtualization::Hardware("svm".into()) } else { Virtualization::Pvm };
+        let virt = if hardware { Virtualization::Hardware("svm") } else { Virtualization::Pvm };
         Host { virt, vfio, root, ssh }
     }
 

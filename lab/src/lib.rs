@@ -21,6 +21,7 @@ pub mod peer;
 pub mod probe_report;
 pub mod record;
 pub mod report;
+pub mod request;
 pub mod run;
 pub mod runner;
 pub mod scheduler;

@@ -111,41 +111,41 @@ fn yes() -> bool {
 }
 
 /// A device the cells run on: a driverlab model (a fresh process per VM) or a host PCI device.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Device {
     /// Its name in the matrix and in results.
     pub name: String,
     /// A driverlab model (`aqc100`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// The model's frame generator (`driverlab model aqc100 --generate`), e.g. `size=1514`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generate: Option<String>,
     /// The model's TAP interface (`--tap`), instead of the generator.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tap: Option<String>,
     /// A host PCI device bound to vfio-pci.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bdf: Option<Bdf>,
     /// The Linux driver that drives it in Linux images [default: `atlantic` for the AQC100].
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
     /// A host device's traffic peer for iperf3: an SSH destination (`[user@]host`, key login)
     /// on the NIC's wire that has iperf3. A model's peer is a namespace the lab makes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<String>,
     /// The peer's IPv4 address on the wire [default: 10.77.0.1].
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer_ip: Option<String>,
     /// The guest's IPv4 address and prefix on the wire [default: 10.77.0.2/24].
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_ip: Option<String>,
     /// The peer's IPv6 address on the wire [default: fd77::1].
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer_ip6: Option<String>,
     /// The guest's IPv6 address and prefix on the wire [default: fd77::2/64].
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_ip6: Option<String>,
 }
 

@@ -264,41 +264,100 @@ impl Report {
         serde_json::to_string_pretty(self).expect("a report always serializes")
     }
 
+    /// The table's header: what [`Report::rows`] gives for each cell.
+    pub const COLUMNS: [&'static str; 11] =
+        ["cell", "variant", "workload", "device", "n", "status", "Gbit/s", "change", "maps/packet", "change", "verdict"];
+
+    /// One row per cell, as the markdown and HTML tables show them.
+    pub fn rows(&self) -> Vec<[String; 11]> {
+        self.cells
+            .iter()
+            .map(|c| {
+                let status: Vec<String> =
+                    c.status.iter().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{n} {s}")).collect();
+                let (gbit, gbit_change) = cell_metric(c, "gbit_s", 3);
+                let (maps, maps_change) = cell_metric(c, "maps_per_packet", 4);
+                let verdict = c.verdict.map_or(String::from("-"), |v| format!("{v:?}").to_lowercase());
+                [
+                    c.cell.clone(),
+                    self.label(c),
+                    c.workload.clone(),
+                    c.device.clone(),
+                    c.n.to_string(),
+                    status.join(", "),
+                    gbit,
+                    gbit_change,
+                    maps,
+                    maps_change,
+                    verdict,
+                ]
+            })
+            .collect()
+    }
+
+    fn rule(&self) -> Option<String> {
+        self.baseline.as_ref().map(|b| {
+            format!(
+                "Against {b}; a change is called real at 5 % or more with Welch's p < 0.05 (and, below 10 samples, non-overlapping ranges)."
+            )
+        })
+    }
+
     /// The report as a markdown table.
     pub fn to_markdown(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "## {} — run {} ({})", self.matrix, self.run, self.state);
-        if let Some(b) = &self.baseline {
-            let _ = writeln!(
-                out,
-                "\nAgainst {b}; a change is called real at 5 % or more with Welch's p < 0.05 (and, below 10 samples, non-overlapping ranges)."
-            );
+        if let Some(rule) = self.rule() {
+            let _ = writeln!(out, "\n{rule}");
         }
-        let _ = writeln!(
-            out,
-            "\n| cell | variant | workload | device | n | status | Gbit/s | change | maps/packet | change | verdict |"
-        );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
-        for c in &self.cells {
-            let status: Vec<String> =
-                c.status.iter().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{n} {s}")).collect();
-            let (gbit, gbit_change) = cell_metric(c, "gbit_s", 3);
-            let (maps, maps_change) = cell_metric(c, "maps_per_packet", 4);
-            let verdict = c.verdict.map_or(String::from("-"), |v| format!("{v:?}").to_lowercase());
-            let label = self.label(c);
-            let _ = writeln!(
-                out,
-                "| {} | {label} | {} | {} | {} | {} | {gbit} | {gbit_change} | {maps} | {maps_change} | {verdict} |",
-                c.cell,
-                c.workload,
-                c.device,
-                c.n,
-                status.join(", ")
-            );
+        let _ = writeln!(out, "\n| {} |", Report::COLUMNS.join(" | "));
+        let _ = writeln!(out, "|{}", "---|".repeat(Report::COLUMNS.len()));
+        for row in self.rows() {
+            let _ = writeln!(out, "| {} |", row.join(" | "));
         }
         for c in self.cells.iter().filter(|c| !c.reasons.is_empty()) {
             let _ = writeln!(out, "\n{} did not always pass: {}", c.cell, c.reasons.join("; "));
         }
+        out
+    }
+
+    /// The report as a page for a browser: the table and `chart` (an SVG document), with no
+    /// script and nothing fetched from elsewhere.
+    pub fn to_html(&self, chart: &str) -> String {
+        let mut out = String::new();
+        let title = format!("{} — run {} ({})", self.matrix, self.run, self.state);
+        let _ = write!(
+            out,
+            "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n\
+             <link rel=\"icon\" href=\"data:,\">\n<style>\n\
+             body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}\n\
+             table {{ border-collapse: collapse; }}\n\
+             th, td {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }}\n\
+             th {{ background: #f3f3f3; }}\n\
+             td:nth-child(-n+4), td:nth-child(6), td:last-child {{ text-align: left; }}\n\
+             </style>\n</head>\n<body>\n<h1>{}</h1>\n",
+            escape(&title),
+            escape(&title)
+        );
+        if let Some(rule) = self.rule() {
+            let _ = writeln!(out, "<p>{}</p>", escape(&rule));
+        }
+        let _ = writeln!(out, "<table id=\"cells\">\n<thead><tr>");
+        for column in Report::COLUMNS {
+            let _ = write!(out, "<th>{}</th>", escape(column));
+        }
+        let _ = writeln!(out, "</tr></thead>\n<tbody>");
+        for row in self.rows() {
+            let cells: String = row.iter().map(|v| format!("<td>{}</td>", escape(v))).collect();
+            let _ = writeln!(out, "<tr>{cells}</tr>");
+        }
+        let _ = writeln!(out, "</tbody>\n</table>");
+        for c in self.cells.iter().filter(|c| !c.reasons.is_empty()) {
+            let _ = writeln!(out, "<p>{} did not always pass: {}</p>", escape(&c.cell), escape(&c.reasons.join("; ")));
+        }
+        // The chart inline, without its XML declaration.
+        let svg = chart.find("<svg").map_or("", |i| &chart[i..]);
+        let _ = writeln!(out, "<figure id=\"chart\">\n{svg}\n</figure>\n</body>\n</html>");
         out
     }
 
@@ -363,6 +422,22 @@ fn cell_metric(c: &CellReport, name: &str, digits: usize) -> (String, String) {
         None => "-".into(),
     };
     (value, change)
+}
+
+/// Text safe inside HTML elements and attribute values.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn csv_field(s: &str) -> String {
@@ -435,6 +510,14 @@ mod tests {
         assert_eq!(c["verdict"], "better");
         let md = report.to_markdown();
         assert!(md.contains("| c02 | order3 | rx | aq | 5 | 5 PASS |"), "{md}");
+        assert!(md.contains("|---|---|---|---|---|---|---|---|---|---|---|\n"), "{md}");
+        let html = report.to_html("<?xml version=\"1.0\"?>\n<svg id=\"s\"></svg>");
+        assert!(html.starts_with("<!doctype html>") && html.ends_with("</html>\n"), "{html}");
+        assert!(html.contains("<tr><td>c02</td><td>order3</td><td>rx</td><td>aq</td><td>5</td><td>5 PASS</td>"));
+        assert!(html.contains("<figure id=\"chart\">\n<svg id=\"s\"></svg>") && !html.contains("<?xml"));
+        assert!(html.contains("<p>c03 did not always pass: it broke</p>"), "{html}");
+        assert!(!html.contains("<script"), "no script");
+        assert_eq!(escape("<a href=\"x\">&'</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;");
         let csv = report.to_csv();
         assert_eq!(csv.lines().count(), 1 + 3 * 2, "{csv}");
         assert!(csv.lines().nth(3).unwrap().starts_with("c02,probe,order3,,rx,aq,5,5,0,0,0,0,gbit_s,"), "{csv}");

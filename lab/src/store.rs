@@ -61,6 +61,12 @@ const MIGRATIONS: &[&str] = &[
         reason TEXT NOT NULL,
         since TEXT NOT NULL
     );",
+    // 2: devices registered with the daemon, which matrices over HTTP name.
+    "CREATE TABLE devices (
+        name TEXT PRIMARY KEY,
+        definition TEXT NOT NULL,
+        registered_at TEXT NOT NULL
+    );",
 ];
 
 /// Errors of the results database.
@@ -497,6 +503,50 @@ impl Store {
     /// Lifts a quarantine; returns whether there was one.
     pub fn unquarantine(&self, device: &str) -> Result<bool, StoreError> {
         let n = self.conn.execute("DELETE FROM quarantine WHERE device = ?1", params![device]).map_err(self.sql())?;
+        Ok(n > 0)
+    }
+
+    /// Registers `device` under its name; false if that name is taken.
+    pub fn register_device(&self, device: &crate::matrix::Device) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(device).expect("a device always serializes");
+        let n = self
+            .conn
+            .execute(
+                "INSERT OR IGNORE INTO devices (name, definition, registered_at) VALUES (?1, ?2, ?3)",
+                params![device.name, json, now_rfc3339()],
+            )
+            .map_err(self.sql())?;
+        Ok(n > 0)
+    }
+
+    /// The registered devices, by name, with when each was registered.
+    pub fn devices(&self) -> Result<Vec<(crate::matrix::Device, String)>, StoreError> {
+        let mut stmt =
+            self.conn.prepare("SELECT definition, registered_at FROM devices ORDER BY name").map_err(self.sql())?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(self.sql())?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.sql())?;
+        rows.into_iter()
+            .map(|(json, at)| {
+                serde_json::from_str(&json).map(|d| (d, at)).map_err(|e| StoreError::Corrupt {
+                    run: String::new(),
+                    what: "devices",
+                    reason: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// The registered device `name`.
+    pub fn device(&self, name: &str) -> Result<Option<crate::matrix::Device>, StoreError> {
+        Ok(self.devices()?.into_iter().map(|(d, _)| d).find(|d| d.name == name))
+    }
+
+    /// Removes the registered device `name`; returns whether there was one.
+    pub fn remove_device(&self, name: &str) -> Result<bool, StoreError> {
+        let n = self.conn.execute("DELETE FROM devices WHERE name = ?1", params![name]).map_err(self.sql())?;
         Ok(n > 0)
     }
 

@@ -1,60 +1,425 @@
-//! The HTTP API end to end: `driverlab serve` on a Unix socket, one call boots the probe guest.
+//! The lab daemon end to end: `driverlab serve` with its own database, driven with `curl
+//! --unix-socket` and the API client; runs, their event streams and reports, devices, VMs, the
+//! token, refused paths, every error as JSON, and a daemon killed with -9 that resumes.
 
 mod common;
 
-use std::process::{Child, Command};
-use std::time::Duration;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
-use api::client::Client;
-use api::types::{ErrorBody, VmResult};
+use api::client::{Answer, Client};
 use common::{driverlab, kvm_available};
+use serde_json::{Value, json};
 
-struct Server(Child);
+/// A daemon on its own socket and database, killed when dropped.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    tcp: Option<String>,
+}
 
-impl Drop for Server {
+impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
-fn start_server(socket: &std::path::Path) -> Server {
-    let child =
-        Command::new(driverlab()).args(["serve", "--socket"]).arg(socket).spawn().expect("driverlab serve starts");
-    for _ in 0..500 {
-        if socket.exists() {
-            break;
+impl Daemon {
+    fn start(dir: &Path, extra: &[&str]) -> Daemon {
+        let socket = dir.join("api.sock");
+        let mut child = Command::new(driverlab())
+            .args(["serve", "--socket"])
+            .arg(&socket)
+            .arg("--db")
+            .arg(dir.join("lab.db"))
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("driverlab serve starts");
+        // Its first lines say where it listens.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("driverlab API on tcp://") {
+                    let _ = tx.send(addr.split_whitespace().next().unwrap_or_default().to_string());
+                }
+            }
+        });
+        let tcp = extra.contains(&"--listen").then(|| rx.recv_timeout(Duration::from_secs(10)).expect("a TCP address"));
+        // Answering, not just there: a daemon killed before leaves its socket behind.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "the daemon answers on its socket");
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        Daemon { child, socket, tcp }
     }
-    assert!(socket.exists(), "the server created its socket");
-    Server(child)
+
+    fn client(&self) -> Client {
+        Client::new(&self.socket)
+    }
+
+    /// `curl --unix-socket` with `args`; (HTTP status, body).
+    fn curl(&self, args: &[&str]) -> (u16, String) {
+        let out = Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}", "--unix-socket"])
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("curl runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
 }
 
-#[tokio::test]
-async fn one_http_call_boots_the_probe() {
-    if !kvm_available("one_http_call_boots_the_probe") {
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+fn call(client: &Client, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Answer {
+    runtime().block_on(client.call(method, path, headers, body.map(<[u8]>::to_vec))).unwrap()
+}
+
+fn json_of(answer: &Answer) -> Value {
+    serde_json::from_slice(&answer.body)
+        .unwrap_or_else(|e| panic!("{e}: {} {}", answer.status, String::from_utf8_lossy(&answer.body)))
+}
+
+fn have_curl(test: &str) -> bool {
+    if Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("SKIP {test}: no curl (apt-get install curl)");
+        return false;
+    }
+    true
+}
+
+/// The events of a run's stream, as JSON, until it ends (or `recorded` repetitions came).
+fn events(daemon: &Daemon, run: &str, recorded: Option<usize>) -> Vec<Value> {
+    let mut seen: Vec<Value> = Vec::new();
+    runtime()
+        .block_on(daemon.client().events(&format!("/v1/runs/{run}/events"), |data| {
+            seen.push(serde_json::from_str(data).unwrap());
+            recorded.is_none_or(|n| seen.iter().filter(|e| e["event"] == "recorded").count() < n)
+        }))
+        .unwrap();
+    seen
+}
+
+fn probe_matrix() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/probe-matrix.toml").display().to_string()
+}
+
+/// What a report says per cell that does not change from run to run.
+fn cell_facts(report: &Value) -> Vec<(String, String, u64, Value, f64)> {
+    report["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["cell"].as_str().unwrap().into(),
+                c["variant"].as_str().unwrap().into(),
+                c["n"].as_u64().unwrap(),
+                c["status"].clone(),
+                c["metrics"]["maps_per_packet"]["mean"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_probe_matrix_submitted_with_curl_streams_and_reports_as_lab_run_does() {
+    let test = "a_probe_matrix_submitted_with_curl_streams_and_reports_as_lab_run_does";
+    if !kvm_available(test) || !have_curl(test) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("api.sock");
-    let _server = start_server(&socket);
-    let client = Client::new(&socket);
+    let daemon = Daemon::start(dir.path(), &[]);
+    let data = format!("@{}", probe_matrix());
+    let (status, body) = daemon.curl(&[
+        "-X",
+        "POST",
+        "-H",
+        "content-type: application/toml",
+        "--data-binary",
+        &data,
+        "http://x/v1/runs",
+    ]);
+    assert_eq!(status, 201, "{body}");
+    let run = serde_json::from_str::<Value>(&body).unwrap()["id"].as_str().unwrap().to_string();
 
-    let body = br#"{"kernel":"probe","vcpus":2,"memory_mib":128,"cmdline":"probe.echo=1","timeout_s":30}"#.to_vec();
-    let (status, body) = client.request("POST", "/v1/vms", Some(body)).await.unwrap();
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    let result: VmResult = serde_json::from_slice(&body).unwrap();
-    assert_eq!(result.exit_code, Some(0));
-    let exit = result.exit.expect("exit line");
-    assert_eq!((exit.reason.as_str(), exit.vcpus, exit.memory_mib), ("poweroff", 2, 128));
-    let names: Vec<&str> = result.probe.iter().map(|s| s["probe"].as_str().unwrap()).collect();
-    assert_eq!(names, vec!["boot", "acpi", "cpus", "pci", "options", "done"]);
-    assert_eq!(result.probe[5]["ok"], true);
+    let seen = events(&daemon, &run, None);
+    assert_eq!(seen.first().unwrap()["event"], "state", "the stream opens with the state");
+    let last = seen.last().unwrap();
+    assert_eq!((last["event"].as_str(), last["status"]["state"].as_str()), (Some("state"), Some("done")), "{last}");
+    assert_eq!(last["status"]["cells_done"], 3);
+    let recorded: Vec<&Value> = seen.iter().filter(|e| e["event"] == "recorded").collect();
+    assert_eq!(recorded.len(), 15, "every repetition streamed once");
+    assert_eq!(recorded.last().unwrap()["done"], 15);
 
-    let (status, body) =
-        client.request("POST", "/v1/vms", Some(br#"{"kernel":"/nonexistent/vmlinux"}"#.to_vec())).await.unwrap();
-    assert_eq!(status, 422);
-    let err: ErrorBody = serde_json::from_slice(&body).unwrap();
-    assert!(err.error.contains("/nonexistent/vmlinux"), "{}", err.error);
+    let (status, body) = daemon.curl(&["-H", "accept: application/json", &format!("http://x/v1/runs/{run}/report")]);
+    assert_eq!(status, 200, "{body}");
+    let report: Value = serde_json::from_str(&body).unwrap();
+    // The same report as the CLI gives for this run from the same database.
+    let cli = Command::new(driverlab())
+        .args(["lab", "report", &run, "--format", "json", "--db"])
+        .arg(dir.path().join("lab.db"))
+        .output()
+        .unwrap();
+    assert_eq!(serde_json::from_slice::<Value>(&cli.stdout).unwrap(), report);
+    // And a `driverlab lab run` of the same matrix gives the same cells, counts and maps.
+    let local = Command::new(driverlab())
+        .args(["lab", "run", &probe_matrix(), "--format", "json", "--db"])
+        .arg(dir.path().join("local.db"))
+        .output()
+        .unwrap();
+    assert!(local.status.success(), "{}", String::from_utf8_lossy(&local.stderr));
+    let text = String::from_utf8_lossy(&local.stdout);
+    let json = &text[text.find('{').unwrap()..=text.rfind('}').unwrap()];
+    assert_eq!(cell_facts(&serde_json::from_str(json).unwrap()), cell_facts(&report));
+
+    for (accept, starts) in
+        [("text/markdown", "## probe-rx-strategies"), ("image/svg+xml", "<svg"), ("text/html", "<!doctype html>")]
+    {
+        let answer = call(&daemon.client(), "GET", &format!("/v1/runs/{run}/report"), &[("accept", accept)], None);
+        assert_eq!(answer.status, 200);
+        assert!(answer.content_type.starts_with(accept), "{}", answer.content_type);
+        let text = String::from_utf8_lossy(&answer.body);
+        assert!(
+            text.trim_start().starts_with(starts) || text.contains(starts),
+            "{accept}: {}",
+            &text[..80.min(text.len())]
+        );
+    }
+    let answer = call(&daemon.client(), "GET", &format!("/v1/runs/{run}/report"), &[("accept", "image/png")], None);
+    assert_eq!((answer.status, json_of(&answer)["code"].as_str()), (406, Some("not_acceptable")));
+
+    // Results, filtered, and exported.
+    let answer = call(&daemon.client(), "GET", &format!("/v1/results?run={run}&variant=pool&status=PASS"), &[], None);
+    let records = json_of(&answer);
+    assert_eq!(records.as_array().unwrap().len(), 5);
+    assert!(records.as_array().unwrap().iter().all(|r| r["cell"]["variant"] == "pool"));
+    let answer = call(&daemon.client(), "GET", &format!("/v1/results?run={run}&format=csv"), &[], None);
+    assert_eq!(String::from_utf8_lossy(&answer.body).lines().count(), 16, "a header and 15 records");
+    let answer = call(&daemon.client(), "GET", &format!("/v1/results?run={run}&format=kcidb"), &[], None);
+    assert_eq!(json_of(&answer)["tests"].as_array().unwrap().len(), 15);
+
+    // A run that is done can be neither cancelled nor resumed.
+    let answer = call(&daemon.client(), "POST", &format!("/v1/runs/{run}/cancel"), &[], None);
+    assert_eq!(answer.status, 409);
+    let answer = call(&daemon.client(), "POST", &format!("/v1/runs/{run}/resume"), &[], None);
+    assert_eq!((answer.status, json_of(&answer)["code"].as_str()), (409, Some("conflict")));
+}
+
+#[test]
+fn a_daemon_killed_with_minus_9_restarts_with_its_runs_resumable() {
+    if !kvm_available("a_daemon_killed_with_minus_9_restarts_with_its_runs_resumable") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let matrix = std::fs::read(probe_matrix()).unwrap();
+    let run = {
+        let daemon = Daemon::start(dir.path(), &[]);
+        let answer = call(&daemon.client(), "POST", "/v1/runs", &[("content-type", "application/toml")], Some(&matrix));
+        assert_eq!(answer.status, 201);
+        let run = json_of(&answer)["id"].as_str().unwrap().to_string();
+        // Three repetitions in, kill it.
+        let seen = events(&daemon, &run, Some(3));
+        assert_eq!(seen.iter().filter(|e| e["event"] == "recorded").count(), 3);
+        let mut daemon = daemon;
+        // SAFETY: kill has no memory preconditions; the pid is our child's.
+        unsafe { libc::kill(daemon.child.id() as i32, libc::SIGKILL) };
+        let _ = daemon.child.wait();
+        run
+    };
+    let daemon = Daemon::start(dir.path(), &[]);
+    let status = json_of(&call(&daemon.client(), "GET", &format!("/v1/runs/{run}"), &[], None));
+    assert_eq!(status["state"], "interrupted", "{status}");
+    let kept = status["results"].as_u64().unwrap();
+    assert!((3..15).contains(&kept), "{status}");
+    let answer = call(&daemon.client(), "POST", &format!("/v1/runs/{run}/resume"), &[], None);
+    assert_eq!(answer.status, 202, "{}", String::from_utf8_lossy(&answer.body));
+    let seen = events(&daemon, &run, None);
+    let last = &seen.last().unwrap()["status"];
+    assert_eq!((last["state"].as_str(), last["results"].as_u64()), (Some("done"), Some(15)), "{last}");
+    let recorded = seen.iter().filter(|e| e["event"] == "recorded").count() as u64;
+    assert_eq!(recorded, 15 - kept, "only what had no result ran again");
+    let report = json_of(&call(&daemon.client(), "GET", &format!("/v1/runs/{run}/report"), &[], None));
+    assert!(report["cells"].as_array().unwrap().iter().all(|c| c["n"] == 5), "{report}");
+}
+
+#[test]
+fn devices_and_vms_over_the_api() {
+    if !kvm_available("devices_and_vms_over_the_api") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    let client = daemon.client();
+    let json_body = [("content-type", "application/json")];
+    let answer = call(&client, "POST", "/v1/devices", &json_body, Some(br#"{"name":"aq","model":"aqc100"}"#));
+    assert_eq!(answer.status, 201, "{}", String::from_utf8_lossy(&answer.body));
+    let answer = call(&client, "POST", "/v1/devices", &json_body, Some(br#"{"name":"aq","model":"aqc100"}"#));
+    assert_eq!(answer.status, 409, "the name is taken");
+    let answer = call(&client, "POST", "/v1/devices", &json_body, Some(br#"{"name":"x","model":"e1000"}"#));
+    assert_eq!(answer.status, 422);
+    let health = json_of(&call(&client, "POST", "/v1/devices/aq/health", &[], None));
+    assert_eq!(health["ok"], true, "{health}");
+    assert!(health["verdict"].as_str().unwrap().starts_with("PASS aq: AQC100 fw 3.1.38"), "{health}");
+    let answer = call(&client, "POST", "/v1/devices/aq/quarantine", &json_body, Some(br#"{"reason":"x"}"#));
+    assert_eq!(answer.status, 409, "models are fresh per VM");
+    let devices = json_of(&call(&client, "GET", "/v1/devices", &[], None));
+    assert_eq!(devices[0]["kind"], "model");
+
+    // A VM with the registered model behind the virtio-iommu, watched and stopped.
+    let request = json!({"kernel": "probe", "iommu": true, "devices": ["aq"],
+        "cmdline": "probe.nic=aqc100 probe.hold=20000", "timeout_s": 60});
+    let answer = call(&client, "POST", "/v1/vms", &json_body, Some(request.to_string().as_bytes()));
+    assert_eq!(answer.status, 201, "{}", String::from_utf8_lossy(&answer.body));
+    let vm = json_of(&answer)["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let counters = loop {
+        let answer = call(&client, "GET", &format!("/v1/vms/{vm}/counters"), &[], None);
+        if answer.status == 200 {
+            let counters = json_of(&answer);
+            if counters["viommu"]["maps"].as_u64().unwrap_or(0) > 0 {
+                break counters;
+            }
+        }
+        assert!(Instant::now() < deadline, "no live counters: {}", String::from_utf8_lossy(&answer.body));
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(counters["state"], "running");
+    let answer = call(&client, "DELETE", &format!("/v1/vms/{vm}"), &[], None);
+    assert_eq!(answer.status, 409, "it still runs");
+    let answer = call(&client, "POST", &format!("/v1/vms/{vm}/stop"), &[], None);
+    assert_eq!(answer.status, 202, "{}", String::from_utf8_lossy(&answer.body));
+    // The serial log, followed to the VM's end.
+    let serial = call(&client, "GET", &format!("/v1/vms/{vm}/serial?follow=true"), &[], None);
+    let text = String::from_utf8_lossy(&serial.body);
+    assert!(text.contains("\"probe\":\"nic\"") && text.contains("\"probe\":\"done\""), "{text}");
+    let status = json_of(&call(&client, "GET", &format!("/v1/vms/{vm}"), &[], None));
+    assert_eq!(status["state"], "exited", "{status}");
+    assert!(["poweroff", "shutdown"].contains(&status["exit"]["reason"].as_str().unwrap()), "{status}");
+    let answer = call(&client, "DELETE", &format!("/v1/vms/{vm}"), &[], None);
+    assert_eq!(answer.status, 204);
+    let answer = call(&client, "GET", &format!("/v1/vms/{vm}"), &[], None);
+    assert_eq!(answer.status, 404);
+    let answer = call(&client, "DELETE", "/v1/devices/aq", &[], None);
+    assert_eq!(answer.status, 204);
+}
+
+#[test]
+fn tcp_needs_the_token_and_remote_requests_name_no_host_resource() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "0123456789abcdef0123456789abcdef";
+    std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
+    let token_file = dir.path().join("token").display().to_string();
+    let daemon = Daemon::start(dir.path(), &["--listen", "127.0.0.1:0", "--token-file", &token_file]);
+    let addr = daemon.tcp.clone().unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&daemon.socket).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "the socket is private");
+
+    for client in [Client::tcp(&addr, ""), Client::tcp(&addr, "0123456789abcdef0123456789abcdeX")] {
+        let answer = call(&client, "GET", "/v1/version", &[], None);
+        assert_eq!((answer.status, json_of(&answer)["code"].as_str()), (401, Some("unauthorized")));
+    }
+    let remote = Client::tcp(&addr, token);
+    assert_eq!(call(&remote, "GET", "/v1/version", &[], None).status, 200);
+    let json_body = [("content-type", "application/json")];
+    let host_device = br#"{"name":"nic","bdf":"0000:63:00.0"}"#;
+    let answer = call(&remote, "POST", "/v1/devices", &json_body, Some(host_device));
+    assert_eq!((answer.status, json_of(&answer)["code"].as_str()), (403, Some("forbidden")));
+    let answer = call(&daemon.client(), "POST", "/v1/devices", &json_body, Some(host_device));
+    assert_eq!(answer.status, 201, "the owner may, over the Unix socket");
+    let answer = call(&remote, "POST", "/v1/devices", &json_body, Some(br#"{"name":"aq","model":"aqc100"}"#));
+    assert_eq!(answer.status, 201, "a model names nothing of the host");
+}
+
+/// A request and the status it must get: method, path, headers, body, status.
+type Case<'a> = (&'a str, String, &'a [(&'a str, &'a str)], Vec<u8>, u16);
+
+#[test]
+fn no_request_reads_a_host_file_and_every_error_is_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    let client = daemon.client();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "TOPSECRET-CONTENTS\n").unwrap();
+    let secret = secret.display().to_string();
+    let json_body = [("content-type", "application/json")];
+    let toml_body = [("content-type", "application/toml")];
+    let matrix = |kernel: &str| {
+        format!(
+            "name = \"m\"\n[[device]]\nname = \"aq\"\nmodel = \"aqc100\"\n[[image]]\nname = \"k\"\nkernel = \"{kernel}\"\n\
+             [[variant]]\nname = \"v\"\nimage = \"k\"\n[[workload]]\nname = \"rx\"\nkind = \"probe-rx\"\n"
+        )
+    };
+    let cases: Vec<Case> = vec![
+        ("POST", "/v1/vms".into(), &json_body, json!({"kernel": secret}).to_string().into_bytes(), 422),
+        (
+            "POST",
+            "/v1/vms".into(),
+            &json_body,
+            json!({"kernel": "probe", "initrd": secret}).to_string().into_bytes(),
+            422,
+        ),
+        ("POST", "/v1/runs".into(), &toml_body, matrix(&secret).into_bytes(), 422),
+        ("POST", "/v1/runs".into(), &toml_body, matrix("../../etc/passwd").into_bytes(), 422),
+        (
+            "POST",
+            "/v1/runs".into(),
+            &toml_body,
+            matrix("probe").replace("model = \"aqc100\"", "model = \"aqc100\"\ntap = \"eth0\"").into_bytes(),
+            422,
+        ),
+        ("POST", "/v1/images/module".into(), &json_body, json!({"kernel": secret}).to_string().into_bytes(), 422),
+        (
+            "POST",
+            "/v1/images/initramfs".into(),
+            &json_body,
+            json!({"kernel": "kernel-00", "modules": [secret]}).to_string().into_bytes(),
+            422,
+        ),
+        ("GET", "/v1/images/..%2F..%2Fetc".into(), &[], Vec::new(), 404),
+        ("GET", "/v1/images/kernel-0000".into(), &[], Vec::new(), 404),
+        ("POST", "/v1/runs".into(), &toml_body, b"name = [".to_vec(), 422),
+        ("POST", "/v1/runs".into(), &[("content-type", "image/png")], b"x".to_vec(), 415),
+        ("POST", "/v1/runs?skip_unrunnable=maybe".into(), &toml_body, matrix("probe").into_bytes(), 400),
+        ("POST", "/v1/vms".into(), &json_body, b"{not json".to_vec(), 400),
+        ("POST", "/v1/vms".into(), &json_body, br#"{"kernel":"probe","colour":"red"}"#.to_vec(), 400),
+        ("POST", "/v1/vms".into(), &json_body, br#"{"kernel":"probe","timeout_s":0}"#.to_vec(), 422),
+        ("POST", "/v1/vms".into(), &json_body, br#"{"kernel":"probe","devices":["nope"]}"#.to_vec(), 422),
+        ("POST", "/v1/vms".into(), &json_body, vec![b' '; 2 << 20], 413),
+        ("GET", "/v1/runs/nope".into(), &[], Vec::new(), 404),
+        ("GET", "/v1/runs/nope/report".into(), &[], Vec::new(), 404),
+        ("GET", "/v1/runs/nope/events".into(), &[], Vec::new(), 404),
+        ("POST", "/v1/runs/nope/cancel".into(), &[], Vec::new(), 404),
+        ("POST", "/v1/runs/nope/resume".into(), &[], Vec::new(), 404),
+        ("GET", "/v1/results?status=GREEN".into(), &[], Vec::new(), 400),
+        ("GET", "/v1/results?run=nope".into(), &[], Vec::new(), 404),
+        ("GET", "/v1/devices/nope".into(), &[], Vec::new(), 404),
+        ("POST", "/v1/devices/nope/health".into(), &[], Vec::new(), 404),
+        ("DELETE", "/v1/devices/nope".into(), &[], Vec::new(), 404),
+        ("GET", "/v1/vms/nope".into(), &[], Vec::new(), 404),
+        ("GET", "/v1/vms/nope/serial".into(), &[], Vec::new(), 404),
+        ("PUT", "/v1/runs".into(), &[], Vec::new(), 405),
+        ("GET", "/v2/nothing".into(), &[], Vec::new(), 404),
+    ];
+    for (method, path, headers, body, expected) in cases {
+        let answer = call(&client, method, &path, headers, Some(&body));
+        let text = String::from_utf8_lossy(&answer.body);
+        assert_eq!(answer.status, expected, "{method} {path}: {text}");
+        assert!(answer.content_type.starts_with("application/json"), "{method} {path}: {}", answer.content_type);
+        let error = json_of(&answer);
+        assert!(error["code"].is_string() && error["message"].is_string(), "{method} {path}: {error}");
+        assert!(!text.contains("TOPSECRET") && !text.contains("root:x:"), "{method} {path} echoed a file: {text}");
+    }
+    let doc = json_of(&call(&client, "GET", "/v1/openapi.json", &[], None));
+    assert_eq!(doc["openapi"], "3.1.0");
 }

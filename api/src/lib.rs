@@ -1,15 +1,23 @@
-//! driverlab's HTTP API: REST under `/v1`, served on a Unix socket by `driverlab serve`, and the
-//! client `driverlab api` uses. The document is `api/openapi.yaml` (also `GET /v1/openapi.yaml`).
+//! driverlab's HTTP API: the lab over REST under `/v1`, served by `driverlab serve` on a Unix
+//! socket (and on TCP with a token), and the client the CLI uses. The OpenAPI document is made
+//! from the handlers (`GET /v1/openapi.json`, checked in as `docs/openapi.json`).
 //!
-//! Requests go one way: API, then the lab, which starts one VMM process per VM. The server never
-//! runs guest code itself.
+//! Requests go one way: API, then the lab, which starts one VMM process per VM. The daemon
+//! never runs guest code itself, and never opens a host path a request names: kernels, initrds
+//! and modules are images in its store, devices are registered.
 
+pub mod auth;
 pub mod client;
+pub mod daemon;
+pub mod devices;
+pub mod images;
+pub mod payload;
+pub mod problem;
+pub mod results;
+pub mod runs;
 pub mod server;
 pub mod types;
-
-/// The OpenAPI document of this API.
-pub const OPENAPI: &str = include_str!("../openapi.yaml");
+pub mod vms;
 
 /// Errors of the API server and client.
 #[derive(Debug, thiserror::Error)]

@@ -1,38 +1,52 @@
-//! The HTTP server.
+//! The HTTP server: the routes, the OpenAPI document made from them, and the listeners (the
+//! Unix socket, created 0600; TCP only with a token).
 
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use lab::{ProbeReport, VmProcess};
+use utoipa::OpenApi;
 
 use crate::ApiError;
-use crate::types::{ErrorBody, HostInfo, Version, VmResult};
-use vm_spec::{ErrorKind, VmSpec};
+use crate::daemon::Daemon;
+use crate::problem::Problem;
+use crate::types::{HostInfo, Version};
+use crate::{devices, images, results, runs, vms};
 
-/// The routes, as the OpenAPI document lists them (checked by a test).
-pub const ROUTES: &[(&str, &str)] =
-    &[("get", "/v1/version"), ("get", "/v1/host"), ("get", "/v1/openapi.yaml"), ("post", "/v1/vms")];
+/// The API's OpenAPI 3.1 document, made from the handlers and their types.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "driverlab", description = "The lab over HTTP: devices, images, runs, results, reports and VMs. See docs/api.md."),
+    paths(
+        version, host, openapi,
+        devices::register, devices::list, devices::show, devices::remove, devices::health,
+        devices::quarantine, devices::release,
+        images::list, images::show, images::build_kernel, images::build_module, images::build_initramfs,
+        runs::submit, runs::list, runs::show, runs::cancel, runs::resume, runs::events, runs::report,
+        results::list,
+        vms::start, vms::list, vms::show, vms::counters, vms::stop, vms::remove, vms::serial,
+    ),
+    tags(
+        (name = "daemon", description = "The daemon and its host"),
+        (name = "devices", description = "Registered devices, their leases, quarantines and health"),
+        (name = "images", description = "Kernels, driver variants and initramfs in the image store"),
+        (name = "runs", description = "Matrix runs, their progress and reports"),
+        (name = "results", description = "The records of runs"),
+        (name = "vms", description = "One-off VMs"),
+    )
+)]
+pub struct ApiDoc;
 
-/// Most guest memory one request may ask for.
-const MAX_MEMORY_MIB: u64 = 64 * 1024;
-/// Longest run one request may ask for.
-const MAX_TIMEOUT_S: f64 = 24.0 * 3600.0;
-/// The run time of a request that gives none.
-const DEFAULT_TIMEOUT_S: f64 = 60.0;
-
-/// What the handlers share.
-#[derive(Clone)]
-pub struct AppState {
-    /// The `driverlab` binary that runs VMs (`driverlab vm run`).
-    pub driverlab: Arc<PathBuf>,
+/// The OpenAPI document as JSON, as `GET /v1/openapi.json` serves it.
+pub fn openapi_json() -> String {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").into();
+    doc.to_pretty_json().expect("the document serializes")
 }
 
 /// The default socket: `$XDG_RUNTIME_DIR/driverlab.sock`, else `/tmp/driverlab-UID.sock`.
@@ -44,195 +58,167 @@ pub fn default_socket() -> PathBuf {
     }
 }
 
-/// The API's router.
-pub fn router(state: AppState) -> Router {
+/// The routes, without a listener's middleware.
+pub fn router(daemon: Arc<Daemon>) -> Router {
     Router::new()
         .route("/v1/version", get(version))
         .route("/v1/host", get(host))
-        .route("/v1/openapi.yaml", get(openapi))
-        .route("/v1/vms", post(run_vm))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/devices", get(devices::list).post(devices::register))
+        .route("/v1/devices/{name}", get(devices::show).delete(devices::remove))
+        .route("/v1/devices/{name}/health", post(devices::health))
+        .route("/v1/devices/{name}/quarantine", post(devices::quarantine))
+        .route("/v1/devices/{name}/release", post(devices::release))
+        .route("/v1/images", get(images::list))
+        .route("/v1/images/kernel", post(images::build_kernel))
+        .route("/v1/images/module", post(images::build_module))
+        .route("/v1/images/initramfs", post(images::build_initramfs))
+        .route("/v1/images/{id}", get(images::show))
+        .route("/v1/runs", get(runs::list).post(runs::submit))
+        .route("/v1/runs/{id}", get(runs::show))
+        .route("/v1/runs/{id}/cancel", post(runs::cancel))
+        .route("/v1/runs/{id}/resume", post(runs::resume))
+        .route("/v1/runs/{id}/events", get(runs::events))
+        .route("/v1/runs/{id}/report", get(runs::report))
+        .route("/v1/results", get(results::list))
+        .route("/v1/vms", get(vms::list).post(vms::start))
+        .route("/v1/vms/{id}", get(vms::show).delete(vms::remove))
+        .route("/v1/vms/{id}/counters", get(vms::counters))
+        .route("/v1/vms/{id}/stop", post(vms::stop))
+        .route("/v1/vms/{id}/serial", get(vms::serial))
         .fallback(not_found)
-        .with_state(state)
-}
-
-/// Serves the API on `socket` until `shutdown` completes.
-pub async fn serve(
-    socket: &Path,
-    state: AppState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ApiError> {
-    if socket.exists() {
-        if tokio::net::UnixStream::connect(socket).await.is_ok() {
-            return Err(ApiError::InUse(socket.to_path_buf()));
-        }
-        // A stale socket from a server that is gone.
-        let _ = std::fs::remove_file(socket);
-    }
-    let listener = tokio::net::UnixListener::bind(socket)
-        .map_err(|source| ApiError::Socket { path: socket.to_path_buf(), source })?;
-    tracing::info!("serving the driverlab API on {}", socket.display());
-    let result = axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await;
-    let _ = std::fs::remove_file(socket);
-    result.map_err(|source| ApiError::Socket { path: socket.to_path_buf(), source })
-}
-
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(ErrorBody { error: message.into() })).into_response()
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(daemon)
 }
 
 async fn not_found() -> Response {
-    error(StatusCode::NOT_FOUND, "no such endpoint; GET /v1/openapi.yaml lists them")
+    Problem::not_found("no such endpoint; GET /v1/openapi.json lists them").into_response()
 }
 
+async fn method_not_allowed() -> Response {
+    Problem::method_not_allowed("the path has no such method; GET /v1/openapi.json lists them").into_response()
+}
+
+/// `GET /v1/version`.
+#[utoipa::path(get, path = "/v1/version", tag = "daemon",
+    responses((status = 200, description = "The daemon's name and version", body = Version)))]
 async fn version() -> Json<Version> {
     Json(Version { name: "driverlab".into(), version: env!("CARGO_PKG_VERSION").into() })
 }
 
+/// `GET /v1/host`.
+#[utoipa::path(get, path = "/v1/host", tag = "daemon",
+    responses((status = 200, description = "What the host's KVM can run", body = HostInfo)))]
 async fn host() -> Json<HostInfo> {
     let virt = vm_spec::host::virtualization();
     Json(HostInfo { virtualization: virt.describe(), boots_linux: virt.boots_linux() })
 }
 
+/// `GET /v1/openapi.json`.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "daemon",
+    responses((status = 200, description = "This document", body = Object)))]
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/yaml")], crate::OPENAPI).into_response()
+    ([(header::CONTENT_TYPE, "application/json")], openapi_json()).into_response()
 }
 
-fn check_request(spec: &mut VmSpec) -> Result<(), String> {
-    spec.validate().map_err(|e| e.to_string())?;
-    let timeout = *spec.timeout_s.get_or_insert(DEFAULT_TIMEOUT_S);
-    if timeout > MAX_TIMEOUT_S {
-        return Err(format!("timeout_s: at most {MAX_TIMEOUT_S} per request"));
+/// Binds the Unix socket `socket`, private to its owner (0600); refused if a server answers
+/// there, a stale socket replaced.
+pub async fn bind_unix(socket: &Path) -> Result<tokio::net::UnixListener, ApiError> {
+    if socket.exists() {
+        if tokio::net::UnixStream::connect(socket).await.is_ok() {
+            return Err(ApiError::InUse(socket.to_path_buf()));
+        }
+        let _ = std::fs::remove_file(socket);
     }
-    if spec.memory_mib > MAX_MEMORY_MIB {
-        return Err(format!("memory_mib: at most {MAX_MEMORY_MIB} per VM"));
-    }
-    Ok(())
+    let io = |source| ApiError::Socket { path: socket.to_path_buf(), source };
+    // Bound in a folder only the owner can enter, made 0600 there, then moved into place: no one
+    // else can connect at any moment.
+    let parent = socket.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let private = parent.join(format!(".driverlab-bind-{}", std::process::id()));
+    std::fs::DirBuilder::new().mode(0o700).create(&private).map_err(io)?;
+    let staged = private.join("s");
+    let bound = tokio::net::UnixListener::bind(&staged)
+        .and_then(|l| std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600)).map(|_| l))
+        .and_then(|l| std::fs::rename(&staged, socket).map(|_| l));
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&private);
+    let listener = bound.map_err(io)?;
+    Ok(listener)
 }
 
-async fn run_vm(State(state): State<AppState>, body: Bytes) -> Response {
-    let mut spec: VmSpec = match serde_json::from_slice(&body) {
-        Ok(spec) => spec,
-        Err(e) => {
-            return error(StatusCode::BAD_REQUEST, format!("invalid request body: {e}"));
-        }
+/// Serves `daemon` on the Unix socket `socket` and, given one, on TCP at `tcp` with the bearer
+/// token `token`, until `shutdown` completes.
+pub async fn serve(
+    daemon: Arc<Daemon>,
+    socket: &Path,
+    tcp: Option<(tokio::net::TcpListener, String)>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ApiError> {
+    let unix = bind_unix(socket).await?;
+    tracing::info!("serving the driverlab API on {}", socket.display());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
     };
-    if let Err(message) = check_request(&mut spec) {
-        return error(StatusCode::UNPROCESSABLE_ENTITY, message);
-    }
-    // A backstop beyond the VMM's own timeout, in case the VMM itself hangs.
-    let process = VmProcess::new(state.driverlab.as_path(), spec, Duration::from_secs(30));
-    let outcome = match tokio::task::spawn_blocking(move || process.run()).await {
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        Err(e) => {
-            return error(StatusCode::INTERNAL_SERVER_ERROR, format!("VM task failed: {e}"));
+    let unix_app = router(daemon.clone()).layer(axum::middleware::from_fn(crate::auth::unix));
+    let unix_server = axum::serve(unix, unix_app).with_graceful_shutdown(wait(stopped.clone()));
+    let tcp_server = tcp.map(|(listener, token)| {
+        let token = Arc::new(token);
+        let app = router(daemon.clone())
+            .layer(axum::middleware::from_fn(move |request, next| crate::auth::tcp(token.clone(), request, next)));
+        axum::serve(listener, app).with_graceful_shutdown(wait(stopped.clone()))
+    });
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let result = match tcp_server {
+        Some(tcp_server) => {
+            let (a, b) = tokio::join!(unix_server, tcp_server);
+            a.and(b)
         }
+        None => unix_server.await,
     };
-    if let Some(line) = &outcome.error
-        && line.exit_code == vm_spec::exit::code::BAD_INPUT
-        && line.kind != ErrorKind::Usage
-    {
-        return error(StatusCode::UNPROCESSABLE_ENTITY, line.message.clone());
-    }
-    let probe = ProbeReport::parse(&outcome.serial).sections().to_vec();
-    Json(VmResult {
-        exit_code: outcome.code(),
-        signal: outcome.signal(),
-        probe,
-        wall_ms: outcome.wall.as_secs_f64() * 1e3,
-        exit: outcome.exit,
-        error: outcome.error,
-        serial: outcome.serial,
-    })
-    .into_response()
+    let _ = std::fs::remove_file(socket);
+    result.map_err(|source| ApiError::Socket { path: socket.to_path_buf(), source })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Client;
 
-    async fn start(dir: &Path) -> (PathBuf, tokio::sync::oneshot::Sender<()>) {
-        let socket = dir.join("api.sock");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let state = AppState { driverlab: Arc::new(PathBuf::from("/nonexistent/driverlab")) };
-        let path = socket.clone();
-        tokio::spawn(async move {
-            serve(&path, state, async move {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap()
-        });
-        for _ in 0..100 {
-            if socket.exists() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        (socket, stop)
-    }
-
-    #[tokio::test]
-    async fn answers_json_and_json_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        let (socket, stop) = start(dir.path()).await;
-        let client = Client::new(&socket);
-        let (status, body) = client.request("GET", "/v1/version", None).await.unwrap();
-        assert_eq!(status, 200);
-        let version: Version = serde_json::from_slice(&body).unwrap();
-        assert_eq!(version.name, "driverlab");
-
-        let (status, body) = client.request("POST", "/v1/vms", Some(b"{not json".to_vec())).await.unwrap();
-        assert_eq!(status, 400);
-        let err: ErrorBody = serde_json::from_slice(&body).unwrap();
-        assert!(err.error.starts_with("invalid request body"), "{}", err.error);
-
-        let (status, body) =
-            client.request("POST", "/v1/vms", Some(br#"{"kernel":"probe","colour":"red"}"#.to_vec())).await.unwrap();
-        assert_eq!(status, 400, "unknown fields are refused");
-        assert!(String::from_utf8_lossy(&body).contains("colour"));
-
-        let (status, _) =
-            client.request("POST", "/v1/vms", Some(br#"{"kernel":"probe","timeout_s":0}"#.to_vec())).await.unwrap();
-        assert_eq!(status, 422);
-
-        let (status, body) = client.request("POST", "/v1/vms", Some(br#"{"kernel":"probe"}"#.to_vec())).await.unwrap();
-        assert_eq!(status, 500, "the configured binary does not exist");
-        assert!(String::from_utf8_lossy(&body).contains("/nonexistent/driverlab"));
-
-        let (status, _) = client.request("GET", "/v2/nothing", None).await.unwrap();
-        assert_eq!(status, 404);
-        let (status, body) = client.request("GET", "/v1/openapi.yaml", None).await.unwrap();
-        assert_eq!((status, body.as_slice()), (200, crate::OPENAPI.as_bytes()));
-
-        // A second server on the same socket is refused while the first runs.
-        let second = serve(&socket, AppState { driverlab: Arc::new(PathBuf::new()) }, async {}).await;
-        assert!(matches!(second, Err(ApiError::InUse(_))));
-        stop.send(()).unwrap();
+    #[test]
+    fn the_checked_in_openapi_document_is_the_served_one() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
+        let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            checked_in.trim_end() == openapi_json().trim_end(),
+            "docs/openapi.json has drifted from the API: `driverlab serve --openapi > docs/openapi.json`"
+        );
     }
 
     #[test]
-    fn openapi_document_lists_exactly_the_routes() {
-        let doc = crate::OPENAPI;
-        let paths_section = doc.split("\npaths:\n").nth(1).expect("a paths section");
-        let mut documented = Vec::new();
-        let mut current = "";
-        for line in paths_section.lines() {
-            if let Some(path) = line.strip_prefix("  ").filter(|l| l.starts_with('/')).and_then(|l| l.strip_suffix(':'))
-            {
-                current = path;
-            } else if let Some(method) = line.strip_prefix("    ").and_then(|l| l.strip_suffix(':'))
-                && ["get", "post", "put", "delete", "patch"].contains(&method)
-            {
-                documented.push((method.to_string(), current.to_string()));
-            } else if !line.starts_with(' ') && !line.is_empty() {
-                break;
+    fn every_route_is_in_the_document_and_every_answer_has_a_schema() {
+        let doc: serde_json::Value = serde_json::from_str(&openapi_json()).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let paths = doc["paths"].as_object().unwrap();
+        for path in [
+            "/v1/runs",
+            "/v1/runs/{id}/events",
+            "/v1/runs/{id}/report",
+            "/v1/devices/{name}/health",
+            "/v1/vms/{id}/serial",
+        ] {
+            assert!(paths.contains_key(path), "{path}");
+        }
+        for (path, methods) in paths {
+            for (method, op) in methods.as_object().unwrap() {
+                for (status, response) in op["responses"].as_object().unwrap() {
+                    if status != "204" {
+                        assert!(response.get("content").is_some(), "{method} {path} {status} has no content");
+                    }
+                }
             }
         }
-        let mut routes: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
-        documented.sort();
-        routes.sort();
-        assert_eq!(documented, routes);
     }
 }

@@ -1,35 +1,31 @@
-//! Request and response bodies. `POST /v1/vms` takes a `vm_spec::VmSpec`.
+//! Request and response bodies, with their OpenAPI schemas. Records and reports are the lab's
+//! own JSON (`docs/lab.md`); VM counters and exit lines are the VMM's (`docs/vmm.md`).
 
 use serde::{Deserialize, Serialize};
-
-/// How a VM run ended and what its guest reported.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VmResult {
-    /// The VMM process's exit code (see docs/vmm.md), if it exited.
-    pub exit_code: Option<i32>,
-    /// The signal that killed the VMM process, if one did (31 = SIGSYS: seccomp).
-    pub signal: Option<i32>,
-    /// The VMM's exit line, if the VM ran.
-    pub exit: Option<vm_spec::ExitSummary>,
-    /// The VMM's error line, if it could not run the VM.
-    pub error: Option<vm_spec::ErrorLine>,
-    /// The probe guest's report sections, in order (empty for other guests).
-    pub probe: Vec<serde_json::Value>,
-    /// The guest's serial output.
-    pub serial: String,
-    /// Wall time of the VMM process, in milliseconds.
-    pub wall_ms: f64,
-}
+use utoipa::ToSchema;
 
 /// The body of every error response.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
+    /// A stable, machine-readable code: `bad_request`, `unauthorized`, `forbidden`,
+    /// `not_found`, `method_not_allowed`, `conflict`, `too_large`, `unsupported_media_type`,
+    /// `not_acceptable`, `unprocessable`, `busy`, `internal`.
+    pub code: String,
     /// What went wrong, and what to do.
-    pub error: String,
+    pub message: String,
+}
+
+/// `GET /v1/version`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Version {
+    /// "driverlab".
+    pub name: String,
+    /// The version.
+    pub version: String,
 }
 
 /// `GET /v1/host`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct HostInfo {
     /// What /dev/kvm offers here.
     pub virtualization: String,
@@ -37,11 +33,265 @@ pub struct HostInfo {
     pub boots_linux: bool,
 }
 
-/// `GET /v1/version`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Version {
-    /// "driverlab".
+/// A device as registered: the fields of a matrix's `[[device]]` (`docs/lab.md`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceDefinition {
+    /// Its name, which matrices give alone to use it.
     pub name: String,
-    /// The version.
-    pub version: String,
+    /// A driverlab model (`aqc100`), a fresh process per VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The model's frame generator, e.g. `size=1514`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generate: Option<String>,
+    /// The model's host TAP interface (Unix socket only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tap: Option<String>,
+    /// A host PCI device bound to vfio-pci, `0000:63:00.0` (Unix socket only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bdf: Option<String>,
+    /// The Linux driver in Linux images (default `atlantic`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    /// A host device's iperf3 peer, an SSH destination (Unix socket only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    /// The peer's IPv4 address on the wire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_ip: Option<String>,
+    /// The guest's IPv4 address and prefix on the wire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_ip: Option<String>,
+    /// The peer's IPv6 address on the wire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_ip6: Option<String>,
+    /// The guest's IPv6 address and prefix on the wire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_ip6: Option<String>,
+}
+
+/// Who holds a device's lease.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Lease {
+    /// The run.
+    pub run: String,
+    /// The lab process.
+    pub pid: u32,
+    /// Its host.
+    pub host: String,
+}
+
+/// Why a device is quarantined.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Quarantine {
+    /// What failed.
+    pub reason: String,
+    /// Since when (RFC 3339).
+    pub since: String,
+}
+
+/// A registered device and its state.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DeviceState {
+    /// The definition.
+    pub device: DeviceDefinition,
+    /// `model` or `host`.
+    pub kind: String,
+    /// When it was registered (RFC 3339).
+    pub registered_at: String,
+    /// The lease on it, if a run holds it (host devices).
+    pub lease: Option<Lease>,
+    /// Its quarantine, if it is in one (host devices).
+    pub quarantine: Option<Quarantine>,
+}
+
+/// `POST /v1/devices/{name}/health`: the probe's NIC checks on the device.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HealthResult {
+    /// Whether every check passed.
+    pub ok: bool,
+    /// The one-line verdict, as `driverlab probe` prints it.
+    pub verdict: String,
+    /// What the check found: firmware, MAC, link, frames, MSI-X, failures.
+    #[schema(value_type = Object)]
+    pub report: serde_json::Value,
+}
+
+/// `POST /v1/devices/{name}/quarantine`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuarantineRequest {
+    /// Why.
+    pub reason: String,
+}
+
+/// An image in the store.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ImageSummary {
+    /// Its ID, which matrices and VM requests name.
+    pub id: String,
+    /// `kernel`, `module` or `initramfs`.
+    pub kind: String,
+    /// Its manifest (`docs/images.md`).
+    #[schema(value_type = Object)]
+    pub manifest: serde_json::Value,
+}
+
+/// `POST /v1/images/kernel`: Debian's kernel package, fetched with `apt-get download`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildKernel {
+    /// The package, e.g. `linux-image-6.12.57+deb13-amd64-unsigned` (default: the newest 6.12).
+    #[serde(default)]
+    pub package: Option<String>,
+}
+
+/// `POST /v1/images/module`: a driver variant built from patches.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildModule {
+    /// The kernel image to build against.
+    pub kernel: String,
+    /// The driver's folder in the kernel tree (default `drivers/net/ethernet/aquantia/atlantic`).
+    #[serde(default)]
+    pub driver: Option<String>,
+    /// The patches, in order, each the text of a `git format-patch` file, a mail or an mbox.
+    #[serde(default)]
+    pub patches: Vec<String>,
+    /// Build only these modules of the folder.
+    #[serde(default)]
+    pub only: Vec<String>,
+}
+
+/// `POST /v1/images/initramfs`: an initramfs with the guest agent.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildInitramfs {
+    /// The kernel image.
+    pub kernel: String,
+    /// Driver variants: module image IDs.
+    #[serde(default)]
+    pub modules: Vec<String>,
+    /// Stock drivers of the kernel to include (default `atlantic` without variants).
+    #[serde(default)]
+    pub drivers: Vec<String>,
+}
+
+/// `POST /v1/runs` and `POST /v1/vms`: what was made.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Created {
+    /// Its ID.
+    pub id: String,
+}
+
+/// A run's state as the daemon sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunStatus {
+    /// The run.
+    pub id: String,
+    /// The matrix's name.
+    pub matrix: String,
+    /// `queued`, `running`, `done`, `cancelled` or `interrupted`.
+    pub state: String,
+    /// Cells whose every repetition has a result.
+    pub cells_done: usize,
+    /// Cells.
+    pub cells_total: usize,
+    /// Repetitions with a result.
+    pub results: usize,
+    /// Repetitions in all.
+    pub results_total: usize,
+    /// Seconds left, estimated from the repetitions so far (running runs).
+    pub eta_s: Option<f64>,
+    /// Results by status.
+    #[schema(value_type = Object)]
+    pub counts: std::collections::BTreeMap<String, usize>,
+    /// When it was created (RFC 3339).
+    pub created_at: String,
+    /// When it finished.
+    pub finished_at: Option<String>,
+}
+
+/// One server-sent event of `GET /v1/runs/{id}/events` (its `data`, as JSON).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "event", rename_all = "lowercase")]
+pub enum RunEvent {
+    /// The run's state: the first event, and the last when the run ends.
+    State {
+        /// The run's status.
+        status: RunStatus,
+    },
+    /// A repetition was recorded.
+    Recorded {
+        /// The cell.
+        cell: String,
+        /// The repetition, from 0.
+        repetition: u32,
+        /// Its status.
+        status: String,
+        /// Why, for anything but PASS.
+        reason: String,
+        /// Goodput.
+        gbit_s: Option<f64>,
+        /// IOMMU maps per packet.
+        maps_per_packet: Option<f64>,
+        /// Results so far.
+        done: usize,
+        /// Results in all.
+        total: usize,
+    },
+    /// A line worth showing: a health check, a quarantine, waiting for a lease.
+    Note {
+        /// The line.
+        line: String,
+    },
+}
+
+/// `POST /v1/vms`: one VM. Kernels and initrds are images; devices are registered devices.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VmRequest {
+    /// `probe`, or a kernel image's ID.
+    pub kernel: String,
+    /// An initramfs image's ID.
+    #[serde(default)]
+    pub initrd: Option<String>,
+    /// The kernel command line.
+    #[serde(default)]
+    pub cmdline: String,
+    /// Guest memory in MiB (default 256).
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// vCPUs (default 1).
+    #[serde(default)]
+    pub vcpus: Option<u32>,
+    /// A virtio-iommu in front of the devices.
+    #[serde(default)]
+    pub iommu: bool,
+    /// Registered devices to pass through, by name (models get a fresh process).
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// Seconds before the VMM stops the VM (default 60, at most a day).
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+}
+
+/// A VM the daemon started.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VmStatus {
+    /// Its ID.
+    pub id: String,
+    /// `starting`, `running`, `exited` or `failed` (the VMM could not start).
+    pub state: String,
+    /// The VMM process's exit code, once it exited.
+    pub exit_code: Option<i32>,
+    /// The VMM's exit line, once the VM ran (`docs/vmm.md`).
+    #[schema(value_type = Option<Object>)]
+    pub exit: Option<serde_json::Value>,
+    /// The VMM's error line, when it could not run the VM.
+    #[schema(value_type = Option<Object>)]
+    pub error: Option<serde_json::Value>,
+    /// Bytes the guest wrote to its serial port so far.
+    pub serial_bytes: u64,
 }

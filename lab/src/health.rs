@@ -14,6 +14,8 @@ use crate::vm_process::{ProcessError, VmProcess};
 
 /// How long one check may take.
 const CHECK_TIMEOUT_S: f64 = 30.0;
+/// Frames a model's generator sends during its check.
+pub const FRAMES_MODEL: u32 = 64;
 
 /// What the check found.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -109,4 +111,18 @@ pub fn check(driverlab: &Path, device: &DeviceSpec, frames: u32) -> Result<Healt
         failures,
         ms: start.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// Checks a matrix's `device`: a fresh model process for a model (on its generator), the host
+/// device itself otherwise. The error is why the check could not run at all.
+pub fn check_device(driverlab: &Path, device: &crate::matrix::Device) -> Result<Health, String> {
+    let (spec, frames, _model) = match device.kind() {
+        crate::matrix::DeviceKind::Host(bdf) => (DeviceSpec::Vfio(bdf), 0, None),
+        crate::matrix::DeviceKind::Model { kind, args } => {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let model = crate::ModelProcess::start(driverlab, &kind, &args).map_err(|e| e.to_string())?;
+            (model.device_spec(), FRAMES_MODEL, Some(model))
+        }
+    };
+    check(driverlab, &spec, frames).map_err(|e| e.to_string())
 }

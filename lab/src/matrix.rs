@@ -164,6 +164,65 @@ pub enum DeviceKind {
 }
 
 impl Device {
+    /// Checks the device on its own; the error is the field (after `device[i]`) and what is
+    /// wrong.
+    pub fn check(&self) -> Result<(), (String, String)> {
+        let fail = |field: &str, message: String| Err((field.to_string(), message));
+        match (&self.model, &self.bdf) {
+            (Some(_), Some(_)) | (None, None) => return fail("", "give either model or bdf".into()),
+            (Some(model), None) if !MODELS.contains(&model.as_str()) => {
+                return fail(".model", format!("{model:?} is not a driverlab model; there is {}", MODELS.join(", ")));
+            }
+            (None, Some(_)) if self.generate.is_some() || self.tap.is_some() => {
+                return fail("", "generate and tap are for models".into());
+            }
+            _ => {}
+        }
+        if let Some(peer) = &self.peer {
+            if self.model.is_some() {
+                return fail(
+                    ".peer",
+                    "a model's peer is a network namespace the lab makes; peer is for host devices".into(),
+                );
+            }
+            if !ssh_destination(peer) {
+                return fail(
+                    ".peer",
+                    format!("{peer:?} is not an SSH destination: give [user@]host (letters, digits, . - _)"),
+                );
+            }
+        } else if self.peer_ip.is_some()
+            || self.guest_ip.is_some()
+            || self.peer_ip6.is_some()
+            || self.guest_ip6.is_some()
+        {
+            return fail("", "addresses are for a device with a peer".into());
+        }
+        let checks: [AddressCheck; 4] = [
+            ("peer_ip", &self.peer_ip, |a| a.parse::<std::net::Ipv4Addr>().is_ok(), "an IPv4 address"),
+            ("guest_ip", &self.guest_ip, |a| with_prefix::<std::net::Ipv4Addr>(a, 32), "IPv4/prefix"),
+            ("peer_ip6", &self.peer_ip6, |a| a.parse::<std::net::Ipv6Addr>().is_ok(), "an IPv6 address"),
+            ("guest_ip6", &self.guest_ip6, |a| with_prefix::<std::net::Ipv6Addr>(a, 128), "IPv6/prefix"),
+        ];
+        for (field, value, valid, what) in checks {
+            if let Some(value) = value
+                && !valid(value)
+            {
+                return fail(&format!(".{field}"), format!("{value:?}: give {what}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// What leases and quarantines a host device: `vfio=BDF`. Models have none (a fresh
+    /// process per VM holds nothing).
+    pub fn lease_key(&self) -> Option<String> {
+        match self.kind() {
+            DeviceKind::Host(bdf) => Some(vm_spec::DeviceSpec::Vfio(bdf).to_string()),
+            DeviceKind::Model { .. } => None,
+        }
+    }
+
     /// The guest's and the peer's addresses: the device's, else the defaults.
     pub fn addresses(&self) -> crate::peer::Addresses {
         let default = crate::peer::Addresses::default();
@@ -559,57 +618,8 @@ impl Checker<'_> {
         self.unique("workload", m.workloads.iter().map(|w| (w.get_ref().name(), w.span())))?;
 
         for (i, d) in m.devices.iter().enumerate() {
-            let (span, d) = (d.span(), d.get_ref());
-            match (&d.model, &d.bdf) {
-                (Some(_), Some(_)) | (None, None) => {
-                    return Err(self.error(Some(span), format!("device[{i}]"), "give either model or bdf"));
-                }
-                (Some(model), None) if !MODELS.contains(&model.as_str()) => {
-                    return Err(self.error(
-                        Some(span),
-                        format!("device[{i}].model"),
-                        format!("{model:?} is not a driverlab model; there is {}", MODELS.join(", ")),
-                    ));
-                }
-                (None, Some(_)) if d.generate.is_some() || d.tap.is_some() => {
-                    return Err(self.error(Some(span), format!("device[{i}]"), "generate and tap are for models"));
-                }
-                _ => {}
-            }
-            if let Some(peer) = &d.peer {
-                if d.model.is_some() {
-                    return Err(self.error(
-                        Some(span),
-                        format!("device[{i}].peer"),
-                        "a model's peer is a network namespace the lab makes; peer is for host devices",
-                    ));
-                }
-                if !ssh_destination(peer) {
-                    return Err(self.error(
-                        Some(span),
-                        format!("device[{i}].peer"),
-                        format!("{peer:?} is not an SSH destination: give [user@]host (letters, digits, . - _)"),
-                    ));
-                }
-            } else if d.peer_ip.is_some() || d.guest_ip.is_some() || d.peer_ip6.is_some() || d.guest_ip6.is_some() {
-                return Err(self.error(Some(span), format!("device[{i}]"), "addresses are for a device with a peer"));
-            }
-            let checks: [AddressCheck; 4] = [
-                ("peer_ip", &d.peer_ip, |a| a.parse::<std::net::Ipv4Addr>().is_ok(), "an IPv4 address"),
-                ("guest_ip", &d.guest_ip, |a| with_prefix::<std::net::Ipv4Addr>(a, 32), "IPv4/prefix"),
-                ("peer_ip6", &d.peer_ip6, |a| a.parse::<std::net::Ipv6Addr>().is_ok(), "an IPv6 address"),
-                ("guest_ip6", &d.guest_ip6, |a| with_prefix::<std::net::Ipv6Addr>(a, 128), "IPv6/prefix"),
-            ];
-            for (field, value, valid, what) in checks {
-                if let Some(value) = value
-                    && !valid(value)
-                {
-                    return Err(self.error(
-                        Some(span),
-                        format!("device[{i}].{field}"),
-                        format!("{value:?}: give {what}"),
-                    ));
-                }
+            if let Err((field, message)) = d.get_ref().check() {
+                return Err(self.error(Some(d.span()), format!("device[{i}]{field}"), message));
             }
         }
         for (i, image) in m.images.iter().enumerate() {

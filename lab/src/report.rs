@@ -265,8 +265,19 @@ impl Report {
     }
 
     /// The table's header: what [`Report::rows`] gives for each cell.
-    pub const COLUMNS: [&'static str; 11] =
-        ["cell", "variant", "workload", "device", "n", "status", "Gbit/s", "change", "maps/packet", "change", "verdict"];
+    pub const COLUMNS: [&'static str; 11] = [
+        "cell",
+        "variant",
+        "workload",
+        "device",
+        "n",
+        "status",
+        "Gbit/s",
+        "change",
+        "maps/packet",
+        "change",
+        "verdict",
+    ];
 
     /// One row per cell, as the markdown and HTML tables show them.
     pub fn rows(&self) -> Vec<[String; 11]> {

@@ -43,9 +43,9 @@ pub fn from_json(value: serde_json::Value) -> Result<toml::Table, MatrixError> {
     // JSON null has no TOML form; a field left out means the same.
     fn strip_nulls(value: serde_json::Value) -> serde_json::Value {
         match value {
-            serde_json::Value::Object(map) => {
-                serde_json::Value::Object(map.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, strip_nulls(v))).collect())
-            }
+            serde_json::Value::Object(map) => serde_json::Value::Object(
+                map.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, strip_nulls(v))).collect(),
+            ),
             serde_json::Value::Array(items) => serde_json::Value::Array(items.into_iter().map(strip_nulls).collect()),
             other => other,
         }

@@ -11,22 +11,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vm_spec::DeviceSpec;
 use vm_spec::host::virtualization;
 
 use guest_images::store::ImageStore;
 
 use crate::health;
 use crate::matrix::{Cell, DeviceKind, Plan, Workload};
-use crate::model_process::ModelProcess;
 use crate::record::{Record, Status};
 use crate::runner::{self, RunContext};
 use crate::store::{RunState, Store, StoreError};
 
 /// How often a worker asks again for a device another run holds.
 const LEASE_POLL: Duration = Duration::from_secs(2);
-/// Frames the health check receives from a model's generator.
-const HEALTH_FRAMES_MODEL: u32 = 64;
 
 /// Errors running a matrix.
 #[derive(Debug, thiserror::Error)]
@@ -153,13 +149,9 @@ pub fn record_skips(store: &Store, run: &str, plan: &Plan, refused: &[(Cell, Str
     Ok(())
 }
 
-/// The identity of a device for leases and quarantine: `vfio=BDF` for host devices; models have
-/// none (a fresh process per VM holds nothing).
+/// The identity of a device for leases and quarantine (see [`crate::matrix::Device::lease_key`]).
 fn lease_key(plan: &Plan, device: &str) -> Option<String> {
-    match plan.device(device)?.kind() {
-        DeviceKind::Host(bdf) => Some(DeviceSpec::Vfio(bdf).to_string()),
-        DeviceKind::Model { .. } => None,
-    }
+    plan.device(device)?.lease_key()
 }
 
 /// Runs every repetition of `run` that has no result yet, and marks the run done (or cancelled).
@@ -290,15 +282,7 @@ impl Worker<'_> {
     /// The probe's NIC checks on the device; the reason when they fail.
     fn health_check(&self) -> Result<(), String> {
         let device = self.plan.device(self.device).expect("checked");
-        let (spec, frames, _model) = match device.kind() {
-            DeviceKind::Host(bdf) => (DeviceSpec::Vfio(bdf), 0, None),
-            DeviceKind::Model { kind, args } => {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                let model = ModelProcess::start(&self.ctx.driverlab, &kind, &args).map_err(|e| e.to_string())?;
-                (model.device_spec(), HEALTH_FRAMES_MODEL, Some(model))
-            }
-        };
-        let health = health::check(&self.ctx.driverlab, &spec, frames).map_err(|e| e.to_string())?;
+        let health = health::check_device(&self.ctx.driverlab, device)?;
         self.progress.note(&format!("health {}", health.verdict()));
         if health.ok { Ok(()) } else { Err(health.failures.join("; ")) }
     }

@@ -1,19 +1,31 @@
 //! `driverlab serve` and `driverlab api`: the lab daemon's HTTP API and a client for it.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Context;
 use api::client::Client;
-use api::server::{self, AppState};
+use api::daemon::{Config, Daemon};
+use api::server;
 use clap::Args;
 
 /// Options of `driverlab serve`.
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Unix socket to serve on [default: $XDG_RUNTIME_DIR/driverlab.sock, else /tmp/driverlab-UID.sock].
+    /// Unix socket to serve on, created 0600 [default: $XDG_RUNTIME_DIR/driverlab.sock, else /tmp/driverlab-UID.sock].
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Also serve on TCP at ADDR (e.g. 127.0.0.1:8700); needs --token-file.
+    #[arg(long, value_name = "ADDR", requires = "token_file")]
+    pub listen: Option<String>,
+    /// The bearer token TCP clients must send, the file's first line (16 characters or more).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The results database [default: $DRIVERLAB_DB, else ~/.local/share/driverlab/lab.db].
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+    /// Print the OpenAPI document (docs/openapi.json) and exit.
+    #[arg(long)]
+    pub openapi: bool,
 }
 
 /// Options of `driverlab api`.
@@ -50,14 +62,49 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-/// Runs the server until SIGINT or SIGTERM.
+/// Runs the daemon until SIGINT or SIGTERM.
 pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
+    if args.openapi {
+        println!("{}", server::openapi_json());
+        return Ok(0);
+    }
     let socket = args.socket.unwrap_or_else(server::default_socket);
     let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
-    let state = AppState { driverlab: Arc::new(driverlab) };
-    eprintln!("driverlab API on {}", socket.display());
-    runtime()?.block_on(server::serve(&socket, state, shutdown_signal()))?;
-    Ok(0)
+    let vm_dir = api::vms::default_dir();
+    std::fs::create_dir_all(&vm_dir).with_context(|| format!("creating {}", vm_dir.display()))?;
+    std::fs::set_permissions(&vm_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .with_context(|| format!("making {} private", vm_dir.display()))?;
+    let config = Config {
+        db: args.db.unwrap_or_else(lab::store::default_path),
+        images: guest_images::store::default_root(),
+        driverlab,
+        vm_dir: vm_dir.clone(),
+    };
+    // The database opens (and migrates) before the daemon answers anything.
+    lab::store::Store::open(&config.db)?;
+    let token = match &args.token_file {
+        Some(file) => Some(api::auth::read_token(file).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    let runtime = runtime()?;
+    let result = runtime.block_on(async {
+        let tcp = match (&args.listen, token) {
+            (Some(addr), Some(token)) => {
+                let listener =
+                    tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+                eprintln!("driverlab API on tcp://{} (bearer token)", listener.local_addr()?);
+                Some((listener, token))
+            }
+            (None, Some(_)) => anyhow::bail!("--token-file is for --listen"),
+            _ => None,
+        };
+        eprintln!("driverlab API on {}", socket.display());
+        let daemon = Daemon::new(config);
+        server::serve(daemon, &socket, tcp, shutdown_signal()).await?;
+        Ok(())
+    });
+    let _ = std::fs::remove_dir_all(&vm_dir);
+    result.map(|()| 0)
 }
 
 /// Sends one request and prints the response body; exit code 1 for HTTP errors.

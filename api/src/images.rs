@@ -1,0 +1,221 @@
+//! Images over HTTP: the store's kernels, driver variants and initramfs, by ID, and builds
+//! through the image commands. A request names images by ID and packages by name, never a path;
+//! patches come in the request's body.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use guest_images::{initramfs_build, kernel_image, module_build};
+
+use crate::daemon::Daemon;
+use crate::payload::Payload;
+use crate::problem::{Problem, blocking};
+use crate::types::{BuildInitramfs, BuildKernel, BuildModule, ImageSummary};
+
+/// Whether `id` is an image ID (`kernel-…`, `module-…`, `initramfs-…`: a kind and hex digits),
+/// so that it can name nothing but a folder of the store.
+pub fn is_image_id(id: &str) -> bool {
+    ["kernel", "module", "initramfs"].iter().any(|kind| {
+        id.strip_prefix(kind)
+            .and_then(|r| r.strip_prefix('-'))
+            .is_some_and(|h| !h.is_empty() && h.len() <= 64 && h.chars().all(|c| c.is_ascii_hexdigit()))
+    })
+}
+
+fn summary(id: String, manifest: serde_json::Value) -> ImageSummary {
+    let kind = manifest.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
+    ImageSummary { id, kind, manifest }
+}
+
+fn lookup(daemon: &Daemon, id: &str) -> Result<ImageSummary, Problem> {
+    if !is_image_id(id) {
+        return Err(Problem::not_found(format!("{id:?} is not an image ID (kernel-…, module-…, initramfs-…)")));
+    }
+    let manifest: serde_json::Value = daemon.images().manifest(id)?;
+    Ok(summary(id.to_string(), manifest))
+}
+
+/// `GET /v1/images`.
+#[utoipa::path(get, path = "/v1/images", tag = "images",
+    responses((status = 200, description = "Every image in the store", body = Vec<ImageSummary>)))]
+pub async fn list(State(daemon): State<Arc<Daemon>>) -> Result<Json<Vec<ImageSummary>>, Problem> {
+    blocking(move || {
+        let images = daemon.images().list()?;
+        Ok(Json(images.into_iter().filter(|(id, _)| is_image_id(id)).map(|(id, m)| summary(id, m)).collect()))
+    })
+    .await
+}
+
+/// `GET /v1/images/{id}`.
+#[utoipa::path(get, path = "/v1/images/{id}", tag = "images",
+    params(("id" = String, Path, description = "The image")),
+    responses(
+        (status = 200, description = "The image and its manifest", body = ImageSummary),
+        (status = 404, description = "No such image", body = crate::types::ErrorBody),
+    ))]
+pub async fn show(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -> Result<Json<ImageSummary>, Problem> {
+    blocking(move || lookup(&daemon, &id).map(Json)).await
+}
+
+/// Runs `build` as the only image build; busy if another runs.
+fn one_build(daemon: &Daemon, build: impl FnOnce() -> Result<String, Problem>) -> Result<ImageSummary, Problem> {
+    let _only =
+        daemon.builds.try_lock().map_err(|_| Problem::busy("another image build is running; try again after it"))?;
+    let id = build()?;
+    lookup(daemon, &id)
+}
+
+fn created(result: Result<ImageSummary, Problem>) -> Response {
+    match result {
+        Ok(summary) => (StatusCode::CREATED, Json(summary)).into_response(),
+        Err(p) => p.into_response(),
+    }
+}
+
+/// `POST /v1/images/kernel`.
+#[utoipa::path(post, path = "/v1/images/kernel", tag = "images", request_body = BuildKernel,
+    responses(
+        (status = 201, description = "The kernel image (the same package is the same image)", body = ImageSummary),
+        (status = 400, description = "A malformed body", body = crate::types::ErrorBody),
+        (status = 413, description = "The body is too large", body = crate::types::ErrorBody),
+        (status = 415, description = "Not JSON", body = crate::types::ErrorBody),
+        (status = 422, description = "Not a kernel package", body = crate::types::ErrorBody),
+        (status = 429, description = "Another build is running", body = crate::types::ErrorBody),
+        (status = 500, description = "The build failed (apt, the package)", body = crate::types::ErrorBody),
+    ))]
+pub async fn build_kernel(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Response {
+    let result = async {
+        let request: BuildKernel = payload.json()?;
+        if let Some(package) = &request.package {
+            let ok = package.starts_with("linux-image-")
+                && package.len() <= 100
+                && package
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '+' | '-'));
+            if !ok {
+                return Err(Problem::unprocessable(format!("{package:?} is not a Debian linux-image-* package name")));
+            }
+        }
+        blocking(move || {
+            one_build(&daemon, || Ok(kernel_image::from_package(&daemon.images(), request.package.as_deref())?.id))
+        })
+        .await
+    }
+    .await;
+    created(result)
+}
+
+/// `POST /v1/images/module`.
+#[utoipa::path(post, path = "/v1/images/module", tag = "images", request_body = BuildModule,
+    responses(
+        (status = 201, description = "The driver variant", body = ImageSummary),
+        (status = 400, description = "A malformed body", body = crate::types::ErrorBody),
+        (status = 404, description = "No such kernel image", body = crate::types::ErrorBody),
+        (status = 413, description = "The body is too large", body = crate::types::ErrorBody),
+        (status = 415, description = "Not JSON", body = crate::types::ErrorBody),
+        (status = 422, description = "A patch that does not apply, a bad folder", body = crate::types::ErrorBody),
+        (status = 429, description = "Another build is running", body = crate::types::ErrorBody),
+        (status = 500, description = "The build failed", body = crate::types::ErrorBody),
+    ))]
+pub async fn build_module(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Response {
+    let result = async {
+        let request: BuildModule = payload.json()?;
+        if !is_image_id(&request.kernel) || !request.kernel.starts_with("kernel-") {
+            return Err(Problem::unprocessable(format!("kernel {:?}: give a kernel image's ID", request.kernel)));
+        }
+        if let Some(only) = request
+            .only
+            .iter()
+            .find(|o| o.is_empty() || !o.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        {
+            return Err(Problem::unprocessable(format!("only {only:?}: a module's name")));
+        }
+        blocking(move || {
+            one_build(&daemon, || {
+                // The patches as files of the daemon's own, in a private folder.
+                let dir =
+                    tempfile::tempdir().map_err(|e| Problem::internal(format!("a folder for the patches: {e}")))?;
+                let mut patches = Vec::new();
+                for (i, text) in request.patches.iter().enumerate() {
+                    let path = dir.path().join(format!("{:03}.patch", i + 1));
+                    std::fs::write(&path, text).map_err(|e| Problem::internal(format!("writing a patch: {e}")))?;
+                    patches.push(path);
+                }
+                let build = module_build::ModuleRequest {
+                    driver: request.driver.clone().unwrap_or_else(|| "drivers/net/ethernet/aquantia/atlantic".into()),
+                    patches,
+                    source: module_build::SourceSpec::Package("linux-source-6.12".into()),
+                    kernel: request.kernel.clone(),
+                    headers: None,
+                    only: request.only.clone(),
+                };
+                Ok(module_build::build(&daemon.images(), &build)?.id)
+            })
+        })
+        .await
+    }
+    .await;
+    created(result)
+}
+
+/// `POST /v1/images/initramfs`.
+#[utoipa::path(post, path = "/v1/images/initramfs", tag = "images", request_body = BuildInitramfs,
+    responses(
+        (status = 201, description = "The initramfs (the same inputs give the same image)", body = ImageSummary),
+        (status = 400, description = "A malformed body", body = crate::types::ErrorBody),
+        (status = 404, description = "No such kernel or module image", body = crate::types::ErrorBody),
+        (status = 413, description = "The body is too large", body = crate::types::ErrorBody),
+        (status = 415, description = "Not JSON", body = crate::types::ErrorBody),
+        (status = 422, description = "Not image IDs, or a driver the kernel lacks", body = crate::types::ErrorBody),
+        (status = 429, description = "Another build is running", body = crate::types::ErrorBody),
+        (status = 500, description = "The build failed", body = crate::types::ErrorBody),
+    ))]
+pub async fn build_initramfs(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Response {
+    let result = async {
+        let request: BuildInitramfs = payload.json()?;
+        if !request.kernel.starts_with("kernel-") || !is_image_id(&request.kernel) {
+            return Err(Problem::unprocessable(format!("kernel {:?}: give a kernel image's ID", request.kernel)));
+        }
+        if let Some(m) = request.modules.iter().find(|m| !m.starts_with("module-") || !is_image_id(m)) {
+            return Err(Problem::unprocessable(format!("modules: {m:?} is not a module image's ID")));
+        }
+        if let Some(d) = request
+            .drivers
+            .iter()
+            .find(|d| d.is_empty() || !d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        {
+            return Err(Problem::unprocessable(format!("drivers: {d:?} is not a module's name")));
+        }
+        blocking(move || {
+            one_build(&daemon, || {
+                let build = initramfs_build::InitramfsRequest {
+                    kernel: request.kernel.clone(),
+                    modules: request.modules.clone(),
+                    drivers: request.drivers.clone(),
+                };
+                Ok(initramfs_build::build(&daemon.images(), &build)?.id)
+            })
+        })
+        .await
+    }
+    .await;
+    created(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_image_ids_name_images() {
+        for id in ["kernel-b4ecf741a5956628", "module-4a80c97f554ad821", "initramfs-e2d146713e02418b"] {
+            assert!(is_image_id(id), "{id}");
+        }
+        for id in ["../etc", "kernel-", "kernel-../x", "kernel-b4ec/../../x", "probe", "kernel-xyz", ".scratch"] {
+            assert!(!is_image_id(id), "{id}");
+        }
+    }
+}

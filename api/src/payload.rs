@@ -1,0 +1,68 @@
+//! Request bodies: read up to a limit, parsed into the endpoint's type, every failure a JSON
+//! error (axum's own extractors answer in plain text).
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::header;
+use http_body_util::BodyExt;
+use serde::de::DeserializeOwned;
+
+use crate::problem::Problem;
+
+/// The largest body a request may have.
+pub const MAX_BODY: usize = 1 << 20;
+
+/// A request's body and its content type.
+pub struct Payload {
+    /// The bytes.
+    pub bytes: Bytes,
+    /// The `Content-Type`, without parameters, lower case.
+    pub content_type: String,
+}
+
+impl<S: Send + Sync> FromRequest<S> for Payload {
+    type Rejection = Problem;
+
+    async fn from_request(request: Request, _state: &S) -> Result<Payload, Problem> {
+        let content_type = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.split(';').next().unwrap_or_default().trim().to_ascii_lowercase())
+            .unwrap_or_default();
+        let limited = http_body_util::Limited::new(request.into_body(), MAX_BODY);
+        let bytes = match limited.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(Problem::too_large(format!("the body is over {MAX_BODY} bytes")));
+            }
+            Err(e) => return Err(Problem::bad_request(format!("reading the body: {e}"))),
+        };
+        Ok(Payload { bytes, content_type })
+    }
+}
+
+impl Payload {
+    /// The body as JSON of type `T` (an empty body as `{}` for types that allow it).
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, Problem> {
+        if !self.content_type.is_empty() && self.content_type != "application/json" {
+            return Err(Problem::unsupported_media_type(format!(
+                "a {:?} body; this endpoint takes application/json",
+                self.content_type
+            )));
+        }
+        let bytes: &[u8] = if self.bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &self.bytes };
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." {
+                Problem::bad_request(format!("invalid request body: {inner}"))
+            } else {
+                Problem::bad_request(format!("invalid request body at {path}: {inner}"))
+            }
+        })?;
+        de.end().map_err(|e| Problem::bad_request(format!("invalid request body: {e}")))?;
+        Ok(value)
+    }
+}

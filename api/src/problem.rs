@@ -1,0 +1,130 @@
+//! Error responses: a status, a stable code and a message, always as JSON.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::types::ErrorBody;
+
+/// An error response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The code in the body.
+    pub code: &'static str,
+    /// The message in the body.
+    pub message: String,
+}
+
+impl Problem {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Problem {
+        Problem { status, code, message: message.into() }
+    }
+
+    /// 400: the request is malformed.
+    pub fn bad_request(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    /// 401: no or a wrong token.
+    pub fn unauthorized(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    /// 403: not allowed over this transport.
+    pub fn forbidden(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    /// 404: no such thing.
+    pub fn not_found(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 405: the path has no such method.
+    pub fn method_not_allowed(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message)
+    }
+
+    /// 409: the thing's state does not allow it.
+    pub fn conflict(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    /// 413: the body is too large.
+    pub fn too_large(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+    }
+
+    /// 415: a body of a type the endpoint does not take.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
+    }
+
+    /// 406: no representation the client accepts.
+    pub fn not_acceptable(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::NOT_ACCEPTABLE, "not_acceptable", message)
+    }
+
+    /// 422: well-formed, but refused (a matrix that does not check out, a cell this host cannot
+    /// run, an image that does not exist).
+    pub fn unprocessable(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", message)
+    }
+
+    /// 429: the daemon has as much of this as it takes.
+    pub fn busy(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+    }
+
+    /// 500: the daemon failed (its database, its host).
+    pub fn internal(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        (self.status, Json(ErrorBody { code: self.code.into(), message: self.message })).into_response()
+    }
+}
+
+impl From<lab::store::StoreError> for Problem {
+    fn from(e: lab::store::StoreError) -> Problem {
+        match e {
+            lab::store::StoreError::NoRun(run) => Problem::not_found(format!("no run {run:?} (GET /v1/runs)")),
+            e => Problem::internal(e.to_string()),
+        }
+    }
+}
+
+impl From<lab::run::RunError> for Problem {
+    fn from(e: lab::run::RunError) -> Problem {
+        match e {
+            lab::run::RunError::Store(e) => e.into(),
+            lab::run::RunError::NotResumable { .. } => Problem::conflict(e.to_string()),
+            e if e.is_bad_input() => Problem::unprocessable(e.to_string()),
+            e => Problem::internal(e.to_string()),
+        }
+    }
+}
+
+impl From<guest_images::store::ImageError> for Problem {
+    fn from(e: guest_images::store::ImageError) -> Problem {
+        match e {
+            guest_images::store::ImageError::NoImage(id) => {
+                Problem::not_found(format!("no image {id:?} (GET /v1/images)"))
+            }
+            e if e.is_bad_input() => Problem::unprocessable(e.to_string()),
+            e => Problem::internal(e.to_string()),
+        }
+    }
+}
+
+/// Runs blocking work (the database, processes) off the async threads.
+pub async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Problem> + Send + 'static,
+) -> Result<T, Problem> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| Problem::internal(format!("a task failed: {e}")))?
+}

@@ -1,0 +1,434 @@
+//! One-off VMs over HTTP: started at once and run on a thread of their own (which outlives the
+//! VMM and its models, so they die with the daemon, never before), watched through the VMM's
+//! control socket, their serial output kept in a file the daemon serves.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use lab::matrix::DeviceKind;
+use lab::{ControlClient, ModelProcess, VmProcess};
+use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, SerialSpec, VmSpec};
+
+use crate::daemon::Daemon;
+use crate::payload::Payload;
+use crate::problem::{Problem, blocking};
+use crate::runs::query;
+use crate::types::{Created, VmRequest, VmStatus};
+
+/// Most VMs that may run at once.
+pub const MAX_LIVE: usize = 4;
+/// Finished VMs kept (with their serial logs) before the oldest are forgotten.
+const KEEP_FINISHED: usize = 64;
+/// Most guest memory one VM may have.
+const MAX_MEMORY_MIB: u64 = 16 * 1024;
+/// The run time of a request that gives none, and the most one may ask.
+const DEFAULT_TIMEOUT_S: f64 = 60.0;
+const MAX_TIMEOUT_S: f64 = 24.0 * 3600.0;
+
+/// The VMs the daemon started.
+pub struct VmTable {
+    dir: PathBuf,
+    next: AtomicU64,
+    vms: Mutex<Vec<Arc<Vm>>>,
+}
+
+struct Vm {
+    id: String,
+    dir: PathBuf,
+    phase: Mutex<Phase>,
+}
+
+#[derive(Clone)]
+enum Phase {
+    Starting,
+    Running,
+    Exited { code: Option<i32>, exit: Option<serde_json::Value>, error: Option<serde_json::Value> },
+    Failed(String),
+}
+
+impl Vm {
+    fn phase(&self) -> MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn serial(&self) -> PathBuf {
+        self.dir.join("serial.log")
+    }
+
+    fn control(&self) -> PathBuf {
+        self.dir.join("control.sock")
+    }
+
+    fn finished(&self) -> bool {
+        matches!(*self.phase(), Phase::Exited { .. } | Phase::Failed(_))
+    }
+
+    fn status(&self) -> VmStatus {
+        let serial_bytes = std::fs::metadata(self.serial()).map_or(0, |m| m.len());
+        let (state, exit_code, exit, error) = match self.phase().clone() {
+            Phase::Starting => ("starting", None, None, None),
+            Phase::Running => ("running", None, None, None),
+            Phase::Exited { code, exit, error } => ("exited", code, exit, error),
+            Phase::Failed(message) => ("failed", None, None, Some(serde_json::json!({ "message": message }))),
+        };
+        VmStatus { id: self.id.clone(), state: state.into(), exit_code, exit, error, serial_bytes }
+    }
+}
+
+impl VmTable {
+    /// A table whose VMs keep their files under `dir`.
+    pub fn new(dir: PathBuf) -> VmTable {
+        VmTable { dir, next: AtomicU64::new(1), vms: Mutex::new(Vec::new()) }
+    }
+
+    fn all(&self) -> MutexGuard<'_, Vec<Arc<Vm>>> {
+        self.vms.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Vm>, Problem> {
+        self.all()
+            .iter()
+            .find(|vm| vm.id == id)
+            .cloned()
+            .ok_or_else(|| Problem::not_found(format!("no VM {id:?} (GET /v1/vms)")))
+    }
+
+    /// A new VM's entry and folder, if there is room.
+    fn admit(&self) -> Result<Arc<Vm>, Problem> {
+        let mut vms = self.all();
+        if vms.iter().filter(|vm| !vm.finished()).count() >= MAX_LIVE {
+            return Err(Problem::busy(format!("{MAX_LIVE} VMs are running; try again when one has ended")));
+        }
+        // Forget the oldest finished VMs beyond what is kept.
+        while vms.iter().filter(|vm| vm.finished()).count() >= KEEP_FINISHED {
+            let oldest = vms.iter().position(|vm| vm.finished()).expect("counted");
+            let vm = vms.remove(oldest);
+            let _ = std::fs::remove_dir_all(&vm.dir);
+        }
+        let id = format!("vm{}", self.next.fetch_add(1, Ordering::Relaxed));
+        let dir = self.dir.join(format!("{}-{id}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| Problem::internal(format!("a folder for the VM: {e}")))?;
+        let vm = Arc::new(Vm { id, dir, phase: Mutex::new(Phase::Starting) });
+        vms.push(vm.clone());
+        Ok(vm)
+    }
+}
+
+/// The VM spec of a request, its kernel and initrd resolved from the image store and its
+/// devices from the registry; models are started by the VM's thread.
+struct Prepared {
+    spec: VmSpec,
+    models: Vec<(String, Vec<String>)>,
+}
+
+fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
+    let images = daemon.images();
+    let kernel = match request.kernel.as_str() {
+        "probe" => Kernel::Probe,
+        id if id.starts_with("kernel-") && crate::images::is_image_id(id) => {
+            let manifest: guest_images::kernel_image::KernelManifest = images.manifest(id)?;
+            Kernel::Path(images.dir(id).join(&manifest.vmlinux))
+        }
+        other => {
+            return Err(Problem::unprocessable(format!(
+                "kernel {other:?}: give `probe` or a kernel image's ID (GET /v1/images)"
+            )));
+        }
+    };
+    let initrd = match &request.initrd {
+        None => None,
+        Some(id) if id.starts_with("initramfs-") && crate::images::is_image_id(id) => {
+            let manifest: guest_images::initramfs_build::InitramfsManifest = images.manifest(id)?;
+            Some(manifest.archive_path(&images))
+        }
+        Some(other) => {
+            return Err(Problem::unprocessable(format!("initrd {other:?}: give an initramfs image's ID")));
+        }
+    };
+    let timeout = request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
+    if !(timeout > 0.0 && timeout <= MAX_TIMEOUT_S) {
+        return Err(Problem::unprocessable(format!("timeout_s: more than 0 and at most {MAX_TIMEOUT_S}")));
+    }
+    let memory_mib = request.memory_mib.unwrap_or(256);
+    if memory_mib > MAX_MEMORY_MIB {
+        return Err(Problem::unprocessable(format!("memory_mib: at most {MAX_MEMORY_MIB} per VM")));
+    }
+    let store = daemon.store()?;
+    let mut devices = Vec::new();
+    let mut models = Vec::new();
+    for name in &request.devices {
+        let device = store.device(name)?.ok_or_else(|| {
+            Problem::unprocessable(format!("devices: no device is registered as {name:?} (GET /v1/devices)"))
+        })?;
+        match device.kind() {
+            DeviceKind::Host(bdf) => devices.push(DeviceSpec::Vfio(bdf)),
+            DeviceKind::Model { kind, args } => models.push((kind, args)),
+        }
+    }
+    let spec = VmSpec {
+        initrd,
+        cmdline: request.cmdline.clone(),
+        memory_mib,
+        vcpus: request.vcpus.unwrap_or(1),
+        iommu: request.iommu.then(IommuSpec::default),
+        devices,
+        timeout_s: Some(timeout),
+        ..VmSpec::new(kernel)
+    };
+    // Models' sockets are added when they run; check the rest now.
+    spec.validate().map_err(|e| Problem::unprocessable(e.to_string()))?;
+    Ok(Prepared { spec, models })
+}
+
+/// The VM's thread: models, the VMM, its end.
+fn run(daemon: Arc<Daemon>, vm: Arc<Vm>, prepared: Prepared) {
+    let Prepared { mut spec, models } = prepared;
+    let mut running_models = Vec::new();
+    for (kind, args) in &models {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match ModelProcess::start(&daemon.config.driverlab, kind, &args) {
+            Ok(model) => {
+                spec.devices.push(model.device_spec());
+                running_models.push(model);
+            }
+            Err(e) => {
+                *vm.phase() = Phase::Failed(format!("starting the {kind} model: {e}"));
+                return;
+            }
+        }
+    }
+    spec.serial = SerialSpec { com1: SerialOutput::File(vm.serial()), com2: None };
+    let process = VmProcess::new(&daemon.config.driverlab, spec, Duration::from_secs(30)).with_control(vm.control());
+    let running = match process.start() {
+        Ok(running) => running,
+        Err(e) => {
+            *vm.phase() = Phase::Failed(e.to_string());
+            return;
+        }
+    };
+    *vm.phase() = Phase::Running;
+    let phase = match running.wait() {
+        Ok(out) => Phase::Exited {
+            code: out.code(),
+            exit: out.exit.as_ref().map(|e| serde_json::to_value(e).expect("exit lines serialize")),
+            error: out.error.as_ref().map(|e| serde_json::to_value(e).expect("error lines serialize")),
+        },
+        Err(e) => Phase::Failed(e.to_string()),
+    };
+    drop(running_models);
+    *vm.phase() = phase;
+}
+
+/// `POST /v1/vms`: starts a VM; it runs to its end (or its timeout) on its own.
+#[utoipa::path(post, path = "/v1/vms", tag = "vms", request_body = VmRequest,
+    responses(
+        (status = 201, description = "Started", body = Created),
+        (status = 400, description = "A malformed body", body = crate::types::ErrorBody),
+        (status = 404, description = "No such image", body = crate::types::ErrorBody),
+        (status = 413, description = "The body is too large", body = crate::types::ErrorBody),
+        (status = 415, description = "Not JSON", body = crate::types::ErrorBody),
+        (status = 422, description = "The VM does not check out: not an image, no such device, limits", body = crate::types::ErrorBody),
+        (status = 429, description = "As many VMs run as the daemon takes", body = crate::types::ErrorBody),
+    ))]
+pub async fn start(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Response {
+    let result = async {
+        let request: VmRequest = payload.json()?;
+        let daemon = daemon.clone();
+        blocking(move || {
+            let prepared = prepare(&daemon, &request)?;
+            let vm = daemon.vms.admit()?;
+            let id = vm.id.clone();
+            let thread_daemon = daemon.clone();
+            std::thread::Builder::new()
+                .name(format!("vm-{id}"))
+                .spawn(move || run(thread_daemon, vm, prepared))
+                .map_err(|e| Problem::internal(format!("a thread for the VM: {e}")))?;
+            Ok(id)
+        })
+        .await
+    }
+    .await;
+    match result {
+        Ok(id) => {
+            let location = format!("/v1/vms/{id}");
+            (StatusCode::CREATED, [(header::LOCATION, location)], Json(Created { id })).into_response()
+        }
+        Err(p) => p.into_response(),
+    }
+}
+
+/// `GET /v1/vms`.
+#[utoipa::path(get, path = "/v1/vms", tag = "vms",
+    responses((status = 200, description = "The VMs the daemon started, oldest first", body = Vec<VmStatus>)))]
+pub async fn list(State(daemon): State<Arc<Daemon>>) -> Json<Vec<VmStatus>> {
+    Json(daemon.vms.all().iter().map(|vm| vm.status()).collect())
+}
+
+/// `GET /v1/vms/{id}`.
+#[utoipa::path(get, path = "/v1/vms/{id}", tag = "vms",
+    params(("id" = String, Path, description = "The VM")),
+    responses(
+        (status = 200, description = "Its state, and how it ended", body = VmStatus),
+        (status = 404, description = "No such VM", body = crate::types::ErrorBody),
+    ))]
+pub async fn show(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -> Result<Json<VmStatus>, Problem> {
+    Ok(Json(daemon.vms.get(&id)?.status()))
+}
+
+fn running(vm: &Vm) -> Result<(), Problem> {
+    match *vm.phase() {
+        Phase::Running => Ok(()),
+        Phase::Starting => Err(Problem::conflict(format!("{} is starting; ask again in a moment", vm.id))),
+        _ => Err(Problem::conflict(format!("{} has ended (GET /v1/vms/{})", vm.id, vm.id))),
+    }
+}
+
+/// `GET /v1/vms/{id}/counters`: the VMM's live counters (vIOMMU, devices, exits).
+#[utoipa::path(get, path = "/v1/vms/{id}/counters", tag = "vms",
+    params(("id" = String, Path, description = "The VM")),
+    responses(
+        (status = 200, description = "The live counters, the keys of the exit line (docs/vmm.md)", body = Object),
+        (status = 404, description = "No such VM", body = crate::types::ErrorBody),
+        (status = 409, description = "It is not running", body = crate::types::ErrorBody),
+    ))]
+pub async fn counters(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -> Response {
+    let result = blocking(move || {
+        let vm = daemon.vms.get(&id)?;
+        running(&vm)?;
+        let counters = ControlClient::new(vm.control(), Duration::from_secs(2)).counters().map_err(|e| {
+            Problem::conflict(format!("{id}: its control socket does not answer ({e}); it may be ending"))
+        })?;
+        Ok(serde_json::to_value(counters).expect("counters serialize"))
+    })
+    .await;
+    match result {
+        Ok(value) => Json(value).into_response(),
+        Err(p) => p.into_response(),
+    }
+}
+
+/// `POST /v1/vms/{id}/stop`: the power button, then a forced stop after the grace time.
+#[utoipa::path(post, path = "/v1/vms/{id}/stop", tag = "vms",
+    params(("id" = String, Path, description = "The VM")),
+    responses(
+        (status = 202, description = "Stopping", body = VmStatus),
+        (status = 404, description = "No such VM", body = crate::types::ErrorBody),
+        (status = 409, description = "It is not running", body = crate::types::ErrorBody),
+    ))]
+pub async fn stop(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -> Response {
+    let result = blocking(move || {
+        let vm = daemon.vms.get(&id)?;
+        running(&vm)?;
+        ControlClient::new(vm.control(), Duration::from_secs(2))
+            .shutdown(vm_spec::control::ShutdownRequest::default())
+            .map_err(|e| {
+                Problem::conflict(format!("{id}: its control socket does not answer ({e}); it may be ending"))
+            })?;
+        Ok(vm.status())
+    })
+    .await;
+    match result {
+        Ok(status) => (StatusCode::ACCEPTED, Json(status)).into_response(),
+        Err(p) => p.into_response(),
+    }
+}
+
+/// `DELETE /v1/vms/{id}`: forgets an ended VM and its serial log.
+#[utoipa::path(delete, path = "/v1/vms/{id}", tag = "vms",
+    params(("id" = String, Path, description = "The VM")),
+    responses(
+        (status = 204, description = "Forgotten"),
+        (status = 404, description = "No such VM", body = crate::types::ErrorBody),
+        (status = 409, description = "It is still running: stop it first", body = crate::types::ErrorBody),
+    ))]
+pub async fn remove(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -> Response {
+    let result = (|| {
+        let vm = daemon.vms.get(&id)?;
+        if !vm.finished() {
+            return Err(Problem::conflict(format!("{id} is running: POST /v1/vms/{id}/stop first")));
+        }
+        daemon.vms.all().retain(|v| v.id != id);
+        let _ = std::fs::remove_dir_all(&vm.dir);
+        Ok(())
+    })();
+    match result {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(p) => p.into_response(),
+    }
+}
+
+/// `GET /v1/vms/{id}/serial`: the guest's serial output; with `follow=true` the response
+/// streams until the VM ends.
+#[utoipa::path(get, path = "/v1/vms/{id}/serial", tag = "vms",
+    params(("id" = String, Path, description = "The VM"),
+        ("follow" = Option<bool>, Query, description = "keep streaming until the VM ends")),
+    responses(
+        (status = 200, description = "The serial output", content_type = "text/plain", body = String),
+        (status = 400, description = "A bad query", body = crate::types::ErrorBody),
+        (status = 404, description = "No such VM", body = crate::types::ErrorBody),
+    ))]
+pub async fn serial(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>, RawQuery(raw): RawQuery) -> Response {
+    let follow = match query(raw).iter().find(|(k, _)| k == "follow").map(|(_, v)| v.as_str()) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return Problem::bad_request(format!("follow={other:?}: give true or false")).into_response(),
+    };
+    let vm = match daemon.vms.get(&id) {
+        Ok(vm) => vm,
+        Err(p) => return p.into_response(),
+    };
+    // Chunks of the log from an offset, polling while the VM runs.
+    let stream = futures_util::stream::unfold((vm, 0u64, false), move |(vm, offset, done)| async move {
+        if done {
+            return None;
+        }
+        loop {
+            let finished = vm.finished();
+            let path = vm.serial();
+            let chunk = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+                let mut file = match std::fs::File::open(path) {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                    Err(e) => return Err(e),
+                };
+                file.seek(SeekFrom::Start(offset))?;
+                let mut buf = Vec::new();
+                file.take(1 << 16).read_to_end(&mut buf)?;
+                Ok(buf)
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            match chunk {
+                Ok(bytes) if !bytes.is_empty() => {
+                    let next = offset + bytes.len() as u64;
+                    return Some((Ok::<_, std::io::Error>(bytes), (vm, next, false)));
+                }
+                Ok(_) if !follow || finished => return None,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => return Some((Err(e), (vm, offset, true))),
+            }
+        }
+    });
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from_stream(stream)).into_response()
+}
+
+impl Drop for VmTable {
+    fn drop(&mut self) {
+        for vm in self.all().iter() {
+            let _ = std::fs::remove_dir_all(&vm.dir);
+        }
+    }
+}
+
+/// The VMs' files: kept while the daemon runs.
+pub fn default_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("driverlab-vms-{}", std::process::id()))
+}

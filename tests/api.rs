@@ -423,3 +423,37 @@ fn no_request_reads_a_host_file_and_every_error_is_json() {
     let doc = json_of(&call(&client, "GET", "/v1/openapi.json", &[], None));
     assert_eq!(doc["openapi"], "3.1.0");
 }
+
+#[test]
+fn lab_run_through_the_daemon_prints_what_it_prints_in_process() {
+    if !kvm_available("lab_run_through_the_daemon_prints_what_it_prints_in_process") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    let out = Command::new(driverlab())
+        .args(["lab", "run", &probe_matrix(), "--socket"])
+        .arg(&daemon.socket)
+        .env("DRIVERLAB_DB", dir.path().join("not-used.db"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let run = stdout.lines().next().and_then(|l| l.strip_prefix("run ")).and_then(|l| l.strip_suffix(" started"));
+    let run = run.unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(stdout.lines().last().unwrap(), format!("run {run}: 3 cells, 15 passed, 0 failed, 0 errors"));
+    assert!(stdout.contains("| c03 | pool | rx-20k | aqc100 | 5 | 5 PASS |"), "{stdout}");
+    let progress: Vec<&str> = stderr.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(progress.len(), 15, "{stderr}");
+    assert!(progress[0].starts_with("[1/15] c01 flip probe.rx=flip rep 1: PASS "), "{}", progress[0]);
+    assert!(!dir.path().join("not-used.db").exists(), "the daemon's database holds the run");
+
+    let report = Command::new(driverlab())
+        .args(["lab", "report", run, "--format", "json"])
+        .env("DRIVERLAB_SOCKET", &daemon.socket)
+        .output()
+        .unwrap();
+    let served = json_of(&call(&daemon.client(), "GET", &format!("/v1/runs/{run}/report"), &[], None));
+    assert_eq!(serde_json::from_slice::<Value>(&report.stdout).unwrap(), served);
+}

@@ -197,6 +197,7 @@ impl Progress for Events {
     fn recorded(&self, record: &Record, done: usize, total: usize) {
         let event = RunEvent::Recorded {
             cell: record.cell.id.clone(),
+            label: record.cell.label(),
             repetition: record.repetition,
             status: record.status.name().into(),
             reason: record.reason.clone().unwrap_or_default(),

@@ -226,6 +226,8 @@ pub enum RunEvent {
     Recorded {
         /// The cell.
         cell: String,
+        /// The cell's variant and parameters, as reports label it.
+        label: String,
         /// The repetition, from 0.
         repetition: u32,
         /// Its status.

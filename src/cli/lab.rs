@@ -87,6 +87,9 @@ pub struct RunArgs {
     /// The report's format.
     #[arg(long, value_enum, default_value = "md")]
     pub format: Format,
+    /// The daemon to go through.
+    #[command(flatten)]
+    pub daemon: super::lab_remote::DaemonArgs,
     /// Database.
     #[command(flatten)]
     pub db: DbArgs,
@@ -100,6 +103,9 @@ pub struct ResumeArgs {
     /// The report's format.
     #[arg(long, value_enum, default_value = "md")]
     pub format: Format,
+    /// The daemon to go through.
+    #[command(flatten)]
+    pub daemon: super::lab_remote::DaemonArgs,
     /// Database.
     #[command(flatten)]
     pub db: DbArgs,
@@ -140,6 +146,9 @@ pub struct ReportArgs {
     /// Where the report goes.
     #[command(flatten)]
     pub output: ReportOutput,
+    /// The daemon to go through.
+    #[command(flatten)]
+    pub daemon: super::lab_remote::DaemonArgs,
     /// Database.
     #[command(flatten)]
     pub db: DbArgs,
@@ -224,6 +233,12 @@ impl LabCommand {
             LabCommand::List(args) => list(args),
             LabCommand::Show(args) => show(args),
             LabCommand::Report(args) => {
+                if let Some(client) = args.daemon.client()? {
+                    let text =
+                        super::lab_remote::report(&client, &args.run, args.baseline.as_deref(), args.output.format)?;
+                    write_out(&text, args.output.out.as_deref())?;
+                    return Ok(0);
+                }
                 let store = args.db.open()?;
                 let report = run::report(&store, &args.run, args.baseline.as_deref()).map_err(coded)?;
                 write_report(&report, args.output.format, args.output.out.as_deref())
@@ -335,19 +350,13 @@ impl Console {
 
 impl Progress for Console {
     fn recorded(&self, r: &Record, done: usize, total: usize) {
-        let mut figures = Vec::new();
-        if let Some(g) = r.workload.gbit_s {
-            figures.push(format!("{g:.3} Gbit/s"));
-        }
-        if let Some(m) = r.maps_per_packet {
-            figures.push(format!("{m:.4} maps/packet"));
-        }
-        let what = match (&r.reason, r.status) {
-            (Some(reason), s) if s != Status::Pass => reason.clone(),
-            _ => figures.join(", "),
-        };
-        let text =
-            format!("[{done}/{total}] {} {} rep {}: {} {what}", r.cell.id, r.cell.label(), r.repetition + 1, r.status);
+        let text = repetition_line(
+            (done, total),
+            (&r.cell.id, &r.cell.label(), r.repetition),
+            r.status.name(),
+            r.reason.as_deref(),
+            (r.workload.gbit_s, r.maps_per_packet),
+        );
         match &self.bar {
             Some(bar) => {
                 bar.set_position(done as u64);
@@ -366,6 +375,47 @@ impl Progress for Console {
     }
 }
 
+/// A repetition's progress line: `[done/total] CELL LABEL rep N: STATUS figures-or-reason`.
+pub fn repetition_line(
+    (done, total): (usize, usize),
+    (cell, label, repetition): (&str, &str, u32),
+    status: &str,
+    reason: Option<&str>,
+    (gbit_s, maps_per_packet): (Option<f64>, Option<f64>),
+) -> String {
+    let mut figures = Vec::new();
+    if let Some(g) = gbit_s {
+        figures.push(format!("{g:.3} Gbit/s"));
+    }
+    if let Some(m) = maps_per_packet {
+        figures.push(format!("{m:.4} maps/packet"));
+    }
+    let what = match reason {
+        Some(reason) if status != "PASS" => reason.to_string(),
+        _ => figures.join(", "),
+    };
+    format!("[{done}/{total}] {cell} {label} rep {}: {status} {what}", repetition + 1)
+}
+
+/// The last line of `lab run` and `lab resume`, from the run's counts by status.
+pub fn last_line(run: &str, cells: usize, count: impl Fn(Status) -> usize, cancelled: bool) -> String {
+    let mut last = format!(
+        "run {run}: {cells} cells, {} passed, {} failed, {} errors",
+        count(Status::Pass),
+        count(Status::Fail),
+        count(Status::Error)
+    );
+    for (status, word) in [(Status::Skip, "skipped"), (Status::Miss, "missed")] {
+        if count(status) > 0 {
+            last.push_str(&format!(", {} {word}", count(status)));
+        }
+    }
+    if cancelled {
+        last.push_str(" (cancelled)");
+    }
+    last
+}
+
 /// Ctrl-C: finish the repetitions running, record the rest as MISS, mark the run cancelled.
 static CANCEL: AtomicBool = AtomicBool::new(false);
 
@@ -379,6 +429,9 @@ fn catch_interrupt() {
 }
 
 fn run_matrix(args: RunArgs) -> anyhow::Result<u8> {
+    if let Some(client) = args.daemon.client()? {
+        return super::lab_remote::run(&client, &args.matrix, args.skip_unrunnable, args.format);
+    }
     let plan = Plan::load(&args.matrix).map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
     let options = options(args.skip_unrunnable)?;
     let mut store = args.db.open()?;
@@ -388,6 +441,9 @@ fn run_matrix(args: RunArgs) -> anyhow::Result<u8> {
 }
 
 fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
+    if let Some(client) = args.daemon.client()? {
+        return super::lab_remote::resume(&client, &args.run, args.format);
+    }
     let options = options(false)?;
     let store = args.db.open()?;
     let plan = run::resumable(&store, &args.run).map_err(coded)?;
@@ -415,21 +471,7 @@ fn execute(store: Store, plan: &Plan, run: &str, options: &RunOptions, format: F
     let report = run::report(&store, run, None).map_err(coded)?;
     write_out(&render(&report, format)?, None)?;
     let count = |s: Status| outcome.counts.get(&s).copied().unwrap_or(0);
-    let mut last = format!(
-        "run {run}: {} cells, {} passed, {} failed, {} errors",
-        plan.cells.len(),
-        count(Status::Pass),
-        count(Status::Fail),
-        count(Status::Error)
-    );
-    for (status, word) in [(Status::Skip, "skipped"), (Status::Miss, "missed")] {
-        if count(status) > 0 {
-            last.push_str(&format!(", {} {word}", count(status)));
-        }
-    }
-    if outcome.cancelled {
-        last.push_str(" (cancelled)");
-    }
+    let last = last_line(run, plan.cells.len(), count, outcome.cancelled);
     println!("{last}");
     let clean = count(Status::Fail) + count(Status::Error) + count(Status::Miss) == 0;
     Ok(if clean { 0 } else { 1 })

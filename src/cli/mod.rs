@@ -5,6 +5,7 @@ mod bench;
 mod doctor;
 mod image;
 mod lab;
+mod lab_remote;
 mod model;
 mod probe;
 mod serve;

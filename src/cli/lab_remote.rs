@@ -1,0 +1,171 @@
+//! `driverlab lab run|resume|report` through a running daemon (`--socket`, `DRIVERLAB_SOCKET`),
+//! with the output the in-process commands give: `run ID started`, a line per repetition on
+//! stderr, the report, and the last line.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use api::client::Client;
+use api::types::{ErrorBody, RunEvent, RunStatus};
+use clap::Args;
+use lab::record::Status;
+
+use super::CodedError;
+use super::lab::{Format, last_line, repetition_line};
+
+/// Which daemon, if any.
+#[derive(Args)]
+pub struct DaemonArgs {
+    /// Go through the daemon on this socket when one answers there (in-process otherwise).
+    #[arg(long, value_name = "PATH", env = "DRIVERLAB_SOCKET")]
+    pub socket: Option<PathBuf>,
+}
+
+impl DaemonArgs {
+    /// A client for the daemon, if one is named and answers; a note on stderr if it is named
+    /// and does not.
+    pub fn client(&self) -> anyhow::Result<Option<Client>> {
+        let Some(socket) = &self.socket else { return Ok(None) };
+        let client = Client::new(socket);
+        if runtime()?.block_on(client.answers()) {
+            Ok(Some(client))
+        } else {
+            eprintln!("no driverlab daemon answers on {}; running in-process", socket.display());
+            Ok(None)
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
+}
+
+/// An error answer as the CLI's error: 2 for the user's mistakes, 1 otherwise.
+fn refused(status: u16, body: &[u8]) -> anyhow::Error {
+    let message = serde_json::from_slice::<ErrorBody>(body)
+        .map(|e| e.message)
+        .unwrap_or_else(|_| String::from_utf8_lossy(body).into_owned());
+    let code = if (400..500).contains(&status) && status != 429 { 2 } else { 1 };
+    CodedError { message: format!("the daemon answered {status}: {message}"), code }.into()
+}
+
+fn accept(format: Format) -> &'static str {
+    match format {
+        Format::Md => "text/markdown",
+        Format::Json => "application/json",
+        Format::Csv => "text/csv",
+        Format::Svg => "image/svg+xml",
+    }
+}
+
+/// `lab run MATRIX` through the daemon.
+pub fn run(client: &Client, matrix: &Path, skip_unrunnable: bool, format: Format) -> anyhow::Result<u8> {
+    let text = std::fs::read(matrix).with_context(|| matrix.display().to_string())?;
+    let runtime = runtime()?;
+    let path = if skip_unrunnable { "/v1/runs?skip_unrunnable=true" } else { "/v1/runs" };
+    let answer = runtime.block_on(client.call("POST", path, &[("content-type", "application/toml")], Some(text)))?;
+    if answer.status != 201 {
+        return Err(refused(answer.status, &answer.body));
+    }
+    let id = serde_json::from_slice::<serde_json::Value>(&answer.body)?["id"].as_str().unwrap_or_default().to_string();
+    println!("run {id} started");
+    runtime.block_on(follow(client, &id, format))
+}
+
+/// `lab resume RUN` through the daemon.
+pub fn resume(client: &Client, run: &str, format: Format) -> anyhow::Result<u8> {
+    let runtime = runtime()?;
+    let answer = runtime.block_on(client.call("POST", &format!("/v1/runs/{run}/resume"), &[], None))?;
+    if answer.status != 202 {
+        return Err(refused(answer.status, &answer.body));
+    }
+    println!("run {run} resumed");
+    runtime.block_on(follow(client, run, format))
+}
+
+/// `lab report RUN` through the daemon.
+pub fn report(client: &Client, run: &str, baseline: Option<&str>, format: Format) -> anyhow::Result<String> {
+    runtime()?.block_on(fetch_report(client, run, baseline, format))
+}
+
+async fn fetch_report(client: &Client, run: &str, baseline: Option<&str>, format: Format) -> anyhow::Result<String> {
+    let mut path = format!("/v1/runs/{run}/report");
+    if let Some(b) = baseline {
+        path.push_str(&format!("?baseline={}", form_urlencoded::byte_serialize(b.as_bytes()).collect::<String>()));
+    }
+    let answer = client.call("GET", &path, &[("accept", accept(format))], None).await?;
+    if answer.status != 200 {
+        return Err(refused(answer.status, &answer.body));
+    }
+    Ok(String::from_utf8_lossy(&answer.body).into_owned())
+}
+
+/// Follows the run's events to its end (Ctrl-C cancels it), then prints the report and the
+/// last line.
+async fn follow(client: &Client, run: &str, format: Format) -> anyhow::Result<u8> {
+    let started = Instant::now();
+    let canceller = client.clone();
+    let cancel_path = format!("/v1/runs/{run}/cancel");
+    let ctrl_c = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("cancelling: the repetitions running finish, the rest are MISS");
+            let _ = canceller.call("POST", &cancel_path, &[], None).await;
+        }
+    });
+    let mut last: Option<RunStatus> = None;
+    let refused_status = client
+        .events(&format!("/v1/runs/{run}/events"), |data| {
+            let Ok(event) = serde_json::from_str::<RunEvent>(data) else { return true };
+            match event {
+                RunEvent::Recorded {
+                    cell,
+                    label,
+                    repetition,
+                    status,
+                    reason,
+                    gbit_s,
+                    maps_per_packet,
+                    done,
+                    total,
+                } => {
+                    let reason = (!reason.is_empty()).then_some(reason.as_str());
+                    let line = repetition_line(
+                        (done, total),
+                        (&cell, &label, repetition),
+                        &status,
+                        reason,
+                        (gbit_s, maps_per_packet),
+                    );
+                    eprintln!("{line} ({:.1} s)", started.elapsed().as_secs_f64());
+                    true
+                }
+                RunEvent::Note { line } => {
+                    eprintln!("{line}");
+                    true
+                }
+                RunEvent::State { status } => {
+                    let finished = !matches!(status.state.as_str(), "queued" | "running");
+                    last = Some(status);
+                    !finished
+                }
+            }
+        })
+        .await?;
+    ctrl_c.abort();
+    if let Some(status) = refused_status {
+        return Err(
+            CodedError { message: format!("the daemon answered {status} for the run's events"), code: 1 }.into()
+        );
+    }
+    let status = last.context("the event stream ended before the run did")?;
+    let report = fetch_report(client, run, None, format).await?;
+    print!("{report}");
+    if !report.ends_with('\n') {
+        println!();
+    }
+    let count = |s: Status| status.counts.get(s.name()).copied().unwrap_or(0);
+    println!("{}", last_line(run, status.cells_total, count, status.state == "cancelled"));
+    let clean = count(Status::Fail) + count(Status::Error) + count(Status::Miss) == 0;
+    Ok(if clean && status.state == "done" { 0 } else { 1 })
+}

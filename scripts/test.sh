@@ -4,8 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-apt_install build-essential curl ca-certificates xz-utils busybox-static python3 python3-pip \
-    patch dwarves shellcheck iperf3 ethtool iproute2 linux-source-6.12
+apt_install build-essential curl ca-certificates xz-utils busybox-static python3 python3-pip python3-venv \
+    patch dwarves shellcheck iperf3 ethtool iproute2 linux-source-6.12 chromium
 # The headers of the kernel the image tests build driver variants against: the newest Debian
 # 6.12 generic kernel, the one `driverlab image kernel` picks.
 kernel_pkg=$(apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb[0-9]+-amd64-unsigned$' | awk '{print $1}' | sort -V | tail -n 1)
@@ -21,6 +21,12 @@ ensure_rust
 python3 -c 'import kcidb_io' 2>/dev/null || python3 -m pip install --quiet kcidb-io >&2 \
     || python3 -m pip install --quiet --break-system-packages kcidb-io >&2 \
     || echo "kcidb-io could not be installed: the KCIDB schema test will skip" >&2
+# schemathesis (PyPI) fuzzes a live daemon against its OpenAPI document (tests/api.rs).
+DRIVERLAB_SCHEMATHESIS="$(scripts/fetch-schemathesis.sh)" || {
+    echo "schemathesis could not be installed: the API fuzz test will skip" >&2
+    DRIVERLAB_SCHEMATHESIS=""
+}
+export DRIVERLAB_SCHEMATHESIS
 DRIVERLAB_TEST_BZIMAGE="$(scripts/fetch-debian-kernel.sh 6.12)"
 DRIVERLAB_IASL="$(scripts/fetch-iasl.sh)"
 DRIVERLAB_ATLANTIC_SOURCE="$(scripts/fetch-atlantic-source.sh)"

@@ -457,3 +457,73 @@ fn lab_run_through_the_daemon_prints_what_it_prints_in_process() {
     let served = json_of(&call(&daemon.client(), "GET", &format!("/v1/runs/{run}/report"), &[], None));
     assert_eq!(serde_json::from_slice::<Value>(&report.stdout).unwrap(), served);
 }
+
+#[test]
+fn schemathesis_finds_nothing_against_a_live_daemon() {
+    let test = "schemathesis_finds_nothing_against_a_live_daemon";
+    let Some(st) = std::env::var_os("DRIVERLAB_SCHEMATHESIS").filter(|s| !s.is_empty()) else {
+        eprintln!("SKIP {test}: set DRIVERLAB_SCHEMATHESIS to schemathesis's st (scripts/fetch-schemathesis.sh)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let token = "schemathesis-token-0123456789abcdef";
+    std::fs::write(dir.path().join("token"), token).unwrap();
+    let token_file = dir.path().join("token").display().to_string();
+    let daemon = Daemon::start(dir.path(), &["--listen", "127.0.0.1:0", "--token-file", &token_file]);
+    let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
+    // Every check but positive_data_acceptance: that one would need every semantic rule (a
+    // matrix that checks out, a device that is one kind or the other) in the schema.
+    let out = Command::new(st)
+        .arg("run")
+        .arg(&schema)
+        .args(["--url", &format!("http://{}", daemon.tcp.as_ref().unwrap())])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args(["--checks", "all", "--exclude-checks", "positive_data_acceptance"])
+        .args(["--max-examples", "30", "--seed", "1", "--no-color"])
+        .output()
+        .expect("st runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary = text.lines().rev().take(25).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+    println!("{summary}");
+    assert!(out.status.success(), "schemathesis found failures:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn the_report_page_renders_in_headless_chromium() {
+    let test = "the_report_page_renders_in_headless_chromium";
+    if !kvm_available(test) {
+        return;
+    }
+    if Command::new("chromium").arg("--version").output().is_err() {
+        eprintln!("SKIP {test}: no chromium (apt-get install chromium)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let matrix = std::fs::read_to_string(probe_matrix()).unwrap().replace("repetitions = 5", "repetitions = 2");
+    assert!(matrix.contains("repetitions = 2"));
+    let daemon = Daemon::start(dir.path(), &[]);
+    let client = daemon.client();
+    let answer = call(&client, "POST", "/v1/runs", &[("content-type", "application/toml")], Some(matrix.as_bytes()));
+    assert_eq!(answer.status, 201);
+    let run = json_of(&answer)["id"].as_str().unwrap().to_string();
+    events(&daemon, &run, None);
+    let page = call(&client, "GET", &format!("/v1/runs/{run}/report"), &[("accept", "text/html")], None);
+    assert_eq!(page.content_type, "text/html; charset=utf-8");
+    let file = dir.path().join("report.html");
+    std::fs::write(&file, &page.body).unwrap();
+    let out = Command::new("chromium")
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom"])
+        .arg(format!("file://{}", file.display()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dom = String::from_utf8_lossy(&out.stdout);
+    // What the browser built: the table with a row per cell, and the chart.
+    assert!(dom.contains("<table id=\"cells\">"), "{dom}");
+    assert_eq!(dom.matches("<tr><td>").count(), 3, "{dom}");
+    assert!(dom.contains("<td>c02</td><td>order3</td>"), "{dom}");
+    assert!(dom.contains("<figure id=\"chart\">") && dom.contains("<svg"), "{dom}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let console: Vec<&str> = stderr.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    assert!(console.is_empty(), "the page logged to the console: {console:?}");
+}

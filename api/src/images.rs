@@ -76,7 +76,7 @@ fn created(result: Result<ImageSummary, Problem>) -> Response {
 }
 
 /// `POST /v1/images/kernel`.
-#[utoipa::path(post, path = "/v1/images/kernel", tag = "images", request_body = BuildKernel,
+#[utoipa::path(post, path = "/v1/images/kernel", tag = "images", request_body(content = Option<BuildKernel>, description = "Optional: no body builds the default package"),
     responses(
         (status = 201, description = "The kernel image (the same package is the same image)", body = ImageSummary),
         (status = 400, description = "A malformed body", body = crate::types::ErrorBody),

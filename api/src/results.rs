@@ -11,6 +11,26 @@ use crate::daemon::Daemon;
 use crate::problem::{Problem, blocking};
 use crate::runs::query;
 
+/// A status, as the `status` query parameter gives it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code, clippy::upper_case_acronyms, missing_docs)]
+pub enum StatusParam {
+    PASS,
+    FAIL,
+    ERROR,
+    MISS,
+    SKIP,
+}
+
+/// A format, as the `format` query parameter gives it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code, non_camel_case_types, missing_docs)]
+pub enum FormatParam {
+    json,
+    csv,
+    kcidb,
+}
+
 /// What `GET /v1/results` selects.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Filter {
@@ -108,8 +128,8 @@ fn csv(records: &[Record]) -> String {
         ("run" = Option<String>, Query, description = "only this run's records"),
         ("cell" = Option<String>, Query, description = "only this cell (c01, c02, ...)"),
         ("variant" = Option<String>, Query, description = "only this variant"),
-        ("status" = Option<String>, Query, description = "only this status: PASS, FAIL, ERROR, MISS, SKIP"),
-        ("format" = Option<String>, Query, description = "json (default), csv, or kcidb (KCIDB v4 JSON of one run)"),
+        ("status" = Option<StatusParam>, Query, description = "only this status"),
+        ("format" = Option<FormatParam>, Query, description = "json (default), csv, or kcidb (KCIDB v4 JSON of one run)"),
     ),
     responses(
         (status = 200, description = "The records (docs/lab.md)", content(

@@ -31,6 +31,8 @@ use crate::{devices, images, results, runs, vms};
         results::list,
         vms::start, vms::list, vms::show, vms::counters, vms::stop, vms::remove, vms::serial,
     ),
+    components(schemas(results::StatusParam, results::FormatParam)),
+    modifiers(&TokenOverTcp),
     tags(
         (name = "daemon", description = "The daemon and its host"),
         (name = "devices", description = "Registered devices, their leases, quarantines and health"),
@@ -41,6 +43,39 @@ use crate::{devices, images, results, runs, vms};
     )
 )]
 pub struct ApiDoc;
+
+/// The bearer token of the TCP listener: declared for every operation, with its 401. Requests
+/// over the Unix socket need none.
+struct TokenOverTcp;
+
+impl utoipa::Modify for TokenOverTcp {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "token",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "TCP only (`driverlab serve --listen ADDR --token-file FILE`); the Unix socket needs none",
+                    ))
+                    .build(),
+            ),
+        );
+        doc.security = Some(vec![SecurityRequirement::new("token", Vec::<String>::new())]);
+        let unauthorized = ResponseBuilder::new()
+            .description("Over TCP, without the token")
+            .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build())
+            .build();
+        for item in doc.paths.paths.values_mut() {
+            for op in [&mut item.get, &mut item.post, &mut item.delete].into_iter().flatten() {
+                op.responses.responses.insert("401".into(), unauthorized.clone().into());
+            }
+        }
+    }
+}
 
 /// The OpenAPI document as JSON, as `GET /v1/openapi.json` serves it.
 pub fn openapi_json() -> String {
@@ -201,6 +236,12 @@ mod tests {
     fn every_route_is_in_the_document_and_every_answer_has_a_schema() {
         let doc: serde_json::Value = serde_json::from_str(&openapi_json()).unwrap();
         assert_eq!(doc["openapi"], "3.1.0");
+        let text = doc.to_string();
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        for reference in text.split("\"#/components/schemas/").skip(1) {
+            let name = reference.split('"').next().unwrap();
+            assert!(schemas.contains_key(name), "{name} is referred to but not defined");
+        }
         let paths = doc["paths"].as_object().unwrap();
         for path in [
             "/v1/runs",

@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 apt_install build-essential curl ca-certificates xz-utils busybox-static python3 python3-pip python3-venv \
-    patch dwarves shellcheck iperf3 ethtool iproute2 linux-source-6.12 chromium
+    patch dwarves shellcheck iperf3 ethtool iproute2 linux-source-6.12 chromium jq
 # The headers of the kernel the image tests build driver variants against: the newest Debian
 # 6.12 generic kernel, the one `driverlab image kernel` picks.
 kernel_pkg=$(apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb[0-9]+-amd64-unsigned$' | awk '{print $1}' | sort -V | tail -n 1)

@@ -527,3 +527,66 @@ fn the_report_page_renders_in_headless_chromium() {
     let console: Vec<&str> = stderr.lines().filter(|l| l.contains(":CONSOLE")).collect();
     assert!(console.is_empty(), "the page logged to the console: {console:?}");
 }
+
+#[test]
+fn the_hardware_workflow_is_valid_and_its_matrix_builds_through_a_daemon() {
+    let test = "the_hardware_workflow_is_valid_and_its_matrix_builds_through_a_daemon";
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workflow = root.join(".github/workflows/hardware-lab.yml");
+    // GitHub's schema for workflows, through check-jsonschema next to schemathesis.
+    match std::env::var_os("DRIVERLAB_SCHEMATHESIS").filter(|s| !s.is_empty()) {
+        Some(st) => {
+            let checker = Path::new(&st).with_file_name("check-jsonschema");
+            let out = Command::new(checker)
+                .args(["--builtin-schema", "vendor.github-workflows"])
+                .arg(&workflow)
+                .output()
+                .expect("check-jsonschema runs");
+            assert!(
+                out.status.success(),
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        None => eprintln!("SKIP {test} (its schema part): set DRIVERLAB_SCHEMATHESIS (scripts/fetch-schemathesis.sh)"),
+    }
+    if std::env::var_os("DRIVERLAB_IMAGE_TESTS").is_none() || Command::new("jq").arg("--version").output().is_err() {
+        eprintln!(
+            "SKIP {test}: set DRIVERLAB_IMAGE_TESTS=1 with the kernel headers and jq installed (scripts/test.sh does)"
+        );
+        return;
+    }
+    // The workflow's image step against a daemon here: Debian's kernel, seeds 000 and 001 built
+    // from their patches, an initramfs each, their IDs in the matrix.
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    let out = Command::new(root.join("scripts/ci-matrix.sh"))
+        .arg(root.join("examples/hardware-matrix.toml"))
+        .env("DRIVERLAB_SOCKET", &daemon.socket)
+        .output()
+        .unwrap();
+    let matrix = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!matrix.contains('@'), "every placeholder filled: {matrix}");
+    let initrds: Vec<&str> = matrix.lines().filter_map(|l| l.strip_prefix("initrd = \"initramfs-")).collect();
+    assert_eq!(initrds.len(), 3);
+    assert!(initrds[0] != initrds[1] && initrds[1] != initrds[2], "three different initramfs: {initrds:?}");
+    // On this box the device is the model; the matrix checks out, and the host decides.
+    let client = daemon.client();
+    let json_body = [("content-type", "application/json")];
+    let answer = call(&client, "POST", "/v1/devices", &json_body, Some(br#"{"name":"aqc100-tb","model":"aqc100"}"#));
+    assert_eq!(answer.status, 201);
+    let answer = call(&client, "POST", "/v1/runs", &[("content-type", "application/toml")], Some(matrix.as_bytes()));
+    let virt = vm_spec::host::virtualization();
+    if virt.boots_linux() && lab::peer::can_create() {
+        assert_eq!(answer.status, 201, "{}", String::from_utf8_lossy(&answer.body));
+        let run = json_of(&answer)["id"].as_str().unwrap().to_string();
+        assert_eq!(call(&client, "POST", &format!("/v1/runs/{run}/cancel"), &[], None).status, 202);
+    } else {
+        let error = json_of(&answer);
+        assert_eq!(answer.status, 422, "{error}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains("3 cell(s) cannot run on this host"), "{message}");
+    }
+}

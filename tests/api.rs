@@ -339,6 +339,55 @@ fn tcp_needs_the_token_and_remote_requests_name_no_host_resource() {
     assert_eq!(answer.status, 201, "the owner may, over the Unix socket");
     let answer = call(&remote, "POST", "/v1/devices", &json_body, Some(br#"{"name":"aq","model":"aqc100"}"#));
     assert_eq!(answer.status, 201, "a model names nothing of the host");
+
+    // A host device's quarantine, and its release.
+    let answer = call(&remote, "POST", "/v1/devices/nic/quarantine", &json_body, Some(br#"{"reason":"link flaps"}"#));
+    let state = json_of(&answer);
+    assert_eq!((answer.status, state["quarantine"]["reason"].as_str()), (200, Some("link flaps")), "{state}");
+    assert_eq!(state["kind"], "host");
+    let state = json_of(&call(&remote, "POST", "/v1/devices/nic/release", &[], None));
+    assert!(state["quarantine"].is_null(), "{state}");
+    let images = json_of(&call(&remote, "GET", "/v1/images", &[], None));
+    assert!(images.is_array());
+}
+
+#[test]
+fn runs_are_queued_one_at_a_time_and_cancelled_waiting_or_running() {
+    if !kvm_available("runs_are_queued_one_at_a_time_and_cancelled_waiting_or_running") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    let client = daemon.client();
+    let matrix = std::fs::read(probe_matrix()).unwrap();
+    let toml = [("content-type", "application/toml")];
+    let submit =
+        || json_of(&call(&client, "POST", "/v1/runs", &toml, Some(&matrix)))["id"].as_str().unwrap().to_string();
+    let (first, second) = (submit(), submit());
+    let status = |run: &str| json_of(&call(&client, "GET", &format!("/v1/runs/{run}"), &[], None));
+    assert_eq!(status(&second)["state"], "queued", "one run at a time");
+    // The waiting one leaves the queue at once, every repetition MISS.
+    let answer = call(&client, "POST", &format!("/v1/runs/{second}/cancel"), &[], None);
+    assert_eq!(answer.status, 202);
+    let seen = events(&daemon, &second, None);
+    let last = &seen.last().unwrap()["status"];
+    assert_eq!((last["state"].as_str(), last["counts"]["MISS"].as_u64()), (Some("cancelled"), Some(15)), "{last}");
+    // The running one stops after the repetition in flight.
+    events(&daemon, &first, Some(1));
+    assert_eq!(status(&first)["state"], "running");
+    assert_eq!(call(&client, "POST", &format!("/v1/runs/{first}/cancel"), &[], None).status, 202);
+    let seen = events(&daemon, &first, None);
+    let last = &seen.last().unwrap()["status"];
+    assert_eq!(last["state"], "cancelled", "{last}");
+    let missed = last["counts"]["MISS"].as_u64().unwrap_or(0);
+    assert!(missed > 0 && last["results"] == 15, "{last}");
+    // A cancelled run resumes: what was MISS runs.
+    assert_eq!(call(&client, "POST", &format!("/v1/runs/{first}/resume"), &[], None).status, 202);
+    let seen = events(&daemon, &first, None);
+    let recorded = seen.iter().filter(|e| e["event"] == "recorded").count() as u64;
+    let last = &seen.last().unwrap()["status"];
+    assert_eq!((last["state"].as_str(), last["counts"]["PASS"].as_u64()), (Some("done"), Some(15)), "{last}");
+    assert_eq!(recorded, missed, "exactly the missed repetitions ran");
 }
 
 /// A request and the status it must get: method, path, headers, body, status.

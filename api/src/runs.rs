@@ -385,7 +385,7 @@ pub async fn cancel(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
     ))]
 pub async fn resume(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -> Response {
     let result = blocking(move || {
-        let store = daemon.store()?;
+        let mut store = daemon.store()?;
         store.run(&id)?;
         if daemon.runs.live_state(&id, 0, 0).is_some() {
             return Err(Problem::conflict(format!("run {id} is queued or running here already")));

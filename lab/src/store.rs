@@ -292,14 +292,18 @@ impl Store {
         Ok(id)
     }
 
-    /// Marks `run` as worked on by this process again (resume).
-    pub fn claim_run(&self, run: &str) -> Result<(), StoreError> {
-        self.conn
-            .execute(
-                "UPDATE runs SET state = 'running', pid = ?2, host = ?3, finished_at = NULL WHERE id = ?1",
-                params![run, std::process::id(), host_name()],
-            )
-            .map_err(self.sql())?;
+    /// Marks `run` as worked on by this process again (resume). Its MISS records, repetitions
+    /// that should have run and did not, go: they run now.
+    pub fn claim_run(&mut self, run: &str) -> Result<(), StoreError> {
+        let sql = self.sql();
+        let tx = self.conn.transaction().map_err(&sql)?;
+        tx.execute(
+            "UPDATE runs SET state = 'running', pid = ?2, host = ?3, finished_at = NULL WHERE id = ?1",
+            params![run, std::process::id(), host_name()],
+        )
+        .map_err(&sql)?;
+        tx.execute("DELETE FROM results WHERE run_id = ?1 AND status = 'MISS'", params![run]).map_err(&sql)?;
+        tx.commit().map_err(&sql)?;
         Ok(())
     }
 

@@ -445,7 +445,7 @@ fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
         return super::lab_remote::resume(&client, &args.run, args.format);
     }
     let options = options(false)?;
-    let store = args.db.open()?;
+    let mut store = args.db.open()?;
     let plan = run::resumable(&store, &args.run).map_err(coded)?;
     store.claim_run(&args.run)?;
     println!("run {} resumed", args.run);

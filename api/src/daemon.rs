@@ -2,6 +2,7 @@
 //! runs VMs and models, the run queue and the VMs the daemon started.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lab::store::Store;
@@ -35,6 +36,20 @@ pub struct Daemon {
     pub builds: Mutex<()>,
     /// One device health check at a time: each is a VM.
     pub checks: Mutex<()>,
+    /// Event and serial streams open now.
+    streams: Arc<AtomicUsize>,
+}
+
+/// Most event and serial streams open at once: they are the responses that last.
+pub const MAX_STREAMS: usize = 64;
+
+/// An open stream's place; dropping it (the stream ended or its client went) frees it.
+pub struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Daemon {
@@ -42,7 +57,24 @@ impl Daemon {
     pub fn new(config: Config) -> Arc<Daemon> {
         let runs = RunQueue::start(config.db.clone(), config.driverlab.clone());
         let vms = VmTable::new(config.vm_dir.clone());
-        Arc::new(Daemon { config, runs, vms, builds: Mutex::new(()), checks: Mutex::new(()) })
+        Arc::new(Daemon {
+            config,
+            runs,
+            vms,
+            builds: Mutex::new(()),
+            checks: Mutex::new(()),
+            streams: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// A place for one more long-lived stream, if there is room.
+    pub fn open_stream(&self) -> Result<StreamSlot, Problem> {
+        let open = self.streams.fetch_add(1, Ordering::SeqCst);
+        let slot = StreamSlot(self.streams.clone());
+        if open >= MAX_STREAMS {
+            return Err(Problem::busy(format!("{MAX_STREAMS} streams are open; close one")));
+        }
+        Ok(slot)
     }
 
     /// A connection to the database.
@@ -53,5 +85,26 @@ impl Daemon {
     /// The image store.
     pub fn images(&self) -> guest_images::store::ImageStore {
         guest_images::store::ImageStore::new(&self.config.images)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lived_streams_are_counted_and_their_slots_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = Daemon::new(Config {
+            db: dir.path().join("lab.db"),
+            images: dir.path().join("images"),
+            driverlab: PathBuf::from("/nonexistent/driverlab"),
+            vm_dir: dir.path().join("vms"),
+        });
+        let slots: Vec<StreamSlot> = (0..MAX_STREAMS).map(|_| daemon.open_stream().unwrap()).collect();
+        let refused = daemon.open_stream().err().unwrap();
+        assert_eq!(refused.code, "busy");
+        drop(slots);
+        assert!(daemon.open_stream().is_ok(), "every slot came back");
     }
 }

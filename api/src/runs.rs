@@ -409,8 +409,13 @@ pub async fn resume(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
     responses(
         (status = 200, description = "An event stream: `data:` lines of RunEvent JSON", content_type = "text/event-stream", body = RunEvent),
         (status = 404, description = "No such run", body = crate::types::ErrorBody),
+        (status = 429, description = "As many streams are open as the daemon takes", body = crate::types::ErrorBody),
     ))]
 pub async fn events(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -> Response {
+    let slot = match daemon.open_stream() {
+        Ok(slot) => slot,
+        Err(p) => return p.into_response(),
+    };
     let subscribed = {
         let daemon = daemon.clone();
         let id = id.clone();
@@ -447,6 +452,11 @@ pub async fn events(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
                 }
             }
         });
+    // The slot goes when the stream does.
+    let stream = futures_util::StreamExt::map(stream, move |event| {
+        let _open = &slot;
+        event
+    });
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 

@@ -374,6 +374,7 @@ pub async fn remove(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
         (status = 200, description = "The serial output", content_type = "text/plain", body = String),
         (status = 400, description = "A bad query", body = crate::types::ErrorBody),
         (status = 404, description = "No such VM", body = crate::types::ErrorBody),
+        (status = 429, description = "As many streams are open as the daemon takes", body = crate::types::ErrorBody),
     ))]
 pub async fn serial(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>, RawQuery(raw): RawQuery) -> Response {
     let follow = match query(raw).iter().find(|(k, _)| k == "follow").map(|(_, v)| v.as_str()) {
@@ -383,6 +384,10 @@ pub async fn serial(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>, R
     };
     let vm = match daemon.vms.get(&id) {
         Ok(vm) => vm,
+        Err(p) => return p.into_response(),
+    };
+    let slot = match daemon.open_stream() {
+        Ok(slot) => slot,
         Err(p) => return p.into_response(),
     };
     // Chunks of the log from an offset, polling while the VM runs.
@@ -416,6 +421,11 @@ pub async fn serial(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>, R
                 Err(e) => return Some((Err(e), (vm, offset, true))),
             }
         }
+    });
+    // The slot goes when the stream does.
+    let stream = futures_util::StreamExt::map(stream, move |chunk| {
+        let _open = &slot;
+        chunk
     });
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from_stream(stream)).into_response()
 }

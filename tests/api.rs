@@ -505,6 +505,18 @@ fn lab_run_through_the_daemon_prints_what_it_prints_in_process() {
         .unwrap();
     let served = json_of(&call(&daemon.client(), "GET", &format!("/v1/runs/{run}/report"), &[], None));
     assert_eq!(serde_json::from_slice::<Value>(&report.stdout).unwrap(), served);
+
+    let lab = |args: &[&str]| {
+        let out =
+            Command::new(driverlab()).arg("lab").args(args).env("DRIVERLAB_SOCKET", &daemon.socket).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let list = lab(&["list"]);
+    assert!(list.lines().any(|l| l.starts_with(run) && l.contains(" done ") && l.contains("15/15")), "{list}");
+    let show = lab(&["show", run]);
+    assert!(show.starts_with(&format!("run {run}: matrix probe-rx-strategies (request.toml), done")), "{show}");
+    assert_eq!(show.lines().filter(|l| l.starts_with("  c0")).count(), 15, "{show}");
 }
 
 #[test]

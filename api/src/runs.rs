@@ -228,6 +228,9 @@ fn status_from_db(db: &std::path::Path, run: &str) -> Result<RunStatus, Problem>
     Ok(RunStatus {
         id: info.id.clone(),
         matrix: info.matrix.clone(),
+        matrix_file: info.matrix_file.clone(),
+        repetitions: info.repetitions,
+        host: info.host.clone(),
         state: format!("{:?}", info.state).to_lowercase(),
         cells_done: per_cell.values().filter(|&&n| n >= repetitions).count(),
         cells_total: info.cells_total,

@@ -192,6 +192,12 @@ pub struct RunStatus {
     pub id: String,
     /// The matrix's name.
     pub matrix: String,
+    /// The matrix's file (`request.toml` for matrices from the API).
+    pub matrix_file: String,
+    /// Repetitions per cell.
+    pub repetitions: u32,
+    /// The host it runs on.
+    pub host: String,
     /// `queued`, `running`, `done`, `cancelled` or `interrupted`.
     pub state: String,
     /// Cells whose every repetition has a result.

@@ -117,6 +117,9 @@ pub struct ListArgs {
     /// JSON, one object per run.
     #[arg(long)]
     pub json: bool,
+    /// The daemon to go through.
+    #[command(flatten)]
+    pub daemon: super::lab_remote::DaemonArgs,
     /// Database.
     #[command(flatten)]
     pub db: DbArgs,
@@ -130,6 +133,9 @@ pub struct ShowArgs {
     /// JSON: the run and every record.
     #[arg(long)]
     pub json: bool,
+    /// The daemon to go through.
+    #[command(flatten)]
+    pub daemon: super::lab_remote::DaemonArgs,
     /// Database.
     #[command(flatten)]
     pub db: DbArgs,
@@ -478,6 +484,9 @@ fn execute(store: Store, plan: &Plan, run: &str, options: &RunOptions, format: F
 }
 
 fn list(args: ListArgs) -> anyhow::Result<u8> {
+    if let Some(client) = args.daemon.client()? {
+        return super::lab_remote::list(&client, args.json);
+    }
     let store = args.db.open()?;
     let runs = store.runs()?;
     if args.json {
@@ -486,16 +495,53 @@ fn list(args: ListArgs) -> anyhow::Result<u8> {
         }
         return Ok(0);
     }
-    println!("{:<22} {:<12} {:>5} {:>9}  {:<24} matrix", "run", "state", "cells", "results", "created");
+    println!("{}", list_header());
     for r in &runs {
         let state = format!("{:?}", r.state).to_lowercase();
-        let results = format!("{}/{}", r.results, r.cells_total * r.repetitions as usize);
-        println!("{:<22} {:<12} {:>5} {:>9}  {:<24} {}", r.id, state, r.cells_total, results, r.created_at, r.matrix);
+        let total = r.cells_total * r.repetitions as usize;
+        println!("{}", list_row(&r.id, &state, r.cells_total, r.results, total, &r.created_at, &r.matrix));
     }
     Ok(0)
 }
 
+/// The header of `lab list`.
+pub fn list_header() -> String {
+    format!("{:<22} {:<12} {:>5} {:>9}  {:<24} matrix", "run", "state", "cells", "results", "created")
+}
+
+/// One run's line of `lab list`.
+pub fn list_row(
+    id: &str,
+    state: &str,
+    cells: usize,
+    results: usize,
+    total: usize,
+    created: &str,
+    matrix: &str,
+) -> String {
+    let results = format!("{results}/{total}");
+    format!("{id:<22} {state:<12} {cells:>5} {results:>9}  {created:<24} {matrix}")
+}
+
+/// One record's line of `lab show`.
+pub fn record_line(r: &Record) -> String {
+    let mut figures = Vec::new();
+    if let Some(g) = r.workload.gbit_s {
+        figures.push(format!("{g:.3} Gbit/s"));
+    }
+    if let Some(m) = r.maps_per_packet {
+        figures.push(format!("{m:.4} maps/packet"));
+    }
+    if let Some(reason) = &r.reason {
+        figures.push(reason.clone());
+    }
+    format!("  {} rep {} {:<5} {}: {}", r.cell.id, r.repetition + 1, r.status.name(), r.cell.key(), figures.join(", "))
+}
+
 fn show(args: ShowArgs) -> anyhow::Result<u8> {
+    if let Some(client) = args.daemon.client()? {
+        return super::lab_remote::show(&client, &args.run, args.json);
+    }
     let store = args.db.open()?;
     let info = store.run(&args.run)?;
     let records = store.records(&args.run)?;
@@ -512,24 +558,7 @@ fn show(args: ShowArgs) -> anyhow::Result<u8> {
     );
     println!("artifacts in {}", store.artifacts(&args.run).display());
     for r in &records {
-        let mut figures = Vec::new();
-        if let Some(g) = r.workload.gbit_s {
-            figures.push(format!("{g:.3} Gbit/s"));
-        }
-        if let Some(m) = r.maps_per_packet {
-            figures.push(format!("{m:.4} maps/packet"));
-        }
-        if let Some(reason) = &r.reason {
-            figures.push(reason.clone());
-        }
-        println!(
-            "  {} rep {} {:<5} {}: {}",
-            r.cell.id,
-            r.repetition + 1,
-            r.status.name(),
-            r.cell.key(),
-            figures.join(", ")
-        );
+        println!("{}", record_line(r));
     }
     Ok(0)
 }

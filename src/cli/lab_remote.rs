@@ -1,4 +1,4 @@
-//! `driverlab lab run|resume|report` through a running daemon (`--socket`, `DRIVERLAB_SOCKET`),
+//! `driverlab lab run|resume|report|list|show` through a running daemon (`--socket`, `DRIVERLAB_SOCKET`),
 //! with the output the in-process commands give: `run ID started`, a line per repetition on
 //! stderr, the report, and the last line.
 
@@ -168,4 +168,55 @@ async fn follow(client: &Client, run: &str, format: Format) -> anyhow::Result<u8
     println!("{}", last_line(run, status.cells_total, count, status.state == "cancelled"));
     let clean = count(Status::Fail) + count(Status::Error) + count(Status::Miss) == 0;
     Ok(if clean && status.state == "done" { 0 } else { 1 })
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(client: &Client, path: &str) -> anyhow::Result<T> {
+    let answer = client.call("GET", path, &[], None).await?;
+    if answer.status != 200 {
+        return Err(refused(answer.status, &answer.body));
+    }
+    Ok(serde_json::from_slice(&answer.body)?)
+}
+
+/// `lab list` through the daemon.
+pub fn list(client: &Client, json: bool) -> anyhow::Result<u8> {
+    let runs: Vec<serde_json::Value> = runtime()?.block_on(get_json(client, "/v1/runs"))?;
+    if json {
+        for r in &runs {
+            println!("{r}");
+        }
+        return Ok(0);
+    }
+    let runs: Vec<RunStatus> = runs.into_iter().map(serde_json::from_value).collect::<Result<_, _>>()?;
+    println!("{}", super::lab::list_header());
+    for r in &runs {
+        println!(
+            "{}",
+            super::lab::list_row(&r.id, &r.state, r.cells_total, r.results, r.results_total, &r.created_at, &r.matrix)
+        );
+    }
+    Ok(0)
+}
+
+/// `lab show RUN` through the daemon.
+pub fn show(client: &Client, run: &str, json: bool) -> anyhow::Result<u8> {
+    let runtime = runtime()?;
+    let status: serde_json::Value = runtime.block_on(get_json(client, &format!("/v1/runs/{run}")))?;
+    let records: Vec<lab::record::Record> = runtime.block_on(get_json(client, &format!("/v1/results?run={run}")))?;
+    if json {
+        let doc = serde_json::json!({"run": status, "records": records});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(0);
+    }
+    let s: RunStatus = serde_json::from_value(status)?;
+    println!("run {}: matrix {} ({}), {}", s.id, s.matrix, s.matrix_file, s.state);
+    println!(
+        "created {} on {}, {} cells x {} repetitions, {} results",
+        s.created_at, s.host, s.cells_total, s.repetitions, s.results
+    );
+    println!("artifacts on the daemon's host");
+    for r in &records {
+        println!("{}", super::lab::record_line(r));
+    }
+    Ok(0)
 }

@@ -13,6 +13,13 @@ use serde::{Deserialize, Serialize};
 pub struct IommuCounts {
     /// Successful MAP requests.
     pub maps: u64,
+    /// Of `maps`, those that let the device write (`VIRTIO_IOMMU_MAP_F_WRITE`: what a driver
+    /// maps `DMA_FROM_DEVICE` or both ways, i.e. RX buffers).
+    #[serde(default)]
+    pub maps_writable: u64,
+    /// Of `maps`, those the device may only read (`DMA_TO_DEVICE`: TX buffers).
+    #[serde(default)]
+    pub maps_read_only: u64,
     /// Successful UNMAP requests.
     pub unmaps: u64,
     /// Bytes mapped by them.

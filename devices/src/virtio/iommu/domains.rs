@@ -125,6 +125,9 @@ pub struct Effect {
     pub unmapped: u64,
     /// Bytes unmapped.
     pub unmapped_bytes: u64,
+    /// Mappings added that let the device write (`MAP_F_WRITE`: RX buffers); the rest of
+    /// `mapped` it may only read (TX buffers).
+    pub mapped_writable: u64,
 }
 
 impl AddressSpaces {
@@ -345,7 +348,7 @@ impl AddressSpaces {
         }
         let d = self.domains.get_mut(&domain).expect("checked above");
         d.mappings.insert(start, Mapping { start, end, gpa, flags });
-        (Status::Ok, Effect { mapped: 1, mapped_bytes: size, ..Effect::default() })
+        (Status::Ok, Effect { mapped: 1, mapped_bytes: size, mapped_writable: u64::from(write), ..Effect::default() })
     }
 
     /// UNMAP every mapping inside `[start, end]`; refuses to split a mapping.

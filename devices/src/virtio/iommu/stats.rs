@@ -14,6 +14,7 @@ pub struct IommuStats {
     requests: AtomicU64,
     failed_requests: AtomicU64,
     maps: AtomicU64,
+    maps_writable: AtomicU64,
     unmaps: AtomicU64,
     map_bytes: AtomicU64,
     unmapped_bytes: AtomicU64,
@@ -29,6 +30,7 @@ impl Default for IommuStats {
             requests: AtomicU64::new(0),
             failed_requests: AtomicU64::new(0),
             maps: AtomicU64::new(0),
+            maps_writable: AtomicU64::new(0),
             unmaps: AtomicU64::new(0),
             map_bytes: AtomicU64::new(0),
             unmapped_bytes: AtomicU64::new(0),
@@ -61,6 +63,7 @@ impl IommuStats {
             match kind {
                 RequestKind::Map => {
                     self.maps.fetch_add(1, Ordering::Relaxed);
+                    self.maps_writable.fetch_add(effect.mapped_writable, Ordering::Relaxed);
                 }
                 RequestKind::Unmap => {
                     self.unmaps.fetch_add(1, Ordering::Relaxed);
@@ -92,8 +95,11 @@ impl IommuStats {
     pub fn counts(&self) -> IommuCounts {
         let latency = self.latency_ns.lock().unwrap_or_else(|p| p.into_inner());
         let map_bytes = self.map_bytes.load(Ordering::Relaxed);
+        let (maps, maps_writable) = (self.maps.load(Ordering::Relaxed), self.maps_writable.load(Ordering::Relaxed));
         IommuCounts {
-            maps: self.maps.load(Ordering::Relaxed),
+            maps,
+            maps_writable,
+            maps_read_only: maps.saturating_sub(maps_writable),
             unmaps: self.unmaps.load(Ordering::Relaxed),
             map_bytes,
             map_pages: map_bytes / 4096,
@@ -117,7 +123,7 @@ mod tests {
     fn counts_maps_unmaps_and_the_peak() {
         let stats = IommuStats::default();
         let mapped = Effect { mapped: 1, mapped_bytes: 0x20_0000, ..Effect::default() };
-        stats.record(RequestKind::Map, true, mapped, 1000);
+        stats.record(RequestKind::Map, true, Effect { mapped_writable: 1, ..mapped }, 1000);
         stats.record(RequestKind::Map, true, mapped, 3000);
         stats.record(RequestKind::Map, false, Effect::default(), 500);
         stats.record(
@@ -129,6 +135,7 @@ mod tests {
         stats.fault();
         let c = stats.counts();
         assert_eq!((c.maps, c.unmaps, c.failed_requests, c.requests), (2, 1, 1, 4));
+        assert_eq!((c.maps_writable, c.maps_read_only), (1, 1), "one RX buffer, one TX buffer");
         assert_eq!((c.map_bytes, c.map_pages, c.unmapped_bytes), (0x40_0000, 1024, 0x40_0000));
         assert_eq!((c.live_mappings, c.peak_mappings, c.faults), (0, 2, 1));
         assert!(c.request_ns_p50 >= 999 && c.request_ns_p50 <= 2002, "{}", c.request_ns_p50);

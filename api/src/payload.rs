@@ -12,6 +12,9 @@ use crate::problem::Problem;
 /// The largest body a request may have.
 pub const MAX_BODY: usize = 1 << 20;
 
+/// How much of a body over [`MAX_BODY`] is still read (and dropped) so the client gets its 413.
+const DRAINED: usize = 16 << 20;
+
 /// A request's body and its content type.
 pub struct Payload {
     /// The bytes.
@@ -30,14 +33,36 @@ impl<S: Send + Sync> FromRequest<S> for Payload {
             .and_then(|v| v.to_str().ok())
             .map(|v| v.split(';').next().unwrap_or_default().trim().to_ascii_lowercase())
             .unwrap_or_default();
-        let limited = http_body_util::Limited::new(request.into_body(), MAX_BODY);
-        let bytes = match limited.collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return Err(Problem::too_large(format!("the body is over {MAX_BODY} bytes")));
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let too_large = || Problem::too_large(format!("the body is over {MAX_BODY} bytes"));
+        if declared.is_some_and(|n| n > DRAINED as u64) {
+            return Err(too_large());
+        }
+        // Read it all, keeping up to the limit: a body a little over it is read to its end
+        // before the answer, so the client sees the 413 rather than a connection reset while
+        // it is still writing.
+        let mut body = request.into_body();
+        let mut kept = Vec::new();
+        let mut seen = 0usize;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| Problem::bad_request(format!("reading the body: {e}")))?;
+            let Ok(data) = frame.into_data() else { continue };
+            seen += data.len();
+            if seen > DRAINED {
+                return Err(too_large());
             }
-            Err(e) => return Err(Problem::bad_request(format!("reading the body: {e}"))),
-        };
+            if seen <= MAX_BODY {
+                kept.extend_from_slice(&data);
+            }
+        }
+        if seen > MAX_BODY {
+            return Err(too_large());
+        }
+        let bytes = Bytes::from(kept);
         Ok(Payload { bytes, content_type })
     }
 }

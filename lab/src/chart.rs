@@ -116,6 +116,7 @@ mod tests {
                 params: BTreeMap::new(),
                 workload: "rx".into(),
                 device: "aq".into(),
+                engine: "driverlab".into(),
                 n: 3,
                 status: BTreeMap::new(),
                 metrics,
@@ -123,6 +124,7 @@ mod tests {
                 against: None,
                 reasons: Vec::new(),
                 crashes: Vec::new(),
+                notes: Vec::new(),
             }
         };
         let report = Report {

@@ -1,7 +1,11 @@
-//! What a matrix's `[[image]]` boots: the probe, a kernel and initrd by path, or images from the
-//! image store by ID (`kernel = "kernel-…"`, `initrd = "initramfs-…"`, from `driverlab image`).
+//! What a matrix's `[[image]]` boots: the probe, a kernel and initrd by path, images from the
+//! image store by ID (`kernel = "kernel-…"`, `initrd = "initramfs-…"`, from `driverlab image`),
+//! or recipes built into the store on first use (`kernel = "debian"`, `initrd = "agent"` with the
+//! driver patched by `patches`): the builds are content-addressed, so a second run reuses them.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use guest_images::initramfs_build::InitramfsManifest;
 use guest_images::kernel_image::KernelManifest;
@@ -14,6 +18,8 @@ use crate::matrix::{Image, Plan};
 pub struct Resolved {
     /// The kernel file (for a kernel image: its ELF vmlinux, booted through PVH).
     pub kernel: PathBuf,
+    /// The kernel image's bzImage, when it is one (what QEMU boots).
+    pub bzimage: Option<PathBuf>,
     /// The initrd file.
     pub initrd: Option<PathBuf>,
     /// The kernel image's manifest, when the kernel is one.
@@ -27,16 +33,19 @@ fn is_id(name: &str, kind: &str) -> bool {
         .is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
-/// Resolves a Linux image of `plan` (not the probe).
+/// Resolves a Linux image of `plan` (not the probe), building what its recipe asks for.
 pub fn resolve(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Resolved, String> {
-    let (kernel, manifest) = if is_id(&image.kernel, "kernel") {
+    let built = build_recipe(plan, image, store)?;
+    let kernel_name = built.as_ref().map_or(image.kernel.clone(), |b| b.0.clone());
+    let (kernel, manifest) = if is_id(&kernel_name, "kernel") {
         let manifest: KernelManifest =
-            store.manifest(&image.kernel).map_err(|e| format!("image {:?}: {e}", image.name))?;
+            store.manifest(&kernel_name).map_err(|e| format!("image {:?}: {e}", image.name))?;
         (store.dir(&manifest.id).join(&manifest.vmlinux), Some(manifest))
     } else {
         (plan.resolve(Path::new(&image.kernel)), None)
     };
-    let initrd = match &image.initrd {
+    let initrd_name = built.as_ref().and_then(|b| b.1.clone()).or_else(|| image.initrd.clone());
+    let initrd = match &initrd_name {
         None => None,
         Some(initrd) => {
             let name = initrd.to_string_lossy();
@@ -44,11 +53,12 @@ pub fn resolve(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Resolve
                 let manifest: InitramfsManifest =
                     store.manifest(&name).map_err(|e| format!("image {:?}: {e}", image.name))?;
                 if let Some(kernel) = &manifest_kernel(&manifest)
-                    && manifest_is_other(kernel, image)
+                    && is_id(&kernel_name, "kernel")
+                    && *kernel != kernel_name
                 {
                     return Err(format!(
-                        "image {:?}: initrd {} was built for {kernel}, not {}",
-                        image.name, manifest.id, image.kernel
+                        "image {:?}: initrd {} was built for {kernel}, not {kernel_name}",
+                        image.name, manifest.id
                     ));
                 }
                 Some(manifest.archive_path(store))
@@ -62,15 +72,60 @@ pub fn resolve(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Resolve
             return Err(format!("{}: image {:?}: {} does not exist", plan.file.display(), image.name, path.display()));
         }
     }
-    Ok(Resolved { kernel, initrd, manifest })
+    let bzimage = manifest.as_ref().map(|m| store.dir(&m.id).join(&m.bzimage));
+    Ok(Resolved { kernel, bzimage, initrd, manifest })
+}
+
+/// Builds an image's recipe, once per process and inputs: the kernel image's ID and the
+/// initramfs image's ID, or `None` for an image that is no recipe.
+fn build_recipe(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Option<(String, Option<PathBuf>)>, String> {
+    static BUILT: Mutex<BTreeMap<String, (String, Option<PathBuf>)>> = Mutex::new(BTreeMap::new());
+    let debian = image.kernel == "debian" || image.kernel.starts_with("debian:");
+    let agent = image.initrd.as_deref() == Some(Path::new("agent"));
+    if !debian && !agent {
+        return Ok(None);
+    }
+    let patches: Vec<PathBuf> = image.patches.iter().map(|p| plan.resolve(p)).collect();
+    let key = format!("{}|{}|{}|{:?}|{agent}", store.root().display(), image.kernel, image.driver, patches);
+    // One build at a time: two workers wanting the same image wait for the first.
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(done) = built.get(&key) {
+        return Ok(Some(done.clone()));
+    }
+    let what = |e: guest_images::store::ImageError| format!("image {:?}: {e}", image.name);
+    let kernel = if debian {
+        let package = image.kernel.strip_prefix("debian:");
+        tracing::info!("image {:?}: the Debian kernel {}", image.name, package.unwrap_or("(newest 6.12)"));
+        guest_images::kernel_image::from_package(store, package).map_err(what)?.id
+    } else {
+        image.kernel.clone()
+    };
+    let initrd = if agent {
+        let mut modules = Vec::new();
+        if !patches.is_empty() {
+            tracing::info!("image {:?}: building {} with {} patch(es)", image.name, image.driver, patches.len());
+            let request = guest_images::module_build::ModuleRequest {
+                driver: image.driver.clone(),
+                patches: patches.clone(),
+                source: guest_images::module_build::SourceSpec::Package("linux-source-6.12".into()),
+                kernel: kernel.clone(),
+                headers: None,
+                only: Vec::new(),
+            };
+            modules.push(guest_images::module_build::build(store, &request).map_err(what)?.id);
+        }
+        let request =
+            guest_images::initramfs_build::InitramfsRequest { kernel: kernel.clone(), modules, drivers: Vec::new() };
+        Some(PathBuf::from(guest_images::initramfs_build::build(store, &request).map_err(what)?.id))
+    } else {
+        image.initrd.clone()
+    };
+    built.insert(key, (kernel.clone(), initrd.clone()));
+    Ok(Some((kernel, initrd)))
 }
 
 fn manifest_kernel(manifest: &InitramfsManifest) -> Option<String> {
     Some(manifest.kernel.clone()).filter(|k| !k.is_empty())
-}
-
-fn manifest_is_other(kernel: &str, image: &Image) -> bool {
-    is_id(&image.kernel, "kernel") && kernel != image.kernel
 }
 
 #[cfg(test)]

@@ -272,17 +272,34 @@ fn with_prefix<A: std::str::FromStr>(text: &str, max: u8) -> bool {
     text.split_once('/').is_some_and(|(a, p)| a.parse::<A>().is_ok() && p.parse::<u8>().is_ok_and(|p| p <= max))
 }
 
-/// A guest image: the probe, or a kernel (and initrd) on this host.
+/// A guest image: the probe, a kernel (and initrd) on this host or in the image store, or a
+/// recipe the lab builds into the store before the run (`kernel = "debian"`, `initrd = "agent"`,
+/// `patches = [...]`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Image {
     /// Its name.
     pub name: String,
-    /// `probe`, or a kernel path (relative paths from the matrix file's folder).
+    /// `probe`; a kernel path (relative paths from the matrix file's folder); a kernel image's ID;
+    /// `debian` (the newest Debian 6.12 kernel package, as `driverlab image kernel` makes it) or
+    /// `debian:PACKAGE`.
     pub kernel: String,
-    /// An initrd path.
+    /// An initrd path; an initramfs image's ID; or `agent`: the initramfs `driverlab image
+    /// initramfs` builds for the kernel, with the driver built from `patches` when there are any.
     #[serde(default)]
     pub initrd: Option<PathBuf>,
+    /// Patches to the driver (`initrd = "agent"` only): the variant's module is built with them.
+    #[serde(default)]
+    pub patches: Vec<PathBuf>,
+    /// The driver's folder in the kernel tree, for `patches`.
+    #[serde(default = "default_driver_folder")]
+    pub driver: String,
+    /// What runs it: `driverlab` (this project's VMM) or `qemu` (the reference engine).
+    #[serde(default)]
+    pub engine: Engine,
+    /// How the QEMU engine runs guest code: `tcg` (default) or `kvm`.
+    #[serde(default)]
+    pub accel: crate::qemu::Accel,
     /// Command line words every cell of this image gets.
     #[serde(default)]
     pub cmdline: String,
@@ -297,8 +314,38 @@ pub struct Image {
     pub iommu: bool,
 }
 
+fn default_driver_folder() -> String {
+    "drivers/net/ethernet/aquantia/atlantic".into()
+}
+
+/// What runs an image's VMs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// This project's VMM (`driverlab vm run`).
+    #[default]
+    Driverlab,
+    /// QEMU 11 from Debian forky (`driverlab engine setup qemu`).
+    Qemu,
+}
+
+impl Engine {
+    /// Its name in records and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Driverlab => "driverlab",
+            Engine::Qemu => "qemu",
+        }
+    }
+}
+
 fn default_memory() -> u64 {
     256
+}
+
+/// Whether `name` is a kernel image's ID (`kernel-` and hex digits).
+pub fn is_kernel_id(name: &str) -> bool {
+    name.strip_prefix("kernel-").is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 impl Image {
@@ -637,6 +684,26 @@ impl Checker<'_> {
             }
             if image.is_probe() && image.initrd.is_some() {
                 return Err(self.error(Some(span), format!("image[{i}].initrd"), "the probe takes no initrd"));
+            }
+            let agent = image.initrd.as_deref() == Some(Path::new("agent"));
+            if !image.patches.is_empty() && !agent {
+                return Err(self.error(
+                    Some(span),
+                    format!("image[{i}].patches"),
+                    "patches build the driver into the initramfs the lab makes: give initrd = \"agent\"",
+                ));
+            }
+            if agent
+                && !(image.kernel == "debian" || image.kernel.starts_with("debian:") || is_kernel_id(&image.kernel))
+            {
+                return Err(self.error(
+                    Some(span),
+                    format!("image[{i}].initrd"),
+                    "initrd = \"agent\" is built for a kernel image: give kernel = \"debian\" or a kernel image's ID",
+                ));
+            }
+            if image.engine == Engine::Driverlab && image.accel != crate::qemu::Accel::Tcg {
+                return Err(self.error(Some(span), format!("image[{i}].accel"), "accel is for engine = \"qemu\""));
             }
         }
         for (i, v) in m.variants.iter().enumerate() {

@@ -35,6 +35,8 @@ pub enum ModelError {
 pub struct ModelProcess {
     child: Child,
     socket: PathBuf,
+    /// The AQC100's control socket (`--control`), for its live counters.
+    control: Option<PathBuf>,
     dir: PathBuf,
 }
 
@@ -67,6 +69,10 @@ impl ModelProcess {
             None => Command::new(driverlab),
         };
         command.args(["model", kind, "--once", "--socket"]).arg(&socket).args(args);
+        let control = (kind == "aqc100").then(|| dir.join("control.sock"));
+        if let Some(control) = &control {
+            command.arg("--control").arg(control);
+        }
         crate::vm_process::die_with_parent(&mut command);
         let child = match command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn() {
             Ok(child) => child,
@@ -75,7 +81,7 @@ impl ModelProcess {
                 return Err(start_error(e));
             }
         };
-        let model = ModelProcess { child, socket, dir };
+        let model = ModelProcess { child, socket, control, dir };
         let deadline = Instant::now() + START_TIMEOUT;
         while !model.socket.exists() {
             if Instant::now() > deadline {
@@ -99,6 +105,19 @@ impl ModelProcess {
     /// The device as a VM spec names it.
     pub fn device_spec(&self) -> vm_spec::DeviceSpec {
         vm_spec::DeviceSpec::VfioUser(self.socket.clone())
+    }
+
+    /// What the model has counted so far, over its control socket (the AQC100; `None` for
+    /// models without one, or when it does not answer within a second).
+    pub fn counters(&self) -> Option<vm_spec::counters::ModelCounters> {
+        use std::io::{BufRead, Write};
+        let mut stream = std::os::unix::net::UnixStream::connect(self.control.as_ref()?).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        stream.write_all(b"status\n").ok()?;
+        let mut line = String::new();
+        std::io::BufReader::new(stream).read_line(&mut line).ok()?;
+        let value: serde_json::Value = serde_json::from_str(&line).ok()?;
+        serde_json::from_value(value.get("counters")?.clone()).ok()
     }
 
     /// Kills the model now (a peer that goes away mid-run).

@@ -121,7 +121,7 @@ pub struct Record {
     pub cell: Cell,
     /// Which repetition, from 0.
     pub repetition: u32,
-    /// What ran it: `driverlab` (this VMM).
+    /// What ran it: `driverlab` (this VMM) or `qemu`.
     pub engine: String,
     /// How it ended.
     pub status: Status,
@@ -140,6 +140,19 @@ pub struct Record {
     pub maps_per_packet: Option<f64>,
     /// The same for unmaps.
     pub unmaps_per_packet: Option<f64>,
+    /// Maps the device may write (RX buffers) per packet received, over the workload.
+    #[serde(default)]
+    pub rx_maps_per_packet: Option<f64>,
+    /// Maps the device may only read (TX buffers) per packet sent, over the workload.
+    #[serde(default)]
+    pub tx_maps_per_packet: Option<f64>,
+    /// The device model's own DMA map count per packet over the workload (QEMU may split a
+    /// guest map into power-of-two pieces, so this is a cross-check, not the figure).
+    #[serde(default)]
+    pub model_maps_per_packet: Option<f64>,
+    /// The share of RX buffer refills that reused a page (atlantic's ethtool counters).
+    #[serde(default)]
+    pub page_reuse: Option<f64>,
     /// What the device model counted.
     pub device_counters: Option<ModelCounters>,
     /// Interrupts the device raised during the workload (the guest's count).
@@ -170,6 +183,10 @@ impl Record {
             iommu: None,
             maps_per_packet: None,
             unmaps_per_packet: None,
+            rx_maps_per_packet: None,
+            tx_maps_per_packet: None,
+            model_maps_per_packet: None,
+            page_reuse: None,
             device_counters: None,
             interrupts: None,
             exit: None,
@@ -191,6 +208,10 @@ impl Record {
         put("packets_per_s", self.workload.packets_per_s);
         put("maps_per_packet", self.maps_per_packet);
         put("unmaps_per_packet", self.unmaps_per_packet);
+        put("rx_maps_per_packet", self.rx_maps_per_packet);
+        put("tx_maps_per_packet", self.tx_maps_per_packet);
+        put("model_maps_per_packet", self.model_maps_per_packet);
+        put("page_reuse", self.page_reuse);
         put("retransmits", self.workload.retransmits.map(|r| r as f64));
         put("vm_run_ms", self.timings.vm_run_ms);
         m
@@ -199,7 +220,13 @@ impl Record {
 
 /// Whether more of a metric is better.
 pub fn higher_is_better(metric: &str) -> bool {
-    matches!(metric, "gbit_s" | "packets_per_s")
+    matches!(metric, "gbit_s" | "packets_per_s" | "page_reuse")
+}
+
+/// Whether a metric depends on how fast the engine runs the guest (throughput, time), so that
+/// figures from different engines do not compare; maps per packet and reuse ratios do.
+pub fn engine_bound(metric: &str) -> bool {
+    matches!(metric, "gbit_s" | "packets_per_s" | "retransmits" | "vm_run_ms")
 }
 
 /// Now, as RFC 3339 UTC with milliseconds.

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::matrix::Cell;
-use crate::record::{Crash, Record, Status, higher_is_better};
+use crate::record::{Crash, Record, Status, engine_bound, higher_is_better};
 use crate::stats::{Change, Moments, Verdict, VerdictRule};
 
 /// The metric a cell's verdict is about when it has it: throughput.
@@ -53,6 +53,8 @@ pub struct CellReport {
     pub workload: String,
     /// The device.
     pub device: String,
+    /// The engine its repetitions ran under (`driverlab`, `qemu`).
+    pub engine: String,
     /// Passing repetitions: what the metrics summarise.
     pub n: usize,
     /// Repetitions by status.
@@ -71,6 +73,9 @@ pub struct CellReport {
     /// Crashes by fingerprint.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub crashes: Vec<CrashCount>,
+    /// What the comparison left out, and why (throughput across engines).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// A run's report.
@@ -82,7 +87,7 @@ pub struct Report {
     pub matrix: String,
     /// The run's state.
     pub state: String,
-    /// The engine that ran the VMs.
+    /// The engine that ran the VMs, or `mixed` when cells ran under different ones.
     pub engine: String,
     /// The baseline variant (or, for `compare`, the run compared against).
     pub baseline: Option<String>,
@@ -128,6 +133,7 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         }
     }
     let passing: Vec<&&Record> = records.iter().filter(|r| r.status == Status::Pass).collect();
+    let engine = records.iter().find(|r| r.status != Status::Skip).or(records.first()).map_or("", |r| &r.engine);
     let mut metrics = BTreeMap::new();
     for name in passing.iter().flat_map(|r| r.metrics().into_keys()).collect::<std::collections::BTreeSet<_>>() {
         let samples: Vec<f64> = passing.iter().filter_map(|r| r.metrics().get(name).copied()).collect();
@@ -142,6 +148,7 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         params: cell.params.clone(),
         workload: cell.workload.clone(),
         device: cell.device.clone(),
+        engine: engine.to_string(),
         n: passing.len(),
         status,
         metrics,
@@ -149,6 +156,7 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         against: None,
         reasons,
         crashes,
+        notes: Vec::new(),
     }
 }
 
@@ -171,12 +179,27 @@ fn judge(
     baseline_index: usize,
     rule: &VerdictRule,
 ) {
+    let engines_differ = report.engine != baseline.engine;
     for (name, metric) in report.metrics.iter_mut() {
+        if engines_differ && engine_bound(name) {
+            continue;
+        }
         let base = samples(baseline_records, baseline_index, name);
         let mine = samples(records, index, name);
         metric.change = rule.judge(&base, &mine, higher_is_better(name));
     }
-    let primary = report.metrics.get(PRIMARY_METRIC).or_else(|| report.metrics.values().find(|m| m.change.is_some()));
+    if engines_differ {
+        report.notes.push(format!(
+            "throughput and time not compared with {}: it ran under {}, this cell under {}, and each engine runs \
+             guests at its own speed; maps per packet compare",
+            baseline.cell, baseline.engine, report.engine
+        ));
+    }
+    let primary = report
+        .metrics
+        .get(PRIMARY_METRIC)
+        .filter(|m| m.change.is_some())
+        .or_else(|| report.metrics.values().find(|m| m.change.is_some()));
     report.verdict = primary.and_then(|m| m.change).map(|c| c.verdict);
     report.against = Some(baseline.cell.clone());
 }
@@ -226,11 +249,18 @@ impl Report {
                 }
             }
         }
+        let engines: std::collections::BTreeSet<&str> =
+            cells.iter().map(|c| c.engine.as_str()).filter(|e| !e.is_empty()).collect();
+        let engine = match engines.len() {
+            0 => "driverlab".to_string(),
+            1 => engines.into_iter().next().unwrap_or_default().to_string(),
+            _ => "mixed".to_string(),
+        };
         Report {
             run: run.run.to_string(),
             matrix: run.matrix.to_string(),
             state: run.state.to_string(),
-            engine: "driverlab".into(),
+            engine,
             baseline: baseline.map(String::from),
             cells,
         }
@@ -326,6 +356,9 @@ impl Report {
         for row in self.rows() {
             let _ = writeln!(out, "| {} |", row.join(" | "));
         }
+        for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
+            let _ = writeln!(out, "\n{}: {}", c.cell, c.notes.join("; "));
+        }
         for c in self.cells.iter().filter(|c| !c.reasons.is_empty()) {
             let _ = writeln!(out, "\n{} did not always pass: {}", c.cell, c.reasons.join("; "));
         }
@@ -363,6 +396,9 @@ impl Report {
             let _ = writeln!(out, "<tr>{cells}</tr>");
         }
         let _ = writeln!(out, "</tbody>\n</table>");
+        for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
+            let _ = writeln!(out, "<p>{}: {}</p>", escape(&c.cell), escape(&c.notes.join("; ")));
+        }
         for c in self.cells.iter().filter(|c| !c.reasons.is_empty()) {
             let _ = writeln!(out, "<p>{} did not always pass: {}</p>", escape(&c.cell), escape(&c.reasons.join("; ")));
         }
@@ -491,6 +527,26 @@ mod tests {
             out.push(record(&cells[2], rep, 2.21 - wobble, 0.5, if rep == 4 { Status::Fail } else { Status::Pass }));
         }
         out
+    }
+
+    #[test]
+    fn throughput_is_not_compared_across_engines_and_maps_per_packet_is() {
+        let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
+        let mut records = records(&cells);
+        for r in records.iter_mut().filter(|r| r.cell.index == 1) {
+            r.engine = "qemu".into();
+        }
+        let run = RunRecords { run: "r1", matrix: "m", state: "done", cells: &cells, records: &records };
+        let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
+        let order3 = &report.cells[1];
+        assert_eq!((report.engine.as_str(), order3.engine.as_str()), ("mixed", "qemu"));
+        assert!(order3.metrics["gbit_s"].change.is_none(), "no throughput change across engines");
+        let maps = order3.metrics["maps_per_packet"].change.unwrap();
+        assert_eq!((maps.verdict, maps.change_pct), (Verdict::Better, Some(-87.5)));
+        assert_eq!(order3.verdict, Some(Verdict::Better), "the verdict falls to the maps");
+        assert!(order3.notes[0].contains("throughput and time not compared with c01: it ran under driverlab"));
+        assert!(report.to_markdown().contains("c02: throughput and time not compared"));
+        assert!(report.cells[2].notes.is_empty() && report.cells[2].metrics["gbit_s"].change.is_some());
     }
 
     #[test]

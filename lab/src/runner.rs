@@ -1,28 +1,23 @@
 //! One repetition of one cell: start the device (a fresh model, or the host device), boot the VM
-//! with its control socket, watch it (serial silence, total time), collect (live counters, the
-//! exit line, the serial log), tear down, and turn it all into a [`Record`].
+//! under the image's engine ([`crate::engine`]), collect what it left (counters, the exit, the
+//! serial logs, the agent's frames), tear down, and turn it all into a [`Record`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use vm_spec::control::{LiveCounters, ShutdownRequest};
+use vm_spec::counters::IommuCounts;
 use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, SerialSpec, VmSpec};
 
 use crate::crash;
-use crate::matrix::{Cell, DeviceKind, Plan, Workload};
+use crate::engine::{self, Booted, Ending, QemuBoot, Snapshot, Watch};
+use crate::matrix::{Cell, DeviceKind, Engine, Plan, Workload};
 use crate::model_process::ModelProcess;
 use crate::peer::Peer;
 use crate::probe_report::ProbeReport;
+use crate::qemu::Qemu;
 use crate::record::{Crash, Record, Status, now_rfc3339};
-use crate::vm_control::ControlClient;
-use crate::vm_process::{VmOutcome, VmProcess};
 use guest_images::store::ImageStore;
-
-/// How often the watchdog reads the live counters.
-const WATCH_PERIOD: Duration = Duration::from_millis(200);
-/// Beyond the spec's own timeout, how long the lab waits before it kills the VMM.
-const KILL_GRACE: Duration = Duration::from_secs(30);
 
 /// What every repetition of a run shares.
 #[derive(Debug, Clone)]
@@ -84,6 +79,7 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
     let (Some(image), Some(device)) = (plan.image(&cell.image), plan.device(&cell.device)) else {
         return fail(record, Status::Error, format!("cell {} names what its matrix lacks", cell.id));
     };
+    record.engine = image.engine.name().into();
     if let Err(e) = std::fs::create_dir_all(&rep_dir) {
         return fail(record, Status::Error, format!("artifacts folder {}: {e}", rep_dir.display()));
     }
@@ -158,48 +154,46 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
         timeout_s: Some(plan.matrix.timeout_s),
         ..VmSpec::new(Kernel::Probe)
     };
-    let private = match private_dir() {
-        Ok(dir) => dir,
-        Err(e) => return fail(record, Status::Error, format!("a folder for the control socket: {e}")),
-    };
-    let socket = private.join("vm.sock");
-    let spawned = Instant::now();
-    let vm = match VmProcess::new(&ctx.driverlab, spec, KILL_GRACE).with_control(&socket).start() {
-        Ok(vm) => vm,
-        Err(e) => {
+    let watch =
+        Watch { silence: Duration::from_secs_f64(plan.matrix.silence_s), agent_log: linux.then(|| agent_log.clone()) };
+    let booted = match image.engine {
+        Engine::Driverlab => {
+            let private = match private_dir() {
+                Ok(dir) => dir,
+                Err(e) => return fail(record, Status::Error, format!("a folder for the control socket: {e}")),
+            };
+            let booted = engine::run_driverlab(&ctx.driverlab, spec, &private.join("vm.sock"), &watch, model);
             let _ = std::fs::remove_dir_all(&private);
-            return fail(record, Status::Error, e.to_string());
+            booted
+        }
+        Engine::Qemu => {
+            let qemu = match Qemu::find(&crate::qemu::default_root()) {
+                Ok(qemu) => qemu,
+                Err(e) => return fail(record, Status::Error, e.to_string()),
+            };
+            let boot = QemuBoot {
+                qemu: &qemu,
+                accel: image.accel,
+                bzimage: resolved.as_ref().and_then(|r| r.bzimage.as_deref()),
+                dir: &rep_dir,
+            };
+            engine::run_qemu(&boot, &spec, &watch, model)
         }
     };
-    let watch = Watchdog::start(
-        &socket,
-        Duration::from_secs_f64(plan.matrix.silence_s),
-        spawned,
-        linux.then_some(agent_log.as_path()),
-    );
-    let outcome = vm.wait();
-    let watched = watch.stop();
-    let _ = std::fs::remove_dir_all(&private);
-    drop(model);
     drop(peer);
 
-    record.timings.vm_start_ms = watched.answered_ms;
+    record.timings.vm_start_ms = booted.answered_ms;
     record.serial_log = serial_log.strip_prefix(&ctx.artifacts).ok().map(|p| p.display().to_string());
-    let outcome = match outcome {
-        Ok(outcome) => outcome,
-        Err(e) => return fail(record, Status::Error, e.to_string()),
-    };
     let serial = std::fs::read_to_string(&serial_log).unwrap_or_default();
-    collect(&mut record, &outcome, &serial, watched.last.clone());
+    collect(&mut record, &booted, &serial);
     let frames = linux.then(|| crate::agent::parse(&std::fs::read(&agent_log).unwrap_or_default()));
     if let Some(frames) = &frames {
-        collect_agent(&mut record, frames, &watched.window);
+        collect_agent(&mut record, frames, &booted.window);
     }
-    let (status, reason) =
-        judge(&outcome, &serial, &record, watched.silent_for, plan.matrix.timeout_s, frames.as_ref());
+    let (status, reason) = judge(&booted, &serial, &record, plan.matrix.timeout_s, frames.as_ref());
     if status == Status::Fail
         && record.crash.is_none()
-        && let Some(silence) = watched.silent_for
+        && let Some(silence) = booted.silent_for
     {
         record.crash = Some(hang(silence));
     }
@@ -210,21 +204,16 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
 }
 
 /// Fills the record from what the VM left behind.
-fn collect(record: &mut Record, out: &VmOutcome, serial: &str, last: Option<LiveCounters>) {
-    let exit = out.exit.clone();
-    record.exit = exit.clone();
-    record.error = out.error.clone();
+fn collect(record: &mut Record, booted: &Booted, serial: &str) {
+    record.exit = booted.exit.clone();
+    record.error = booted.error.clone();
     record.crash = crash::detect(serial);
-    if let Some(exit) = &exit {
+    record.iommu = booted.iommu.clone();
+    record.device_counters = booted.device_counters;
+    record.timings.vm_run_ms = booted.run_ms;
+    if let Some(exit) = &booted.exit {
         record.timings.vm_setup_ms = Some(exit.setup_ms);
-        record.timings.vm_run_ms = Some(exit.run_ms);
         record.timings.first_serial_ms = exit.first_serial_ms;
-        record.iommu = exit.viommu.clone();
-        record.device_counters = exit.devices.first().and_then(|d| d.device.counters);
-    } else if let Some(live) = last {
-        // No exit line (the VMM was killed): the last live counters are what there is.
-        record.iommu = live.viommu;
-        record.device_counters = live.devices.first().and_then(|d| d.counters);
     }
     let report = ProbeReport::parse(serial);
     if let Some(nic) = report.section("nic").filter(|n| n.get("error").is_none()) {
@@ -254,7 +243,7 @@ fn collect(record: &mut Record, out: &VmOutcome, serial: &str, last: Option<Live
 /// Fills the record from the agent's frames: iperf3's JSON verbatim and its goodput, the packets
 /// the guest received (its interface's counters before and after), and the IOMMU maps the
 /// virtio-iommu counted between the workload's begin and end frames.
-fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &Window) {
+fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &engine::Window) {
     // When a passing step ended, by the guest's uptime.
     let ended = |step: &str| {
         frames.step(step).filter(|s| s["status"] == "ok").and_then(|s| s["at"].as_f64()).map(|at| at * 1e3)
@@ -285,58 +274,84 @@ fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &Wi
     if let Some(ms) = record.timings.workload_ms.filter(|&ms| ms > 0.0) {
         record.workload.packets_per_s = Some(packets as f64 * 1e3 / ms);
     }
-    let maps = |c: &Option<LiveCounters>| c.as_ref().and_then(|c| c.viommu.as_ref()).map(|v| (v.maps, v.unmaps));
-    if let (Some((m0, u0)), Some((m1, u1))) = (maps(&window.begin), maps(&window.end)) {
-        record.maps_per_packet = Some(m1.saturating_sub(m0) as f64 / packets as f64);
-        record.unmaps_per_packet = Some(u1.saturating_sub(u0) as f64 / packets as f64);
+    let per = |count: u64, packets: Option<u64>| packets.filter(|&p| p > 0).map(|p| count as f64 / p as f64);
+    let iommu = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.iommu.clone());
+    if let (Some(a), Some(b)) = (iommu(&window.begin), iommu(&window.end)) {
+        let delta = |f: fn(&IommuCounts) -> u64| f(&b).saturating_sub(f(&a));
+        record.maps_per_packet = per(delta(|c| c.maps), Some(packets));
+        record.unmaps_per_packet = per(delta(|c| c.unmaps), Some(packets));
+        // By direction: maps the device may write (RX buffers) per packet received, maps it
+        // only reads (TX buffers) per packet sent.
+        record.rx_maps_per_packet = per(delta(|c| c.maps_writable), record.workload.rx_packets);
+        record.tx_maps_per_packet = per(delta(|c| c.maps_read_only), record.workload.tx_packets);
     }
+    let model = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.model);
+    if let (Some(a), Some(b)) = (model(&window.begin), model(&window.end)) {
+        record.model_maps_per_packet = per(b.dma_maps.saturating_sub(a.dma_maps), Some(packets));
+    }
+    record.page_reuse = page_reuse(frames);
+}
+
+/// The share of RX buffer refills that needed no new page (and so no new IOMMU map) over the
+/// workload: atlantic's `PageFlips` and `PageReuses` over those and `PageFrees`, summed over its
+/// queues, between the `ethtool -S` before and after. `None` for drivers without the counters.
+fn page_reuse(frames: &crate::agent::Frames) -> Option<f64> {
+    let sums = |kind: &str| -> Option<[u64; 3]> {
+        let text = frames.first(kind)?.as_str()?;
+        let mut sums = [0u64; 3];
+        let mut found = false;
+        for line in text.lines() {
+            let Some((name, value)) = line.split_once(':') else { continue };
+            let Ok(value) = value.trim().parse::<u64>() else { continue };
+            let name = name.trim();
+            let slot = ["PageFlips", "PageReuses", "PageFrees"].iter().position(|s| name.ends_with(s));
+            if let Some(slot) = slot.filter(|_| name.contains("Queue[")) {
+                sums[slot] += value;
+                found = true;
+            }
+        }
+        found.then_some(sums)
+    };
+    let (before, after) = (sums("ethtool-S-before")?, sums("ethtool-S-after")?);
+    let [flips, reuses, frees] = [0, 1, 2].map(|i| after[i].saturating_sub(before[i]));
+    let refills = flips + reuses + frees;
+    (refills > 0).then(|| (flips + reuses) as f64 / refills as f64)
 }
 
 /// The status and its reason.
 fn judge(
-    out: &VmOutcome,
+    booted: &Booted,
     serial: &str,
     record: &Record,
-    silent_for: Option<Duration>,
     timeout_s: f64,
     frames: Option<&crate::agent::Frames>,
 ) -> (Status, Option<String>) {
-    if let Some(error) = &out.error {
-        return (Status::Error, Some(format!("the VMM could not run the VM ({:?}): {}", error.kind, error.message)));
-    }
-    if out.killed {
-        return (Status::Error, Some("the VMM did not end at its timeout and was killed".into()));
-    }
-    let Some(exit) = &out.exit else {
-        let how = out.signal().map_or(format!("exit code {:?}", out.code()), |s| format!("signal {s}"));
-        return (Status::Error, Some(format!("the VMM ended without its exit line ({how})")));
+    let (reason, detail) = match &booted.ending {
+        Ending::Refused(why) => return (Status::Error, Some(why.clone())),
+        Ending::Killed => return (Status::Error, Some("the VMM did not end at its timeout and was killed".into())),
+        Ending::Unexplained(why) => return (Status::Error, Some(why.clone())),
+        Ending::Stopped { reason, detail } => (reason.as_str(), detail.clone().unwrap_or_default()),
     };
-    if let Some(silence) = silent_for {
+    if let Some(silence) = booted.silent_for {
         return (Status::Fail, Some(format!("hung: no serial output for {:.0} s", silence.as_secs_f64())));
     }
-    match exit.reason.as_str() {
+    match reason {
         "kvm-internal-error" | "entry-failure" => {
-            let detail = exit.detail.clone().unwrap_or_default();
             return (Status::Error, Some(format!("this host's KVM cannot run the guest: {detail}")));
         }
-        "vmm-error" | "shutdown" => {
-            return (Status::Error, Some(format!("{}: {}", exit.reason, exit.detail.clone().unwrap_or_default())));
-        }
+        "vmm-error" | "shutdown" => return (Status::Error, Some(format!("{reason}: {detail}"))),
         _ => {}
     }
     if let Some(crash) = &record.crash {
         return (Status::Fail, Some(format!("{}: {}", crash.kind, crash.line)));
     }
-    match exit.reason.as_str() {
+    match reason {
         "poweroff" => {}
         "timeout" => return (Status::Fail, Some(format!("hung: still running after {timeout_s} s"))),
         other => return (Status::Fail, Some(format!("the guest ended with {other}"))),
     }
-    if let Some(d) = exit.devices.iter().find(|d| d.device.error.is_some()) {
-        return (
-            Status::Error,
-            Some(format!("device {}: {}", d.device.device, d.device.error.clone().unwrap_or_default())),
-        );
+    if let Some(error) = &booted.device_error {
+        return (Status::Error, Some(error.clone()));
     }
     if let Some(frames) = frames {
         let verdict = crate::agent::verdict(frames, serial);
@@ -378,109 +393,13 @@ fn private_dir() -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// The live counters when the agent announced the workload's begin and end.
-#[derive(Debug, Clone, Default)]
-struct Window {
-    begin: Option<LiveCounters>,
-    end: Option<LiveCounters>,
-}
-
-/// What the watchdog saw.
-struct Watched {
-    /// When the control socket first answered, from the VMM's spawn.
-    answered_ms: Option<f64>,
-    /// The last live counters read.
-    last: Option<LiveCounters>,
-    /// Set when the watchdog stopped a silent guest: how long it was silent.
-    silent_for: Option<Duration>,
-    /// The workload's window.
-    window: Window,
-}
-
-/// Reads the live counters while the VM runs; stops a guest whose serial ports stay silent.
-struct Watchdog {
-    done: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<Watched>,
-}
-
-impl Watchdog {
-    fn start(socket: &Path, silence: Duration, spawned: Instant, agent_log: Option<&Path>) -> Watchdog {
-        let agent_log = agent_log.map(Path::to_path_buf);
-        let (done, stop) = std::sync::mpsc::channel::<()>();
-        let client = ControlClient::new(socket, Duration::from_secs(2));
-        let thread = std::thread::spawn(move || {
-            let mut watched = Watched { answered_ms: None, last: None, silent_for: None, window: Window::default() };
-            let mut bytes_seen = 0u64;
-            let mut agent_seen = 0usize;
-            let mut quiet_since = Instant::now();
-            loop {
-                // Often until the socket answers (that is the VM's start time), then calmly; a
-                // word on `stop` (or its sender gone) ends the watch at once.
-                let period = if watched.answered_ms.is_some() { WATCH_PERIOD } else { Duration::from_millis(2) };
-                match stop.recv_timeout(period) {
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                    _ => break,
-                }
-                let Ok(counters) = client.counters() else { continue };
-                watched.answered_ms.get_or_insert(ms(spawned.elapsed()));
-                let bytes = counters.serial_bytes + counters.com2_bytes.unwrap_or(0);
-                if bytes != bytes_seen {
-                    bytes_seen = bytes;
-                    quiet_since = Instant::now();
-                } else if quiet_since.elapsed() >= silence && watched.silent_for.is_none() {
-                    tracing::warn!("the guest has been silent for {silence:?}; stopping it");
-                    watched.silent_for = Some(quiet_since.elapsed());
-                    let _ = client.shutdown(ShutdownRequest { grace_s: Some(0.0) });
-                }
-                // The agent's workload frames: snapshot the counters as they show up.
-                if let Some(log) = &agent_log
-                    && let Ok(data) = std::fs::read(log)
-                    && data.len() > agent_seen
-                {
-                    let fresh = String::from_utf8_lossy(&data[agent_seen..]).into_owned();
-                    agent_seen = data.len();
-                    for line in fresh.lines().filter(|l| l.starts_with(crate::agent::BEGIN)) {
-                        match line.split(' ').nth(2) {
-                            Some("workload-begin") => watched.window.begin = Some(counters.clone()),
-                            Some("workload-end") => watched.window.end = Some(counters.clone()),
-                            _ => {}
-                        }
-                    }
-                }
-                watched.last = Some(counters);
-            }
-            watched
-        });
-        Watchdog { done, thread }
-    }
-
-    fn stop(self) -> Watched {
-        let _ = self.done.send(());
-        self.thread.join().unwrap_or(Watched {
-            answered_ms: None,
-            last: None,
-            silent_for: None,
-            window: Window::default(),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::agent::encode;
-    use vm_spec::counters::IommuCounts;
 
-    fn counters(maps: u64) -> LiveCounters {
-        LiveCounters {
-            state: vm_spec::control::VmState::Running,
-            run_ms: 0.0,
-            serial_bytes: 0,
-            com2_bytes: None,
-            exits: vm_spec::ExitCounts::default(),
-            viommu: Some(IommuCounts { maps, unmaps: maps, ..IommuCounts::default() }),
-            devices: Vec::new(),
-        }
+    fn counters(maps: u64) -> Snapshot {
+        Snapshot { iommu: Some(IommuCounts { maps, unmaps: maps, ..IommuCounts::default() }), model: None }
     }
 
     /// A passing record of a Linux cell under `workload`.
@@ -511,7 +430,7 @@ mod tests {
         let frames = crate::agent::parse(&port);
         let mut record = passed("iperf-rx");
         // Boot and link-up mapped 5000 times; the workload 48000 times more.
-        let window = Window { begin: Some(counters(5000)), end: Some(counters(53_000)) };
+        let window = engine::Window { begin: Some(counters(5000)), end: Some(counters(53_000)) };
         collect_agent(&mut record, &frames, &window);
         assert_eq!(record.workload.gbit_s, Some(9.14));
         assert_eq!((record.timings.driver_probe_ms, record.timings.link_up_ms), (Some(2250.0), Some(3750.0)));
@@ -531,7 +450,7 @@ mod tests {
         port.extend(encode(4, "netdev-after", false, br#"{"rx_packets":2010,"tx_packets":4100}"#));
         let frames = crate::agent::parse(&port);
         let mut record = passed("iperf-tx");
-        let window = Window { begin: Some(counters(100)), end: Some(counters(8100)) };
+        let window = engine::Window { begin: Some(counters(100)), end: Some(counters(8100)) };
         collect_agent(&mut record, &frames, &window);
         assert_eq!((record.workload.rx_packets, record.workload.tx_packets), (Some(2000), Some(4000)));
         assert_eq!(record.maps_per_packet, Some(2.0), "8000 maps over 4000 packets sent, not 2000 ACKs received");
@@ -543,7 +462,7 @@ mod tests {
         let text = "name = \"l\"\n[[device]]\nname = \"aq\"\nmodel = \"aqc100\"\n[[image]]\nname = \"debian\"\nkernel = \"/boot/vmlinux\"\n\
                     cmdline = \"quiet\"\n[[variant]]\nname = \"order3\"\nimage = \"debian\"\nparams = { \"atlantic.rxpageorder\" = 3 }\n\
                     [[workload]]\nname = \"rx\"\nkind = \"iperf3\"\nip = 6\nduration_s = 8\n";
-        let plan = Plan::parse(Path::new("l.toml"), text).unwrap();
+        let plan = Plan::parse(std::path::Path::new("l.toml"), text).unwrap();
         let words = cmdline(&plan, &plan.cells[0]);
         assert_eq!(
             words,

@@ -16,7 +16,8 @@ use vm_spec::host::virtualization;
 use guest_images::store::ImageStore;
 
 use crate::health;
-use crate::matrix::{Cell, DeviceKind, Plan, Workload};
+use crate::matrix::{Cell, DeviceKind, Engine, Plan, Workload};
+use crate::qemu::Accel;
 use crate::record::{Record, Status};
 use crate::runner::{self, RunContext};
 use crate::store::{RunState, Store, StoreError};
@@ -64,6 +65,7 @@ pub fn refusals(plan: &Plan) -> Result<Vec<(Cell, String)>, LabError> {
         vfio: Path::new("/dev/vfio/vfio").exists(),
         root: crate::peer::can_create(),
         ssh: ssh_found(),
+        qemu: crate::qemu::Qemu::find(&crate::qemu::default_root()).err().map(|e| e.to_string()),
     };
     refusals_on(plan, &host)
 }
@@ -74,6 +76,8 @@ struct Host {
     vfio: bool,
     root: bool,
     ssh: bool,
+    /// Why QEMU cannot run here, when it cannot.
+    qemu: Option<String>,
 }
 
 fn refusals_on(plan: &Plan, host: &Host) -> Result<Vec<(Cell, String)>, LabError> {
@@ -94,7 +98,9 @@ fn refusals_on(plan: &Plan, host: &Host) -> Result<Vec<(Cell, String)>, LabError
             resolved.as_ref().and_then(|r| r.manifest.as_ref()).and_then(|m| m.viommu_refusal()).filter(|_| image.iommu)
         {
             Some(format!("image {:?}: {refusal}", image.name))
-        } else if !image.is_probe() && !virt.boots_linux() {
+        } else if let Some(refusal) = engine_refusal(image, host) {
+            Some(refusal)
+        } else if !image.is_probe() && image.engine == Engine::Driverlab && !virt.boots_linux() {
             Some(format!(
                 "image {:?} is a Linux kernel, and driverlab's VMM boots Linux only with hardware virtualization; this host has {}",
                 image.name,
@@ -129,6 +135,23 @@ fn refusals_on(plan: &Plan, host: &Host) -> Result<Vec<(Cell, String)>, LabError
     Ok(refused)
 }
 
+/// Why the image's engine cannot run here, if it cannot.
+fn engine_refusal(image: &crate::matrix::Image, host: &Host) -> Option<String> {
+    if image.engine != Engine::Qemu {
+        return None;
+    }
+    if let Some(why) = &host.qemu {
+        return Some(format!("image {:?} runs under QEMU: {why}", image.name));
+    }
+    (image.accel == Accel::Kvm && !host.virt.boots_linux()).then(|| {
+        format!(
+            "image {:?} asks for QEMU with KVM, and this host's KVM cannot run Linux ({}); use accel = \"tcg\"",
+            image.name,
+            host.virt.describe()
+        )
+    })
+}
+
 /// Whether the SSH client runs.
 fn ssh_found() -> bool {
     std::process::Command::new(crate::peer::ssh_program())
@@ -143,7 +166,11 @@ fn ssh_found() -> bool {
 pub fn record_skips(store: &Store, run: &str, plan: &Plan, refused: &[(Cell, String)]) -> Result<(), LabError> {
     for (cell, reason) in refused {
         for repetition in 0..plan.matrix.repetitions {
-            store.record(&Record::not_run(run, cell, repetition, Status::Skip, reason.clone()))?;
+            let mut record = Record::not_run(run, cell, repetition, Status::Skip, reason.clone());
+            if let Some(image) = plan.image(&cell.image) {
+                record.engine = image.engine.name().into();
+            }
+            store.record(&record)?;
         }
     }
     Ok(())
@@ -289,7 +316,11 @@ impl Worker<'_> {
 
     fn give_up(&self, pending: &[(u32, &Cell)], status: Status, reason: &str) -> Result<(), LabError> {
         for &(rep, cell) in pending {
-            self.store_record(&Record::not_run(&self.ctx.run, cell, rep, status, reason))?;
+            let mut record = Record::not_run(&self.ctx.run, cell, rep, status, reason);
+            if let Some(image) = self.plan.image(&cell.image) {
+                record.engine = image.engine.name().into();
+            }
+            self.store_record(&record)?;
         }
         Ok(())
     }
@@ -330,7 +361,7 @@ mod tests {
     /// A host with hardware virtualization or PVM, kernel VFIO, root and SSH, or not.
     fn host(hardware: bool, vfio: bool, root: bool, ssh: bool) -> Host {
         let virt = if hardware { Virtualization::Hardware("svm") } else { Virtualization::Pvm };
-        Host { virt, vfio, root, ssh }
+        Host { virt, vfio, root, ssh, qemu: None }
     }
 
     #[test]
@@ -351,5 +382,16 @@ mod tests {
         assert!(first(&bare, &able).contains("set peer = \"user@host\""), "{}", first(&bare, &able));
         assert!(first(&peered, &host(true, true, true, false)).contains("openssh-client"));
         assert!(first(&peered, &host(true, false, true, true)).contains("no kernel VFIO"));
+
+        // Under QEMU with TCG, a Linux image runs without hardware virtualization; it needs QEMU.
+        let text = "name = \"m\"\n[[device]]\nname = \"nic\"\nmodel = \"aqc100\"\n[[image]]\nname = \"debian\"\nkernel = \"vmlinux\"\n\
+                    engine = \"qemu\"\nACCEL\n[[variant]]\nname = \"stock\"\nimage = \"debian\"\n[[workload]]\nname = \"rx\"\nkind = \"iperf3\"\n";
+        let tcg = Plan::parse(&dir.path().join("q.toml"), &text.replace("ACCEL", "")).unwrap();
+        let kvm = Plan::parse(&dir.path().join("q.toml"), &text.replace("ACCEL", "accel = \"kvm\"")).unwrap();
+        let pvm = host(false, false, true, false);
+        assert!(reasons(&tcg, &pvm).is_empty(), "{:?}", reasons(&tcg, &pvm));
+        assert!(first(&kvm, &pvm).contains("use accel = \"tcg\""), "{}", first(&kvm, &pvm));
+        let no_qemu = Host { qemu: Some("no QEMU at /x".into()), ..host(false, false, true, false) };
+        assert!(first(&tcg, &no_qemu).contains("runs under QEMU: no QEMU at /x"));
     }
 }

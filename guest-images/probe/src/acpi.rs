@@ -2,7 +2,7 @@
 //! and the tables it lists, each with its checksum checked.
 
 use crate::boot_info::BootInfo;
-use crate::{json, mmio, report};
+use crate::{json, mmio, power, report, time};
 
 /// Most tables the probe lists.
 const MAX_TABLES: usize = 32;
@@ -79,6 +79,12 @@ impl Acpi {
         }
         match &signature {
             b"FACP" if length >= 148 => {
+                // The ACPI PM timer (a clock for TSC calibration) and PM1a control (soft-off),
+                // on VMMs that model them; driverlab's FADT leaves both zero.
+                let pm1a_control: u32 = mmio::read(table + 64);
+                let pm_timer: u32 = mmio::read(table + 76);
+                time::set_pm_timer(pm_timer);
+                power::set_pm1a_control(pm1a_control);
                 let x_dsdt: u64 = mmio::read(table + 140);
                 let dsdt = if x_dsdt != 0 { x_dsdt } else { mmio::read::<u32>(table + 40) as u64 };
                 self.visit(dsdt);
@@ -88,7 +94,13 @@ impl Acpi {
                 self.lapics = Some(count_lapics(table, length));
                 self.ioapic = ioapic_address(table, length);
             }
-            b"DSDT" => self.power_button_gsi = ged_gsi(mmio::bytes(table, length as usize)),
+            b"DSDT" => {
+                let dsdt = mmio::bytes(table, length as usize);
+                self.power_button_gsi = ged_gsi(dsdt);
+                if let Some(typ) = s5_sleep_type(dsdt) {
+                    power::set_s5_sleep_type(typ);
+                }
+            }
             b"VIOT" => self.viot = Some(table),
             _ => {}
         }
@@ -140,6 +152,23 @@ fn ged_gsi(dsdt: &[u8]) -> Option<u32> {
     let at = rest.windows(5).position(|w| w[0] == 0x89 && w[1] == 6 && w[2] == 0 && w[4] == 1)?;
     let gsi = rest.get(at + 5..at + 9)?;
     Some(u32::from_le_bytes([gsi[0], gsi[1], gsi[2], gsi[3]]))
+}
+
+/// SLP_TYPa of the `\\_S5` package (`Name (_S5, Package () { a, b, ... })`): the first element
+/// as a ZeroOp, OneOp or BytePrefix constant.
+fn s5_sleep_type(dsdt: &[u8]) -> Option<u8> {
+    let at = dsdt.windows(4).position(|w| w == b"_S5_")?;
+    let rest = dsdt.get(at + 4..)?;
+    // PackageOp, a one-byte PkgLength (the package is short), NumElements, the first element.
+    if rest.first() != Some(&0x12) {
+        return None;
+    }
+    match rest.get(3)? {
+        0x00 => Some(0),
+        0x01 => Some(1),
+        0x0a => rest.get(4).copied(),
+        _ => None,
+    }
 }
 
 fn count_lapics(madt: u64, length: u32) -> u32 {

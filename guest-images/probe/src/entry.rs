@@ -144,6 +144,11 @@ common64:
     mov eax, 0x40000010
     call cpuid_store
     mov rsp, offset kernel_stack_top
+    /* Mask both 8259 PICs: a VMM that models them (QEMU's q35) would otherwise deliver the
+       PIT's IRQ 0 on vector 8 once interrupts are on. */
+    mov al, 0xff
+    out 0xa1, al
+    out 0x21, al
     /* Drop to CPL3 with IOPL=3 and interrupts on: PVM does not let CPL3 run sti/cli, and no
        interrupt source is programmed before the CPL3 code has filled the IDT. */
     push 0x1b                           /* SS: user data */

@@ -1,5 +1,6 @@
 //! A minimal driver for the virtio 1.x modern PCI transport: capability discovery, feature
-//! negotiation, one split virtqueue with one request in flight, MSI-X.
+//! negotiation, one split virtqueue with one request in flight, MSI-X when the function has it
+//! (QEMU's virtio-iommu-pci does not: its completions are then polled).
 
 use crate::mmio;
 use crate::pci::{Ecam, Function};
@@ -37,8 +38,8 @@ pub struct VirtioPci {
     notify: u64,
     notify_multiplier: u32,
     device_cfg: u64,
-    msix_table: u64,
-    msix_cap: u16,
+    /// The MSI-X table's address and the capability's offset, when the function has MSI-X.
+    msix: Option<(u64, u16)>,
 }
 
 /// One split virtqueue, one request in flight.
@@ -79,10 +80,14 @@ impl VirtioPci {
                 notify_multiplier = ecam.read32(d, func, cap + 16);
             }
         }
-        let msix_cap = msix.ok_or("no MSI-X capability")?;
-        let table = ecam.read32(d, func, msix_cap + 4);
-        let msix_table =
-            bar_base(f, (table & 7) as u8).ok_or("the MSI-X table names a missing BAR")? + (table & !7) as u64;
+        let msix = match msix {
+            Some(cap) => {
+                let table = ecam.read32(d, func, cap + 4);
+                let base = bar_base(f, (table & 7) as u8).ok_or("the MSI-X table names a missing BAR")?;
+                Some((base + (table & !7) as u64, cap))
+            }
+            None => None,
+        };
         let command = ecam.read16(d, func, 4);
         ecam.write16(d, func, 4, command | 0x6);
         Ok(VirtioPci {
@@ -92,8 +97,7 @@ impl VirtioPci {
             notify: found[2].ok_or("no notification capability")?,
             notify_multiplier,
             device_cfg: found[4].ok_or("no device configuration capability")?,
-            msix_table,
-            msix_cap,
+            msix,
         })
     }
 
@@ -132,8 +136,15 @@ impl VirtioPci {
         Ok(accepted)
     }
 
-    /// Sets up queue `index` in `memory`, completing on MSI-X table entry `vector`.
+    /// Whether the function has MSI-X (otherwise completions are polled).
+    pub fn has_msix(&self) -> bool {
+        self.msix.is_some()
+    }
+
+    /// Sets up queue `index` in `memory`, completing on MSI-X table entry `vector` (on no vector
+    /// when the function has no MSI-X).
     pub fn setup_queue(&self, index: u16, memory: &mut QueueMemory, vector: u16) -> Result<Virtqueue, &'static str> {
+        let vector = if self.has_msix() { vector } else { NO_VECTOR };
         let base = memory.0.as_mut_ptr() as u64;
         memory.0.fill(0);
         mmio::write(self.common + 0x16, index);
@@ -160,15 +171,16 @@ impl VirtioPci {
     }
 
     /// Points MSI-X table entry `entry` at `vector` of the CPU with `apic_id`, unmasked, and
-    /// enables MSI-X.
+    /// enables MSI-X (nothing without MSI-X).
     pub fn msix_route(&self, entry: u16, apic_id: u32, vector: u8) {
-        let at = self.msix_table + entry as u64 * 16;
+        let Some((table, cap)) = self.msix else { return };
+        let at = table + entry as u64 * 16;
         mmio::write(at, 0xfee0_0000u32 | (apic_id << 12));
         mmio::write(at + 4, 0u32);
         mmio::write(at + 8, vector as u32);
         mmio::write(at + 12, 0u32);
-        let control = self.ecam.read16(self.device, 0, self.msix_cap + 2);
-        self.ecam.write16(self.device, 0, self.msix_cap + 2, (control | 0x8000) & !0x4000);
+        let control = self.ecam.read16(self.device, 0, cap + 2);
+        self.ecam.write16(self.device, 0, cap + 2, (control | 0x8000) & !0x4000);
     }
 
     /// Reads the device configuration.
@@ -200,6 +212,11 @@ impl Virtqueue {
         self.avail_idx = self.avail_idx.wrapping_add(1);
         core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
         mmio::write(avail + 2, self.avail_idx);
+    }
+
+    /// Whether the device has returned a request not yet taken with [`Virtqueue::poll`].
+    pub fn ready(&self) -> bool {
+        mmio::read::<u16>(self.base + 0x2000 + 2) != self.used_idx
     }
 
     /// If the device returned the request, its used length.

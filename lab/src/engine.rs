@@ -1,0 +1,468 @@
+//! The engines that run a cell's VM and watch it: this project's VMM (`driverlab vm run`, read
+//! through its control socket) and QEMU (read through its trace file and the model's control
+//! socket). Both hand back the same [`Booted`]: how the VM ended, what the virtio-iommu and the
+//! device counted, and those counts when the guest agent opened and closed the workload's window.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use vm_spec::control::{LiveCounters, ShutdownRequest};
+use vm_spec::counters::{IommuCounts, ModelCounters};
+use vm_spec::{ErrorLine, ExitSummary, Kernel, SerialOutput, VmSpec};
+
+use crate::model_process::ModelProcess;
+use crate::qemu::{Accel, Machine, Qemu, Trace};
+use crate::vm_control::ControlClient;
+use crate::vm_process::VmProcess;
+
+/// How often the watchdogs look.
+const WATCH_PERIOD: Duration = Duration::from_millis(100);
+/// Beyond the spec's own timeout, how long the lab waits before it kills the VMM.
+const KILL_GRACE: Duration = Duration::from_secs(30);
+
+/// How a VM's process ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ending {
+    /// The VMM could not run the VM (its error line, or QEMU's complaint).
+    Refused(String),
+    /// The lab killed it past its deadline.
+    Killed,
+    /// It ended without saying why.
+    Unexplained(String),
+    /// The guest stopped: `poweroff`, `reset`, `panic`, `timeout`, `shutdown`, ... and details.
+    Stopped {
+        /// Why.
+        reason: String,
+        /// Details, for errors.
+        detail: Option<String>,
+    },
+}
+
+/// The counters at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// What the virtio-iommu had counted.
+    pub iommu: Option<IommuCounts>,
+    /// What the device model had counted.
+    pub model: Option<ModelCounters>,
+}
+
+/// The counters when the agent announced the workload's begin and end.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Window {
+    /// At `workload-begin`.
+    pub begin: Option<Snapshot>,
+    /// At `workload-end`.
+    pub end: Option<Snapshot>,
+}
+
+/// What an engine hands back.
+#[derive(Debug, Clone)]
+pub struct Booted {
+    /// How it ended.
+    pub ending: Ending,
+    /// The VMM's exit line (this project's VMM).
+    pub exit: Option<ExitSummary>,
+    /// The VMM's error line (this project's VMM).
+    pub error: Option<ErrorLine>,
+    /// The virtio-iommu's counts over the whole VM.
+    pub iommu: Option<IommuCounts>,
+    /// The device model's counts over the whole VM.
+    pub device_counters: Option<ModelCounters>,
+    /// A device's error, when one reported it.
+    pub device_error: Option<String>,
+    /// The workload's window.
+    pub window: Window,
+    /// Set when the watchdog stopped a silent guest: how long it was silent.
+    pub silent_for: Option<Duration>,
+    /// From spawning the VMM to its control socket answering.
+    pub answered_ms: Option<f64>,
+    /// From the vCPUs starting (QEMU: from its spawn) to the VM stopping.
+    pub run_ms: Option<f64>,
+}
+
+impl Booted {
+    fn failed(ending: Ending) -> Booted {
+        Booted {
+            ending,
+            exit: None,
+            error: None,
+            iommu: None,
+            device_counters: None,
+            device_error: None,
+            window: Window::default(),
+            silent_for: None,
+            answered_ms: None,
+            run_ms: None,
+        }
+    }
+}
+
+/// What the watchdogs need besides the VM.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    /// Stop a guest whose serial ports stay silent this long.
+    pub silence: Duration,
+    /// The guest agent's port (Linux images), read for the window's frames.
+    pub agent_log: Option<PathBuf>,
+}
+
+/// Reads the agent's frames as they arrive, for the window's begin and end.
+#[derive(Default)]
+struct AgentFrames {
+    seen: usize,
+}
+
+impl AgentFrames {
+    /// The kinds of the frames that arrived since the last look.
+    fn fresh(&mut self, log: Option<&Path>) -> Vec<String> {
+        let Some(data) = log.and_then(|l| std::fs::read(l).ok()) else { return Vec::new() };
+        if data.len() <= self.seen {
+            return Vec::new();
+        }
+        let fresh = String::from_utf8_lossy(&data[self.seen..]).into_owned();
+        self.seen = data.len();
+        fresh
+            .lines()
+            .filter(|l| l.starts_with(crate::agent::BEGIN))
+            .filter_map(|l| l.split(' ').nth(2).map(String::from))
+            .collect()
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// Runs `spec` under this project's VMM, its control socket at `socket`.
+pub fn run_driverlab(
+    driverlab: &Path,
+    spec: VmSpec,
+    socket: &Path,
+    watch: &Watch,
+    model: Option<ModelProcess>,
+) -> Booted {
+    let spawned = Instant::now();
+    let vm = match VmProcess::new(driverlab, spec, KILL_GRACE).with_control(socket).start() {
+        Ok(vm) => vm,
+        Err(e) => return Booted::failed(Ending::Refused(e.to_string())),
+    };
+    let watchdog = Watchdog::start(socket, watch.clone(), spawned);
+    let outcome = vm.wait();
+    let watched = watchdog.stop();
+    drop(model);
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(e) => return Booted::failed(Ending::Refused(e.to_string())),
+    };
+    let ending = if let Some(error) = &outcome.error {
+        Ending::Refused(format!("the VMM could not run the VM ({:?}): {}", error.kind, error.message))
+    } else if outcome.killed {
+        Ending::Killed
+    } else if let Some(exit) = &outcome.exit {
+        Ending::Stopped { reason: exit.reason.clone(), detail: exit.detail.clone() }
+    } else {
+        let how = outcome.signal().map_or(format!("exit code {:?}", outcome.code()), |s| format!("signal {s}"));
+        Ending::Unexplained(format!("the VMM ended without its exit line ({how})"))
+    };
+    let (iommu, device_counters, device_error) = match (&outcome.exit, &watched.last) {
+        (Some(exit), _) => (
+            exit.viommu.clone(),
+            exit.devices.first().and_then(|d| d.device.counters),
+            exit.devices
+                .iter()
+                .find_map(|d| d.device.error.as_ref().map(|e| format!("device {}: {e}", d.device.device))),
+        ),
+        // No exit line (the VMM was killed): the last live counters are what there is.
+        (None, Some(live)) => (live.viommu.clone(), live.devices.first().and_then(|d| d.counters), None),
+        (None, None) => (None, None, None),
+    };
+    Booted {
+        ending,
+        run_ms: outcome.exit.as_ref().map(|e| e.run_ms),
+        exit: outcome.exit,
+        error: outcome.error,
+        iommu,
+        device_counters,
+        device_error,
+        window: watched.window,
+        silent_for: watched.silent_for,
+        answered_ms: watched.answered_ms,
+    }
+}
+
+/// What the VMM's watchdog saw.
+struct Watched {
+    answered_ms: Option<f64>,
+    last: Option<LiveCounters>,
+    silent_for: Option<Duration>,
+    window: Window,
+}
+
+fn snapshot(live: &LiveCounters) -> Snapshot {
+    Snapshot { iommu: live.viommu.clone(), model: live.devices.first().and_then(|d| d.counters) }
+}
+
+/// Reads the VMM's live counters while the VM runs; stops a guest whose serial ports stay silent.
+struct Watchdog {
+    done: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<Watched>,
+}
+
+impl Watchdog {
+    fn start(socket: &Path, watch: Watch, spawned: Instant) -> Watchdog {
+        let (done, stop) = std::sync::mpsc::channel::<()>();
+        let client = ControlClient::new(socket, Duration::from_secs(2));
+        let thread = std::thread::spawn(move || {
+            let mut watched = Watched { answered_ms: None, last: None, silent_for: None, window: Window::default() };
+            let mut bytes_seen = 0u64;
+            let mut frames = AgentFrames::default();
+            let mut quiet_since = Instant::now();
+            loop {
+                // Often until the socket answers (that is the VM's start time), then calmly; a
+                // word on `stop` (or its sender gone) ends the watch at once.
+                let period = if watched.answered_ms.is_some() { WATCH_PERIOD } else { Duration::from_millis(2) };
+                match stop.recv_timeout(period) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => break,
+                }
+                let Ok(counters) = client.counters() else { continue };
+                watched.answered_ms.get_or_insert(ms(spawned.elapsed()));
+                let bytes = counters.serial_bytes + counters.com2_bytes.unwrap_or(0);
+                if bytes != bytes_seen {
+                    bytes_seen = bytes;
+                    quiet_since = Instant::now();
+                } else if quiet_since.elapsed() >= watch.silence && watched.silent_for.is_none() {
+                    tracing::warn!("the guest has been silent for {:?}; stopping it", watch.silence);
+                    watched.silent_for = Some(quiet_since.elapsed());
+                    let _ = client.shutdown(ShutdownRequest { grace_s: Some(0.0) });
+                }
+                for kind in frames.fresh(watch.agent_log.as_deref()) {
+                    match kind.as_str() {
+                        "workload-begin" => watched.window.begin = Some(snapshot(&counters)),
+                        "workload-end" => watched.window.end = Some(snapshot(&counters)),
+                        _ => {}
+                    }
+                }
+                watched.last = Some(counters);
+            }
+            watched
+        });
+        Watchdog { done, thread }
+    }
+
+    fn stop(self) -> Watched {
+        let _ = self.done.send(());
+        self.thread.join().unwrap_or(Watched {
+            answered_ms: None,
+            last: None,
+            silent_for: None,
+            window: Window::default(),
+        })
+    }
+}
+
+/// What the QEMU engine needs besides the spec.
+#[derive(Debug, Clone)]
+pub struct QemuBoot<'a> {
+    /// The chroot.
+    pub qemu: &'a Qemu,
+    /// TCG or KVM.
+    pub accel: Accel,
+    /// The kernel's bzImage, when the spec's kernel is a kernel image (QEMU boots that).
+    pub bzimage: Option<&'a Path>,
+    /// The repetition's folder: the probe's ELF, QEMU's trace and its stderr go there.
+    pub dir: &'a Path,
+}
+
+/// Runs `spec` under QEMU. The model (if any) is asked for its counters over its control socket
+/// as the window opens and closes, and stopped when QEMU ends.
+pub fn run_qemu(boot: &QemuBoot<'_>, spec: &VmSpec, watch: &Watch, model: Option<ModelProcess>) -> Booted {
+    let file = |s: &SerialOutput| match s {
+        SerialOutput::File(path) => Some(path.clone()),
+        _ => None,
+    };
+    let (Some(com1), com2) = (file(&spec.serial.com1), spec.serial.com2.as_ref().and_then(file)) else {
+        return Booted::failed(Ending::Refused("the QEMU engine writes COM1 to a file".into()));
+    };
+    let [device] = spec.devices.as_slice() else {
+        return Booted::failed(Ending::Refused("the QEMU engine runs one device per VM".into()));
+    };
+    let kernel = match &spec.kernel {
+        Kernel::Probe => {
+            let path = boot.dir.join("probe.elf");
+            if let Err(e) = std::fs::write(&path, guest_images::PROBE_ELF) {
+                return Booted::failed(Ending::Refused(format!("writing {}: {e}", path.display())));
+            }
+            path
+        }
+        Kernel::Path(path) => boot.bzimage.map_or(path.clone(), Path::to_path_buf),
+    };
+    let trace_path = boot.dir.join("qemu-trace.log");
+    let stderr_path = boot.dir.join("qemu.log");
+    let machine = Machine {
+        kernel: &kernel,
+        initrd: spec.initrd.as_deref(),
+        cmdline: &spec.cmdline,
+        memory_mib: spec.memory_mib,
+        vcpus: spec.vcpus,
+        accel: boot.accel,
+        iommu: spec.iommu.is_some(),
+        device,
+        com1: &com1,
+        com2: com2.as_deref(),
+        trace: &trace_path,
+    };
+    let mut command = boot.qemu.machine_command(&machine);
+    crate::vm_process::die_with_parent(&mut command);
+    let stderr = match std::fs::File::create(&stderr_path) {
+        Ok(f) => f,
+        Err(e) => return Booted::failed(Ending::Refused(format!("{}: {e}", stderr_path.display()))),
+    };
+    let spawned = Instant::now();
+    let mut child = match command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).spawn() {
+        Ok(child) => child,
+        Err(e) => return Booted::failed(Ending::Refused(format!("starting QEMU: {e}"))),
+    };
+    let timeout = spec.timeout_s.map(Duration::from_secs_f64);
+    let mut trace = Trace::default();
+    let mut trace_read = 0u64;
+    let mut frames = AgentFrames::default();
+    let mut window = Window::default();
+    let (mut silent_for, mut timed_out, mut killed, mut stopped_at) = (None, false, false, None::<Instant>);
+    let serial_files: Vec<PathBuf> = std::iter::once(com1.clone()).chain(com2.clone()).collect();
+    let mut serial_seen = 0u64;
+    let mut quiet_since = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("waiting for QEMU: {e}");
+                break None;
+            }
+        }
+        std::thread::sleep(WATCH_PERIOD);
+        trace_read += read_more(&trace_path, trace_read, &mut trace);
+        let bytes: u64 = serial_files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+        let terminate = |child: &std::process::Child| {
+            // SAFETY: kill(2) on our own child's PID, which it stays until we wait for it.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        };
+        if bytes != serial_seen {
+            serial_seen = bytes;
+            quiet_since = Instant::now();
+        } else if quiet_since.elapsed() >= watch.silence && silent_for.is_none() && stopped_at.is_none() {
+            tracing::warn!("the guest has been silent for {:?}; stopping it", watch.silence);
+            silent_for = Some(quiet_since.elapsed());
+            terminate(&child);
+            stopped_at = Some(Instant::now());
+        }
+        if let Some(limit) = timeout
+            && spawned.elapsed() > limit
+            && stopped_at.is_none()
+        {
+            timed_out = true;
+            terminate(&child);
+            stopped_at = Some(Instant::now());
+        }
+        if stopped_at.is_some_and(|at| at.elapsed() > KILL_GRACE) && !killed {
+            tracing::warn!("QEMU did not end on SIGTERM; killing it");
+            let _ = child.kill();
+            killed = true;
+        }
+        for kind in frames.fresh(watch.agent_log.as_deref()) {
+            let now =
+                || Snapshot { iommu: Some(trace.counts()), model: model.as_ref().and_then(ModelProcess::counters) };
+            match kind.as_str() {
+                "workload-begin" => window.begin = Some(now()),
+                "workload-end" => window.end = Some(now()),
+                _ => {}
+            }
+        }
+    };
+    let run_ms = ms(spawned.elapsed());
+    read_more(&trace_path, trace_read, &mut trace);
+    // The model's own counts, as it printed them when QEMU went away.
+    let device_counters = model.and_then(|m| m.terminate().ok()).and_then(|(_, out)| final_counters(&out));
+    // The trace can be large (a line per map); what the record needs has been read from it.
+    if std::env::var_os("DRIVERLAB_KEEP_TRACE").is_none() {
+        let _ = std::fs::remove_file(&trace_path);
+    }
+    let complaint = || {
+        let text = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| l.chars().take(300).collect::<String>())
+    };
+    let ending = match status {
+        _ if killed => Ending::Killed,
+        _ if timed_out => Ending::Stopped { reason: "timeout".into(), detail: None },
+        None => Ending::Unexplained("QEMU could not be waited for".into()),
+        Some(status) if !status.success() && silent_for.is_none() => Ending::Unexplained(format!(
+            "QEMU exited with {status}: {}",
+            complaint().unwrap_or_else(|| "it printed nothing (qemu.log)".into())
+        )),
+        Some(_) => match trace.shutdown {
+            Some(cause) => Ending::Stopped { reason: crate::qemu::exit_reason(cause).into(), detail: None },
+            None => Ending::Unexplained("QEMU ended without a shutdown request in its trace".into()),
+        },
+    };
+    Booted {
+        ending,
+        exit: None,
+        error: None,
+        iommu: Some(trace.counts()),
+        device_counters,
+        device_error: None,
+        window,
+        silent_for,
+        answered_ms: None,
+        run_ms: Some(run_ms),
+    }
+}
+
+/// Feeds what `path` has past `from` into `trace`; returns how much that was.
+fn read_more(path: &Path, from: u64, trace: &mut Trace) -> u64 {
+    let Ok(mut file) = std::fs::File::open(path) else { return 0 };
+    if file.seek(SeekFrom::Start(from)).is_err() {
+        return 0;
+    }
+    let mut bytes = Vec::new();
+    let _ = file.read_to_end(&mut bytes);
+    trace.feed(&bytes);
+    bytes.len() as u64
+}
+
+/// The last counters a model printed on its stdout.
+fn final_counters(stdout: &str) -> Option<ModelCounters> {
+    stdout.lines().rev().find_map(|line| {
+        let value: serde_json::Value = serde_json::from_str(line).ok()?;
+        serde_json::from_value(value.get("counters")?.clone()).ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_s_last_printed_counters_are_its_final_ones() {
+        let out = "{\"model\":\"aqc100\",\"client\":1,\"counters\":{\"dma_maps\":7,\"dma_unmaps\":7,\"dma_faults\":0,\"interrupts\":2}}\n\
+                   {\"model\":\"aqc100\",\"counters\":{\"dma_maps\":9,\"dma_unmaps\":8,\"dma_faults\":0,\"interrupts\":3},\"exit\":\"SIGTERM\"}\n";
+        let c = final_counters(out).unwrap();
+        assert_eq!((c.dma_maps, c.dma_unmaps, c.interrupts), (9, 8, 3));
+        assert_eq!(final_counters("not json\n"), None);
+    }
+
+    #[test]
+    fn agent_frames_are_read_as_they_arrive() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("agent.log");
+        let mut frames = AgentFrames::default();
+        assert!(frames.fresh(Some(&log)).is_empty(), "no file yet");
+        std::fs::write(&log, crate::agent::encode(1, "workload-begin", false, b"{}")).unwrap();
+        assert_eq!(frames.fresh(Some(&log)), ["workload-begin"]);
+        assert!(frames.fresh(Some(&log)).is_empty(), "each frame once");
+    }
+}

@@ -1,0 +1,415 @@
+//! The QEMU engine: the reference the lab runs guests under where its own VMM cannot (hosts whose
+//! KVM does not run Linux, CI without hardware). QEMU 11 from Debian forky, cached as a chroot by
+//! `driverlab engine setup qemu`, run straight from it through the chroot's own dynamic loader
+//! (no `chroot`, no root): q35, TCG or KVM, a virtio-iommu, the device as `vfio-user-pci` (a
+//! model) or `vfio-pci` (a host device), COM1 and COM2 into files. What the virtio-iommu did is
+//! read from QEMU's trace events (`virtio_iommu_map`, `virtio_iommu_unmap`,
+//! `virtio_iommu_report_fault`) and how the guest stopped from `qemu_system_shutdown_request`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+use vm_spec::DeviceSpec;
+use vm_spec::counters::IommuCounts;
+
+/// What the chroot must hold; the marker file of a complete one says so.
+const PACKAGES: &str = "qemu-system-x86";
+/// The marker `scripts/fetch-forky-qemu.sh` writes when the chroot is complete.
+const MARKER: &str = ".driverlab-complete";
+
+/// Errors finding or running QEMU.
+#[derive(Debug, thiserror::Error)]
+pub enum QemuError {
+    /// The chroot is not there (or not complete).
+    #[error(
+        "no QEMU at {root}: run `sudo driverlab engine setup qemu` (it caches Debian forky's QEMU 11 there), \
+         or point DRIVERLAB_QEMU_ROOT at such a chroot",
+        root = root.display()
+    )]
+    NotSetUp {
+        /// Where it was looked for.
+        root: PathBuf,
+    },
+    /// QEMU did not run.
+    #[error("running {binary}: {detail}", binary = binary.display())]
+    Run {
+        /// The binary.
+        binary: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+/// How QEMU runs guest code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// Binary translation: works everywhere, slowly.
+    #[default]
+    Tcg,
+    /// Hardware virtualization through /dev/kvm.
+    Kvm,
+}
+
+/// QEMU in a forky chroot.
+#[derive(Debug, Clone)]
+pub struct Qemu {
+    root: PathBuf,
+}
+
+/// The chroot's default place: `$DRIVERLAB_QEMU_ROOT`, else `forky-qemu` in driverlab's cache
+/// (`$DRIVERLAB_CACHE`, else `$XDG_CACHE_HOME/driverlab`, else `~/.cache/driverlab`), where
+/// `scripts/fetch-forky-qemu.sh` puts it.
+pub fn default_root() -> PathBuf {
+    if let Some(root) = std::env::var_os("DRIVERLAB_QEMU_ROOT") {
+        return PathBuf::from(root);
+    }
+    let cache = std::env::var_os("DRIVERLAB_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"))
+            .join("driverlab")
+    });
+    cache.join("forky-qemu")
+}
+
+/// One guest for QEMU to run.
+#[derive(Debug, Clone)]
+pub struct Machine<'a> {
+    /// The kernel (a bzImage, or an ELF with a PVH note such as the probe).
+    pub kernel: &'a Path,
+    /// The initrd.
+    pub initrd: Option<&'a Path>,
+    /// The kernel command line.
+    pub cmdline: &'a str,
+    /// Guest memory in MiB.
+    pub memory_mib: u64,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// TCG or KVM.
+    pub accel: Accel,
+    /// A virtio-iommu in front of the device.
+    pub iommu: bool,
+    /// The device: a vfio-user socket or a host BDF.
+    pub device: &'a DeviceSpec,
+    /// Where COM1 goes.
+    pub com1: &'a Path,
+    /// Where COM2 goes, when the guest has one.
+    pub com2: Option<&'a Path>,
+    /// Where the trace events go.
+    pub trace: &'a Path,
+}
+
+impl Qemu {
+    /// The chroot at `root`, if it is complete.
+    pub fn find(root: &Path) -> Result<Qemu, QemuError> {
+        let qemu = Qemu { root: root.to_path_buf() };
+        let marker = std::fs::read_to_string(root.join(MARKER)).unwrap_or_default();
+        if marker.trim() != PACKAGES || !qemu.binary().exists() || !qemu.loader().exists() {
+            return Err(QemuError::NotSetUp { root: root.to_path_buf() });
+        }
+        Ok(qemu)
+    }
+
+    /// The chroot.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn binary(&self) -> PathBuf {
+        self.root.join("usr/bin/qemu-system-x86_64")
+    }
+
+    fn loader(&self) -> PathBuf {
+        self.root.join("usr/lib64/ld-linux-x86-64.so.2")
+    }
+
+    /// `qemu-system-x86_64` with its arguments, run through the chroot's loader and libraries.
+    fn command(&self, args: &[String]) -> Command {
+        let mut command = Command::new(self.loader());
+        command
+            .arg("--library-path")
+            .arg(self.root.join("usr/lib/x86_64-linux-gnu"))
+            .arg(self.binary())
+            .arg("-L")
+            .arg(self.root.join("usr/share/qemu"))
+            .args(args);
+        command
+    }
+
+    /// QEMU's version line (`QEMU emulator version 11.1.2 (Debian ...)`).
+    pub fn version(&self) -> Result<String, QemuError> {
+        let out = self.command(&["--version".into()]).output().map_err(|e| self.run_error(e.to_string()))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        match text.lines().next() {
+            Some(line) if out.status.success() => Ok(line.trim().to_string()),
+            _ => Err(self.run_error(format!("--version: {}", String::from_utf8_lossy(&out.stderr).trim()))),
+        }
+    }
+
+    fn run_error(&self, detail: String) -> QemuError {
+        QemuError::Run { binary: self.binary(), detail }
+    }
+
+    /// The command that runs `machine`. QEMU ends when the guest powers off or resets
+    /// (`-no-reboot`); SIGTERM ends it cleanly.
+    pub fn machine_command(&self, machine: &Machine<'_>) -> Command {
+        self.command(&machine_args(machine))
+    }
+}
+
+/// QEMU's arguments for `machine`.
+pub fn machine_args(m: &Machine<'_>) -> Vec<String> {
+    let path = |p: &Path| p.display().to_string();
+    let accel = match m.accel {
+        Accel::Tcg => "tcg",
+        Accel::Kvm => "kvm",
+    };
+    let mut args: Vec<String> = [
+        "-machine",
+        "q35,memory-backend=mem",
+        "-accel",
+        accel,
+        // vfio-user hands guest RAM to the device's process as file descriptors: shared memfd.
+        "-object",
+    ]
+    .map(String::from)
+    .into();
+    args.push(format!("memory-backend-memfd,id=mem,size={}M,share=on", m.memory_mib));
+    args.extend(["-m".into(), format!("{}M", m.memory_mib), "-smp".into(), m.vcpus.to_string()]);
+    // No default devices (q35 would add a NIC and VGA), no monitor, no display.
+    args.extend(
+        ["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-no-reboot"].map(String::from),
+    );
+    args.extend(["-serial".into(), format!("file:{}", path(m.com1))]);
+    if let Some(com2) = m.com2 {
+        args.extend(["-serial".into(), format!("file:{}", path(com2))]);
+    }
+    args.extend(["-kernel".into(), path(m.kernel), "-append".into(), m.cmdline.to_string()]);
+    if let Some(initrd) = m.initrd {
+        args.extend(["-initrd".into(), path(initrd)]);
+    }
+    if m.iommu {
+        args.extend(["-device".into(), "virtio-iommu-pci".into()]);
+    }
+    match m.device {
+        DeviceSpec::VfioUser(socket) => {
+            let device =
+                serde_json::json!({"driver": "vfio-user-pci", "socket": {"path": path(socket), "type": "unix"}});
+            args.extend(["-device".into(), device.to_string()]);
+        }
+        DeviceSpec::Vfio(bdf) => args.extend(["-device".into(), format!("vfio-pci,host={bdf}")]),
+    }
+    args.extend(["-D".into(), path(m.trace)]);
+    for event in TRACE_EVENTS {
+        args.extend(["-trace".into(), (*event).into()]);
+    }
+    args
+}
+
+/// The trace events the engine reads.
+const TRACE_EVENTS: &[&str] =
+    &["virtio_iommu_map", "virtio_iommu_unmap", "virtio_iommu_report_fault", "qemu_system_shutdown_request"];
+
+/// `VIRTIO_IOMMU_MAP_F_WRITE`: the device may write the mapping.
+const MAP_F_WRITE: u64 = 2;
+
+/// What QEMU's trace said so far, read as it grows.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    counts: IommuCounts,
+    /// Live mappings: (domain, first IOVA) -> last IOVA.
+    live: BTreeMap<(u64, u64), u64>,
+    /// A line not yet ended.
+    partial: String,
+    /// Why QEMU was asked to stop, as QEMU names it.
+    pub shutdown: Option<&'static str>,
+}
+
+impl Trace {
+    /// Reads more of the trace file.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        self.partial.push_str(&String::from_utf8_lossy(bytes));
+        let Some(end) = self.partial.rfind('\n') else { return };
+        let text: String = self.partial.drain(..=end).collect();
+        for line in text.lines() {
+            self.line(line);
+        }
+    }
+
+    /// The virtio-iommu's counts so far, the engine-neutral way the lab records them.
+    pub fn counts(&self) -> IommuCounts {
+        self.counts.clone()
+    }
+
+    fn line(&mut self, line: &str) {
+        // With the log backend a line is `EVENT key=value ...`, possibly after a
+        // `PID@SECONDS:` prefix when timestamps are on.
+        let line = line.rsplit_once(':').filter(|(p, _)| p.contains('@')).map_or(line, |(_, rest)| rest);
+        let mut words = line.split_whitespace();
+        let Some(event) = words.next() else { return };
+        let fields: BTreeMap<&str, u64> = words
+            .filter_map(|w| w.split_once('='))
+            .filter_map(|(k, v)| {
+                let v = match v.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16).ok()?,
+                    None => v.parse().ok()?,
+                };
+                Some((k, v))
+            })
+            .collect();
+        let c = &mut self.counts;
+        match event {
+            "virtio_iommu_map" => {
+                let (Some(&domain), Some(&start), Some(&end)) =
+                    (fields.get("domain"), fields.get("virt_start"), fields.get("virt_end"))
+                else {
+                    return;
+                };
+                let bytes = end.saturating_sub(start) + 1;
+                c.maps += 1;
+                c.requests += 1;
+                if fields.get("flags").is_some_and(|f| f & MAP_F_WRITE != 0) {
+                    c.maps_writable += 1;
+                } else {
+                    c.maps_read_only += 1;
+                }
+                c.map_bytes += bytes;
+                c.map_pages += bytes.div_ceil(4096);
+                self.live.insert((domain, start), end);
+                c.live_mappings = self.live.len() as u64;
+                c.peak_mappings = c.peak_mappings.max(c.live_mappings);
+            }
+            "virtio_iommu_unmap" => {
+                let (Some(&domain), Some(&start), Some(&end)) =
+                    (fields.get("domain"), fields.get("virt_start"), fields.get("virt_end"))
+                else {
+                    return;
+                };
+                c.unmaps += 1;
+                c.requests += 1;
+                let gone: Vec<(u64, u64)> = self
+                    .live
+                    .range((domain, start)..=(domain, end))
+                    .filter(|(_, last)| **last <= end)
+                    .map(|(k, _)| *k)
+                    .collect();
+                for key in gone {
+                    if let Some(last) = self.live.remove(&key) {
+                        c.unmapped_bytes += last - key.1 + 1;
+                    }
+                }
+                c.live_mappings = self.live.len() as u64;
+            }
+            "virtio_iommu_report_fault" => c.faults += 1,
+            "qemu_system_shutdown_request" => {
+                self.shutdown = fields.get("reason").map(|&r| shutdown_cause(r));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// QEMU's `ShutdownCause`, by its number (qapi/run-state.json, in order).
+fn shutdown_cause(n: u64) -> &'static str {
+    const CAUSES: [&str; 11] = [
+        "none",
+        "host-error",
+        "host-qmp-quit",
+        "host-qmp-system-reset",
+        "host-signal",
+        "host-ui",
+        "guest-shutdown",
+        "guest-reset",
+        "guest-panic",
+        "subsystem-reset",
+        "snapshot-load",
+    ];
+    CAUSES.get(n as usize).copied().unwrap_or("unknown")
+}
+
+/// The lab's exit reason for QEMU's shutdown cause: `poweroff`, `reset`, `panic`, `shutdown`
+/// (the lab stopped it) or, for anything else, QEMU's name.
+pub fn exit_reason(cause: &str) -> &str {
+    match cause {
+        "guest-shutdown" => "poweroff",
+        "guest-reset" => "reset",
+        "guest-panic" => "panic",
+        "host-signal" | "host-qmp-quit" => "shutdown",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TRACE: &str = "\
+virtio_iommu_map domain=1 virt_start=0x100548000 virt_end=0x100548fff phys_start=0x548000 flags=2
+virtio_iommu_map domain=1 virt_start=0x100549000 virt_end=0x100549fff phys_start=0x549000 flags=1
+1234@1764612000.123456:virtio_iommu_map domain=1 virt_start=0x10054a000 virt_end=0x100569fff phys_start=0x54a000 flags=3
+virtio_iommu_unmap domain=1 virt_start=0x100548000 virt_end=0x100549fff
+virtio_iommu_report_fault reason=1 flags=0 endpoint=16 addr=0xdead000
+qemu_system_shutdown_request reason=6
+";
+
+    #[test]
+    fn the_trace_counts_maps_by_direction_live_mappings_and_the_stop() {
+        let mut trace = Trace::default();
+        // Fed in pieces that split lines, as a growing file is read.
+        for chunk in TRACE.as_bytes().chunks(37) {
+            trace.feed(chunk);
+        }
+        let c = trace.counts();
+        assert_eq!((c.maps, c.maps_writable, c.maps_read_only), (3, 2, 1), "flags=2 and 3 let the device write");
+        assert_eq!((c.unmaps, c.faults, c.requests), (1, 1, 4));
+        assert_eq!(c.map_bytes, 0x1000 + 0x1000 + 0x20000);
+        assert_eq!((c.map_pages, c.unmapped_bytes), (34, 0x2000), "one unmap covering two mappings");
+        assert_eq!((c.live_mappings, c.peak_mappings), (1, 3));
+        assert_eq!(trace.shutdown, Some("guest-shutdown"));
+        assert_eq!(exit_reason(trace.shutdown.unwrap()), "poweroff");
+    }
+
+    #[test]
+    fn the_command_line_names_the_device_the_iommu_and_the_ports() {
+        let socket = PathBuf::from("/run/x/aqc100.sock");
+        let device = DeviceSpec::VfioUser(socket);
+        let machine = Machine {
+            kernel: Path::new("/img/bzImage"),
+            initrd: Some(Path::new("/img/initrd.gz")),
+            cmdline: "console=ttyS0 panic=-1",
+            memory_mib: 512,
+            vcpus: 1,
+            accel: Accel::Tcg,
+            iommu: true,
+            device: &device,
+            com1: Path::new("/a/serial.log"),
+            com2: Some(Path::new("/a/agent.log")),
+            trace: Path::new("/a/trace.log"),
+        };
+        let args = machine_args(&machine).join(" ");
+        for part in [
+            "-machine q35,memory-backend=mem -accel tcg",
+            "memory-backend-memfd,id=mem,size=512M,share=on -m 512M -smp 1",
+            "-serial file:/a/serial.log -serial file:/a/agent.log",
+            "-kernel /img/bzImage -append console=ttyS0 panic=-1 -initrd /img/initrd.gz",
+            "-device virtio-iommu-pci",
+            r#"{"driver":"vfio-user-pci","socket":{"path":"/run/x/aqc100.sock","type":"unix"}}"#,
+            "-D /a/trace.log -trace virtio_iommu_map",
+        ] {
+            assert!(args.contains(part), "{part} in {args}");
+        }
+        let host = DeviceSpec::Vfio("0000:03:00.0".parse().unwrap());
+        let args = machine_args(&Machine { device: &host, iommu: false, com2: None, ..machine }).join(" ");
+        assert!(args.contains("-device vfio-pci,host=0000:03:00.0") && !args.contains("virtio-iommu"), "{args}");
+    }
+
+    #[test]
+    fn a_missing_chroot_says_how_to_make_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = Qemu::find(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("driverlab engine setup qemu"), "{error}");
+    }
+}

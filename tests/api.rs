@@ -424,6 +424,15 @@ fn no_request_reads_a_host_file_and_every_error_is_json() {
             "POST",
             "/v1/runs".into(),
             &toml_body,
+            matrix("probe")
+                .replace("kernel = \"probe\"", &format!("kernel = \"probe\"\npatches = [{secret:?}]"))
+                .into_bytes(),
+            422,
+        ),
+        (
+            "POST",
+            "/v1/runs".into(),
+            &toml_body,
             matrix("probe").replace("model = \"aqc100\"", "model = \"aqc100\"\ntap = \"eth0\"").into_bytes(),
             422,
         ),

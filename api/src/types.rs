@@ -242,7 +242,8 @@ pub enum RunEvent {
         reason: String,
         /// Goodput.
         gbit_s: Option<f64>,
-        /// IOMMU maps per packet.
+        /// IOMMU maps per packet: RX buffer maps per packet received where the record splits
+        /// maps by direction (Linux guests), else all of the workload's maps per packet.
         maps_per_packet: Option<f64>,
         /// Results so far.
         done: usize,

@@ -263,7 +263,9 @@ pub struct LinuxCheck {
 pub fn linux_check(dir: &std::path::Path) -> std::io::Result<LinuxCheck> {
     let read = |name: &str| std::fs::read(dir.join(name));
     let frames = parse(&read("agent.log")?);
-    let console = String::from_utf8_lossy(&read("console.log").unwrap_or_default()).into_owned();
+    // The console: console.log, or serial.log as the lab names it in a repetition's folder.
+    let console = read("console.log").or_else(|_| read("serial.log")).unwrap_or_default();
+    let console = String::from_utf8_lossy(&console).into_owned();
     let mut verdict = verdict(&frames, &console);
     let mut iperf = Vec::new();
     let directions: Vec<String> = frames
@@ -337,7 +339,7 @@ impl LinuxCheck {
                 })
                 .map(|(k, v)| format!("{k}={}", v.as_str().map_or(v.to_string(), |s| s.replace(' ', "_"))))
                 .collect();
-            out.push_str(&format!("  {name:<14} {status:<5} {}\n", facts.join(" ")));
+            out.push_str(&format!("  {name:<18} {status:<5} {}\n", facts.join(" ")));
         }
         for (direction, f) in &self.iperf {
             let retransmits = f.retransmits.map_or(String::new(), |r| format!(", {r} retransmits"));

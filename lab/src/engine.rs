@@ -56,6 +56,8 @@ pub struct Window {
     pub begin: Option<Snapshot>,
     /// At `workload-end`.
     pub end: Option<Snapshot>,
+    /// At `done`, after the agent unloaded the driver: what the teardown left.
+    pub done: Option<Snapshot>,
 }
 
 /// What an engine hands back.
@@ -243,6 +245,7 @@ impl Watchdog {
                     match kind.as_str() {
                         "workload-begin" => watched.window.begin = Some(snapshot(&counters)),
                         "workload-end" => watched.window.end = Some(snapshot(&counters)),
+                        "done" => watched.window.done = Some(snapshot(&counters)),
                         _ => {}
                     }
                 }
@@ -379,6 +382,7 @@ pub fn run_qemu(boot: &QemuBoot<'_>, spec: &VmSpec, watch: &Watch, model: Option
             match kind.as_str() {
                 "workload-begin" => window.begin = Some(now()),
                 "workload-end" => window.end = Some(now()),
+                "done" => window.done = Some(now()),
                 _ => {}
             }
         }

@@ -76,15 +76,46 @@ pub fn resolve(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Resolve
     Ok(Resolved { kernel, bzimage, initrd, manifest })
 }
 
+/// Builds the recipes of `plan`'s images (those not built yet: a download and a build can take
+/// minutes the first time), saying what it does through `note`.
+pub fn prepare(plan: &Plan, store: &ImageStore, note: &dyn Fn(&str)) -> Result<(), String> {
+    for image in plan.matrix.images.iter().map(|i| i.get_ref()) {
+        if !is_recipe(image) {
+            continue;
+        }
+        let what = match image.patches.len() {
+            0 => String::new(),
+            n => format!(", {} built with {n} patch(es)", image.driver.rsplit('/').next().unwrap_or_default()),
+        };
+        note(&format!("image {}: kernel {}, initrd {}{what}", image.name, image.kernel, initrd_name(image)));
+        if let Some((kernel, initrd)) = build_recipe(plan, image, store)? {
+            let initrd = initrd.map(|i| format!(", {}", i.display())).unwrap_or_default();
+            note(&format!("image {}: {kernel}{initrd}", image.name));
+        }
+    }
+    Ok(())
+}
+
+fn initrd_name(image: &Image) -> String {
+    image.initrd.as_ref().map_or("none".into(), |i| i.display().to_string())
+}
+
+/// Whether the lab builds `image` (a `debian` kernel or the `agent` initramfs).
+pub fn is_recipe(image: &Image) -> bool {
+    image.kernel == "debian"
+        || image.kernel.starts_with("debian:")
+        || image.initrd.as_deref() == Some(Path::new("agent"))
+}
+
 /// Builds an image's recipe, once per process and inputs: the kernel image's ID and the
 /// initramfs image's ID, or `None` for an image that is no recipe.
 fn build_recipe(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Option<(String, Option<PathBuf>)>, String> {
     static BUILT: Mutex<BTreeMap<String, (String, Option<PathBuf>)>> = Mutex::new(BTreeMap::new());
-    let debian = image.kernel == "debian" || image.kernel.starts_with("debian:");
-    let agent = image.initrd.as_deref() == Some(Path::new("agent"));
-    if !debian && !agent {
+    if !is_recipe(image) {
         return Ok(None);
     }
+    let debian = image.kernel == "debian" || image.kernel.starts_with("debian:");
+    let agent = image.initrd.as_deref() == Some(Path::new("agent"));
     let patches: Vec<PathBuf> = image.patches.iter().map(|p| plan.resolve(p)).collect();
     let key = format!("{}|{}|{}|{:?}|{agent}", store.root().display(), image.kernel, image.driver, patches);
     // One build at a time: two workers wanting the same image wait for the first.

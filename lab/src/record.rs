@@ -153,6 +153,10 @@ pub struct Record {
     /// The share of RX buffer refills that reused a page (atlantic's ethtool counters).
     #[serde(default)]
     pub page_reuse: Option<f64>,
+    /// IOMMU mappings still alive when the agent had unloaded the driver (Linux guests): what
+    /// the driver's teardown leaked.
+    #[serde(default)]
+    pub mappings_after_unload: Option<u64>,
     /// What the device model counted.
     pub device_counters: Option<ModelCounters>,
     /// Interrupts the device raised during the workload (the guest's count).
@@ -187,6 +191,7 @@ impl Record {
             tx_maps_per_packet: None,
             model_maps_per_packet: None,
             page_reuse: None,
+            mappings_after_unload: None,
             device_counters: None,
             interrupts: None,
             exit: None,
@@ -194,6 +199,14 @@ impl Record {
             serial_log: None,
             crash: None,
         }
+    }
+
+    /// The maps per packet a report's table and the progress lines show: the RX side, i.e. maps
+    /// the device may write per packet received where the record splits them by direction
+    /// (Linux guests), else all of the workload's maps per packet (the probe, whose RX test
+    /// maps only RX buffers).
+    pub fn rx_maps(&self) -> Option<f64> {
+        self.rx_maps_per_packet.or(self.maps_per_packet)
     }
 
     /// The figures reports summarise, by name.

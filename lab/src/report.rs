@@ -317,7 +317,10 @@ impl Report {
                 let status: Vec<String> =
                     c.status.iter().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{n} {s}")).collect();
                 let (gbit, gbit_change) = cell_metric(c, "gbit_s", 3);
-                let (maps, maps_change) = cell_metric(c, "maps_per_packet", 4);
+                // RX maps per received packet: where a cell splits maps by direction, the RX side.
+                let maps_metric =
+                    if c.metrics.contains_key("rx_maps_per_packet") { "rx_maps_per_packet" } else { "maps_per_packet" };
+                let (maps, maps_change) = cell_metric(c, maps_metric, 4);
                 let verdict = c.verdict.map_or(String::from("-"), |v| format!("{v:?}").to_lowercase());
                 [
                     c.cell.clone(),

@@ -68,6 +68,13 @@ pub fn plan(mut matrix: toml::Table, registered: &dyn Fn(&str) -> Option<Device>
                     ),
                 ));
             }
+            if image.get("patches").is_some() {
+                return Err(error(
+                    format!("image[{i}].patches"),
+                    "patches are files on the server: build the variant with POST /v1/images/module and \
+                     /v1/images/initramfs, and give the initramfs image's ID as initrd",
+                ));
+            }
             if let Some(initrd) = image.get("initrd") {
                 let initrd = initrd.as_str().unwrap_or_default();
                 if !is_image_id(initrd, "initramfs") {

@@ -270,6 +270,11 @@ fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &en
         Some("bidir") => w.rx_packets.zip(w.tx_packets).map(|(r, t)| r + t),
         _ => w.rx_packets,
     };
+    record.page_reuse = page_reuse(frames);
+    let unloaded = frames.step("unload").is_some_and(|s| s["status"] == "ok");
+    if unloaded && let Some(done) = window.done.as_ref().and_then(|s| s.iommu.as_ref()) {
+        record.mappings_after_unload = Some(done.live_mappings);
+    }
     let Some(packets) = packets.filter(|&p| p > 0) else { return };
     if let Some(ms) = record.timings.workload_ms.filter(|&ms| ms > 0.0) {
         record.workload.packets_per_s = Some(packets as f64 * 1e3 / ms);
@@ -289,7 +294,6 @@ fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &en
     if let (Some(a), Some(b)) = (model(&window.begin), model(&window.end)) {
         record.model_maps_per_packet = per(b.dma_maps.saturating_sub(a.dma_maps), Some(packets));
     }
-    record.page_reuse = page_reuse(frames);
 }
 
 /// The share of RX buffer refills that needed no new page (and so no new IOMMU map) over the
@@ -352,6 +356,22 @@ fn judge(
     }
     if let Some(error) = &booted.device_error {
         return (Status::Error, Some(error.clone()));
+    }
+    // The cross-check of the two counts: the engine's virtio-iommu saw the guest's maps, the
+    // model its DMA maps; a VMM may split a guest map into pieces but never merge two.
+    if let (Some(guest), Some(model)) = (record.maps_per_packet, record.model_maps_per_packet)
+        && model + 1e-9 < guest
+    {
+        return (
+            Status::Error,
+            Some(format!(
+                "the model counted fewer DMA maps ({model:.4} per packet) than the virtio-iommu saw the guest make \
+                 ({guest:.4}): one of the counts is wrong"
+            )),
+        );
+    }
+    if let Some(left) = record.mappings_after_unload.filter(|&n| n > 0) {
+        return (Status::Fail, Some(format!("the driver left {left} IOMMU mapping(s) behind after it was unloaded")));
     }
     if let Some(frames) = frames {
         let verdict = crate::agent::verdict(frames, serial);
@@ -430,7 +450,7 @@ mod tests {
         let frames = crate::agent::parse(&port);
         let mut record = passed("iperf-rx");
         // Boot and link-up mapped 5000 times; the workload 48000 times more.
-        let window = engine::Window { begin: Some(counters(5000)), end: Some(counters(53_000)) };
+        let window = engine::Window { begin: Some(counters(5000)), end: Some(counters(53_000)), done: None };
         collect_agent(&mut record, &frames, &window);
         assert_eq!(record.workload.gbit_s, Some(9.14));
         assert_eq!((record.timings.driver_probe_ms, record.timings.link_up_ms), (Some(2250.0), Some(3750.0)));
@@ -439,6 +459,77 @@ mod tests {
         assert_eq!(record.workload.packets_per_s, Some(8000.0));
         assert_eq!(record.workload.retransmits, Some(3));
         assert!(record.workload.output.as_ref().unwrap()["end"].is_object(), "iperf3's JSON, verbatim");
+    }
+
+    /// Counters split by direction, with the model's own count and the live mappings.
+    fn split(writable: u64, read_only: u64, model: u64, live: u64) -> Snapshot {
+        let iommu = IommuCounts {
+            maps: writable + read_only,
+            maps_writable: writable,
+            maps_read_only: read_only,
+            live_mappings: live,
+            ..IommuCounts::default()
+        };
+        Snapshot {
+            iommu: Some(iommu),
+            model: Some(vm_spec::counters::ModelCounters { dma_maps: model, ..Default::default() }),
+        }
+    }
+
+    #[test]
+    fn maps_split_by_direction_page_reuse_and_the_teardown_are_recorded() {
+        let ethtool = |flips: u64, reuses: u64, frees: u64| {
+            format!(
+                "NIC statistics:\n     InPackets: 9\n     Queue[0] InPackets: 9\n     Queue[0] PageFlips: {flips}\n     \
+                 Queue[0] PageReuses: {reuses}\n     Queue[0] PageFrees: {frees}\n     Queue[1] PageFlips: 1\n"
+            )
+        };
+        let mut port = Vec::new();
+        port.extend(encode(1, "ethtool-S-before", true, ethtool(100, 50, 10).as_bytes()));
+        port.extend(encode(2, "netdev-before", false, br#"{"rx_packets":0,"tx_packets":0}"#));
+        port.extend(encode(3, "workload-begin", false, br#"{"workload":"iperf3","direction":"rx"}"#));
+        port.extend(encode(4, "workload-end", false, br#"{"workload":"iperf3","direction":"rx","exit":0}"#));
+        port.extend(encode(5, "netdev-after", false, br#"{"rx_packets":10000,"tx_packets":5000}"#));
+        port.extend(encode(6, "ethtool-S-after", true, ethtool(4100, 2050, 2010).as_bytes()));
+        port.extend(encode(7, "step", false, br#"{"step":"unload","status":"ok"}"#));
+        let frames = crate::agent::parse(&port);
+        let mut record = passed("iperf-rx");
+        // 5000 RX buffer maps and 5000 TX maps in the window; the model saw 10100 (some split).
+        let window = engine::Window {
+            begin: Some(split(1000, 200, 1300, 900)),
+            end: Some(split(6000, 5200, 11_400, 950)),
+            done: Some(split(6100, 5300, 11_600, 3)),
+        };
+        collect_agent(&mut record, &frames, &window);
+        assert_eq!(record.rx_maps_per_packet, Some(0.5), "5000 writable maps over 10000 packets received");
+        assert_eq!(record.tx_maps_per_packet, Some(1.0), "5000 read-only maps over 5000 packets sent");
+        assert_eq!(record.maps_per_packet, Some(1.0), "all 10000 maps over the packets received");
+        assert_eq!(record.model_maps_per_packet, Some(1.01));
+        assert_eq!(record.rx_maps(), Some(0.5), "the table's figure is the RX side");
+        // Refills 4000 flips + 2000 reuses + 2000 frees: 6000 of 8000 needed no new page.
+        assert_eq!(record.page_reuse, Some(0.75));
+        assert_eq!(record.mappings_after_unload, Some(3));
+        let booted = Booted {
+            ending: Ending::Stopped { reason: "poweroff".into(), detail: None },
+            exit: None,
+            error: None,
+            iommu: None,
+            device_counters: None,
+            device_error: None,
+            window: window.clone(),
+            silent_for: None,
+            answered_ms: None,
+            run_ms: None,
+        };
+        let (status, reason) = judge(&booted, "", &record, 60.0, Some(&frames));
+        assert_eq!(status, Status::Fail);
+        assert_eq!(reason.unwrap(), "the driver left 3 IOMMU mapping(s) behind after it was unloaded");
+        // A model that saw fewer maps than the guest made: one of the counts is wrong.
+        record.mappings_after_unload = Some(0);
+        record.model_maps_per_packet = Some(0.9);
+        let (status, reason) = judge(&booted, "", &record, 60.0, Some(&frames));
+        assert_eq!(status, Status::Error);
+        assert!(reason.unwrap().contains("fewer DMA maps (0.9000 per packet) than the virtio-iommu saw"));
     }
 
     #[test]
@@ -450,7 +541,7 @@ mod tests {
         port.extend(encode(4, "netdev-after", false, br#"{"rx_packets":2010,"tx_packets":4100}"#));
         let frames = crate::agent::parse(&port);
         let mut record = passed("iperf-tx");
-        let window = engine::Window { begin: Some(counters(100)), end: Some(counters(8100)) };
+        let window = engine::Window { begin: Some(counters(100)), end: Some(counters(8100)), done: None };
         collect_agent(&mut record, &frames, &window);
         assert_eq!((record.workload.rx_packets, record.workload.tx_packets), (Some(2000), Some(4000)));
         assert_eq!(record.maps_per_packet, Some(2.0), "8000 maps over 4000 packets sent, not 2000 ACKs received");

@@ -361,7 +361,7 @@ impl Progress for Console {
             (&r.cell.id, &r.cell.label(), r.repetition),
             r.status.name(),
             r.reason.as_deref(),
-            (r.workload.gbit_s, r.maps_per_packet),
+            (r.workload.gbit_s, r.rx_maps()),
         );
         match &self.bar {
             Some(bar) => {
@@ -441,6 +441,10 @@ fn run_matrix(args: RunArgs) -> anyhow::Result<u8> {
     let plan = Plan::load(&args.matrix).map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
     let options = options(args.skip_unrunnable)?;
     let mut store = args.db.open()?;
+    // Images the lab builds (recipes) before the run: the first time, a download and a build.
+    let images = guest_images::store::ImageStore::new(guest_images::store::default_root());
+    lab::images::prepare(&plan, &images, &|line| eprintln!("{line}"))
+        .map_err(|message| CodedError { message, code: 1 })?;
     let run = run::create(&mut store, &plan, &options).map_err(coded)?;
     println!("run {run} started");
     execute(store, &plan, &run, &options, args.format)
@@ -529,7 +533,7 @@ pub fn record_line(r: &Record) -> String {
     if let Some(g) = r.workload.gbit_s {
         figures.push(format!("{g:.3} Gbit/s"));
     }
-    if let Some(m) = r.maps_per_packet {
+    if let Some(m) = r.rx_maps() {
         figures.push(format!("{m:.4} maps/packet"));
     }
     if let Some(reason) = &r.reason {

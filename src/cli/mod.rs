@@ -3,6 +3,7 @@
 mod agent;
 mod bench;
 mod doctor;
+mod engine;
 mod image;
 mod lab;
 mod lab_remote;
@@ -39,6 +40,9 @@ pub enum Command {
     /// Device models served over vfio-user, for passthrough without hardware.
     #[command(subcommand)]
     Model(model::ModelCommand),
+    /// The engines a lab image runs under: this VMM, or QEMU (`driverlab engine setup qemu`).
+    #[command(subcommand)]
+    Engine(engine::EngineCommand),
     /// The lab: run a matrix of driver variants, keep every result, report and compare them.
     #[command(subcommand)]
     Lab(lab::LabCommand),
@@ -69,6 +73,7 @@ impl Command {
             Command::Vm(cmd) => cmd.run(),
             Command::Image(cmd) => cmd.run(),
             Command::Model(cmd) => cmd.run(),
+            Command::Engine(cmd) => cmd.run(),
             Command::Lab(cmd) => cmd.run(),
             Command::Probe(args) => probe::run(args),
             Command::Agent(cmd) => cmd.run(),

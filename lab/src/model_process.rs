@@ -69,10 +69,17 @@ impl ModelProcess {
             None => Command::new(driverlab),
         };
         command.args(["model", kind, "--once", "--socket"]).arg(&socket).args(args);
-        let control = (kind == "aqc100").then(|| dir.join("control.sock"));
-        if let Some(control) = &control {
-            command.arg("--control").arg(control);
-        }
+        // The AQC100's control socket, for its live counters: the caller's, or one of ours.
+        let given = args.iter().position(|a| *a == "--control").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+        let control = match given {
+            Some(path) => Some(path),
+            None if kind == "aqc100" => {
+                let path = dir.join("control.sock");
+                command.arg("--control").arg(&path);
+                Some(path)
+            }
+            None => None,
+        };
         crate::vm_process::die_with_parent(&mut command);
         let child = match command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn() {
             Ok(child) => child,

@@ -136,3 +136,49 @@ fn the_probe_reports_the_same_maps_per_frame_under_both_engines() {
         assert_eq!(cell["verdict"], "baseline", "{cell}");
     }
 }
+
+/// QEMU's firmware moves every 64-bit BAR above 4 GiB when one does not fit below (here a 2 GiB
+/// ivshmem BAR): the probe must map them itself and work as before.
+#[test]
+fn the_probe_drives_devices_whose_bars_lie_above_4_gib() {
+    let test = "the_probe_drives_devices_whose_bars_lie_above_4_gib";
+    let Ok(qemu) = lab::qemu::Qemu::find(&lab::qemu::default_root()) else {
+        qemu_available(test);
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = dir.path().join("probe.elf");
+    std::fs::write(&kernel, guest_images::PROBE_ELF).unwrap();
+    let model = common::start_model("aqc100", &["--generate", "size=1514,count=2000"]);
+    let (serial, trace) = (dir.path().join("serial.log"), dir.path().join("trace.log"));
+    let device = model.device_spec();
+    let machine = lab::qemu::Machine {
+        kernel: &kernel,
+        initrd: None,
+        cmdline: "probe.nic=aqc100 probe.frames=2000 probe.viommu_ops=0",
+        memory_mib: 256,
+        vcpus: 1,
+        accel: lab::qemu::Accel::Tcg,
+        iommu: true,
+        device: &device,
+        com1: &serial,
+        com2: None,
+        trace: &trace,
+    };
+    let mut args = lab::qemu::machine_args(&machine);
+    args.extend(
+        ["-object", "memory-backend-ram,id=big,size=2G", "-device", "ivshmem-plain,memdev=big"].map(String::from),
+    );
+    let out = qemu.command(&args).output().unwrap();
+    assert!(out.status.success(), "QEMU: {}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&serial).unwrap();
+    let report = lab::ProbeReport::parse(&text);
+    let devices = report.section("pci").unwrap()["devices"].as_array().unwrap().clone();
+    let nic = devices.iter().find(|d| d["id"] == "1d6a:00b1").unwrap_or_else(|| panic!("{text}"));
+    for bar in nic["bars"].as_array().unwrap() {
+        assert!(bar["addr"].as_u64().unwrap() >= 1 << 32, "the firmware placed the NIC's BARs high: {nic}");
+    }
+    let done = report.done().unwrap_or_else(|| panic!("{text}"));
+    assert!(done.ok, "{text}");
+    assert_eq!(report.section("nic").unwrap()["maps_per_frame"], 0.5, "{text}");
+}

@@ -126,8 +126,8 @@ impl Qemu {
         self.root.join("usr/lib64/ld-linux-x86-64.so.2")
     }
 
-    /// `qemu-system-x86_64` with its arguments, run through the chroot's loader and libraries.
-    fn command(&self, args: &[String]) -> Command {
+    /// `qemu-system-x86_64` with `args`, run through the chroot's loader and libraries.
+    pub fn command(&self, args: &[String]) -> Command {
         let mut command = Command::new(self.loader());
         command
             .arg("--library-path")

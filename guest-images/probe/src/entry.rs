@@ -50,6 +50,9 @@ unsafe extern "C" {
     /// CPUID leaves 0x1, 0x4000_0000 and 0x4000_0010 as the boot CPU saw them at CPL0, four
     /// registers (EAX, EBX, ECX, EDX) each.
     pub static cpuid_snapshot: [u32; 12];
+    /// The top-level page table: its first entry covers the low 512 GiB, of which the boot
+    /// tables map the low 4 GiB.
+    pub static mut pml4: [u64; 512];
 }
 
 /// Leaves in [`cpuid_snapshot`], in order.
@@ -280,6 +283,7 @@ ap_long_mode:
     .section .data.pagetables, "aw"
     /* Identity map of the low 4 GiB in 2 MiB pages, user-accessible; the top GiB (MMIO) uncached. */
     .balign 4096
+    .global pml4
 pml4:
     .quad pdpt + 0x7
     .fill 511, 8, 0

@@ -7,6 +7,7 @@ mod acpi;
 mod boot_info;
 mod dma;
 mod entry;
+mod high_mmio;
 mod interrupts;
 mod json;
 mod lapic;

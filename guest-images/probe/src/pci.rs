@@ -162,6 +162,15 @@ impl Ecam {
                         ..Function::default()
                     };
                     self.size_bars(device, function, &mut f.bars);
+                    // Memory BARs above 4 GiB: mapped before anything touches them.
+                    for bar in f.bars.iter_mut().filter(|b| b.1 != 0 && b.2 != 1) {
+                        if !crate::high_mmio::map(bar.0, bar.1) {
+                            crate::report::fail(
+                                "a BAR lies where the probe cannot map it (beyond 48 bits, or too many)",
+                            );
+                            bar.1 = 0;
+                        }
+                    }
                     out[count] = f;
                     count += 1;
                 }

@@ -10,3 +10,4 @@ pub mod aqc100;
 pub mod dma;
 pub mod server;
 pub mod testdev;
+pub mod wire;

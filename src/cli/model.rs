@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Subcommand, ValueEnum};
-use device_models::aqc100::backend::{Backend, unplugged};
-use device_models::aqc100::generator::{GeneratorConfig, generator};
-use device_models::aqc100::{Aqc100, Aqc100Handle, MacAddress, tap};
+use device_models::aqc100::{Aqc100, Aqc100Handle, MacAddress};
 use device_models::server::{self, Model};
 use device_models::testdev::TestDevice;
+use device_models::wire::backend::{Backend, unplugged};
+use device_models::wire::generator::{GeneratorConfig, generator};
+use device_models::wire::tap;
 
 /// Device models.
 #[derive(Subcommand)]

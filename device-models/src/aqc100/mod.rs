@@ -7,21 +7,18 @@
 //! - BAR 2 (4 KiB, 64-bit): the MSI-X table and pending bits (32 vectors), emulated by the VMM.
 //! - A data-path thread takes frames from the backend ([`tap`] or [`generator`]) into RX ring 0
 //!   while the vfio-user thread serves register accesses; transmits happen on the TX tail write.
+//!   The backends and the frame offloads are the wire's ([`crate::wire`]).
 //!
 //! DMA reaches only what the client mapped ([`DmaSpace`]): anything else is refused, counted as a
 //! fault, and the frame is dropped.
 
-pub mod backend;
 pub mod firmware;
-pub mod generator;
 pub mod interrupts;
 pub mod nic;
-pub mod offload;
 pub mod regs;
 pub mod rings;
 pub mod rx;
 pub mod stats;
-pub mod tap;
 pub mod tx;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,11 +28,11 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use self::backend::{Backend, FrameSource, Readiness};
 use self::nic::{Effects, Nic};
 use self::stats::MacStats;
 use super::dma::DmaSpace;
 use super::server::{Model, ModelBar, MsixVectors};
+use crate::wire::backend::{Backend, FrameSource, Readiness};
 use devices::pci::config::BarKind;
 use devices::pci::{PciConfiguration, PciIds, msix};
 use vm_spec::counters::ModelCounters;

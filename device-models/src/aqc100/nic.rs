@@ -1,13 +1,13 @@
 //! The NIC's register file: what each register read and write does, the link state, and the
 //! global soft reset. The receive and transmit paths are in `rx` and `tx`.
 
-use super::backend::FrameSink;
 use super::firmware::Firmware;
 use super::interrupts::InterruptController;
 use super::regs;
 use super::rings::Ring;
 use super::stats::MacStats;
 use crate::dma::DmaSpace;
+use crate::wire::backend::FrameSink;
 
 /// Words of register storage: all of the 64 KiB BAR.
 const STORAGE_WORDS: usize = 0x1_0000 / 4;
@@ -263,7 +263,7 @@ impl Nic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aqc100::backend::unplugged;
+    use crate::wire::backend::unplugged;
 
     #[test]
     fn plain_registers_read_back_and_special_ones_behave() {

@@ -7,10 +7,10 @@
 
 use super::interrupts::RingEvent;
 use super::nic::{Effects, Nic};
-use super::offload;
 use super::regs;
 use super::stats::Destination;
 use crate::dma::DmaSpace;
+use crate::wire::offload;
 
 /// The ring every received frame goes to.
 const RX_RING: usize = 0;

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::backend::{Backend, FrameSink, unplugged};
-use super::generator::{GeneratorConfig, SEQUENCE_OFFSET, generator};
 use super::interrupts::GLOBAL_CONTROL as IRQ_CONTROL;
-use super::offload;
 use super::regs::*;
 use super::*;
+use crate::wire::backend::{Backend, FrameSink, unplugged};
+use crate::wire::generator::{GeneratorConfig, SEQUENCE_OFFSET, generator};
+use crate::wire::offload;
 
 const IOVA: u64 = 0x10_0000;
 const MEMORY: u64 = 4 << 20;

@@ -6,10 +6,10 @@
 
 use super::interrupts::RingEvent;
 use super::nic::{Effects, Nic};
-use super::offload::{self, Segmentation};
 use super::regs;
 use super::stats::Destination;
 use crate::dma::DmaSpace;
+use crate::wire::offload::{self, Segmentation};
 
 /// The largest packet a descriptor chain may describe (TSO's 256 KiB limit).
 const MAX_PACKET: usize = 256 * 1024;

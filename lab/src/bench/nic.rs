@@ -7,10 +7,10 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use device_models::aqc100::generator::{GeneratorConfig, generator};
 use device_models::aqc100::nic::Nic;
 use device_models::aqc100::regs;
 use device_models::dma::DmaSpace;
+use device_models::wire::generator::{GeneratorConfig, generator};
 use vm_spec::{IommuSpec, Kernel, VmSpec};
 
 use super::BenchError;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::backend::{Backend, FrameSink, FrameSource, Readiness};
-use super::offload;
+use crate::wire::backend::{Backend, FrameSink, FrameSource, Readiness};
+use crate::wire::offload;
 
 /// Smallest frame (Ethernet minimum without FCS).
 pub const MIN_SIZE: usize = 60;

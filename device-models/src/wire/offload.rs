@@ -260,7 +260,7 @@ pub struct RxCheck {
 /// Packet type bits 1:0 are the L3 type (0 IPv4, 1 IPv6, 2 other), bits 4:2 the L4 type
 /// (0 TCP, 1 UDP, 3 other), bit 5 a VLAN tag.
 pub fn check_rx(frame: &[u8], check_ip: bool, check_l4: bool) -> RxCheck {
-    use super::regs;
+    use crate::aqc100::regs;
     let layers = parse(frame);
     let l3_type = match layers.ipv4 {
         Some(true) => 0,

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
-use super::backend::{Backend, FrameSink, FrameSource, Readiness};
+use crate::wire::backend::{Backend, FrameSink, FrameSource, Readiness};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const IFF_TAP: libc::c_short = 0x0002;

@@ -66,13 +66,7 @@ pub fn default_root() -> PathBuf {
     if let Some(root) = std::env::var_os("DRIVERLAB_QEMU_ROOT") {
         return PathBuf::from(root);
     }
-    let cache = std::env::var_os("DRIVERLAB_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"))
-            .join("driverlab")
-    });
-    cache.join("forky-qemu")
+    guest_images::store::cache_dir().join("forky-qemu")
 }
 
 /// One guest for QEMU to run.

@@ -8,6 +8,7 @@
 
 pub mod aqc100;
 pub mod dma;
+pub mod lan743x;
 pub mod server;
 pub mod testdev;
 pub mod wire;

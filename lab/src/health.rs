@@ -71,8 +71,20 @@ impl Health {
 /// Checks `device`; `frames` is how many frames to receive (0 when no traffic can arrive, e.g. a
 /// host NIC without a peer sending).
 pub fn check(driverlab: &Path, device: &DeviceSpec, frames: u32) -> Result<Health, ProcessError> {
+    check_nic(driverlab, device, frames, Some("aqc100"))
+}
+
+/// The same for a NIC the probe drives as `nic` (`aqc100`), or, with `None`, a device the probe
+/// only finds and passes through (its platform checks, the virtio-iommu, the reset).
+pub fn check_nic(
+    driverlab: &Path,
+    device: &DeviceSpec,
+    frames: u32,
+    nic: Option<&str>,
+) -> Result<Health, ProcessError> {
+    let nic_words = nic.map(|n| format!(" probe.nic={n} probe.frames={frames}")).unwrap_or_default();
     let spec = VmSpec {
-        cmdline: format!("probe.viommu_ops=0 probe.nic=aqc100 probe.frames={frames}"),
+        cmdline: format!("probe.viommu_ops=0{nic_words}"),
         iommu: Some(IommuSpec::default()),
         devices: vec![device.clone()],
         serial: vm_spec::SerialSpec { com1: SerialOutput::Stdout, com2: None },
@@ -124,5 +136,7 @@ pub fn check_device(driverlab: &Path, device: &crate::matrix::Device) -> Result<
             (model.device_spec(), FRAMES_MODEL, Some(model))
         }
     };
-    check(driverlab, &spec, frames).map_err(|e| e.to_string())
+    // The probe drives the AQC100; other NICs it only finds.
+    let nic = (device.linux_driver() == "atlantic").then_some("aqc100");
+    check_nic(driverlab, &spec, frames, nic).map_err(|e| e.to_string())
 }

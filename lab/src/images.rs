@@ -117,7 +117,8 @@ fn build_recipe(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Option
     let debian = image.kernel == "debian" || image.kernel.starts_with("debian:");
     let agent = image.initrd.as_deref() == Some(Path::new("agent"));
     let patches: Vec<PathBuf> = image.patches.iter().map(|p| plan.resolve(p)).collect();
-    let key = format!("{}|{}|{}|{:?}|{agent}", store.root().display(), image.kernel, image.driver, patches);
+    let module = image.module_name();
+    let key = format!("{}|{}|{}|{module}|{:?}|{agent}", store.root().display(), image.kernel, image.driver, patches);
     // One build at a time: two workers wanting the same image wait for the first.
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(done) = built.get(&key) {
@@ -141,12 +142,13 @@ fn build_recipe(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Option
                 source: guest_images::module_build::SourceSpec::Package("linux-source-6.12".into()),
                 kernel: kernel.clone(),
                 headers: None,
-                only: Vec::new(),
+                // The folder's own module builds as the folder; another one alone.
+                only: if image.driver.ends_with(&format!("/{module}")) { Vec::new() } else { vec![module.clone()] },
             };
             modules.push(guest_images::module_build::build(store, &request).map_err(what)?.id);
         }
-        let request =
-            guest_images::initramfs_build::InitramfsRequest { kernel: kernel.clone(), modules, drivers: Vec::new() };
+        let drivers = if modules.is_empty() { vec![module.clone()] } else { Vec::new() };
+        let request = guest_images::initramfs_build::InitramfsRequest { kernel: kernel.clone(), modules, drivers };
         Some(PathBuf::from(guest_images::initramfs_build::build(store, &request).map_err(what)?.id))
     } else {
         image.initrd.clone()

@@ -43,7 +43,7 @@ pub const MAX_REPETITIONS: u32 = 1000;
 /// Most cells one matrix may expand into.
 pub const MAX_CELLS: usize = 10_000;
 /// Device models the lab can start.
-pub const MODELS: &[&str] = &["aqc100"];
+pub const MODELS: &[&str] = &["aqc100", "lan743x"];
 
 /// A matrix that does not check out, with the file, line and field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -128,7 +128,8 @@ pub struct Device {
     /// A host PCI device bound to vfio-pci.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bdf: Option<Bdf>,
-    /// The Linux driver that drives it in Linux images [default: `atlantic` for the AQC100].
+    /// The Linux driver that drives it in Linux images [default: `lan743x` for the LAN7430
+    /// model, else `atlantic`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
     /// A host device's traffic peer for iperf3: an SSH destination (`[user@]host`, key login)
@@ -237,7 +238,8 @@ impl Device {
 
     /// The Linux driver of the device.
     pub fn linux_driver(&self) -> String {
-        self.driver.clone().unwrap_or_else(|| "atlantic".into())
+        let default = if self.model.as_deref() == Some("lan743x") { "lan743x" } else { "atlantic" };
+        self.driver.clone().unwrap_or_else(|| default.into())
     }
 
     /// What the device is.
@@ -294,6 +296,10 @@ pub struct Image {
     /// The driver's folder in the kernel tree, for `patches`.
     #[serde(default = "default_driver_folder")]
     pub driver: String,
+    /// The driver module the agent's initramfs carries (`initrd = "agent"`) [default: the
+    /// driver folder's last part, e.g. `atlantic`; `lan743x` for `drivers/net/ethernet/microchip`].
+    #[serde(default)]
+    pub module: Option<String>,
     /// What runs it: `driverlab` (this project's VMM) or `qemu` (the reference engine).
     #[serde(default)]
     pub engine: Engine,
@@ -349,6 +355,15 @@ pub fn is_kernel_id(name: &str) -> bool {
 }
 
 impl Image {
+    /// The driver module of the agent's initramfs.
+    pub fn module_name(&self) -> String {
+        self.module.clone().unwrap_or_else(|| match self.driver.trim_end_matches('/').rsplit('/').next() {
+            Some("microchip") => "lan743x".into(),
+            Some(last) => last.into(),
+            None => "atlantic".into(),
+        })
+    }
+
     /// Whether this is the embedded probe guest.
     pub fn is_probe(&self) -> bool {
         self.kernel == "probe"

@@ -73,7 +73,7 @@ impl ModelProcess {
         let given = args.iter().position(|a| *a == "--control").and_then(|i| args.get(i + 1)).map(PathBuf::from);
         let control = match given {
             Some(path) => Some(path),
-            None if kind == "aqc100" => {
+            None if kind == "aqc100" || kind == "lan743x" => {
                 let path = dir.join("control.sock");
                 command.arg("--control").arg(&path);
                 Some(path)

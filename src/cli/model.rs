@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::{Subcommand, ValueEnum};
 use device_models::aqc100::{Aqc100, Aqc100Handle, MacAddress};
+use device_models::lan743x::{Lan743x, Lan743xHandle};
 use device_models::server::{self, Model};
 use device_models::testdev::TestDevice;
 use device_models::wire::backend::{Backend, unplugged};
@@ -54,7 +55,32 @@ pub enum ModelCommand {
         #[arg(long)]
         once: bool,
     },
-    /// Talk to a running `driverlab model aqc100 --control PATH`: print its status and counters
+    /// A software Microchip LAN7430 1G NIC (1055:7430) that the Linux lan743x driver drives:
+    /// chip ID, the MAC from its registers, the internal PHY on MDIO (link at 1000 Mb/s), the
+    /// interrupt block with MSI-X, the DMA controller, RX and TX rings at the descriptor spacing
+    /// the driver programs, checksum offload and TSO, statistics. Its wire and its counters are
+    /// as for the AQC100.
+    Lan743x {
+        /// Unix socket to serve on (must not exist).
+        #[arg(long, value_name = "PATH")]
+        socket: PathBuf,
+        /// Host TAP interface to use as the wire (created if missing; needs CAP_NET_ADMIN).
+        #[arg(long, value_name = "IF", conflicts_with = "generate")]
+        tap: Option<String>,
+        /// Generate received frames, as for the AQC100 (`pps=N,size=B,count=N`).
+        #[arg(long, value_name = "SPEC")]
+        generate: Option<String>,
+        /// Permanent MAC address (what the EEPROM would load).
+        #[arg(long, value_name = "MAC", default_value = "02:10:55:74:30:01")]
+        mac: MacAddress,
+        /// Also listen on this Unix socket for control commands (see `driverlab model control`).
+        #[arg(long, value_name = "PATH")]
+        control: Option<PathBuf>,
+        /// Serve a single client, then exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Talk to a running `driverlab model aqc100|lan743x --control PATH`: print its status and counters
     /// as JSON, or take its link down or up.
     Control {
         /// The model's control socket.
@@ -104,7 +130,7 @@ impl ModelCommand {
                 // Before the model starts its threads, so that they leave the signals to us.
                 let handle_slot = std::sync::Arc::new(std::sync::OnceLock::<Aqc100Handle>::new());
                 let slot = handle_slot.clone();
-                exit_on_signal(files, move || slot.get().map(status_json).unwrap_or_default())?;
+                exit_on_signal(files, move || slot.get().map(|h| h.status_json()).unwrap_or_default())?;
                 let mut model = Aqc100::new(mac, backend).context("starting the AQC100 model")?;
                 eprintln!("aqc100 {mac} on {}", model.backend_description());
                 let handle = model.handle();
@@ -112,7 +138,28 @@ impl ModelCommand {
                 if let Some(path) = &control {
                     listen(path, handle.clone())?;
                 }
-                let result = serve(&socket, &mut model, once, Some(&handle));
+                let status = move || handle.status_value();
+                let result = serve(&socket, &mut model, once, Some(&status));
+                if let Some(path) = &control {
+                    let _ = std::fs::remove_file(path);
+                }
+                result
+            }
+            ModelCommand::Lan743x { socket, tap, generate, mac, control, once } => {
+                let backend = backend(tap.as_deref(), generate.as_deref(), mac)?;
+                let files: Vec<PathBuf> = [Some(socket.clone()), control.clone()].into_iter().flatten().collect();
+                let handle_slot = std::sync::Arc::new(std::sync::OnceLock::<Lan743xHandle>::new());
+                let slot = handle_slot.clone();
+                exit_on_signal(files, move || slot.get().map(|h| h.status_json()).unwrap_or_default())?;
+                let mut model = Lan743x::new(mac, backend).context("starting the LAN7430 model")?;
+                eprintln!("lan743x {mac} on {}", model.backend_description());
+                let handle = model.handle();
+                let _ = handle_slot.set(handle.clone());
+                if let Some(path) = &control {
+                    listen(path, handle.clone())?;
+                }
+                let status = move || handle.status_value();
+                let result = serve(&socket, &mut model, once, Some(&status));
                 if let Some(path) = &control {
                     let _ = std::fs::remove_file(path);
                 }
@@ -144,12 +191,38 @@ fn backend(tap_name: Option<&str>, generate: Option<&str>, mac: MacAddress) -> a
     })
 }
 
-fn status_json(handle: &Aqc100Handle) -> serde_json::Value {
-    serde_json::json!({"model": "aqc100", "status": handle.status(), "counters": handle.counters()})
+/// What the control socket and the final line need of a NIC model.
+trait NicControl: Clone + Send + 'static {
+    /// `{"model": ..., "status": ..., "counters": ...}`.
+    fn status_json(&self) -> serde_json::Value;
+    /// The link administratively up or down.
+    fn set_link(&self, up: bool);
+    /// The status alone.
+    fn status_value(&self) -> serde_json::Value {
+        self.status_json()["status"].clone()
+    }
+}
+
+impl NicControl for Aqc100Handle {
+    fn status_json(&self) -> serde_json::Value {
+        serde_json::json!({"model": "aqc100", "status": self.status(), "counters": self.counters()})
+    }
+    fn set_link(&self, up: bool) {
+        Aqc100Handle::set_link(self, up)
+    }
+}
+
+impl NicControl for Lan743xHandle {
+    fn status_json(&self) -> serde_json::Value {
+        serde_json::json!({"model": "lan743x", "status": self.status(), "counters": self.counters()})
+    }
+    fn set_link(&self, up: bool) {
+        Lan743xHandle::set_link(self, up)
+    }
 }
 
 /// Answers control commands on `path`, one line in, one JSON line out, in a thread.
-fn listen(path: &Path, handle: Aqc100Handle) -> anyhow::Result<()> {
+fn listen(path: &Path, handle: impl NicControl) -> anyhow::Result<()> {
     if path.exists() {
         bail!("{}: already exists; remove it or choose another --control path", path.display());
     }
@@ -162,10 +235,10 @@ fn listen(path: &Path, handle: Aqc100Handle) -> anyhow::Result<()> {
                 continue;
             }
             let reply = match line.trim() {
-                "status" => status_json(&handle),
+                "status" => handle.status_json(),
                 "link down" | "link up" => {
                     handle.set_link(line.trim() == "link up");
-                    status_json(&handle)
+                    handle.status_json()
                 }
                 other => {
                     serde_json::json!({"error": format!("unknown command `{other}`; use status, link up, link down")})
@@ -214,14 +287,19 @@ fn exit_on_signal(
     Ok(())
 }
 
-fn serve(socket: &Path, model: &mut dyn Model, once: bool, nic: Option<&Aqc100Handle>) -> anyhow::Result<u8> {
+fn serve(
+    socket: &Path,
+    model: &mut dyn Model,
+    once: bool,
+    nic: Option<&dyn Fn() -> serde_json::Value>,
+) -> anyhow::Result<u8> {
     eprintln!("{} serving vfio-user on {}", model.name(), socket.display());
     let mut clients = 0u64;
     server::serve(socket, model, once, |model| {
         clients += 1;
         let mut line = serde_json::json!({"model": model.name(), "client": clients, "counters": model.counters()});
-        if let Some(nic) = nic {
-            line["status"] = serde_json::to_value(nic.status()).unwrap_or_default();
+        if let Some(status) = nic {
+            line["status"] = status();
         }
         println!("{line}");
     })?;

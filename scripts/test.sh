@@ -31,7 +31,8 @@ DRIVERLAB_TEST_BZIMAGE="$(scripts/fetch-debian-kernel.sh 6.12)"
 DRIVERLAB_IASL="$(scripts/fetch-iasl.sh)"
 DRIVERLAB_ATLANTIC_SOURCE="$(scripts/fetch-atlantic-source.sh)"
 DRIVERLAB_TEST_MODULES="$(scripts/fetch-debian-kernel.sh --modules 6.12)"
-export DRIVERLAB_TEST_BZIMAGE DRIVERLAB_IASL DRIVERLAB_ATLANTIC_SOURCE DRIVERLAB_TEST_MODULES
+DRIVERLAB_LAN743X_SOURCE="$(dirname "$(dirname "$DRIVERLAB_ATLANTIC_SOURCE")")/microchip"
+export DRIVERLAB_TEST_BZIMAGE DRIVERLAB_IASL DRIVERLAB_ATLANTIC_SOURCE DRIVERLAB_LAN743X_SOURCE DRIVERLAB_TEST_MODULES
 # The Linux check (tests/atlantic_linux.rs) needs root and QEMU 11.1 from a forky chroot
 # (about 75 s and 410 MB the first time, cached after).
 if [ "$(id -u)" -eq 0 ]; then

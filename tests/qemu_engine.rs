@@ -182,3 +182,51 @@ fn the_probe_drives_devices_whose_bars_lie_above_4_gib() {
     assert!(done.ok, "{text}");
     assert_eq!(report.section("nic").unwrap()["maps_per_frame"], 0.5, "{text}");
 }
+
+/// Debian 6.12's stock lan743x driver against the LAN7430 model, one lab cell under the QEMU
+/// engine: probe, MAC, link at 1000, ping, iperf3 from the guest, link down and up, unload and
+/// reload, a clean dmesg (the agent's verdict), no mapping left.
+#[test]
+fn the_stock_lan743x_driver_drives_the_model_under_qemu() {
+    let test = "the_stock_lan743x_driver_drives_the_model_under_qemu";
+    if std::env::var_os("DRIVERLAB_LINUX_CHECK").is_none() {
+        eprintln!("SKIP {test}: DRIVERLAB_LINUX_CHECK is not set (scripts/test.sh sets it as root, with QEMU 11.1)");
+        return;
+    }
+    if !qemu_available(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let matrix = dir.path().join("lan743x.toml");
+    std::fs::write(
+        &matrix,
+        "name = \"lan743x-check\"\ntimeout_s = 240\nsilence_s = 120\n[[device]]\nname = \"lan7430\"\nmodel = \"lan743x\"\n\
+         [[image]]\nname = \"debian\"\nengine = \"qemu\"\nkernel = \"debian\"\ninitrd = \"agent\"\nmodule = \"lan743x\"\n\
+         memory_mib = 512\n[[variant]]\nname = \"stock\"\nimage = \"debian\"\ncmdline = \"driverlab.check=1\"\n\
+         [[workload]]\nname = \"tx\"\nkind = \"iperf3\"\ndirection = \"tx\"\nduration_s = 5\n",
+    )
+    .unwrap();
+    let db = dir.path().join("lab.db");
+    let out = Command::new(driverlab()).args(["lab", "run"]).arg(&matrix).env("DRIVERLAB_DB", &db).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let run = stdout.lines().next().and_then(|l| l.split_whitespace().nth(1)).unwrap().to_string();
+    let show =
+        Command::new(driverlab()).args(["lab", "show", &run, "--json"]).env("DRIVERLAB_DB", &db).output().unwrap();
+    let shown: Value = serde_json::from_slice(&show.stdout).unwrap();
+    let record = &shown["records"][0];
+    assert_eq!((record["status"].as_str(), record["engine"].as_str()), (Some("PASS"), Some("qemu")), "{record}");
+    assert_eq!(record["mappings_after_unload"], 0, "{record}");
+    assert_eq!(record["device_counters"]["dma_faults"], 0, "{record}");
+    assert!(record["workload"]["tx_packets"].as_u64().unwrap_or(0) > 1000, "{record}");
+    let artifacts = shown["artifacts"].as_str().unwrap();
+    let frames = lab::agent::parse(&std::fs::read(format!("{artifacts}/c01/rep0/agent.log")).unwrap());
+    for step in
+        ["probe", "link-up", "ping", "iperf-tx", "link-down", "link-up-again", "reload", "ping-reloaded", "unload"]
+    {
+        assert_eq!(frames.step(step).map(|s| s["status"].clone()), Some("ok".into()), "step {step}: {record}");
+    }
+    let probe = frames.step("probe").unwrap();
+    assert_eq!((probe["id"].as_str(), probe["mac_source"].as_str()), (Some("1055:7430"), Some("permanent")));
+    assert_eq!(frames.step("link-up").unwrap()["speed"], 1000);
+}

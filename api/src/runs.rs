@@ -202,7 +202,7 @@ impl Progress for Events {
             status: record.status.name().into(),
             reason: record.reason.clone().unwrap_or_default(),
             gbit_s: record.workload.gbit_s,
-            maps_per_packet: record.rx_maps(),
+            maps_per_packet: record.shown_maps(),
             done,
             total,
         };

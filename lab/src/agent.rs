@@ -234,7 +234,10 @@ pub struct IperfFigures {
 /// Reads iperf3's `--json` output (TCP or UDP).
 pub fn iperf_figures(json: &Value) -> Option<IperfFigures> {
     let end = json.get("end")?;
-    let received = end.get("sum_received").or_else(|| end.get("sum"))?;
+    // UDP: `sum` is the receiver's summary (with loss and jitter); iperf3's `sum_received` for
+    // UDP counts only part of what arrived.
+    let udp = end.get("sum").is_some_and(|s| s.get("lost_packets").is_some());
+    let received = if udp { end.get("sum") } else { end.get("sum_received").or_else(|| end.get("sum")) }?;
     let sent = end.get("sum_sent").or_else(|| end.get("sum"))?;
     Some(IperfFigures {
         received_gbit_s: received.get("bits_per_second")?.as_f64()? / 1e9,
@@ -429,6 +432,12 @@ mod tests {
             serde_json::json!({"end": {"sum": {"bits_per_second": 1.0e9, "seconds": 5.0, "lost_percent": 0.1}}});
         assert_eq!(iperf_figures(&udp).unwrap().sent_gbit_s, 1.0);
         assert!(iperf_figures(&serde_json::json!({"error": "unable to connect"})).is_none());
+        // iperf3 3.18's UDP -R: `sum_received` counts a fraction; `sum` is the receiver's.
+        let udp_reverse: Value = serde_json::json!({"end": {
+            "sum": {"bits_per_second": 4.9999e7, "seconds": 5.07, "lost_packets": 0, "sender": false},
+            "sum_sent": {"bits_per_second": 5.0e7, "seconds": 5.07},
+            "sum_received": {"bits_per_second": 125650.3, "seconds": 5.07, "lost_packets": 0}}});
+        assert_eq!(iperf_figures(&udp_reverse).unwrap().received_gbit_s, 4.9999e-2);
     }
 
     /// Runs the agent's own frame functions in busybox sh and parses what they wrote.

@@ -117,6 +117,7 @@ mod tests {
                 workload: "rx".into(),
                 device: "aq".into(),
                 engine: "driverlab".into(),
+                direction: None,
                 n: 3,
                 status: BTreeMap::new(),
                 metrics,

@@ -454,6 +454,10 @@ pub enum Workload {
         /// `tcp` or `udp`.
         #[serde(default)]
         protocol: Protocol,
+        /// The sender's rate in Mbit/s (`-b`; 0, the default: as fast as it can, which for UDP
+        /// mostly measures loss).
+        #[serde(default)]
+        bitrate_mbit: u32,
     },
 }
 

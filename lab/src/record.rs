@@ -97,6 +97,9 @@ pub struct WorkloadResult {
     pub packets_per_s: Option<f64>,
     /// TCP retransmits (iperf3).
     pub retransmits: Option<u64>,
+    /// The workload's direction as the agent ran it (`rx`, `tx`, `bidir`; Linux images).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direction: Option<String>,
 }
 
 /// A crash the serial log shows, and its fingerprint.
@@ -201,12 +204,17 @@ impl Record {
         }
     }
 
-    /// The maps per packet a report's table and the progress lines show: the RX side, i.e. maps
-    /// the device may write per packet received where the record splits them by direction
-    /// (Linux guests), else all of the workload's maps per packet (the probe, whose RX test
-    /// maps only RX buffers).
-    pub fn rx_maps(&self) -> Option<f64> {
-        self.rx_maps_per_packet.or(self.maps_per_packet)
+    /// The maps per packet a report's table and the progress lines show: the side the workload
+    /// moves, where the record splits maps by direction (Linux guests: maps the device may write
+    /// per packet received, or for a `tx` workload maps it may only read per packet sent), else
+    /// all of the workload's maps per packet (the probe, whose RX test maps only RX buffers).
+    pub fn shown_maps(&self) -> Option<f64> {
+        let side = if self.workload.direction.as_deref() == Some("tx") {
+            self.tx_maps_per_packet
+        } else {
+            self.rx_maps_per_packet
+        };
+        side.or(self.maps_per_packet)
     }
 
     /// The figures reports summarise, by name.

@@ -55,6 +55,9 @@ pub struct CellReport {
     pub device: String,
     /// The engine its repetitions ran under (`driverlab`, `qemu`).
     pub engine: String,
+    /// The workload's direction (`rx`, `tx`, `bidir`), for Linux cells.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direction: Option<String>,
     /// Passing repetitions: what the metrics summarise.
     pub n: usize,
     /// Repetitions by status.
@@ -149,6 +152,7 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         workload: cell.workload.clone(),
         device: cell.device.clone(),
         engine: engine.to_string(),
+        direction: records.iter().find_map(|r| r.workload.direction.clone()),
         n: passing.len(),
         status,
         metrics,
@@ -317,9 +321,10 @@ impl Report {
                 let status: Vec<String> =
                     c.status.iter().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{n} {s}")).collect();
                 let (gbit, gbit_change) = cell_metric(c, "gbit_s", 3);
-                // RX maps per received packet: where a cell splits maps by direction, the RX side.
-                let maps_metric =
-                    if c.metrics.contains_key("rx_maps_per_packet") { "rx_maps_per_packet" } else { "maps_per_packet" };
+                // Maps per packet of the side the workload moves, where a cell splits them.
+                let side =
+                    if c.direction.as_deref() == Some("tx") { "tx_maps_per_packet" } else { "rx_maps_per_packet" };
+                let maps_metric = if c.metrics.contains_key(side) { side } else { "maps_per_packet" };
                 let (maps, maps_change) = cell_metric(c, maps_metric, 4);
                 let verdict = c.verdict.map_or(String::from("-"), |v| format!("{v:?}").to_lowercase());
                 [

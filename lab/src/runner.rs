@@ -45,7 +45,7 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
         Some(Workload::ProbeRx { frames, .. }) => {
             words.extend(["probe.viommu_ops=0".into(), "probe.nic=aqc100".into(), format!("probe.frames={frames}")]);
         }
-        Some(Workload::Iperf3 { direction, duration_s, ip, mtu, streams, protocol, .. }) => {
+        Some(Workload::Iperf3 { direction, duration_s, ip, mtu, streams, protocol, bitrate_mbit, .. }) => {
             // The agent's words (guest-images/agent/init): its driver, the workload, the MTU.
             let driver = plan.device(&cell.device).map_or("atlantic".into(), |d| d.linux_driver());
             let direction = format!("{direction:?}").to_lowercase();
@@ -55,7 +55,13 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
                 "panic=-1".into(),
                 format!("driverlab.nic={driver}"),
                 format!("driverlab.mtu={mtu}"),
-                format!("driverlab.iperf={direction},{},{ip},{streams},{protocol}", duration_s.ceil() as u64),
+                match bitrate_mbit {
+                    0 => format!("driverlab.iperf={direction},{},{ip},{streams},{protocol}", duration_s.ceil() as u64),
+                    rate => format!(
+                        "driverlab.iperf={direction},{},{ip},{streams},{protocol},{rate}M",
+                        duration_s.ceil() as u64
+                    ),
+                },
             ]);
         }
         None => {}
@@ -265,6 +271,7 @@ fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &en
         (delta("rx_packets"), delta("rx_bytes"), delta("tx_packets"), delta("tx_bytes"));
     // The packets the workload moved: received for rx, sent for tx, both for bidir.
     let direction = frames.first("workload-begin").and_then(|f| f.get("direction")).and_then(|d| d.as_str());
+    w.direction = direction.map(String::from);
     let packets = match direction {
         Some("tx") => w.tx_packets,
         Some("bidir") => w.rx_packets.zip(w.tx_packets).map(|(r, t)| r + t),
@@ -505,7 +512,7 @@ mod tests {
         assert_eq!(record.tx_maps_per_packet, Some(1.0), "5000 read-only maps over 5000 packets sent");
         assert_eq!(record.maps_per_packet, Some(1.0), "all 10000 maps over the packets received");
         assert_eq!(record.model_maps_per_packet, Some(1.01));
-        assert_eq!(record.rx_maps(), Some(0.5), "the table's figure is the RX side");
+        assert_eq!(record.shown_maps(), Some(0.5), "the table's figure is the RX side");
         // Refills 4000 flips + 2000 reuses + 2000 frees: 6000 of 8000 needed no new page.
         assert_eq!(record.page_reuse, Some(0.75));
         assert_eq!(record.mappings_after_unload, Some(3));
@@ -545,6 +552,8 @@ mod tests {
         collect_agent(&mut record, &frames, &window);
         assert_eq!((record.workload.rx_packets, record.workload.tx_packets), (Some(2000), Some(4000)));
         assert_eq!(record.maps_per_packet, Some(2.0), "8000 maps over 4000 packets sent, not 2000 ACKs received");
+        assert_eq!(record.workload.direction.as_deref(), Some("tx"));
+        assert_eq!(record.shown_maps(), Some(2.0), "no split in these counters: all maps over packets sent");
         assert_eq!(record.workload.rx_bytes, None, "no byte counts in the frames");
     }
 

@@ -361,7 +361,7 @@ impl Progress for Console {
             (&r.cell.id, &r.cell.label(), r.repetition),
             r.status.name(),
             r.reason.as_deref(),
-            (r.workload.gbit_s, r.rx_maps()),
+            (r.workload.gbit_s, r.shown_maps()),
         );
         match &self.bar {
             Some(bar) => {
@@ -533,7 +533,7 @@ pub fn record_line(r: &Record) -> String {
     if let Some(g) = r.workload.gbit_s {
         figures.push(format!("{g:.3} Gbit/s"));
     }
-    if let Some(m) = r.rx_maps() {
+    if let Some(m) = r.shown_maps() {
         figures.push(format!("{m:.4} maps/packet"));
     }
     if let Some(reason) = &r.reason {

@@ -10,6 +10,7 @@ mod entry;
 mod high_mmio;
 mod interrupts;
 mod json;
+mod lan743x;
 mod lapic;
 mod mmio;
 mod nic;
@@ -74,6 +75,7 @@ extern "C" fn probe_main(boot_info: u64, entry_kind: u64) -> ! {
                 let mut viommu = viommu::run(acpi, ecam, &functions[..count], ops, options.viommu_ops.is_some());
                 testdev::run(ecam, &functions[..count], viommu.as_mut());
                 nic::run(ecam, &functions[..count], viommu.as_mut(), options.nic());
+                lan743x::run(ecam, &functions[..count], viommu.as_mut(), options.lan743x());
             }
             if options.echo {
                 report_options(&options);

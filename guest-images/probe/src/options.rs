@@ -17,6 +17,10 @@ pub struct Options {
     pub viommu_ops: Option<u32>,
     /// `probe.nic=aqc100`: drive the AQC100 (a missing one is then a failure).
     pub nic: bool,
+    /// `probe.nic=lan743x`: drive the LAN7430 instead.
+    pub lan743x: bool,
+    /// `probe.dspace=16|32|64|128`: the LAN7430's descriptor spacing (default 16, Linux 6.12's).
+    pub dspace: Option<u32>,
     /// `probe.rx=flip|order3|pool`: the RX buffer strategy (default flip).
     pub rx: Option<Strategy>,
     /// `probe.frames=N`: frames to receive (default 1000).
@@ -45,13 +49,19 @@ impl Options {
                 "viommu_ops" => options.viommu_ops = number(key, value),
                 "nic" => match value {
                     "aqc100" => options.nic = true,
-                    _ => report::fail_with("probe.nic supports aqc100, not ", value),
+                    "lan743x" => options.lan743x = true,
+                    _ => report::fail_with("probe.nic supports aqc100 and lan743x, not ", value),
                 },
                 "rx" => match Strategy::parse(value) {
                     Some(strategy) => options.rx = Some(strategy),
                     None => report::fail_with("probe.rx is flip, order3 or pool, not ", value),
                 },
                 "frames" => options.frames = number(key, value),
+                "dspace" => match number(key, value) {
+                    Some(n @ (16 | 32 | 64 | 128)) => options.dspace = Some(n),
+                    Some(_) => report::fail_with("probe.dspace is 16, 32, 64 or 128, not ", value),
+                    None => {}
+                },
                 "out" => match value {
                     "com1" => options.out_com2 = false,
                     "com2" => options.out_com2 = true,
@@ -62,10 +72,20 @@ impl Options {
                 _ => report::fail_with("unknown option probe.", key),
             }
         }
-        if !options.nic && (options.rx.is_some() || options.frames.is_some()) {
-            report::fail("probe.rx and probe.frames need probe.nic=aqc100");
+        if !options.nic && !options.lan743x && (options.rx.is_some() || options.frames.is_some()) {
+            report::fail("probe.rx and probe.frames need probe.nic=aqc100 or lan743x");
+        }
+        if !options.lan743x && options.dspace.is_some() {
+            report::fail("probe.dspace needs probe.nic=lan743x");
         }
         options
+    }
+
+    /// What the LAN7430 section should do, if it should run: the NIC options and the spacing.
+    pub fn lan743x(&self) -> Option<(NicOptions, u32)> {
+        let nic =
+            NicOptions { strategy: self.rx.unwrap_or(Strategy::Flip), frames: self.frames.unwrap_or(DEFAULT_FRAMES) };
+        self.lan743x.then_some((nic, self.dspace.unwrap_or(16)))
     }
 
     /// What the NIC section should do, if it should run.

@@ -1,0 +1,352 @@
+//! A minimal driver for the Microchip LAN7430 (1055:7430), the way Linux's lan743x driver
+//! brings it up: chip ID, light reset, PHY reset, the MAC from its registers, the PHY's link
+//! over MDIO, the DMA controller with the descriptor spacing of `probe.dspace` (16 bytes as in
+//! Linux 6.12, 64 as before seed 004), RX channel 0 on MSI-X vector 0 with head write-back. It
+//! receives `probe.frames` frames with the RX buffers of `probe.rx`, counting the IOMMU maps,
+//! and checks every write-back landed in its slot.
+
+use core::cell::UnsafeCell;
+use core::fmt::Write;
+
+use crate::dma::DeviceDma;
+use crate::json::{self, StackString};
+use crate::nic::NicOptions;
+use crate::pci::{Ecam, Function};
+use crate::rx_buffers::{Buffer, RxBuffers};
+use crate::viommu::Viommu;
+use crate::{interrupts, mmio, report, time};
+
+const VENDOR: u16 = 0x1055;
+const DEVICE: u16 = 0x7430;
+const ID_REV: u32 = 0x000;
+const HW_CFG: u32 = 0x010;
+const HW_CFG_LRST: u32 = 1 << 1;
+const PMT_CTL: u32 = 0x014;
+const PMT_CTL_ETH_PHY_RST: u32 = 1 << 4;
+const PMT_CTL_READY: u32 = 1 << 7;
+const MAC_RX: u32 = 0x104;
+const MAC_RX_ADDRH: u32 = 0x118;
+const MAC_RX_ADDRL: u32 = 0x11c;
+const MAC_MII_ACC: u32 = 0x120;
+const MAC_MII_DATA: u32 = 0x124;
+const FCT_RX_CTL: u32 = 0x0ac;
+const RFE_CTL: u32 = 0x508;
+const INT_EN_SET: u32 = 0x788;
+const INT_EN_CLR: u32 = 0x78c;
+const INT_VEC_EN_SET: u32 = 0x794;
+const INT_VEC_EN_CLR: u32 = 0x798;
+const INT_VEC_MAP0: u32 = 0x7a0;
+const DMAC_CFG: u32 = 0xc00;
+const DMAC_CMD: u32 = 0xc0c;
+const DMAC_INT_STS: u32 = 0xc10;
+const DMAC_INT_EN_SET: u32 = 0xc14;
+const RX_CFG_A: u32 = 0xc40;
+const RX_CFG_B: u32 = 0xc44;
+const RX_BASE_ADDRH: u32 = 0xc48;
+const RX_BASE_ADDRL: u32 = 0xc4c;
+const RX_HEAD_WRITEBACK_ADDRH: u32 = 0xc50;
+const RX_HEAD_WRITEBACK_ADDRL: u32 = 0xc54;
+const RX_HEAD: u32 = 0xc58;
+const RX_TAIL: u32 = 0xc5c;
+const RX_CFG_C: u32 = 0xc64;
+const STAT_RX_TOTAL_FRAMES: u32 = 0x1254;
+const RX_OWN: u32 = 1 << 15;
+const RX_FS_LS: u32 = 3 << 30;
+const RX_STATUS_ERRORS: u32 = (1 << 17) | (1 << 16) | 1;
+/// RX_TAIL's flags: re-enable the channel's interrupt and its vector.
+const TAIL_REARM: u32 = (1 << 30) | (1 << 29);
+const INT_BIT_MAS: u32 = 1;
+const INT_BIT_DMA_RX0: u32 = 1 << 24;
+const DMAC_RXFRM0: u32 = 1 << 16;
+/// The LAPIC vector MSI-X vector 0 is routed to.
+const VECTOR: u8 = 0x51;
+const RING: u32 = 128;
+const BUFFER_LEN: u32 = 1518;
+const SEQUENCE_OFFSET: usize = 42;
+const TIMEOUT_US: u64 = 2_000_000;
+
+#[repr(C, align(4096))]
+struct DmaMemory {
+    /// 128 descriptors at up to 128 bytes apart.
+    ring: [u8; 128 * RING as usize],
+    writeback: [u8; 4096],
+}
+
+struct DmaMemoryCell(UnsafeCell<DmaMemory>);
+
+// SAFETY: only the probe's single CPL3 thread and the NIC (by DMA) touch this memory.
+unsafe impl Sync for DmaMemoryCell {}
+
+static MEMORY: DmaMemoryCell =
+    DmaMemoryCell(UnsafeCell::new(DmaMemory { ring: [0; 128 * RING as usize], writeback: [0; 4096] }));
+
+struct Regs(u64);
+
+impl Regs {
+    fn read(&self, reg: u32) -> u32 {
+        mmio::read(self.0 + reg as u64)
+    }
+
+    fn write(&self, reg: u32, value: u32) {
+        mmio::write(self.0 + reg as u64, value)
+    }
+
+    fn wait(&self, mut done: impl FnMut(&Regs) -> bool) -> bool {
+        time::wait_until(time::deadline_after_micros(TIMEOUT_US), || done(self))
+    }
+
+    fn mdio_read(&self, reg: u32) -> Option<u32> {
+        self.write(MAC_MII_ACC, 1 << 11 | reg << 6 | 1);
+        self.wait(|r| r.read(MAC_MII_ACC) & 1 == 0).then(|| self.read(MAC_MII_DATA) & 0xffff)
+    }
+}
+
+struct Outcome {
+    mac: [u8; 6],
+    phy_id: u32,
+    link_mbps: u32,
+    rx_frames: u64,
+    rx_bytes: u64,
+    in_order: bool,
+    slots_ok: bool,
+    counted: u32,
+    initial_maps: u64,
+    receive_maps: u64,
+    elapsed_ns: u64,
+    rx_interrupts: u64,
+}
+
+fn memory() -> &'static mut DmaMemory {
+    // SAFETY: single-threaded; the driver holds the only reference for the run.
+    unsafe { &mut *MEMORY.0.get() }
+}
+
+/// Runs the LAN7430 section if `options` asks for it (then a missing NIC is a failure).
+pub fn run(ecam: Ecam, functions: &[Function], viommu: Option<&mut Viommu>, options: Option<(NicOptions, u32)>) {
+    let Some((options, spacing)) = options else { return };
+    let Some(f) = functions.iter().find(|f| f.vendor == VENDOR && f.id == DEVICE) else {
+        report::fail("probe.nic=lan743x given, but there is no LAN7430 (1055:7430) on the bus");
+        return;
+    };
+    let rid = f.requester_id();
+    let mut dma = match viommu {
+        Some(v) if v.translates(rid) => {
+            let domain = v.first_domain + 3;
+            match DeviceDma::translated(v, domain, rid) {
+                Ok(dma) => dma,
+                Err(why) => return fail(why),
+            }
+        }
+        _ => DeviceDma::identity(),
+    };
+    match drive(ecam, f, &mut dma, options, spacing) {
+        Ok(o) => {
+            let mut mac = StackString::<18>::new();
+            let m = o.mac;
+            let _ = write!(mac, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]);
+            json::section("nic", |s| {
+                s.str("id", "1055:7430")
+                    .str("mac", mac.as_str())
+                    .u64("phy_id", o.phy_id as u64)
+                    .u64("link_mbps", o.link_mbps as u64)
+                    .u64("descriptor_spacing", spacing as u64)
+                    .str("rx_strategy", options.strategy.name())
+                    .u64("rx_frames", o.rx_frames)
+                    .u64("rx_bytes", o.rx_bytes)
+                    .u64("rx_counted", o.counted as u64)
+                    .bool("iommu", dma.translated_by_iommu())
+                    .u64("iommu_maps", dma.maps)
+                    .u64("iommu_unmaps", dma.unmaps)
+                    .u64("initial_maps", o.initial_maps)
+                    .ratio("maps_per_frame", o.receive_maps, o.rx_frames)
+                    .u64("elapsed_ns", o.elapsed_ns)
+                    .bool("in_order", o.in_order)
+                    .bool("slots_ok", o.slots_ok)
+                    .u64("rx_interrupts", o.rx_interrupts)
+                    .bool("msix", o.rx_interrupts > 0);
+            });
+            for (ok, what) in [
+                (o.in_order, "nic: frames arrived out of sequence"),
+                (o.slots_ok, "nic: a write-back was not where the descriptor spacing puts it"),
+                (o.rx_interrupts > 0, "nic: RX interrupts did not arrive as MSI-X"),
+                // The NIC also counts what it put in the ring after the last frame the probe took.
+                (
+                    (o.rx_frames..=o.rx_frames + RING as u64).contains(&(o.counted as u64)),
+                    "nic: the NIC's frame counter does not match the frames received",
+                ),
+            ] {
+                if !ok {
+                    report::fail(what);
+                }
+            }
+        }
+        Err(why) => fail(why),
+    }
+}
+
+fn fail(why: &'static str) {
+    json::section("nic", |o| {
+        o.str("id", "1055:7430").str("error", why);
+    });
+    report::fail(why);
+}
+
+fn slot(spacing: u32, index: u32) -> u64 {
+    memory().ring.as_ptr() as u64 + (index * spacing) as u64
+}
+
+fn post(spacing: u32, index: u32, buffer: &Buffer) {
+    let at = slot(spacing, index);
+    mmio::write(at + 4, buffer.iova as u32);
+    mmio::write(at + 8, (buffer.iova >> 32) as u32);
+    mmio::write(at + 12, 0u32);
+    core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+    mmio::write(at, RX_OWN | BUFFER_LEN);
+}
+
+fn drive(
+    ecam: Ecam,
+    f: &Function,
+    dma: &mut DeviceDma,
+    options: NicOptions,
+    spacing: u32,
+) -> Result<Outcome, &'static str> {
+    if f.bars[0].1 < 0x2000 {
+        return Err("nic: BAR 0 is missing or smaller than 8 KiB");
+    }
+    let command = ecam.read16(f.device, f.function, 4);
+    ecam.write16(f.device, f.function, 4, command | 0x6);
+    let regs = Regs(f.bars[0].0);
+    if regs.read(ID_REV) & 0xfff0_0000 != 0x7430_0000 {
+        return Err("nic: ID_REV is not a LAN743x's");
+    }
+    regs.write(HW_CFG, regs.read(HW_CFG) | HW_CFG_LRST);
+    if !regs.wait(|r| r.read(HW_CFG) & HW_CFG_LRST == 0) {
+        return Err("nic: the light reset did not end");
+    }
+    regs.write(PMT_CTL, regs.read(PMT_CTL) | PMT_CTL_ETH_PHY_RST);
+    if !regs.wait(|r| r.read(PMT_CTL) & (PMT_CTL_ETH_PHY_RST | PMT_CTL_READY) == PMT_CTL_READY) {
+        return Err("nic: the PHY reset did not end");
+    }
+    let (l, h) = (regs.read(MAC_RX_ADDRL), regs.read(MAC_RX_ADDRH));
+    let mac = [l as u8, (l >> 8) as u8, (l >> 16) as u8, (l >> 24) as u8, h as u8, (h >> 8) as u8];
+    let (Some(id1), Some(id2), Some(bmsr)) = (regs.mdio_read(2), regs.mdio_read(3), regs.mdio_read(1)) else {
+        return Err("nic: an MDIO access did not complete");
+    };
+    if bmsr & 0x24 != 0x24 {
+        return Err("nic: the PHY reports no link");
+    }
+    let link_mbps = if regs.mdio_read(10).is_some_and(|s| s & 0x0800 != 0) { 1000 } else { 100 };
+
+    // The DMA controller at the chosen spacing; RX channel 0 on vector 0.
+    regs.write(DMAC_CMD, 1 << 31);
+    regs.write(DMAC_CFG, 0x0001_0060 | spacing.trailing_zeros().saturating_sub(4));
+    regs.write(INT_VEC_EN_CLR, !0);
+    regs.write(INT_VEC_MAP0, 0);
+    if !ecam.route_msix_vector0(f, VECTOR) {
+        return Err("nic: no MSI-X capability");
+    }
+    regs.write(INT_EN_SET, INT_BIT_MAS);
+    let mem = memory();
+    let ring_len = (RING * spacing) as u64;
+    let ring = dma.map(mem.ring.as_ptr() as u64, ring_len.next_multiple_of(4096))?;
+    let writeback = dma.map(mem.writeback.as_ptr() as u64, 4096)?;
+    mem.ring.fill(0);
+    mem.writeback.fill(0);
+    let buffers = RxBuffers::start(options.strategy);
+    let mut slots = [Buffer::default(); RING as usize];
+    for i in 0..RING {
+        slots[i as usize] = buffers.take(dma)?;
+        post(spacing, i, &slots[i as usize]);
+    }
+    let initial_maps = dma.maps;
+    regs.write(DMAC_CMD, 1 << 8);
+    regs.write(RX_BASE_ADDRH, (ring >> 32) as u32);
+    regs.write(RX_BASE_ADDRL, ring as u32);
+    regs.write(RX_HEAD_WRITEBACK_ADDRH, (writeback >> 32) as u32);
+    regs.write(RX_HEAD_WRITEBACK_ADDRL, writeback as u32);
+    regs.write(RX_CFG_A, 0x4710_0420);
+    regs.write(RX_CFG_B, 0x0004_0000 | RING);
+    regs.write(RX_CFG_C, 0x48);
+    regs.write(RX_TAIL, RING - 1);
+    if regs.read(RX_HEAD) != 0 {
+        return Err("nic: RX_HEAD is not 0 after the channel's reset");
+    }
+    regs.write(INT_EN_SET, INT_BIT_DMA_RX0);
+    regs.write(DMAC_INT_STS, DMAC_RXFRM0);
+    regs.write(DMAC_INT_EN_SET, DMAC_RXFRM0);
+    regs.write(DMAC_CMD, 1 << 4);
+    regs.write(FCT_RX_CTL, 1 << 28);
+    regs.write(RFE_CTL, 1 << 8);
+    let counted_before = regs.read(STAT_RX_TOTAL_FRAMES);
+    let tsc_khz = time::tsc_khz().unwrap_or(1);
+    let first_irqs = interrupts::count(VECTOR);
+    regs.write(INT_VEC_EN_SET, 1);
+    let start = time::tsc();
+    regs.write(MAC_RX, regs.read(MAC_RX) | 1);
+
+    let (mut received, mut bytes, mut in_order, mut slots_ok) = (0u64, 0u64, true, true);
+    let mut expected: Option<u64> = None;
+    let (mut head, mut tail) = (0u32, RING - 1);
+    let head_written = || mmio::read::<u32>(mem.writeback.as_ptr() as u64);
+    while received < options.frames as u64 {
+        if !time::wait_until(time::deadline_after_micros(TIMEOUT_US), || head_written() != head) {
+            return Err("nic: frames stopped arriving");
+        }
+        let now = head_written() % RING;
+        while head != now && received < options.frames as u64 {
+            let at = slot(spacing, head);
+            let (data0, data1): (u32, u32) = (mmio::read(at), mmio::read(at + 4));
+            // The write-back must be in this slot: owned by the host, first and last buffer.
+            slots_ok &= data0 & RX_OWN == 0 && data0 & RX_FS_LS == RX_FS_LS;
+            let len = (data0 >> 16) & 0x3fff;
+            let buffer = slots[head as usize];
+            let frame = mmio::bytes(buffer.gpa, (len as usize).min(BUFFER_LEN as usize));
+            slots_ok &= data1 & RX_STATUS_ERRORS & !1 == 0;
+            if frame.len() >= SEQUENCE_OFFSET + 8 {
+                let seq =
+                    u64::from_be_bytes(frame[SEQUENCE_OFFSET..SEQUENCE_OFFSET + 8].try_into().unwrap_or_default());
+                in_order &= expected.is_none_or(|e| e == seq);
+                expected = Some(seq + 1);
+            }
+            received += 1;
+            bytes += len.saturating_sub(4) as u64;
+            buffers.release(buffer, dma)?;
+            let fresh = buffers.take(dma)?;
+            slots[head as usize] = fresh;
+            post(spacing, head, &fresh);
+            tail = head;
+            head = (head + 1) % RING;
+        }
+        regs.write(RX_TAIL, TAIL_REARM | tail);
+    }
+    let elapsed_ns = (time::tsc() - start) * 1_000_000 / tsc_khz;
+    let rx_interrupts = interrupts::count(VECTOR) - first_irqs;
+    let receive_maps = dma.maps - initial_maps;
+    let counted = regs.read(STAT_RX_TOTAL_FRAMES).wrapping_sub(counted_before);
+
+    // Stop, then give back every mapping.
+    regs.write(MAC_RX, regs.read(MAC_RX) & !1);
+    regs.write(FCT_RX_CTL, 1 << 24);
+    regs.write(DMAC_CMD, 1);
+    regs.write(INT_EN_CLR, !0);
+    buffers.release_all(dma)?;
+    // The ring's own buffers were taken from the pool too; release_all returned them.
+    dma.unmap(ring, ring_len.next_multiple_of(4096))?;
+    dma.unmap(writeback, 4096)?;
+
+    Ok(Outcome {
+        mac,
+        phy_id: id1 << 16 | id2,
+        link_mbps,
+        rx_frames: received,
+        rx_bytes: bytes,
+        in_order,
+        slots_ok,
+        counted,
+        initial_maps,
+        receive_maps,
+        elapsed_ns,
+        rx_interrupts,
+    })
+}

@@ -216,7 +216,7 @@ fn hung_and_panicking_guests_fail_with_a_reason_and_a_fingerprint() {
     let panicked = records.iter().find(|r| r["cell"]["variant"] == "pool").unwrap();
     assert_eq!(panicked["status"], "FAIL");
     assert_eq!(panicked["crash"]["kind"], "panic");
-    assert_eq!(panicked["crash"]["frames"][0], "src/main.rs:57");
+    assert_eq!(panicked["crash"]["frames"][0], "src/main.rs:59");
     assert_eq!(panicked["crash"]["fingerprint"].as_str().unwrap().len(), 16);
     // The serial log is kept as an artifact.
     let artifacts = Path::new(shown["artifacts"].as_str().unwrap());

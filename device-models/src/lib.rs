@@ -9,6 +9,7 @@
 pub mod aqc100;
 pub mod dma;
 pub mod lan743x;
+pub mod nic_model;
 pub mod server;
 pub mod testdev;
 pub mod wire;

@@ -292,10 +292,12 @@ fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &en
         let delta = |f: fn(&IommuCounts) -> u64| f(&b).saturating_sub(f(&a));
         record.maps_per_packet = per(delta(|c| c.maps), Some(packets));
         record.unmaps_per_packet = per(delta(|c| c.unmaps), Some(packets));
-        // By direction: maps the device may write (RX buffers) per packet received, maps it
-        // only reads (TX buffers) per packet sent.
-        record.rx_maps_per_packet = per(delta(|c| c.maps_writable), record.workload.rx_packets);
-        record.tx_maps_per_packet = per(delta(|c| c.maps_read_only), record.workload.tx_packets);
+        // By direction, where the counters split them: maps the device may write (RX buffers)
+        // per packet received, maps it only reads (TX buffers) per packet sent.
+        if delta(|c| c.maps_writable) + delta(|c| c.maps_read_only) > 0 {
+            record.rx_maps_per_packet = per(delta(|c| c.maps_writable), record.workload.rx_packets);
+            record.tx_maps_per_packet = per(delta(|c| c.maps_read_only), record.workload.tx_packets);
+        }
     }
     let model = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.model);
     if let (Some(a), Some(b)) = (model(&window.begin), model(&window.end)) {

@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Subcommand, ValueEnum};
-use device_models::aqc100::{Aqc100, Aqc100Handle, MacAddress};
-use device_models::lan743x::{Lan743x, Lan743xHandle};
+use device_models::nic_model::{MacAddress, NicCore, NicHandle, NicModel};
 use device_models::server::{self, Model};
 use device_models::testdev::TestDevice;
 use device_models::wire::backend::{Backend, unplugged};
@@ -125,45 +124,12 @@ impl ModelCommand {
                 serve(&socket, &mut model, once, None)
             }
             ModelCommand::Aqc100 { socket, tap, generate, mac, control, once } => {
-                let backend = backend(tap.as_deref(), generate.as_deref(), mac)?;
-                let files: Vec<PathBuf> = [Some(socket.clone()), control.clone()].into_iter().flatten().collect();
-                // Before the model starts its threads, so that they leave the signals to us.
-                let handle_slot = std::sync::Arc::new(std::sync::OnceLock::<Aqc100Handle>::new());
-                let slot = handle_slot.clone();
-                exit_on_signal(files, move || slot.get().map(|h| h.status_json()).unwrap_or_default())?;
-                let mut model = Aqc100::new(mac, backend).context("starting the AQC100 model")?;
-                eprintln!("aqc100 {mac} on {}", model.backend_description());
-                let handle = model.handle();
-                let _ = handle_slot.set(handle.clone());
-                if let Some(path) = &control {
-                    listen(path, handle.clone())?;
-                }
-                let status = move || handle.status_value();
-                let result = serve(&socket, &mut model, once, Some(&status));
-                if let Some(path) = &control {
-                    let _ = std::fs::remove_file(path);
-                }
-                result
+                let wire = Wire { tap, generate, mac };
+                serve_nic::<device_models::aqc100::nic::Nic>(&socket, wire, control, once, "the AQC100 model")
             }
             ModelCommand::Lan743x { socket, tap, generate, mac, control, once } => {
-                let backend = backend(tap.as_deref(), generate.as_deref(), mac)?;
-                let files: Vec<PathBuf> = [Some(socket.clone()), control.clone()].into_iter().flatten().collect();
-                let handle_slot = std::sync::Arc::new(std::sync::OnceLock::<Lan743xHandle>::new());
-                let slot = handle_slot.clone();
-                exit_on_signal(files, move || slot.get().map(|h| h.status_json()).unwrap_or_default())?;
-                let mut model = Lan743x::new(mac, backend).context("starting the LAN7430 model")?;
-                eprintln!("lan743x {mac} on {}", model.backend_description());
-                let handle = model.handle();
-                let _ = handle_slot.set(handle.clone());
-                if let Some(path) = &control {
-                    listen(path, handle.clone())?;
-                }
-                let status = move || handle.status_value();
-                let result = serve(&socket, &mut model, once, Some(&status));
-                if let Some(path) = &control {
-                    let _ = std::fs::remove_file(path);
-                }
-                result
+                let wire = Wire { tap, generate, mac };
+                serve_nic::<device_models::lan743x::nic::Nic>(&socket, wire, control, once, "the LAN7430 model")
             }
             ModelCommand::Control { socket, command } => {
                 let mut stream = UnixStream::connect(&socket).with_context(|| {
@@ -191,38 +157,50 @@ fn backend(tap_name: Option<&str>, generate: Option<&str>, mac: MacAddress) -> a
     })
 }
 
-/// What the control socket and the final line need of a NIC model.
-trait NicControl: Clone + Send + 'static {
-    /// `{"model": ..., "status": ..., "counters": ...}`.
-    fn status_json(&self) -> serde_json::Value;
-    /// The link administratively up or down.
-    fn set_link(&self, up: bool);
-    /// The status alone.
-    fn status_value(&self) -> serde_json::Value {
-        self.status_json()["status"].clone()
-    }
+/// A NIC model's wire and address, from the command line.
+struct Wire {
+    tap: Option<String>,
+    generate: Option<String>,
+    mac: MacAddress,
 }
 
-impl NicControl for Aqc100Handle {
-    fn status_json(&self) -> serde_json::Value {
-        serde_json::json!({"model": "aqc100", "status": self.status(), "counters": self.counters()})
+/// Serves NIC model `N` on `socket` (and its control socket), printing its counters after each
+/// client and on SIGINT/SIGTERM.
+fn serve_nic<N: NicCore>(
+    socket: &Path,
+    wire: Wire,
+    control: Option<PathBuf>,
+    once: bool,
+    what: &str,
+) -> anyhow::Result<u8> {
+    let backend = backend(wire.tap.as_deref(), wire.generate.as_deref(), wire.mac)?;
+    let files: Vec<PathBuf> = [Some(socket.to_path_buf()), control.clone()].into_iter().flatten().collect();
+    // Before the model starts its threads, so that they leave the signals to us.
+    let handle_slot = std::sync::Arc::new(std::sync::OnceLock::<NicHandle<N>>::new());
+    let slot = handle_slot.clone();
+    exit_on_signal(files, move || slot.get().map(status_json).unwrap_or_default())?;
+    let mut model = NicModel::<N>::new(wire.mac, backend).with_context(|| format!("starting {what}"))?;
+    eprintln!("{} {} on {}", N::NAME, wire.mac, model.backend_description());
+    let handle = model.handle();
+    let _ = handle_slot.set(handle.clone());
+    if let Some(path) = &control {
+        listen(path, handle.clone())?;
     }
-    fn set_link(&self, up: bool) {
-        Aqc100Handle::set_link(self, up)
+    let status = move || serde_json::to_value(handle.status()).unwrap_or_default();
+    let result = serve(socket, &mut model, once, Some(&status));
+    if let Some(path) = &control {
+        let _ = std::fs::remove_file(path);
     }
+    result
 }
 
-impl NicControl for Lan743xHandle {
-    fn status_json(&self) -> serde_json::Value {
-        serde_json::json!({"model": "lan743x", "status": self.status(), "counters": self.counters()})
-    }
-    fn set_link(&self, up: bool) {
-        Lan743xHandle::set_link(self, up)
-    }
+/// `{"model": ..., "status": ..., "counters": ...}`.
+fn status_json<N: NicCore>(handle: &NicHandle<N>) -> serde_json::Value {
+    serde_json::json!({"model": N::NAME, "status": handle.status(), "counters": handle.counters()})
 }
 
 /// Answers control commands on `path`, one line in, one JSON line out, in a thread.
-fn listen(path: &Path, handle: impl NicControl) -> anyhow::Result<()> {
+fn listen<N: NicCore>(path: &Path, handle: NicHandle<N>) -> anyhow::Result<()> {
     if path.exists() {
         bail!("{}: already exists; remove it or choose another --control path", path.display());
     }
@@ -235,10 +213,10 @@ fn listen(path: &Path, handle: impl NicControl) -> anyhow::Result<()> {
                 continue;
             }
             let reply = match line.trim() {
-                "status" => handle.status_json(),
+                "status" => status_json(&handle),
                 "link down" | "link up" => {
                     handle.set_link(line.trim() == "link up");
-                    handle.status_json()
+                    status_json(&handle)
                 }
                 other => {
                     serde_json::json!({"error": format!("unknown command `{other}`; use status, link up, link down")})

@@ -21,21 +21,13 @@ pub mod rx;
 pub mod stats;
 pub mod tx;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
-
-use self::nic::{Effects, Nic};
-use self::stats::MacStats;
-use super::dma::DmaSpace;
-use super::server::{Model, ModelBar, MsixVectors};
-use crate::wire::backend::{Backend, FrameSource, Readiness};
+use self::nic::Nic;
+use crate::dma::DmaSpace;
+use crate::nic_model::{Effects, NicCore, NicHandle, NicModel};
+pub use crate::nic_model::{MacAddress, NicStatus};
+use crate::wire::backend::FrameSink;
 use devices::pci::config::BarKind;
 use devices::pci::{PciConfiguration, PciIds, msix};
-use vm_spec::counters::ModelCounters;
 
 /// Aquantia's vendor ID.
 pub const VENDOR: u16 = 0x1d6a;
@@ -46,11 +38,6 @@ pub const DEFAULT_MAC: [u8; 6] = [0x02, 0x1d, 0x6a, 0x00, 0x00, 0x01];
 /// MSI-X vectors.
 pub const MSIX_VECTORS: u16 = 32;
 const BAR0_SIZE: u64 = 0x1_0000;
-const BAR2_SIZE: u64 = 0x1000;
-/// Frames handled per lock of the NIC by the data path.
-const RX_BATCH: usize = 64;
-/// The longest the data path sleeps before looking at the link again.
-const IDLE_WAIT: Duration = Duration::from_millis(100);
 
 fn config_space() -> PciConfiguration {
     let ids = PciIds {
@@ -63,7 +50,7 @@ fn config_space() -> PciConfiguration {
     };
     let mut config = PciConfiguration::new(ids);
     config.add_bar(0, BAR0_SIZE, BarKind::Memory64).expect("valid BAR");
-    config.add_bar(2, BAR2_SIZE, BarKind::Memory64).expect("valid BAR");
+    config.add_bar(2, crate::nic_model::BAR2_SIZE, BarKind::Memory64).expect("valid BAR");
     // MSI-X: table at BAR 2 offset 0, pending bits at BAR 2 offset 0x800.
     let mut body = Vec::new();
     body.extend_from_slice(&(MSIX_VECTORS - 1).to_le_bytes());
@@ -74,114 +61,57 @@ fn config_space() -> PciConfiguration {
     config
 }
 
-/// What the model reports about itself.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct NicStatus {
-    /// Link speed (0: down).
-    pub link_mbps: u32,
-    /// The permanent MAC address.
-    pub mac: MacAddress,
-    /// Frames the guest received (written into its memory).
-    pub rx_frames: u64,
-    /// Bytes the guest received.
-    pub rx_bytes: u64,
-    /// Frames dropped: no descriptors, RX off, or link down.
-    pub rx_dropped: u64,
-    /// Frames no filter took.
-    pub rx_filtered: u64,
-    /// Frames lost to refused DMA.
-    pub rx_errors: u64,
-    /// Frames the guest transmitted.
-    pub tx_frames: u64,
-    /// Bytes the guest transmitted.
-    pub tx_bytes: u64,
-    /// Transmits that failed (refused DMA, malformed descriptors, backend errors).
-    pub tx_errors: u64,
-}
+/// The AQC100 model.
+pub type Aqc100 = NicModel<Nic>;
+/// A handle for controlling a running AQC100 from another thread.
+pub type Aqc100Handle = NicHandle<Nic>;
 
-/// A MAC address, printed the usual way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MacAddress(pub [u8; 6]);
+impl NicCore for Nic {
+    const NAME: &'static str = "aqc100";
+    const BAR0_SIZE: u64 = BAR0_SIZE;
+    const VECTORS: u32 = MSIX_VECTORS as u32;
 
-impl std::fmt::Display for MacAddress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let m = self.0;
-        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
-    }
-}
-
-impl std::str::FromStr for MacAddress {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let parts: Vec<&str> = s.split([':', '-']).collect();
-        let bad = || format!("`{s}` is not a MAC address (six hex bytes, e.g. 02:1d:6a:00:00:01)");
-        if parts.len() != 6 {
-            return Err(bad());
-        }
-        let mut mac = [0u8; 6];
-        for (byte, part) in mac.iter_mut().zip(parts) {
-            *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
-        }
-        if mac[0] & 1 == 1 {
-            return Err(format!("`{s}` is a group address; a NIC needs a unicast one"));
-        }
-        Ok(MacAddress(mac))
-    }
-}
-
-impl serde::Serialize for MacAddress {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-struct Shared {
-    nic: Mutex<Nic>,
-    dma: Arc<DmaSpace>,
-    vectors: Arc<MsixVectors>,
-    wake: EventFd,
-    stop: AtomicBool,
-}
-
-impl Shared {
-    fn nic(&self) -> MutexGuard<'_, Nic> {
-        self.nic.lock().unwrap_or_else(|p| p.into_inner())
+    fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self {
+        Nic::new(mac, sink)
     }
 
-    fn apply(&self, effects: Effects) {
-        let mut vectors = effects.vectors;
-        while vectors != 0 {
-            let vector = vectors.trailing_zeros();
-            vectors &= vectors - 1;
-            if self.vectors.signal(vector as usize) {
-                self.dma.count_interrupt();
-            }
-        }
-        if effects.rx_changed {
-            let _ = self.wake.write(1);
-        }
-    }
-}
-
-/// A handle for controlling a running model from another thread (link, status).
-#[derive(Clone)]
-pub struct Aqc100Handle(Arc<Shared>);
-
-impl Aqc100Handle {
-    /// Sets the link administratively up or down.
-    pub fn set_link(&self, up: bool) {
-        let effects = self.0.nic().set_admin_up(up);
-        self.0.apply(effects);
+    fn config_space() -> PciConfiguration {
+        config_space()
     }
 
-    /// The model's status and counters.
-    pub fn status(&self) -> NicStatus {
-        let nic = self.0.nic();
-        let stats = nic.stats();
+    fn read_register(&mut self, reg: u32) -> u32 {
+        self.read(reg)
+    }
+
+    fn write_register(&mut self, reg: u32, value: u32, dma: &DmaSpace) -> Effects {
+        self.write(reg, value, dma)
+    }
+
+    fn carrier(&mut self, carrier: bool) -> Effects {
+        self.set_carrier(carrier)
+    }
+
+    fn admin(&mut self, up: bool) -> Effects {
+        self.set_admin_up(up)
+    }
+
+    fn room(&self, len: usize) -> bool {
+        self.rx_room(len)
+    }
+
+    fn take_frame(&mut self, frame: &[u8], dma: &DmaSpace) -> Effects {
+        self.receive(frame, dma).1
+    }
+
+    fn reset(&mut self) {
+        self.power_on_reset()
+    }
+
+    fn status(&self) -> NicStatus {
+        let stats = self.stats();
         NicStatus {
-            link_mbps: nic.link_mbps(),
-            mac: MacAddress(nic.fw.mac()),
+            link_mbps: self.link_mbps(),
+            mac: MacAddress(self.fw.mac()),
             rx_frames: stats.rx.frames(),
             rx_bytes: stats.rx.bytes(),
             rx_dropped: stats.rx_dropped,
@@ -191,211 +121,6 @@ impl Aqc100Handle {
             tx_bytes: stats.tx.bytes(),
             tx_errors: stats.tx_errors,
         }
-    }
-
-    /// The DMA and interrupt counters with the frames moved.
-    pub fn counters(&self) -> ModelCounters {
-        let stats: MacStats = self.0.nic().stats();
-        ModelCounters {
-            rx_frames: stats.rx.frames(),
-            rx_bytes: stats.rx.bytes(),
-            tx_frames: stats.tx.frames(),
-            tx_bytes: stats.tx.bytes(),
-            ..self.0.dma.counters()
-        }
-    }
-}
-
-/// The AQC100 model.
-pub struct Aqc100 {
-    config: PciConfiguration,
-    shared: Arc<Shared>,
-    data_path: Option<JoinHandle<()>>,
-    description: String,
-}
-
-impl Aqc100 {
-    /// A NIC with permanent address `mac` on `backend`; starts its data-path thread.
-    pub fn new(mac: MacAddress, backend: Backend) -> std::io::Result<Self> {
-        let Backend { source, sink, description } = backend;
-        let shared = Arc::new(Shared {
-            nic: Mutex::new(Nic::new(mac.0, sink)),
-            dma: Arc::new(DmaSpace::new()),
-            vectors: Arc::new(MsixVectors::default()),
-            wake: EventFd::new(EFD_NONBLOCK)?,
-            stop: AtomicBool::new(false),
-        });
-        let thread_shared = shared.clone();
-        let data_path =
-            std::thread::Builder::new().name("aqc100-rx".into()).spawn(move || data_path(&thread_shared, source))?;
-        Ok(Aqc100 { config: config_space(), shared, data_path: Some(data_path), description })
-    }
-
-    /// A handle for control from other threads.
-    pub fn handle(&self) -> Aqc100Handle {
-        Aqc100Handle(self.shared.clone())
-    }
-
-    /// What the backend is.
-    pub fn backend_description(&self) -> &str {
-        &self.description
-    }
-}
-
-impl Drop for Aqc100 {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        let _ = self.shared.wake.write(1);
-        if let Some(thread) = self.data_path.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Waits until `fd` (if any) is readable, the wake eventfd fires, or `timeout` passes.
-fn wait(shared: &Shared, fd: Option<i32>, timeout: Duration) {
-    use std::os::fd::AsRawFd;
-    let mut fds = [
-        libc::pollfd { fd: shared.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: fd.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
-    ];
-    let count = if fd.is_some() { 2 } else { 1 };
-    // SAFETY: `fds` is a valid array of `count` pollfd structures that outlives the call.
-    unsafe { libc::poll(fds.as_mut_ptr(), count, timeout.as_millis().min(i32::MAX as u128) as i32) };
-    if fds[0].revents & libc::POLLIN != 0 {
-        let _ = shared.wake.read();
-    }
-}
-
-/// The data path: moves frames from the backend into RX ring 0 until the model is dropped.
-fn data_path(shared: &Shared, mut source: Box<dyn FrameSource>) {
-    let mut last_error: Option<Instant> = None;
-    while !shared.stop.load(Ordering::Relaxed) {
-        let carrier = source.carrier();
-        let mut effects = Effects::default();
-        let mut received = 0;
-        let mut idle = false;
-        {
-            let mut nic = shared.nic();
-            effects.merge(nic.set_carrier(carrier));
-            while received < RX_BATCH {
-                if source.lossless() && !nic.rx_room(source.max_frame()) {
-                    idle = true;
-                    break;
-                }
-                match source.receive() {
-                    Ok(Some(frame)) => {
-                        let (_, e) = nic.receive(frame, &shared.dma);
-                        effects.merge(e);
-                        received += 1;
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
-                            tracing::warn!("backend receive failed: {e}");
-                            last_error = Some(Instant::now());
-                        }
-                        idle = true;
-                        break;
-                    }
-                }
-            }
-        }
-        shared.apply(effects);
-        if received == RX_BATCH {
-            continue;
-        }
-        if idle {
-            wait(shared, None, IDLE_WAIT);
-            continue;
-        }
-        match source.readiness() {
-            Readiness::Fd(fd) => wait(shared, Some(fd), IDLE_WAIT),
-            Readiness::At(due) => {
-                let now = Instant::now();
-                if due > now {
-                    wait(shared, None, (due - now).min(IDLE_WAIT));
-                }
-            }
-            Readiness::Exhausted => wait(shared, None, IDLE_WAIT),
-        }
-    }
-}
-
-impl Model for Aqc100 {
-    fn name(&self) -> &'static str {
-        "aqc100"
-    }
-
-    fn config(&mut self) -> &mut PciConfiguration {
-        &mut self.config
-    }
-
-    fn bars(&self) -> Vec<Option<ModelBar>> {
-        vec![Some(ModelBar { size: BAR0_SIZE, shared: None }), None, Some(ModelBar { size: BAR2_SIZE, shared: None })]
-    }
-
-    fn msix_vectors(&self) -> u32 {
-        MSIX_VECTORS as u32
-    }
-
-    fn bar_read(&mut self, bar: u32, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        if bar != 0 || offset >= BAR0_SIZE {
-            return;
-        }
-        let nic = self.shared.nic();
-        for (i, chunk) in data.chunks_mut(4).enumerate() {
-            let at = offset + 4 * i as u64;
-            let word = nic.read((at & !3) as u32).to_le_bytes();
-            let start = (at & 3) as usize;
-            let n = chunk.len().min(4 - start);
-            chunk[..n].copy_from_slice(&word[start..start + n]);
-        }
-    }
-
-    fn bar_write(&mut self, bar: u32, offset: u64, data: &[u8]) {
-        if bar != 0 || offset >= BAR0_SIZE {
-            return;
-        }
-        let mut effects = Effects::default();
-        {
-            let mut nic = self.shared.nic();
-            for (i, chunk) in data.chunks(4).enumerate() {
-                let at = offset + 4 * i as u64;
-                let reg = (at & !3) as u32;
-                let start = (at & 3) as usize;
-                let n = chunk.len().min(4 - start);
-                let value = if start == 0 && n == 4 {
-                    u32::from_le_bytes(chunk.try_into().expect("4 bytes"))
-                } else {
-                    let mut word = nic.read(reg).to_le_bytes();
-                    word[start..start + n].copy_from_slice(&chunk[..n]);
-                    u32::from_le_bytes(word)
-                };
-                let e = nic.write(reg, value, &self.shared.dma);
-                effects.merge(e);
-            }
-        }
-        self.shared.apply(effects);
-    }
-
-    fn reset(&mut self) {
-        self.config = config_space();
-        self.shared.nic().power_on_reset();
-        let _ = self.shared.wake.write(1);
-    }
-
-    fn dma(&self) -> Arc<DmaSpace> {
-        self.shared.dma.clone()
-    }
-
-    fn vectors(&self) -> Arc<MsixVectors> {
-        self.shared.vectors.clone()
-    }
-
-    fn counters(&self) -> ModelCounters {
-        self.handle().counters()
     }
 }
 

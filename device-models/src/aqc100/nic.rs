@@ -14,22 +14,7 @@ const STORAGE_WORDS: usize = 0x1_0000 / 4;
 /// The global and firmware registers below 0x1000 survive a soft reset.
 const GLOBAL_WORDS: usize = 0x1000 / 4;
 
-/// What a register access or a received frame asks of the model's plumbing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Effects {
-    /// MSI-X vectors to signal (a bit mask).
-    pub vectors: u32,
-    /// The receive side may be able to take frames now (wake the data path).
-    pub rx_changed: bool,
-}
-
-impl Effects {
-    /// Adds what `other` asks for.
-    pub fn merge(&mut self, other: Effects) {
-        self.vectors |= other.vectors;
-        self.rx_changed |= other.rx_changed;
-    }
-}
+pub use crate::nic_model::Effects;
 
 /// The NIC's state.
 pub struct Nic {

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use super::interrupts::GLOBAL_CONTROL as IRQ_CONTROL;
 use super::regs::*;
 use super::*;
+use crate::server::Model;
 use crate::wire::backend::{Backend, FrameSink, unplugged};
 use crate::wire::generator::{GeneratorConfig, SEQUENCE_OFFSET, generator};
 use crate::wire::offload;

@@ -17,22 +17,7 @@ const WORDS: usize = (BAR0_SIZE / 4) as usize;
 const MAC_RX_RESET: u32 = 0x05ee_0000;
 const MAC_CR_RESET: u32 = 0x0000_1800;
 
-/// What a register access or a frame asks of the model besides the registers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Effects {
-    /// MSI-X vectors to signal (bit per vector).
-    pub vectors: u32,
-    /// The RX side may take frames again (tail moved, receiver enabled, link changed).
-    pub rx_changed: bool,
-}
-
-impl Effects {
-    /// Both together.
-    pub fn merge(&mut self, other: Effects) {
-        self.vectors |= other.vectors;
-        self.rx_changed |= other.rx_changed;
-    }
-}
+pub use crate::nic_model::Effects;
 
 /// A DMA channel's run state as `DMAC_CMD` reads it back: (started, stop requested).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 
 use super::regs::*;
 use super::*;
+use crate::server::Model;
 use crate::wire::backend::{Backend, FrameSink, unplugged};
 use crate::wire::generator::{GeneratorConfig, generator};
 

@@ -1,0 +1,392 @@
+//! What the NIC models share around their register blocks ([`NicCore`]): the state both
+//! threads reach (the registers behind a mutex, the DMA space, the MSI-X eventfds), the
+//! data-path thread that moves frames from the wire into the NIC, the handle the control socket
+//! uses, and the vfio-user [`Model`] over BAR 0 (registers) and BAR 2 (MSI-X, emulated by the
+//! client).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
+
+use crate::dma::DmaSpace;
+use crate::server::{Model, ModelBar, MsixVectors};
+use crate::wire::backend::{Backend, FrameSink, FrameSource, Readiness};
+use devices::pci::PciConfiguration;
+use vm_spec::counters::ModelCounters;
+
+/// Frames handled per lock of the NIC by the data path.
+const RX_BATCH: usize = 64;
+/// The longest the data path sleeps before looking at the link again.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+/// BAR 2: the MSI-X table and pending bits.
+pub const BAR2_SIZE: u64 = 0x1000;
+
+/// What a register access or a received frame asks of the model's plumbing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// MSI-X vectors to signal (a bit mask).
+    pub vectors: u32,
+    /// The receive side may be able to take frames now (wake the data path).
+    pub rx_changed: bool,
+}
+
+impl Effects {
+    /// Adds what `other` asks for.
+    pub fn merge(&mut self, other: Effects) {
+        self.vectors |= other.vectors;
+        self.rx_changed |= other.rx_changed;
+    }
+}
+
+/// What the model reports about itself.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct NicStatus {
+    /// Link speed (0: down).
+    pub link_mbps: u32,
+    /// The permanent MAC address.
+    pub mac: MacAddress,
+    /// Frames the guest received (written into its memory).
+    pub rx_frames: u64,
+    /// Bytes the guest received.
+    pub rx_bytes: u64,
+    /// Frames dropped: no descriptors, RX off, or link down.
+    pub rx_dropped: u64,
+    /// Frames no filter took.
+    pub rx_filtered: u64,
+    /// Frames lost to refused DMA.
+    pub rx_errors: u64,
+    /// Frames the guest transmitted.
+    pub tx_frames: u64,
+    /// Bytes the guest transmitted.
+    pub tx_bytes: u64,
+    /// Transmits that failed (refused DMA, malformed descriptors, backend errors).
+    pub tx_errors: u64,
+}
+
+/// A MAC address, printed the usual way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MacAddress(pub [u8; 6]);
+
+impl std::fmt::Display for MacAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.0;
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
+    }
+}
+
+impl std::str::FromStr for MacAddress {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split([':', '-']).collect();
+        let bad = || format!("`{s}` is not a MAC address (six hex bytes, e.g. 02:1d:6a:00:00:01)");
+        if parts.len() != 6 {
+            return Err(bad());
+        }
+        let mut mac = [0u8; 6];
+        for (byte, part) in mac.iter_mut().zip(parts) {
+            *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+        }
+        if mac[0] & 1 == 1 {
+            return Err(format!("`{s}` is a group address; a NIC needs a unicast one"));
+        }
+        Ok(MacAddress(mac))
+    }
+}
+
+impl serde::Serialize for MacAddress {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// A NIC's register block and data path, as the shell drives it.
+pub trait NicCore: Send + 'static {
+    /// The model's name (`aqc100`).
+    const NAME: &'static str;
+    /// BAR 0's size.
+    const BAR0_SIZE: u64;
+    /// MSI-X vectors.
+    const VECTORS: u32;
+    /// A NIC with permanent address `mac` sending to `sink`.
+    fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self;
+    /// Its configuration space at power-on.
+    fn config_space() -> PciConfiguration;
+    /// A register read (it may have side effects, e.g. read-to-clear).
+    fn read_register(&mut self, reg: u32) -> u32;
+    /// A register write.
+    fn write_register(&mut self, reg: u32, value: u32, dma: &DmaSpace) -> Effects;
+    /// The wire's carrier.
+    fn carrier(&mut self, carrier: bool) -> Effects;
+    /// The link administratively up or down.
+    fn admin(&mut self, up: bool) -> Effects;
+    /// Whether a frame of `len` bytes would find room now.
+    fn room(&self, len: usize) -> bool;
+    /// A frame from the wire.
+    fn take_frame(&mut self, frame: &[u8], dma: &DmaSpace) -> Effects;
+    /// Back to power-on.
+    fn reset(&mut self);
+    /// Its status.
+    fn status(&self) -> NicStatus;
+}
+
+struct Shared<N> {
+    nic: Mutex<N>,
+    dma: Arc<DmaSpace>,
+    vectors: Arc<MsixVectors>,
+    wake: EventFd,
+    stop: AtomicBool,
+}
+
+impl<N: NicCore> Shared<N> {
+    fn nic(&self) -> MutexGuard<'_, N> {
+        self.nic.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn apply(&self, effects: Effects) {
+        let mut vectors = effects.vectors;
+        while vectors != 0 {
+            let vector = vectors.trailing_zeros();
+            vectors &= vectors - 1;
+            if self.vectors.signal(vector as usize) {
+                self.dma.count_interrupt();
+            }
+        }
+        if effects.rx_changed {
+            let _ = self.wake.write(1);
+        }
+    }
+}
+
+/// A handle for controlling a running model from another thread (link, status).
+pub struct NicHandle<N>(Arc<Shared<N>>);
+
+impl<N> Clone for NicHandle<N> {
+    fn clone(&self) -> Self {
+        NicHandle(self.0.clone())
+    }
+}
+
+impl<N: NicCore> NicHandle<N> {
+    /// Sets the link administratively up or down.
+    pub fn set_link(&self, up: bool) {
+        let effects = self.0.nic().admin(up);
+        self.0.apply(effects);
+    }
+
+    /// The model's status and counters.
+    pub fn status(&self) -> NicStatus {
+        self.0.nic().status()
+    }
+
+    /// The DMA and interrupt counters with the frames moved.
+    pub fn counters(&self) -> ModelCounters {
+        let s = self.status();
+        ModelCounters {
+            rx_frames: s.rx_frames,
+            rx_bytes: s.rx_bytes,
+            tx_frames: s.tx_frames,
+            tx_bytes: s.tx_bytes,
+            ..self.0.dma.counters()
+        }
+    }
+}
+
+/// A NIC model: the register block `N` served over vfio-user, with its data-path thread.
+pub struct NicModel<N> {
+    config: PciConfiguration,
+    shared: Arc<Shared<N>>,
+    data_path: Option<JoinHandle<()>>,
+    description: String,
+}
+
+impl<N: NicCore> NicModel<N> {
+    /// A NIC with permanent address `mac` on `backend`; starts its data-path thread.
+    pub fn new(mac: MacAddress, backend: Backend) -> std::io::Result<Self> {
+        let Backend { source, sink, description } = backend;
+        let shared = Arc::new(Shared {
+            nic: Mutex::new(N::create(mac.0, sink)),
+            dma: Arc::new(DmaSpace::new()),
+            vectors: Arc::new(MsixVectors::default()),
+            wake: EventFd::new(EFD_NONBLOCK)?,
+            stop: AtomicBool::new(false),
+        });
+        let thread_shared = shared.clone();
+        let data_path = std::thread::Builder::new()
+            .name(format!("{}-rx", N::NAME))
+            .spawn(move || data_path(&thread_shared, source))?;
+        Ok(NicModel { config: N::config_space(), shared, data_path: Some(data_path), description })
+    }
+
+    /// A handle for control from other threads.
+    pub fn handle(&self) -> NicHandle<N> {
+        NicHandle(self.shared.clone())
+    }
+
+    /// What the backend is.
+    pub fn backend_description(&self) -> &str {
+        &self.description
+    }
+}
+
+impl<N> Drop for NicModel<N> {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        let _ = self.shared.wake.write(1);
+        if let Some(thread) = self.data_path.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Waits until `fd` (if any) is readable, the wake eventfd fires, or `timeout` passes.
+fn wait<N>(shared: &Shared<N>, fd: Option<i32>, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let mut fds = [
+        libc::pollfd { fd: shared.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: fd.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
+    ];
+    let count = if fd.is_some() { 2 } else { 1 };
+    // SAFETY: `fds` is a valid array of `count` pollfd structures that outlives the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), count, timeout.as_millis().min(i32::MAX as u128) as i32) };
+    if fds[0].revents & libc::POLLIN != 0 {
+        let _ = shared.wake.read();
+    }
+}
+
+/// The data path: moves frames from the backend into the NIC until the model is dropped.
+fn data_path<N: NicCore>(shared: &Shared<N>, mut source: Box<dyn FrameSource>) {
+    let mut last_error: Option<Instant> = None;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let carrier = source.carrier();
+        let mut effects = Effects::default();
+        let mut received = 0;
+        let mut idle = false;
+        {
+            let mut nic = shared.nic();
+            effects.merge(nic.carrier(carrier));
+            while received < RX_BATCH {
+                if source.lossless() && !nic.room(source.max_frame()) {
+                    idle = true;
+                    break;
+                }
+                match source.receive() {
+                    Ok(Some(frame)) => {
+                        effects.merge(nic.take_frame(frame, &shared.dma));
+                        received += 1;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                            tracing::warn!("backend receive failed: {e}");
+                            last_error = Some(Instant::now());
+                        }
+                        idle = true;
+                        break;
+                    }
+                }
+            }
+        }
+        shared.apply(effects);
+        if received == RX_BATCH {
+            continue;
+        }
+        if idle {
+            wait(shared, None, IDLE_WAIT);
+            continue;
+        }
+        match source.readiness() {
+            Readiness::Fd(fd) => wait(shared, Some(fd), IDLE_WAIT),
+            Readiness::At(due) => {
+                let now = Instant::now();
+                if due > now {
+                    wait(shared, None, (due - now).min(IDLE_WAIT));
+                }
+            }
+            Readiness::Exhausted => wait(shared, None, IDLE_WAIT),
+        }
+    }
+}
+
+impl<N: NicCore> Model for NicModel<N> {
+    fn name(&self) -> &'static str {
+        N::NAME
+    }
+
+    fn config(&mut self) -> &mut PciConfiguration {
+        &mut self.config
+    }
+
+    fn bars(&self) -> Vec<Option<ModelBar>> {
+        vec![
+            Some(ModelBar { size: N::BAR0_SIZE, shared: None }),
+            None,
+            Some(ModelBar { size: BAR2_SIZE, shared: None }),
+        ]
+    }
+
+    fn msix_vectors(&self) -> u32 {
+        N::VECTORS
+    }
+
+    fn bar_read(&mut self, bar: u32, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        if bar != 0 || offset >= N::BAR0_SIZE {
+            return;
+        }
+        let mut nic = self.shared.nic();
+        for (i, chunk) in data.chunks_mut(4).enumerate() {
+            let at = offset + 4 * i as u64;
+            let word = nic.read_register((at & !3) as u32).to_le_bytes();
+            let start = (at & 3) as usize;
+            let n = chunk.len().min(4 - start);
+            chunk[..n].copy_from_slice(&word[start..start + n]);
+        }
+    }
+
+    fn bar_write(&mut self, bar: u32, offset: u64, data: &[u8]) {
+        if bar != 0 || offset >= N::BAR0_SIZE {
+            return;
+        }
+        let mut effects = Effects::default();
+        {
+            let mut nic = self.shared.nic();
+            for (i, chunk) in data.chunks(4).enumerate() {
+                let at = offset + 4 * i as u64;
+                let reg = (at & !3) as u32;
+                let start = (at & 3) as usize;
+                let n = chunk.len().min(4 - start);
+                let value = if start == 0 && n == 4 {
+                    u32::from_le_bytes(chunk.try_into().expect("4 bytes"))
+                } else {
+                    let mut word = nic.read_register(reg).to_le_bytes();
+                    word[start..start + n].copy_from_slice(&chunk[..n]);
+                    u32::from_le_bytes(word)
+                };
+                effects.merge(nic.write_register(reg, value, &self.shared.dma));
+            }
+        }
+        self.shared.apply(effects);
+    }
+
+    fn reset(&mut self) {
+        self.config = N::config_space();
+        self.shared.nic().reset();
+        let _ = self.shared.wake.write(1);
+    }
+
+    fn dma(&self) -> Arc<DmaSpace> {
+        self.shared.dma.clone()
+    }
+
+    fn vectors(&self) -> Arc<MsixVectors> {
+        self.shared.vectors.clone()
+    }
+
+    fn counters(&self) -> ModelCounters {
+        self.handle().counters()
+    }
+}

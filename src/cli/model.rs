@@ -133,7 +133,7 @@ impl ModelCommand {
             }
             ModelCommand::Control { socket, command } => {
                 let mut stream = UnixStream::connect(&socket).with_context(|| {
-                    format!("{}: is `driverlab model aqc100 --control` running there?", socket.display())
+                    format!("{}: is `driverlab model aqc100|lan743x --control` running there?", socket.display())
                 })?;
                 writeln!(stream, "{}", command.wire())?;
                 let mut reply = String::new();

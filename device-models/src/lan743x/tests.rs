@@ -177,9 +177,9 @@ impl Guest {
         self.write(TX0 + CH_CFG_C, 0x48);
         self.write(DMAC_INT_EN_SET, dmac_int_bit_tx_ioc(0));
         self.write(DMAC_CMD, 1 << 20);
-        for v in &self.vectors {
-            fired(v);
-        }
+        // Frames may arrive (and vector 2 fire) from the channel's start on: only the software
+        // test's vector 0 is drained.
+        fired(&self.vectors[0]);
     }
 
     /// Gives descriptor `index` a 2 KiB buffer (1518 bytes posted, as at MTU 1500).

@@ -136,7 +136,11 @@ pub fn check_device(driverlab: &Path, device: &crate::matrix::Device) -> Result<
             (model.device_spec(), FRAMES_MODEL, Some(model))
         }
     };
-    // The probe drives the AQC100; other NICs it only finds.
-    let nic = (device.linux_driver() == "atlantic").then_some("aqc100");
+    // The probe drives the AQC100 and the LAN7430; other NICs it only finds.
+    let nic = match device.linux_driver().as_str() {
+        "atlantic" => Some("aqc100"),
+        "lan743x" => Some("lan743x"),
+        _ => None,
+    };
     check_nic(driverlab, &spec, frames, nic).map_err(|e| e.to_string())
 }

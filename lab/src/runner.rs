@@ -43,7 +43,12 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
     words.extend(cell.params.iter().map(|(k, v)| format!("{k}={v}")));
     match plan.workload(&cell.workload) {
         Some(Workload::ProbeRx { frames, .. }) => {
-            words.extend(["probe.viommu_ops=0".into(), "probe.nic=aqc100".into(), format!("probe.frames={frames}")]);
+            // The probe drives the AQC100 and the LAN7430.
+            let nic = match plan.device(&cell.device).map(|d| d.linux_driver()) {
+                Some(driver) if driver == "lan743x" => "lan743x",
+                _ => "aqc100",
+            };
+            words.extend(["probe.viommu_ops=0".into(), format!("probe.nic={nic}"), format!("probe.frames={frames}")]);
         }
         Some(Workload::Iperf3 { direction, duration_s, ip, mtu, streams, protocol, bitrate_mbit, .. }) => {
             // The agent's words (guest-images/agent/init): its driver, the workload, the MTU.

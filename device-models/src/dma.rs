@@ -261,12 +261,7 @@ impl DmaSpace {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn memfd(size: u64) -> File {
-        let file = memfd::MemfdOptions::default().create("dma-test").unwrap().into_file();
-        file.set_len(size).unwrap();
-        file
-    }
+    use crate::test_support::memfd;
 
     #[test]
     fn only_mapped_memory_is_reachable() {

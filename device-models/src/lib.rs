@@ -11,5 +11,7 @@ pub mod dma;
 pub mod lan743x;
 pub mod nic_model;
 pub mod server;
+#[cfg(test)]
+mod test_support;
 pub mod testdev;
 pub mod wire;

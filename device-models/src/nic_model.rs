@@ -14,7 +14,8 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use crate::dma::DmaSpace;
 use crate::server::{Model, ModelBar, MsixVectors};
 use crate::wire::backend::{Backend, FrameSink, FrameSource, Readiness};
-use devices::pci::PciConfiguration;
+use devices::pci::config::BarKind;
+use devices::pci::{PciConfiguration, PciIds, msix};
 use vm_spec::counters::ModelCounters;
 
 /// Frames handled per lock of the NIC by the data path.
@@ -101,6 +102,21 @@ impl serde::Serialize for MacAddress {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
+}
+
+/// A NIC's configuration space: `ids`, BAR 0 (`bar0_size`, 64-bit, the registers), BAR 2
+/// (64-bit: the MSI-X table at 0 and the pending bits at 0x800, `vectors` of them).
+pub fn config_space(ids: PciIds, bar0_size: u64, vectors: u16) -> PciConfiguration {
+    let mut config = PciConfiguration::new(ids);
+    config.add_bar(0, bar0_size, BarKind::Memory64).expect("valid BAR");
+    config.add_bar(2, BAR2_SIZE, BarKind::Memory64).expect("valid BAR");
+    let mut body = Vec::new();
+    body.extend_from_slice(&(vectors - 1).to_le_bytes());
+    body.extend_from_slice(&2u32.to_le_bytes());
+    body.extend_from_slice(&(0x800u32 | 2).to_le_bytes());
+    let writable = (msix::CONTROL_ENABLE | msix::CONTROL_FUNCTION_MASK).to_le_bytes();
+    config.add_capability(msix::CAPABILITY_ID, &body, &writable).expect("room for MSI-X");
+    config
 }
 
 /// A NIC's register block and data path, as the shell drives it.

@@ -26,8 +26,8 @@ pub struct Resolved {
     pub manifest: Option<KernelManifest>,
 }
 
-/// Whether `name` names a store image of `kind` rather than a file.
-fn is_id(name: &str, kind: &str) -> bool {
+/// Whether `name` names a store image of `kind` (`kind-` and hex digits) rather than a file.
+pub fn is_id(name: &str, kind: &str) -> bool {
     name.strip_prefix(kind)
         .and_then(|r| r.strip_prefix('-'))
         .is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
@@ -102,9 +102,7 @@ fn initrd_name(image: &Image) -> String {
 
 /// Whether the lab builds `image` (a `debian` kernel or the `agent` initramfs).
 pub fn is_recipe(image: &Image) -> bool {
-    image.kernel == "debian"
-        || image.kernel.starts_with("debian:")
-        || image.initrd.as_deref() == Some(Path::new("agent"))
+    image.is_debian_kernel() || image.initrd.as_deref() == Some(Path::new("agent"))
 }
 
 /// Builds an image's recipe, once per process and inputs: the kernel image's ID and the
@@ -114,7 +112,7 @@ fn build_recipe(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Option
     if !is_recipe(image) {
         return Ok(None);
     }
-    let debian = image.kernel == "debian" || image.kernel.starts_with("debian:");
+    let debian = image.is_debian_kernel();
     let agent = image.initrd.as_deref() == Some(Path::new("agent"));
     let patches: Vec<PathBuf> = image.patches.iter().map(|p| plan.resolve(p)).collect();
     let module = image.module_name();

@@ -349,12 +349,12 @@ fn default_memory() -> u64 {
     256
 }
 
-/// Whether `name` is a kernel image's ID (`kernel-` and hex digits).
-pub fn is_kernel_id(name: &str) -> bool {
-    name.strip_prefix("kernel-").is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
-}
-
 impl Image {
+    /// Whether the kernel is the recipe `debian` or `debian:PACKAGE`.
+    pub fn is_debian_kernel(&self) -> bool {
+        self.kernel == "debian" || self.kernel.starts_with("debian:")
+    }
+
     /// The driver module of the agent's initramfs.
     pub fn module_name(&self) -> String {
         self.module.clone().unwrap_or_else(|| match self.driver.trim_end_matches('/').rsplit('/').next() {
@@ -712,9 +712,7 @@ impl Checker<'_> {
                     "patches build the driver into the initramfs the lab makes: give initrd = \"agent\"",
                 ));
             }
-            if agent
-                && !(image.kernel == "debian" || image.kernel.starts_with("debian:") || is_kernel_id(&image.kernel))
-            {
+            if agent && !(image.is_debian_kernel() || crate::images::is_id(&image.kernel, "kernel")) {
                 return Err(self.error(
                     Some(span),
                     format!("image[{i}].initrd"),

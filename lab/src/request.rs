@@ -18,13 +18,6 @@ fn error(field: impl Into<String>, message: impl Into<String>) -> MatrixError {
     MatrixError { file: REQUEST_FILE.into(), line: None, field: field.into(), message: message.into() }
 }
 
-/// Whether `name` is `PREFIX-` and hex digits: an image ID.
-fn is_image_id(name: &str, prefix: &str) -> bool {
-    name.strip_prefix(prefix)
-        .and_then(|r| r.strip_prefix('-'))
-        .is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
-}
-
 /// A matrix in TOML, as a table.
 pub fn from_toml(text: &str) -> Result<toml::Table, MatrixError> {
     toml::from_str(text).map_err(|e| MatrixError {
@@ -59,7 +52,7 @@ pub fn plan(mut matrix: toml::Table, registered: &dyn Fn(&str) -> Option<Device>
     if let Some(images) = matrix.get("image").and_then(toml::Value::as_array) {
         for (i, image) in images.iter().enumerate() {
             let kernel = image.get("kernel").and_then(toml::Value::as_str).unwrap_or_default();
-            if kernel != "probe" && !is_image_id(kernel, "kernel") {
+            if kernel != "probe" && !crate::images::is_id(kernel, "kernel") {
                 return Err(error(
                     format!("image[{i}].kernel"),
                     format!(
@@ -77,7 +70,7 @@ pub fn plan(mut matrix: toml::Table, registered: &dyn Fn(&str) -> Option<Device>
             }
             if let Some(initrd) = image.get("initrd") {
                 let initrd = initrd.as_str().unwrap_or_default();
-                if !is_image_id(initrd, "initramfs") {
+                if !crate::images::is_id(initrd, "initramfs") {
                     return Err(error(
                         format!("image[{i}].initrd"),
                         format!("{initrd:?}: over the API an initrd is an initramfs image's ID (GET /v1/images)"),

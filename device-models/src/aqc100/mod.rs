@@ -26,8 +26,7 @@ use crate::dma::DmaSpace;
 use crate::nic_model::{Effects, NicCore, NicHandle, NicModel};
 pub use crate::nic_model::{MacAddress, NicStatus};
 use crate::wire::backend::FrameSink;
-use devices::pci::config::BarKind;
-use devices::pci::{PciConfiguration, PciIds, msix};
+use devices::pci::{PciConfiguration, PciIds};
 
 /// Aquantia's vendor ID.
 pub const VENDOR: u16 = 0x1d6a;
@@ -48,17 +47,7 @@ fn config_space() -> PciConfiguration {
         class: [0x02, 0x00, 0x00],
         revision: 0x02,
     };
-    let mut config = PciConfiguration::new(ids);
-    config.add_bar(0, BAR0_SIZE, BarKind::Memory64).expect("valid BAR");
-    config.add_bar(2, crate::nic_model::BAR2_SIZE, BarKind::Memory64).expect("valid BAR");
-    // MSI-X: table at BAR 2 offset 0, pending bits at BAR 2 offset 0x800.
-    let mut body = Vec::new();
-    body.extend_from_slice(&(MSIX_VECTORS - 1).to_le_bytes());
-    body.extend_from_slice(&2u32.to_le_bytes());
-    body.extend_from_slice(&(0x800u32 | 2).to_le_bytes());
-    let writable = (msix::CONTROL_ENABLE | msix::CONTROL_FUNCTION_MASK).to_le_bytes();
-    config.add_capability(msix::CAPABILITY_ID, &body, &writable).expect("room for MSI-X");
-    config
+    crate::nic_model::config_space(ids, BAR0_SIZE, MSIX_VECTORS)
 }
 
 /// The AQC100 model.

@@ -1,7 +1,6 @@
 //! The model driven the way the atlantic driver drives it, against guest memory in a memfd.
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,6 +11,7 @@ use super::interrupts::GLOBAL_CONTROL as IRQ_CONTROL;
 use super::regs::*;
 use super::*;
 use crate::server::Model;
+use crate::test_support::{eventfd, fired, memfd};
 use crate::wire::backend::{Backend, FrameSink, unplugged};
 use crate::wire::generator::{GeneratorConfig, SEQUENCE_OFFSET, generator};
 use crate::wire::offload;
@@ -23,29 +23,6 @@ const TX_RING_AT: u64 = IOVA + 0x1000;
 const RX_BUFFERS: u64 = IOVA + 0x10_0000;
 const TX_BUFFERS: u64 = IOVA + 0x30_0000;
 const RING: u32 = 64;
-
-fn memfd(size: u64) -> File {
-    let file = memfd::MemfdOptions::default().create("aqc100-test").unwrap().into_file();
-    file.set_len(size).unwrap();
-    file
-}
-
-fn eventfd() -> File {
-    // SAFETY: eventfd with valid flags; checked.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: a fresh descriptor nobody else owns.
-    unsafe { File::from_raw_fd(fd) }
-}
-
-/// Reads and clears an eventfd: how many times it was signalled.
-fn fired(fd: &File) -> u64 {
-    let mut count = [0u8; 8];
-    match std::io::Read::read(&mut &*fd, &mut count) {
-        Ok(8) => u64::from_le_bytes(count),
-        _ => 0,
-    }
-}
 
 struct Guest {
     model: Aqc100,

@@ -21,8 +21,7 @@ use self::nic::{BAR0_SIZE, Nic};
 use crate::dma::DmaSpace;
 use crate::nic_model::{Effects, MacAddress, NicCore, NicHandle, NicModel, NicStatus};
 use crate::wire::backend::FrameSink;
-use devices::pci::config::BarKind;
-use devices::pci::{PciConfiguration, PciIds, msix};
+use devices::pci::{PciConfiguration, PciIds};
 
 /// Microchip's (SMSC's) vendor ID.
 pub const VENDOR: u16 = 0x1055;
@@ -40,17 +39,7 @@ fn config_space() -> PciConfiguration {
         class: [0x02, 0x00, 0x00],
         revision: 0x00,
     };
-    let mut config = PciConfiguration::new(ids);
-    config.add_bar(0, BAR0_SIZE, BarKind::Memory64).expect("valid BAR");
-    config.add_bar(2, crate::nic_model::BAR2_SIZE, BarKind::Memory64).expect("valid BAR");
-    // MSI-X: table at BAR 2 offset 0, pending bits at BAR 2 offset 0x800.
-    let mut body = Vec::new();
-    body.extend_from_slice(&(nic::VECTORS as u16 - 1).to_le_bytes());
-    body.extend_from_slice(&2u32.to_le_bytes());
-    body.extend_from_slice(&(0x800u32 | 2).to_le_bytes());
-    let writable = (msix::CONTROL_ENABLE | msix::CONTROL_FUNCTION_MASK).to_le_bytes();
-    config.add_capability(msix::CAPABILITY_ID, &body, &writable).expect("room for MSI-X");
-    config
+    crate::nic_model::config_space(ids, BAR0_SIZE, nic::VECTORS as u16)
 }
 
 /// The LAN7430 model.

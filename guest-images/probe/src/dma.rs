@@ -29,6 +29,22 @@ impl<'a> DeviceDma<'a> {
         Ok(DeviceDma { iommu: Some((viommu, domain)), maps: 0, unmaps: 0 })
     }
 
+    /// The DMA view of the function with requester ID `rid`: through `viommu` in its own domain
+    /// (`viommu`'s first plus `domain_offset`) when the VIOT puts it behind it, identity otherwise.
+    pub fn for_function(
+        viommu: Option<&'a mut Viommu>,
+        rid: u16,
+        domain_offset: u32,
+    ) -> Result<DeviceDma<'a>, &'static str> {
+        match viommu {
+            Some(v) if v.translates(rid) => {
+                let domain = v.first_domain + domain_offset;
+                DeviceDma::translated(v, domain, rid)
+            }
+            _ => Ok(DeviceDma::identity()),
+        }
+    }
+
     /// Whether an IOMMU translates.
     pub fn translated_by_iommu(&self) -> bool {
         self.iommu.is_some()

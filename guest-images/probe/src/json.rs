@@ -200,3 +200,13 @@ impl<const N: usize> Write for StackString<N> {
         Ok(())
     }
 }
+
+/// A MAC address as `aa:bb:cc:dd:ee:ff`.
+pub fn mac(m: [u8; 6]) -> StackString<18> {
+    let mut out = StackString::<18>::new();
+    let _ = core::fmt::Write::write_fmt(
+        &mut out,
+        format_args!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]),
+    );
+    out
+}

@@ -6,10 +6,9 @@
 //! and checks every write-back landed in its slot.
 
 use core::cell::UnsafeCell;
-use core::fmt::Write;
 
 use crate::dma::DeviceDma;
-use crate::json::{self, StackString};
+use crate::json;
 use crate::nic::NicOptions;
 use crate::pci::{Ecam, Function};
 use crate::rx_buffers::{Buffer, RxBuffers};
@@ -128,22 +127,13 @@ pub fn run(ecam: Ecam, functions: &[Function], viommu: Option<&mut Viommu>, opti
         report::fail("probe.nic=lan743x given, but there is no LAN7430 (1055:7430) on the bus");
         return;
     };
-    let rid = f.requester_id();
-    let mut dma = match viommu {
-        Some(v) if v.translates(rid) => {
-            let domain = v.first_domain + 3;
-            match DeviceDma::translated(v, domain, rid) {
-                Ok(dma) => dma,
-                Err(why) => return fail(why),
-            }
-        }
-        _ => DeviceDma::identity(),
+    let mut dma = match DeviceDma::for_function(viommu, f.requester_id(), 3) {
+        Ok(dma) => dma,
+        Err(why) => return fail(why),
     };
     match drive(ecam, f, &mut dma, options, spacing) {
         Ok(o) => {
-            let mut mac = StackString::<18>::new();
-            let m = o.mac;
-            let _ = write!(mac, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]);
+            let mac = json::mac(o.mac);
             json::section("nic", |s| {
                 s.str("id", "1055:7430")
                     .str("mac", mac.as_str())

@@ -173,24 +173,15 @@ pub fn run(ecam: Ecam, functions: &[Function], viommu: Option<&mut Viommu>, opti
         report::fail("probe.nic=aqc100 given, but there is no AQC100 (1d6a:00b1) on the bus");
         return;
     };
-    let rid = f.requester_id();
-    let mut dma = match viommu {
-        Some(v) if v.translates(rid) => {
-            let domain = v.first_domain + 2;
-            match DeviceDma::translated(v, domain, rid) {
-                Ok(dma) => dma,
-                Err(why) => return fail(why),
-            }
-        }
-        _ => DeviceDma::identity(),
+    let mut dma = match DeviceDma::for_function(viommu, f.requester_id(), 2) {
+        Ok(dma) => dma,
+        Err(why) => return fail(why),
     };
     match drive(ecam, f, &mut dma, options) {
         Ok(outcome) => {
             let mut fw = StackString::<16>::new();
             let _ = write!(fw, "{}.{}.{}", outcome.fw >> 24, (outcome.fw >> 16) & 0xff, outcome.fw & 0xffff);
-            let mut mac = StackString::<18>::new();
-            let m = outcome.mac;
-            let _ = write!(mac, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]);
+            let mac = json::mac(outcome.mac);
             json::section("nic", |o| {
                 o.str("id", "1d6a:00b1")
                     .str("fw", fw.as_str())

@@ -243,3 +243,73 @@ fn the_stock_lan743x_driver_drives_the_model_under_qemu() {
     assert_eq!((probe["id"].as_str(), probe["mac_source"].as_str()), (Some("1055:7430"), Some("permanent")));
     assert_eq!(frames.step("link-up").unwrap()["speed"], 1000);
 }
+
+/// The host's own QEMU firmware folders, which a fresh machine does not have.
+const HOST_FIRMWARE: [&str; 4] = ["/usr/share/qemu", "/usr/share/seabios", "/usr/lib/ipxe", "/usr/share/ipxe"];
+
+/// One probe cell under QEMU.
+const FIRMWARE_MATRIX: &str = r#"
+name = "qemu-firmware"
+repetitions = 1
+timeout_s = 120
+silence_s = 30
+
+[[device]]
+name = "aqc100"
+model = "aqc100"
+generate = "size=1514"
+
+[[image]]
+name = "probe-qemu"
+kernel = "probe"
+engine = "qemu"
+
+[[variant]]
+name = "qemu"
+image = "probe-qemu"
+params = { "probe.rx" = "flip" }
+
+[[workload]]
+name = "rx-2k"
+kind = "probe-rx"
+frames = 2000
+"#;
+
+#[test]
+fn the_qemu_engine_finds_its_firmware_in_the_chroot_alone() {
+    let test = "the_qemu_engine_finds_its_firmware_in_the_chroot_alone";
+    if !kvm_available(test) || !qemu_available(test) {
+        return;
+    }
+    if !lab::peer::can_create() {
+        eprintln!("SKIP {test}: needs root (a private mount namespace that hides the host's firmware)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let matrix = dir.path().join("firmware.toml");
+    std::fs::write(&matrix, FIRMWARE_MATRIX).unwrap();
+    // Each host folder that exists gets the empty one mounted over it, in a mount namespace of
+    // this command's own; the run inside sees no firmware but the chroot's.
+    let mut script = String::from("set -e\n");
+    for folder in HOST_FIRMWARE.iter().filter(|f| std::path::Path::new(f).is_dir()) {
+        script.push_str(&format!("mount --bind {} {folder}\n", empty.display()));
+    }
+    script.push_str("for f in /usr/share/qemu /usr/share/seabios; do [ ! -e $f/bios-256k.bin ] || { echo \"$f still has firmware\"; exit 3; }; done\n");
+    script.push_str("exec \"$@\"\n");
+    let db = dir.path().join("lab.db");
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
+        .arg(driverlab())
+        .args(["lab", "run"])
+        .arg(&matrix)
+        .env("DRIVERLAB_DB", &db)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.ends_with("1 cells, 1 passed, 0 failed, 0 errors"), "{last}\n{stderr}");
+}

@@ -52,6 +52,7 @@ impl DeviceDefinition {
             guest_ip: self.guest_ip.clone(),
             peer_ip6: self.peer_ip6.clone(),
             guest_ip6: self.guest_ip6.clone(),
+            peer_counters: self.peer_counters,
         };
         device.check().map_err(|(field, message)| Problem::unprocessable(format!("device{field}: {message}")))?;
         Ok(device)
@@ -70,6 +71,7 @@ impl DeviceDefinition {
             guest_ip: d.guest_ip.clone(),
             peer_ip6: d.peer_ip6.clone(),
             guest_ip6: d.guest_ip6.clone(),
+            peer_counters: d.peer_counters,
         }
     }
 }

@@ -191,3 +191,24 @@ mod tests {
         assert!(filter(pairs("format=xml")).is_err());
     }
 }
+
+/// `GET /v1/database`: a consistent copy of the daemon's results database (SQLite), for
+/// `driverlab lab import` on another host (a fleet's report, the nested box's results).
+#[utoipa::path(get, path = "/v1/database", tag = "results",
+    responses(
+        (status = 200, description = "The results database, an SQLite file", content((Vec<u8> = "application/vnd.sqlite3"))),
+    ))]
+pub async fn database(State(daemon): State<Arc<Daemon>>) -> Response {
+    let result = blocking(move || {
+        let store = daemon.store()?;
+        let dir = tempfile::tempdir().map_err(|e| Problem::internal(format!("a folder for the copy: {e}")))?;
+        let copy = dir.path().join("lab.db");
+        store.snapshot(&copy)?;
+        std::fs::read(&copy).map_err(|e| Problem::internal(format!("reading the copy: {e}")))
+    })
+    .await;
+    match result {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/vnd.sqlite3")], bytes).into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}

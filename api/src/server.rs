@@ -28,7 +28,7 @@ use crate::{devices, images, results, runs, vms};
         devices::quarantine, devices::release,
         images::list, images::show, images::build_kernel, images::build_module, images::build_initramfs,
         runs::submit, runs::list, runs::show, runs::cancel, runs::resume, runs::events, runs::report,
-        results::list,
+        results::list, results::database,
         vms::start, vms::list, vms::show, vms::counters, vms::stop, vms::remove, vms::serial,
     ),
     components(schemas(results::StatusParam, results::FormatParam)),
@@ -116,6 +116,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/v1/runs/{id}/events", get(runs::events))
         .route("/v1/runs/{id}/report", get(runs::report))
         .route("/v1/results", get(results::list))
+        .route("/v1/database", get(results::database))
         .route("/v1/vms", get(vms::list).post(vms::start))
         .route("/v1/vms/{id}", get(vms::show).delete(vms::remove))
         .route("/v1/vms/{id}/counters", get(vms::counters))

@@ -69,6 +69,9 @@ pub struct DeviceDefinition {
     /// The guest's IPv6 address and prefix on the wire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_ip6: Option<String>,
+    /// The peer also serves the device's model counters over SSH (a nested lab box's card).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub peer_counters: bool,
 }
 
 /// Who holds a device's lease.

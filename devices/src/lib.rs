@@ -8,5 +8,6 @@
 
 pub mod pci;
 pub mod power;
+pub mod rtc;
 pub mod serial;
 pub mod virtio;

@@ -81,7 +81,7 @@ impl InitramfsManifest {
 }
 
 /// A program on this host's `PATH`.
-fn which(program: &str) -> Result<PathBuf, ImageError> {
+pub(crate) fn which(program: &str) -> Result<PathBuf, ImageError> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))

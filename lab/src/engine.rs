@@ -22,6 +22,10 @@ const WATCH_PERIOD: Duration = Duration::from_millis(100);
 /// Beyond the spec's own timeout, how long the lab waits before it kills the VMM.
 const KILL_GRACE: Duration = Duration::from_secs(30);
 
+/// Where a device model's counters come from when the VMM cannot read them itself (a host
+/// device that is a model somewhere else: the nested lab box's cards, read through their peer).
+pub type CounterSource = std::sync::Arc<dyn Fn() -> Option<ModelCounters> + Send + Sync>;
+
 /// How a VM's process ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Ending {
@@ -83,6 +87,8 @@ pub struct Booted {
     pub answered_ms: Option<f64>,
     /// From the vCPUs starting (QEMU: from its spawn) to the VM stopping.
     pub run_ms: Option<f64>,
+    /// What the VMM wrote on stderr (this project's VMM; QEMU's goes to `qemu.log`).
+    pub vmm_stderr: String,
 }
 
 impl Booted {
@@ -98,6 +104,7 @@ impl Booted {
             silent_for: None,
             answered_ms: None,
             run_ms: None,
+            vmm_stderr: String::new(),
         }
     }
 }
@@ -145,13 +152,14 @@ pub fn run_driverlab(
     socket: &Path,
     watch: &Watch,
     model: Option<ModelProcess>,
+    counters: Option<CounterSource>,
 ) -> Booted {
     let spawned = Instant::now();
     let vm = match VmProcess::new(driverlab, spec, KILL_GRACE).with_control(socket).start() {
         Ok(vm) => vm,
         Err(e) => return Booted::failed(Ending::Refused(e.to_string())),
     };
-    let watchdog = Watchdog::start(socket, watch.clone(), spawned);
+    let watchdog = Watchdog::start(socket, watch.clone(), spawned, counters.clone());
     let outcome = vm.wait();
     let watched = watchdog.stop();
     drop(model);
@@ -167,7 +175,12 @@ pub fn run_driverlab(
         Ending::Stopped { reason: exit.reason.clone(), detail: exit.detail.clone() }
     } else {
         let how = outcome.signal().map_or(format!("exit code {:?}", outcome.code()), |s| format!("signal {s}"));
-        Ending::Unexplained(format!("the VMM ended without its exit line ({how})"))
+        // Its last words, when it had any (a seccomp violation names its system call).
+        let said = outcome.stderr.lines().rev().find(|l| !l.trim().is_empty()).map(|l| {
+            let l: String = l.trim().chars().take(300).collect();
+            format!(": {l}")
+        });
+        Ending::Unexplained(format!("the VMM ended without its exit line ({how}){}", said.unwrap_or_default()))
     };
     let (iommu, device_counters, device_error) = match (&outcome.exit, &watched.last) {
         (Some(exit), _) => (
@@ -181,6 +194,7 @@ pub fn run_driverlab(
         (None, Some(live)) => (live.viommu.clone(), live.devices.first().and_then(|d| d.counters), None),
         (None, None) => (None, None, None),
     };
+    let device_counters = device_counters.or_else(|| counters.and_then(|source| source()));
     Booted {
         ending,
         run_ms: outcome.exit.as_ref().map(|e| e.run_ms),
@@ -192,6 +206,7 @@ pub fn run_driverlab(
         window: watched.window,
         silent_for: watched.silent_for,
         answered_ms: watched.answered_ms,
+        vmm_stderr: outcome.stderr,
     }
 }
 
@@ -203,8 +218,9 @@ struct Watched {
     window: Window,
 }
 
-fn snapshot(live: &LiveCounters) -> Snapshot {
-    Snapshot { iommu: live.viommu.clone(), model: live.devices.first().and_then(|d| d.counters) }
+fn snapshot(live: &LiveCounters, source: Option<&CounterSource>) -> Snapshot {
+    let model = live.devices.first().and_then(|d| d.counters).or_else(|| source.and_then(|s| s()));
+    Snapshot { iommu: live.viommu.clone(), model }
 }
 
 /// Reads the VMM's live counters while the VM runs; stops a guest whose serial ports stay silent.
@@ -214,7 +230,7 @@ struct Watchdog {
 }
 
 impl Watchdog {
-    fn start(socket: &Path, watch: Watch, spawned: Instant) -> Watchdog {
+    fn start(socket: &Path, watch: Watch, spawned: Instant, source: Option<CounterSource>) -> Watchdog {
         let (done, stop) = std::sync::mpsc::channel::<()>();
         let client = ControlClient::new(socket, Duration::from_secs(2));
         let thread = std::thread::spawn(move || {
@@ -243,9 +259,9 @@ impl Watchdog {
                 }
                 for kind in frames.fresh(watch.agent_log.as_deref()) {
                     match kind.as_str() {
-                        "workload-begin" => watched.window.begin = Some(snapshot(&counters)),
-                        "workload-end" => watched.window.end = Some(snapshot(&counters)),
-                        "done" => watched.window.done = Some(snapshot(&counters)),
+                        "workload-begin" => watched.window.begin = Some(snapshot(&counters, source.as_ref())),
+                        "workload-end" => watched.window.end = Some(snapshot(&counters, source.as_ref())),
+                        "done" => watched.window.done = Some(snapshot(&counters, source.as_ref())),
                         _ => {}
                     }
                 }
@@ -423,6 +439,7 @@ pub fn run_qemu(boot: &QemuBoot<'_>, spec: &VmSpec, watch: &Watch, model: Option
         silent_for,
         answered_ms: None,
         run_ms: Some(run_ms),
+        vmm_stderr: String::new(),
     }
 }
 

@@ -35,7 +35,7 @@ pub fn is_id(name: &str, kind: &str) -> bool {
 
 /// Resolves a Linux image of `plan` (not the probe), building what its recipe asks for.
 pub fn resolve(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Resolved, String> {
-    let built = build_recipe(plan, image, store)?;
+    let built = build_recipe(&|p| plan.resolve(p), image, store)?;
     let kernel_name = built.as_ref().map_or(image.kernel.clone(), |b| b.0.clone());
     let (kernel, manifest) = if is_id(&kernel_name, "kernel") {
         let manifest: KernelManifest =
@@ -88,7 +88,7 @@ pub fn prepare(plan: &Plan, store: &ImageStore, note: &dyn Fn(&str)) -> Result<(
             n => format!(", {} built with {n} patch(es)", image.driver.rsplit('/').next().unwrap_or_default()),
         };
         note(&format!("image {}: kernel {}, initrd {}{what}", image.name, image.kernel, initrd_name(image)));
-        if let Some((kernel, initrd)) = build_recipe(plan, image, store)? {
+        if let Some((kernel, initrd)) = build_recipe(&|p| plan.resolve(p), image, store)? {
             let initrd = initrd.map(|i| format!(", {}", i.display())).unwrap_or_default();
             note(&format!("image {}: {kernel}{initrd}", image.name));
         }
@@ -106,15 +106,20 @@ pub fn is_recipe(image: &Image) -> bool {
 }
 
 /// Builds an image's recipe, once per process and inputs: the kernel image's ID and the
-/// initramfs image's ID, or `None` for an image that is no recipe.
-fn build_recipe(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Option<(String, Option<PathBuf>)>, String> {
+/// initramfs image's ID, or `None` for an image that is no recipe. `resolve` turns the
+/// matrix's relative paths (patches) into paths.
+fn build_recipe(
+    resolve: &dyn Fn(&Path) -> PathBuf,
+    image: &Image,
+    store: &ImageStore,
+) -> Result<Option<(String, Option<PathBuf>)>, String> {
     static BUILT: Mutex<BTreeMap<String, (String, Option<PathBuf>)>> = Mutex::new(BTreeMap::new());
     if !is_recipe(image) {
         return Ok(None);
     }
     let debian = image.is_debian_kernel();
     let agent = image.initrd.as_deref() == Some(Path::new("agent"));
-    let patches: Vec<PathBuf> = image.patches.iter().map(|p| plan.resolve(p)).collect();
+    let patches: Vec<PathBuf> = image.patches.iter().map(|p| resolve(p)).collect();
     let module = image.module_name();
     let key = format!("{}|{}|{}|{module}|{:?}|{agent}", store.root().display(), image.kernel, image.driver, patches);
     // One build at a time: two workers wanting the same image wait for the first.
@@ -153,6 +158,34 @@ fn build_recipe(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Option
     };
     built.insert(key, (kernel.clone(), initrd.clone()));
     Ok(Some((kernel, initrd)))
+}
+
+/// The matrix `text` (read from `file`) with every recipe image built here, into `store`, and
+/// named by its store IDs instead (`kernel`, `initrd`; `patches`, `driver` and `module` gone):
+/// what a daemon that reads this host's image store but builds nothing (the nested lab box) is
+/// sent. Progress through `note`. The rest of the matrix is left as it is, for the daemon to
+/// check with its own devices.
+pub fn pin_recipes(file: &Path, text: &str, store: &ImageStore, note: &dyn Fn(&str)) -> Result<String, String> {
+    let mut table: toml::Table = text.parse().map_err(|e| format!("{}: {e}", file.display()))?;
+    let base = file.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let resolve = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+    let Some(toml::Value::Array(images)) = table.get_mut("image") else { return Ok(text.to_string()) };
+    for entry in images.iter_mut() {
+        let image: Image = entry.clone().try_into().map_err(|e| format!("{}: image: {e}", file.display()))?;
+        let Some((kernel, initrd)) = build_recipe(&resolve, &image, store)? else { continue };
+        let toml::Value::Table(fields) = entry else { continue };
+        fields.insert("kernel".into(), toml::Value::String(kernel.clone()));
+        match &initrd {
+            Some(initrd) => fields.insert("initrd".into(), toml::Value::String(initrd.display().to_string())),
+            None => fields.remove("initrd"),
+        };
+        for key in ["patches", "driver", "module"] {
+            fields.remove(key);
+        }
+        let initrd = initrd.map(|i| format!(", initrd {}", i.display())).unwrap_or_default();
+        note(&format!("image {}: built here: kernel {kernel}{initrd}", image.name));
+    }
+    toml::to_string(&table).map_err(|e| e.to_string())
 }
 
 fn manifest_kernel(manifest: &InitramfsManifest) -> Option<String> {

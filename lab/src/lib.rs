@@ -18,6 +18,7 @@ pub mod images;
 pub mod kcidb;
 pub mod matrix;
 pub mod model_process;
+pub mod nested_box;
 pub mod peer;
 pub mod probe_report;
 pub mod qemu;

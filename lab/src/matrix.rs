@@ -148,6 +148,10 @@ pub struct Device {
     /// The guest's IPv6 address and prefix on the wire [default: fd77::2/64].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_ip6: Option<String>,
+    /// The peer also serves the device's model counters (`driverlab model counters` over SSH):
+    /// the nested lab box's cards, which are models on the host [default: false].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub peer_counters: bool,
 }
 
 /// What a device is, once checked.
@@ -192,6 +196,8 @@ impl Device {
                     format!("{peer:?} is not an SSH destination: give [user@]host (letters, digits, . - _)"),
                 );
             }
+        } else if self.peer_counters {
+            return fail(".peer_counters", "the counters come from the device's peer: give peer too".into());
         } else if self.peer_ip.is_some()
             || self.guest_ip.is_some()
             || self.peer_ip6.is_some()

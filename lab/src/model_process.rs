@@ -54,6 +54,17 @@ impl ModelProcess {
         args: &[&str],
         netns: Option<&str>,
     ) -> Result<ModelProcess, ModelError> {
+        ModelProcess::start_logged(driverlab, kind, args, netns, None)
+    }
+
+    /// The same, its stderr (the model's log) into `log` instead of nowhere.
+    pub fn start_logged(
+        driverlab: &Path,
+        kind: &str,
+        args: &[&str],
+        netns: Option<&str>,
+        log: Option<std::fs::File>,
+    ) -> Result<ModelProcess, ModelError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let start_error = |source| ModelError::Start { kind: kind.to_string(), source };
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -81,7 +92,8 @@ impl ModelProcess {
             None => None,
         };
         crate::vm_process::die_with_parent(&mut command);
-        let child = match command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn() {
+        let stderr = log.map_or_else(Stdio::null, Stdio::from);
+        let child = match command.stdout(Stdio::piped()).stderr(stderr).spawn() {
             Ok(child) => child,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);

@@ -107,15 +107,11 @@ impl Peer {
     pub fn namespace() -> Result<Peer, PeerError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let netns = format!("driverlab-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        ip(&["netns", "add", &netns])?;
         let addresses = Addresses::default();
+        ip(&["netns", "add", &netns])?;
         let mut peer = Peer { place: Place::Namespace(netns.clone()), iperf: None, addresses };
         let ns = netns.as_str();
-        ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        ip(&["-n", ns, "tuntap", "add", "dev", TAP, "mode", "tap"])?;
-        ip(&["-n", ns, "addr", "add", &format!("{}/24", peer.addresses.peer_v4), "dev", TAP])?;
-        ip(&["-n", ns, "-6", "addr", "add", &format!("{}/64", peer.addresses.peer_v6), "dev", TAP, "nodad"])?;
-        ip(&["-n", ns, "link", "set", TAP, "up"])?;
+        wire(ns, &peer.addresses)?;
         let mut command = Command::new("ip");
         command
             .args(["netns", "exec", ns, "iperf3", "-s"])
@@ -228,6 +224,132 @@ impl Drop for Peer {
             if let Err(e) = ip(&["netns", "del", netns]) {
                 tracing::warn!("{e}");
             }
+        }
+    }
+}
+
+/// A device model's counters from a host NIC's peer: the nested lab box's cards are models on
+/// the host, whose gate answers `driverlab model counters` with a status line for each line it
+/// reads ([`crate::nested_box::gate`]). One SSH session for the whole repetition, so that each
+/// look costs a round trip, not a handshake.
+pub struct RemoteCounters {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+/// How long one look at a remote model's counters may take.
+const REMOTE_LOOK: Duration = Duration::from_secs(10);
+
+impl RemoteCounters {
+    /// Opens the session to `destination` and takes a first look (so that a peer that cannot
+    /// answer is an error now, not a missing figure later).
+    pub fn open(destination: &str) -> Result<RemoteCounters, PeerError> {
+        let ssh = ssh_program();
+        let what = format!("{ssh} {destination} driverlab model counters");
+        let mut command = Command::new(&ssh);
+        command
+            .args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5", "--"])
+            .arg(destination)
+            .args(["driverlab", "model", "counters"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        crate::vm_process::die_with_parent(&mut command);
+        let mut child =
+            command.spawn().map_err(|e| PeerError::Command { what: what.clone(), detail: e.to_string() })?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut remote = RemoteCounters { child, stdin, lines };
+        let first = remote.look();
+        if first.as_ref().is_none_or(|v| v.get("counters").is_none()) {
+            let _ = remote.child.kill();
+            let _ = remote.child.wait();
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text);
+            let said = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().trim().to_string();
+            let got = first.map(|v| v.to_string()).unwrap_or_else(|| "no answer".into());
+            return Err(PeerError::Command {
+                what,
+                detail: if said.is_empty() { got } else { format!("{got}: {said}") },
+            });
+        }
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text);
+        });
+        Ok(remote)
+    }
+
+    fn look(&mut self) -> Option<serde_json::Value> {
+        use std::io::Write;
+        self.stdin.write_all(b"\n").ok()?;
+        self.stdin.flush().ok()?;
+        let line = self.lines.recv_timeout(REMOTE_LOOK).ok()?;
+        serde_json::from_str(&line).ok()
+    }
+
+    /// What the model has counted so far, or `None` when the peer does not answer in time.
+    pub fn counters(&mut self) -> Option<vm_spec::counters::ModelCounters> {
+        serde_json::from_value(self.look()?.get("counters")?.clone()).ok()
+    }
+}
+
+impl Drop for RemoteCounters {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sets up the peer's end of the wire in the network namespace `netns`, which exists: loopback
+/// up, the TAP device [`TAP`] with the peer's addresses, up.
+fn wire(ns: &str, addresses: &Addresses) -> Result<(), PeerError> {
+    ip(&["-n", ns, "link", "set", "lo", "up"])?;
+    ip(&["-n", ns, "tuntap", "add", "dev", TAP, "mode", "tap"])?;
+    ip(&["-n", ns, "addr", "add", &format!("{}/24", addresses.peer_v4), "dev", TAP])?;
+    ip(&["-n", ns, "-6", "addr", "add", &format!("{}/64", addresses.peer_v6), "dev", TAP, "nodad"])?;
+    ip(&["-n", ns, "link", "set", TAP, "up"])
+}
+
+/// A network namespace with the peer's end of a model's wire ([`TAP`] with the peer's
+/// addresses) and no server in it: the nested lab box's cards, whose iperf3 servers their SSH
+/// peer starts per test. Dropping it deletes the namespace.
+pub struct WireNamespace {
+    netns: String,
+}
+
+impl WireNamespace {
+    /// Creates `netns` (deleting a stale one of the same name first) with the wire in it. Needs
+    /// root.
+    pub fn create(netns: &str, addresses: &Addresses) -> Result<WireNamespace, PeerError> {
+        let _ = ip(&["netns", "del", netns]);
+        ip(&["netns", "add", netns])?;
+        let namespace = WireNamespace { netns: netns.to_string() };
+        wire(netns, addresses)?;
+        Ok(namespace)
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.netns
+    }
+}
+
+impl Drop for WireNamespace {
+    fn drop(&mut self) {
+        let _ = ip(&["-n", &self.netns, "link", "del", TAP]);
+        if let Err(e) = ip(&["netns", "del", &self.netns]) {
+            tracing::warn!("{e}");
         }
     }
 }

@@ -69,6 +69,11 @@ pub fn default_root() -> PathBuf {
     guest_images::store::cache_dir().join("forky-qemu")
 }
 
+/// Where Debian's QEMU packages and their firmware dependencies (SeaBIOS, iPXE, OVMF) put the
+/// files QEMU loads.
+const DATA_FOLDERS: &[&str] =
+    &["usr/share/qemu", "usr/share/seabios", "usr/lib/ipxe/qemu", "usr/share/ipxe/qemu", "usr/share/ovmf"];
+
 /// One guest for QEMU to run.
 #[derive(Debug, Clone)]
 pub struct Machine<'a> {
@@ -120,17 +125,24 @@ impl Qemu {
         self.root.join("usr/lib64/ld-linux-x86-64.so.2")
     }
 
-    /// `qemu-system-x86_64` with `args`, run through the chroot's loader and libraries.
+    /// `qemu-system-x86_64` with `args`, run through the chroot's loader and libraries, and
+    /// every firmware folder of the chroot named with `-L`: QEMU looks for its data files in the
+    /// `-L` folders and then in its built-in host ones (`/usr/share/qemu`, `/usr/share/seabios`,
+    /// ...), and Debian's `/usr/share/qemu` holds links into those, so a chroot's QEMU would
+    /// otherwise load the host's firmware, or fail on a host that has none.
     pub fn command(&self, args: &[String]) -> Command {
         let mut command = Command::new(self.loader());
+        command.arg("--library-path").arg(self.root.join("usr/lib/x86_64-linux-gnu")).arg(self.binary());
+        for folder in self.data_folders() {
+            command.arg("-L").arg(folder);
+        }
+        command.args(args);
         command
-            .arg("--library-path")
-            .arg(self.root.join("usr/lib/x86_64-linux-gnu"))
-            .arg(self.binary())
-            .arg("-L")
-            .arg(self.root.join("usr/share/qemu"))
-            .args(args);
-        command
+    }
+
+    /// The chroot's folders of QEMU data files that exist, in the order QEMU should search them.
+    pub fn data_folders(&self) -> Vec<PathBuf> {
+        DATA_FOLDERS.iter().map(|f| self.root.join(f)).filter(|p| p.is_dir()).collect()
     }
 
     /// QEMU's version line (`QEMU emulator version 11.1.2 (Debian ...)`).

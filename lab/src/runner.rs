@@ -119,6 +119,20 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
         Ok(peer) => peer,
         Err(e) => return fail(record, Status::Error, e.to_string()),
     };
+    // A host device that is a model behind its peer (a nested lab box's card): its counters
+    // through the peer, for the cross-check against the virtio-iommu's.
+    let remote_counters = match (&device.peer, device.peer_counters) {
+        (Some(destination), true) => match crate::peer::RemoteCounters::open(destination) {
+            Ok(remote) => {
+                let remote = std::sync::Mutex::new(remote);
+                let source: engine::CounterSource =
+                    std::sync::Arc::new(move || remote.lock().unwrap_or_else(|p| p.into_inner()).counters());
+                Some(source)
+            }
+            Err(e) => return fail(record, Status::Error, format!("the model's counters: {e}")),
+        },
+        _ => None,
+    };
 
     // The device: a fresh model for this VM (its wire the peer's TAP, with a peer), or the
     // host device.
@@ -173,7 +187,14 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
                 Ok(dir) => dir,
                 Err(e) => return fail(record, Status::Error, format!("a folder for the control socket: {e}")),
             };
-            let booted = engine::run_driverlab(&ctx.driverlab, spec, &private.join("vm.sock"), &watch, model);
+            let booted = engine::run_driverlab(
+                &ctx.driverlab,
+                spec,
+                &private.join("vm.sock"),
+                &watch,
+                model,
+                remote_counters.clone(),
+            );
             let _ = std::fs::remove_dir_all(&private);
             booted
         }
@@ -192,6 +213,9 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
         }
     };
     drop(peer);
+    if !booted.vmm_stderr.is_empty() {
+        let _ = std::fs::write(rep_dir.join("vmm.log"), &booted.vmm_stderr);
+    }
 
     record.timings.vm_start_ms = booted.answered_ms;
     record.serial_log = serial_log.strip_prefix(&ctx.artifacts).ok().map(|p| p.display().to_string());

@@ -554,6 +554,13 @@ impl Store {
         Ok(n > 0)
     }
 
+    /// Writes a consistent copy of the whole database to `to` (which must not exist), while
+    /// runs go on writing: what another box merges with [`Store::import`].
+    pub fn snapshot(&self, to: &Path) -> Result<(), StoreError> {
+        self.conn.execute("VACUUM INTO ?1", params![to.display().to_string()]).map_err(self.sql())?;
+        Ok(())
+    }
+
     /// Merges every run of the database at `other` that this one lacks, with its cells and
     /// results; results already here are kept. Returns (runs added, results added).
     pub fn import(&mut self, other: &Path) -> Result<(usize, usize), StoreError> {

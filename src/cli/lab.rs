@@ -84,6 +84,11 @@ pub struct RunArgs {
     /// Record cells this host cannot run as SKIP (with the reason) instead of refusing the matrix.
     #[arg(long)]
     pub skip_unrunnable: bool,
+    /// Build the matrix's image recipes (`kernel = "debian"`, `initrd = "agent"`, `patches`) on
+    /// this host, into its image store, and send the daemon their IDs: for a daemon that reads
+    /// this host's store, such as the nested box.
+    #[arg(long)]
+    pub build_here: bool,
     /// The report's format.
     #[arg(long, value_enum, default_value = "md")]
     pub format: Format,
@@ -212,9 +217,15 @@ pub struct ExportArgs {
 /// Options of `lab import`.
 #[derive(Args)]
 pub struct ImportArgs {
-    /// The other database.
-    #[arg(value_name = "DB")]
-    pub other: PathBuf,
+    /// The other database (an existing results database); or, with --url, none: the daemon's.
+    #[arg(value_name = "DB", required_unless_present = "url")]
+    pub other: Option<PathBuf>,
+    /// Import the database of the daemon at this URL (`GET /v1/database`), e.g. a lab box's.
+    #[arg(long, value_name = "URL", env = "DRIVERLAB_URL", requires = "token_file", conflicts_with = "other")]
+    pub url: Option<String>,
+    /// The file whose first line is the daemon's bearer token (for --url).
+    #[arg(long, value_name = "FILE", env = "DRIVERLAB_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// Database.
     #[command(flatten)]
     pub db: DbArgs,
@@ -265,9 +276,34 @@ impl LabCommand {
                 Ok(0)
             }
             LabCommand::Import(args) => {
+                let scratch = tempfile::tempdir()?;
+                let (other, from) = match (&args.url, &args.other) {
+                    (Some(url), _) => {
+                        let daemon = super::lab_remote::DaemonArgs {
+                            socket: None,
+                            url: Some(url.clone()),
+                            token_file: args.token_file.clone(),
+                        };
+                        let client = daemon.client()?.context("no daemon")?;
+                        let copy = scratch.path().join("lab.db");
+                        super::lab_remote::download_database(&client, &copy)?;
+                        (copy, url.clone())
+                    }
+                    (None, Some(other)) => {
+                        if !other.is_file() {
+                            return Err(CodedError {
+                                message: format!("{}: no such results database", other.display()),
+                                code: 2,
+                            }
+                            .into());
+                        }
+                        (other.clone(), other.display().to_string())
+                    }
+                    (None, None) => unreachable!("clap requires DB or --url"),
+                };
                 let mut store = args.db.open()?;
-                let (runs, results) = store.import(&args.other)?;
-                println!("imported {runs} runs and {results} results from {}", args.other.display());
+                let (runs, results) = store.import(&other)?;
+                println!("imported {runs} runs and {results} results from {from}");
                 Ok(0)
             }
             LabCommand::Devices(db) => {
@@ -436,7 +472,16 @@ fn catch_interrupt() {
 
 fn run_matrix(args: RunArgs) -> anyhow::Result<u8> {
     if let Some(client) = args.daemon.client()? {
-        return super::lab_remote::run(&client, &args.matrix, args.skip_unrunnable, args.format);
+        let text = std::fs::read_to_string(&args.matrix)
+            .map_err(|e| CodedError { message: format!("{}: {e}", args.matrix.display()), code: 2 })?;
+        let text = if args.build_here {
+            let images = guest_images::store::ImageStore::new(guest_images::store::default_root());
+            lab::images::pin_recipes(&args.matrix, &text, &images, &|line| eprintln!("{line}"))
+                .map_err(|message| CodedError { message, code: 1 })?
+        } else {
+            text
+        };
+        return super::lab_remote::run(&client, text.into_bytes(), args.skip_unrunnable, args.format);
     }
     let plan = Plan::load(&args.matrix).map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
     let options = options(args.skip_unrunnable)?;

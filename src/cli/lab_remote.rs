@@ -20,12 +20,46 @@ pub struct DaemonArgs {
     /// Go through the daemon on this socket when one answers there (in-process otherwise).
     #[arg(long, value_name = "PATH", env = "DRIVERLAB_SOCKET")]
     pub socket: Option<PathBuf>,
+    /// Go through the daemon at this URL over TCP (`http://HOST:PORT`, e.g. a lab box or the
+    /// nested box), with the bearer token of --token-file; it must answer.
+    #[arg(long, value_name = "URL", env = "DRIVERLAB_URL", conflicts_with = "socket", requires = "token_file")]
+    pub url: Option<String>,
+    /// The file whose first line is the daemon's bearer token (for --url).
+    #[arg(long, value_name = "FILE", env = "DRIVERLAB_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// `HOST:PORT` of an `http://HOST:PORT[/]` URL (or of a bare `HOST:PORT`).
+fn tcp_address(url: &str) -> anyhow::Result<String> {
+    let rest = url.strip_prefix("http://").unwrap_or(url).trim_end_matches('/');
+    if url.starts_with("https://") {
+        anyhow::bail!("{url}: the daemon speaks plain HTTP; reach a remote one through a tunnel (ssh -L)");
+    }
+    let valid = rest.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !valid || rest.contains('/') {
+        return Err(CodedError { message: format!("--url {url:?}: give http://HOST:PORT"), code: 2 }.into());
+    }
+    Ok(rest.to_string())
 }
 
 impl DaemonArgs {
-    /// A client for the daemon, if one is named and answers; a note on stderr if it is named
-    /// and does not.
+    /// A client for the daemon, if one is named and answers; a note on stderr if a socket is
+    /// named and does not (the command then runs in-process), an error if a URL is.
     pub fn client(&self) -> anyhow::Result<Option<Client>> {
+        if let Some(url) = &self.url {
+            let token_file = self.token_file.as_ref().context("--url needs --token-file")?;
+            let token = std::fs::read_to_string(token_file)
+                .with_context(|| format!("reading the token file {}", token_file.display()))?;
+            let token = token.lines().next().unwrap_or_default().trim().to_string();
+            let client = Client::tcp(tcp_address(url)?, token);
+            return match runtime()?.block_on(client.call("GET", "/v1/version", &[], None)) {
+                Ok(answer) if answer.status == 200 => Ok(Some(client)),
+                Ok(answer) => Err(refused(answer.status, &answer.body)),
+                Err(e) => {
+                    Err(CodedError { message: format!("no driverlab daemon answers at {url}: {e}"), code: 1 }.into())
+                }
+            };
+        }
         let Some(socket) = &self.socket else { return Ok(None) };
         let client = Client::new(socket);
         if runtime()?.block_on(client.answers()) {
@@ -60,8 +94,7 @@ fn accept(format: Format) -> &'static str {
 }
 
 /// `lab run MATRIX` through the daemon.
-pub fn run(client: &Client, matrix: &Path, skip_unrunnable: bool, format: Format) -> anyhow::Result<u8> {
-    let text = std::fs::read(matrix).with_context(|| matrix.display().to_string())?;
+pub fn run(client: &Client, text: Vec<u8>, skip_unrunnable: bool, format: Format) -> anyhow::Result<u8> {
     let runtime = runtime()?;
     let path = if skip_unrunnable { "/v1/runs?skip_unrunnable=true" } else { "/v1/runs" };
     let answer = runtime.block_on(client.call("POST", path, &[("content-type", "application/toml")], Some(text)))?;
@@ -151,14 +184,20 @@ async fn follow(client: &Client, run: &str, format: Format) -> anyhow::Result<u8
                 }
             }
         })
-        .await?;
+        .await;
     ctrl_c.abort();
+    let refused_status = match refused_status {
+        Ok(refused) => refused,
+        Err(e) => return Ok(interrupted(run, &e.to_string())),
+    };
     if let Some(status) = refused_status {
         return Err(
             CodedError { message: format!("the daemon answered {status} for the run's events"), code: 1 }.into()
         );
     }
-    let status = last.context("the event stream ended before the run did")?;
+    let Some(status) = last.filter(|s| !matches!(s.state.as_str(), "queued" | "running")) else {
+        return Ok(interrupted(run, "the daemon closed the run's event stream before the run ended"));
+    };
     let report = fetch_report(client, run, None, format).await?;
     print!("{report}");
     if !report.ends_with('\n') {
@@ -168,6 +207,12 @@ async fn follow(client: &Client, run: &str, format: Format) -> anyhow::Result<u8
     println!("{}", last_line(run, status.cells_total, count, status.state == "cancelled"));
     let clean = count(Status::Fail) + count(Status::Error) + count(Status::Miss) == 0;
     Ok(if clean && status.state == "done" { 0 } else { 1 })
+}
+
+/// A run whose daemon went away while it was followed: the last line says so, exit code 1.
+fn interrupted(run: &str, why: &str) -> u8 {
+    println!("run {run}: interrupted: {why}; `driverlab lab resume {run}` once the daemon is back");
+    1
 }
 
 async fn get_json<T: serde::de::DeserializeOwned>(client: &Client, path: &str) -> anyhow::Result<T> {
@@ -219,4 +264,13 @@ pub fn show(client: &Client, run: &str, json: bool) -> anyhow::Result<u8> {
         println!("{}", super::lab::record_line(r));
     }
     Ok(0)
+}
+
+/// Writes the daemon's results database (`GET /v1/database`) to `to`.
+pub fn download_database(client: &Client, to: &Path) -> anyhow::Result<()> {
+    let answer = runtime()?.block_on(client.call("GET", "/v1/database", &[], None))?;
+    if answer.status != 200 {
+        return Err(refused(answer.status, &answer.body));
+    }
+    std::fs::write(to, &answer.body).with_context(|| to.display().to_string())
 }

@@ -8,6 +8,7 @@ mod image;
 mod lab;
 mod lab_remote;
 mod model;
+mod nested_box;
 mod probe;
 mod serve;
 mod vm;
@@ -61,6 +62,10 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Send one request to a running `driverlab serve` and print the response.
     Api(serve::ApiArgs),
+    /// A lab box without hardware: an L1 VM under QEMU (TCG with SVM) running `driverlab serve`,
+    /// the host's device models as its PCI cards on vfio-pci (docs/nested-box.md).
+    #[command(subcommand, name = "nested-box")]
+    NestedBox(nested_box::NestedBoxCommand),
     /// Benchmarks that print figures, compared with a reference in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -80,6 +85,7 @@ impl Command {
             Command::Doctor(args) => doctor::run(args),
             Command::Serve(args) => serve::serve(args),
             Command::Api(args) => serve::request(args),
+            Command::NestedBox(cmd) => cmd.run(),
             Command::Bench(cmd) => cmd.run(),
         }
     }

@@ -39,7 +39,7 @@ pub mod code {
     pub const SHUTDOWN: i32 = 7;
 }
 
-/// Exit counters.
+/// Exit counters: totals, the exits by kind, and the census of the addresses that exited most.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ExitCounts {
     /// Port I/O exits.
@@ -47,6 +47,30 @@ pub struct ExitCounts {
     /// MMIO exits.
     pub mmio: u64,
     /// Accesses no device claimed.
+    pub unclaimed: u64,
+    /// Exits by kind: `io_in`, `io_out`, `mmio_read`, `mmio_write` (a string port access that
+    /// moves several items is one exit).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub by_kind: std::collections::BTreeMap<String, u64>,
+    /// The ports that exited most, busiest first (at most [`CENSUS_TOP`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top_ports: Vec<AddressCount>,
+    /// The MMIO addresses that exited most, busiest first (at most [`CENSUS_TOP`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top_mmio: Vec<AddressCount>,
+}
+
+/// How many addresses of each space the census lists.
+pub const CENSUS_TOP: usize = 8;
+
+/// One address of the exit census: how often guest accesses there reached the VMM.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AddressCount {
+    /// The port or guest-physical address, in hex (`0x3fd`).
+    pub addr: String,
+    /// Accesses a device answered.
+    pub claimed: u64,
+    /// Accesses no device claimed (reads answered all ones, writes dropped).
     pub unclaimed: u64,
 }
 
@@ -212,7 +236,7 @@ mod tests {
             first_serial_ms: Some(1.0),
             serial_bytes: 10,
             com2_bytes: None,
-            exits: ExitCounts { io: 11, mmio: 0, unclaimed: 0 },
+            exits: ExitCounts { io: 11, mmio: 0, unclaimed: 0, ..ExitCounts::default() },
             viommu: None,
             devices: vec![DeviceSummary {
                 device: DeviceCounters {

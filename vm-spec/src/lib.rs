@@ -11,6 +11,7 @@
 //! - [`control`]: the control socket's routes and messages (`vm.info`, `vm.counters`,
 //!   `vm.shutdown`).
 //! - [`bdf`]: PCI addresses.
+//! - [`nic`]: the NICs driverlab models and drives ([`NicKind`]).
 //! - [`host`]: what this host's `/dev/kvm` can run (hardware virtualization, PVM), so that a
 //!   parent refuses what cannot boot before it starts a VMM.
 //!
@@ -21,8 +22,10 @@ pub mod control;
 pub mod counters;
 pub mod exit;
 pub mod host;
+pub mod nic;
 pub mod spec;
 
 pub use bdf::Bdf;
-pub use exit::{DeviceCounters, DeviceSummary, ErrorKind, ErrorLine, ExitCounts, ExitSummary};
+pub use exit::{AddressCount, DeviceCounters, DeviceSummary, ErrorKind, ErrorLine, ExitCounts, ExitSummary};
+pub use nic::NicKind;
 pub use spec::{DeviceSpec, Entry, IommuSpec, Kernel, SerialOutput, SerialSpec, SpecError, VmSpec};

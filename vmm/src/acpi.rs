@@ -213,6 +213,8 @@ fn fadt(dsdt_addr: u64) -> Vec<u8> {
     fadt.sleep_status_reg = io(ACPI_PM_BASE + 1);
     fadt.reset_reg = io(ACPI_PM_BASE + 2);
     fadt.reset_value = ACPI_RESET_VALUE;
+    // Where the CMOS clock keeps the century (Linux's mc146818 reads it from here).
+    fadt.century = devices::rtc::CENTURY as u8;
     fadt.hypervisor_vendor_identity = u64::from_le_bytes(*b"DRVLAB\0\0").into();
     bytes(&fadt.finalize())
 }

@@ -357,7 +357,7 @@ mod tests {
                 run_ms: 5.0,
                 serial_bytes: 42,
                 com2_bytes: Some(7),
-                exits: ExitCounts { io: 3, mmio: 4, unclaimed: 0 },
+                exits: ExitCounts { io: 3, mmio: 4, unclaimed: 0, ..ExitCounts::default() },
                 viommu: None,
                 devices: Vec::new(),
             }

@@ -6,9 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
 use vm_device::guest_event::{GuestEvent, GuestEventSink};
-use vm_spec::ExitCounts;
+
+use vm_spec::exit::CENSUS_TOP;
 use vm_spec::exit::code;
+use vm_spec::{AddressCount, ExitCounts};
 
 /// Why a VM stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,7 +205,42 @@ impl GuestEventSink for VmStop {
     }
 }
 
-/// VM exits that reached the VMM, counted over all vCPUs.
+/// The kinds of exits the census counts apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitKind {
+    /// `in`.
+    IoIn,
+    /// `out`.
+    IoOut,
+    /// An MMIO read.
+    MmioRead,
+    /// An MMIO write.
+    MmioWrite,
+}
+
+impl ExitKind {
+    const ALL: [ExitKind; 4] = [ExitKind::IoIn, ExitKind::IoOut, ExitKind::MmioRead, ExitKind::MmioWrite];
+
+    fn name(self) -> &'static str {
+        match self {
+            ExitKind::IoIn => "io_in",
+            ExitKind::IoOut => "io_out",
+            ExitKind::MmioRead => "mmio_read",
+            ExitKind::MmioWrite => "mmio_write",
+        }
+    }
+
+    fn is_io(self) -> bool {
+        matches!(self, ExitKind::IoIn | ExitKind::IoOut)
+    }
+}
+
+/// Per address: accesses claimed and unclaimed.
+type Census = HashMap<u64, [u64; 2]>;
+
+/// VM exits that reached the VMM, counted over all vCPUs: totals, by kind, and a census of the
+/// addresses (ports and MMIO apart). Always on: an exit costs a few microseconds, a census entry
+/// an uncontended lock and a hash-map update.
 #[derive(Debug, Default)]
 pub struct ExitCounters {
     /// Port I/O exits.
@@ -211,15 +249,50 @@ pub struct ExitCounters {
     pub mmio: AtomicU64,
     /// Accesses no device claimed.
     pub unclaimed: AtomicU64,
+    by_kind: [AtomicU64; 4],
+    ports: Mutex<Census>,
+    mmio_addresses: Mutex<Census>,
 }
 
 impl ExitCounters {
+    /// Counts one exit of `kind` at `addr`, with its accesses (a string I/O exit has several):
+    /// how many of them a device claimed and how many none did.
+    pub fn record(&self, kind: ExitKind, addr: u64, claimed: u64, unclaimed: u64) {
+        let total = if kind.is_io() { &self.io } else { &self.mmio };
+        total.fetch_add(1, Ordering::Relaxed);
+        self.by_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
+        if unclaimed > 0 {
+            self.unclaimed.fetch_add(unclaimed, Ordering::Relaxed);
+        }
+        let census = if kind.is_io() { &self.ports } else { &self.mmio_addresses };
+        let mut census = census.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = census.entry(addr).or_default();
+        entry[0] += claimed;
+        entry[1] += unclaimed;
+    }
+
     /// A snapshot.
     pub fn counts(&self) -> ExitCounts {
+        let top = |census: &Mutex<Census>| {
+            let census = census.lock().unwrap_or_else(|p| p.into_inner());
+            let mut all: Vec<(u64, [u64; 2])> = census.iter().map(|(&a, &c)| (a, c)).collect();
+            all.sort_by_key(|&(addr, [c, u])| (std::cmp::Reverse(c + u), addr));
+            all.into_iter()
+                .take(CENSUS_TOP)
+                .map(|(addr, [claimed, unclaimed])| AddressCount { addr: format!("{addr:#x}"), claimed, unclaimed })
+                .collect()
+        };
         ExitCounts {
             io: self.io.load(Ordering::Relaxed),
             mmio: self.mmio.load(Ordering::Relaxed),
             unclaimed: self.unclaimed.load(Ordering::Relaxed),
+            by_kind: ExitKind::ALL
+                .iter()
+                .map(|k| (k.name().to_string(), self.by_kind[*k as usize].load(Ordering::Relaxed)))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            top_ports: top(&self.ports),
+            top_mmio: top(&self.mmio_addresses),
         }
     }
 }
@@ -278,5 +351,29 @@ mod tests {
         obeyed.request_shutdown(Duration::from_secs(30));
         obeyed.guest_event(GuestEvent::PowerOff);
         assert_eq!(obeyed.wait(None), ExitReason::PowerOff);
+    }
+
+    #[test]
+    fn the_census_counts_kinds_and_ranks_addresses_claimed_and_unclaimed() {
+        let counters = ExitCounters::default();
+        for _ in 0..5 {
+            counters.record(ExitKind::IoIn, 0x71, 0, 1);
+        }
+        counters.record(ExitKind::IoOut, 0x70, 1, 0);
+        counters.record(ExitKind::IoOut, 0x3f8, 16, 0);
+        counters.record(ExitKind::MmioWrite, 0xc000_0000, 1, 0);
+        let c = counters.counts();
+        assert_eq!((c.io, c.mmio, c.unclaimed), (7, 1, 5));
+        assert_eq!(c.by_kind["io_in"], 5);
+        assert_eq!(c.by_kind["io_out"], 2);
+        assert!(!c.by_kind.contains_key("mmio_read"), "kinds that never exited are left out");
+        let ports: Vec<(&str, u64, u64)> =
+            c.top_ports.iter().map(|a| (a.addr.as_str(), a.claimed, a.unclaimed)).collect();
+        assert_eq!(ports, [("0x3f8", 16, 0), ("0x71", 0, 5), ("0x70", 1, 0)], "busiest first, by accesses");
+        assert_eq!(c.top_mmio[0].addr, "0xc0000000");
+        for port in 0..20u64 {
+            counters.record(ExitKind::IoIn, 0x1000 + port, 1, 0);
+        }
+        assert_eq!(counters.counts().top_ports.len(), CENSUS_TOP);
     }
 }

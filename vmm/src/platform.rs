@@ -10,6 +10,7 @@ use devices::pci::{PciConfigIo, PciConfigMmio, PciRoot};
 use devices::power::{
     ACPI_PM_BASE, ACPI_PM_LEN, AcpiPower, I8042, I8042_BASE, I8042_LEN, PVPANIC_PORT, PostCode, PvPanic,
 };
+use devices::rtc::{CmosRtc, RTC_BASE, RTC_LEN};
 use devices::serial::{COM1_BASE, COM1_IRQ, COM2_BASE, COM2_IRQ, SerialPort, SerialStats, UART_LEN};
 use devices::virtio::iommu::{self, IommuHandle, VirtioIommu};
 use devices::virtio::pci::{BAR_SIZE as VIRTIO_BAR_SIZE, VirtioPciDevice};
@@ -136,6 +137,7 @@ pub fn build(
     io_bus.insert(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042::new(events.clone()))))?;
     io_bus.insert(PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic::new(events))))?;
     io_bus.insert(0x80, 1, Arc::new(Mutex::new(PostCode)))?;
+    io_bus.insert(RTC_BASE, RTC_LEN, Arc::new(Mutex::new(CmosRtc::default())))?;
 
     let pci = Arc::new(Mutex::new(PciRoot::new(mmio_bus.clone(), io_bus.clone())));
     io_bus.insert(CONFIG_IO_BASE, CONFIG_IO_LEN, Arc::new(Mutex::new(PciConfigIo::new(pci.clone()))))?;

@@ -2,8 +2,9 @@
 //! thread out of KVM_RUN when the VM stops.
 
 use std::cell::Cell;
+use std::os::unix::thread::JoinHandleExt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 use kvm_bindings::{CpuId, kvm_fpu, kvm_run};
@@ -14,7 +15,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
 use crate::boot::BootEntry;
-use crate::exit::{ExitCounters, ExitReason, VmStop};
+use crate::exit::{ExitCounters, ExitKind, ExitReason, VmStop};
 use crate::x86::{boot_cpu, cpuid, lapic, msr};
 
 /// KVM_INTERNAL_ERROR_EMULATION.
@@ -71,6 +72,36 @@ pub struct Vcpu {
     stop: Arc<VmStop>,
     counters: Arc<ExitCounters>,
     final_rips: Arc<std::sync::Mutex<Vec<Option<u64>>>>,
+}
+
+/// A running vCPU thread.
+pub struct VcpuThread {
+    handle: JoinHandle<()>,
+    done: Arc<AtomicBool>,
+}
+
+impl VcpuThread {
+    /// Whether the thread has left the guest for good and dropped what it held.
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Sends the kick signal to the thread.
+    pub fn kick(&self) {
+        use vmm_sys_util::signal::Killable;
+        let _ = self.handle.kill(kick_signal());
+    }
+
+    /// Waits for the thread to end, once [`VcpuThread::is_done`]. A filtered thread ends with the
+    /// exit system call, which std's join cannot tell from a lost thread, so it is joined with
+    /// pthread_join (which frees its stack) and std's handle is forgotten.
+    pub fn join(self) {
+        let thread = self.handle.as_pthread_t();
+        // SAFETY: the thread was created joinable and nobody else joins or detaches it; the
+        // handle that could is forgotten right after.
+        unsafe { libc::pthread_join(thread, std::ptr::null_mut()) };
+        std::mem::forget(self.handle);
+    }
 }
 
 /// What the VM shares with each of its vCPUs.
@@ -140,12 +171,16 @@ impl Vcpu {
     }
 
     /// Starts the vCPU's thread, which installs `seccomp` (if any) before entering the guest.
-    pub fn start(mut self, seccomp: Option<BpfProgram>) -> std::io::Result<JoinHandle<()>> {
-        std::thread::Builder::new().name(format!("vcpu{}", self.id)).spawn(move || {
+    pub fn start(mut self, seccomp: Option<BpfProgram>) -> std::io::Result<VcpuThread> {
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = done.clone();
+        let handle = std::thread::Builder::new().name(format!("vcpu{}", self.id)).spawn(move || {
+            let filtered = seccomp.is_some();
             if let Some(filter) = seccomp
                 && let Err(e) = crate::seccomp::apply(&filter)
             {
                 self.stop.request(ExitReason::VmmError(format!("vCPU {}: {e}", self.id)));
+                finished.store(true, Ordering::Release);
                 return;
             }
             let run = self.fd.get_kvm_run() as *mut kvm_run;
@@ -157,7 +192,20 @@ impl Vcpu {
             if let Some(slot) = rips.get_mut(self.id as usize) {
                 *slot = rip;
             }
-        })
+            drop(rips);
+            drop(self);
+            finished.store(true, Ordering::Release);
+            if filtered {
+                // The thread ends here, under its filter: glibc's end-of-thread work (TLS
+                // destructors, malloc's arena hand-back) may make calls the filter forbids (an
+                // `open` of /sys/devices/system/cpu/online, seen after Linux guests), so it ends
+                // with the exit system call itself; [`VcpuThread::join`] frees its stack.
+                // SAFETY: everything this thread owned was dropped above; nothing on its stack
+                // is referenced from elsewhere.
+                unsafe { libc::syscall(libc::SYS_exit, 0) };
+            }
+        })?;
+        Ok(VcpuThread { handle, done })
     }
 
     fn run_loop(&mut self, run: *mut kvm_run) {
@@ -184,27 +232,31 @@ impl Vcpu {
         };
         match exit {
             VcpuExit::IoIn(port, data) => {
-                self.counters.io.fetch_add(1, Ordering::Relaxed);
+                let (mut claimed, mut unclaimed) = (0, 0);
                 for item in data.chunks_mut(io_access_size(run)) {
-                    count_unclaimed(&self.counters, self.io_bus.read(port as u64, item), "in", port as u64, &[]);
+                    tally(self.io_bus.read(port as u64, item), &mut claimed, &mut unclaimed, "in", port as u64, &[]);
                 }
+                self.counters.record(ExitKind::IoIn, port as u64, claimed, unclaimed);
                 None
             }
             VcpuExit::IoOut(port, data) => {
-                self.counters.io.fetch_add(1, Ordering::Relaxed);
+                let (mut claimed, mut unclaimed) = (0, 0);
                 for item in data.chunks(io_access_size(run)) {
-                    count_unclaimed(&self.counters, self.io_bus.write(port as u64, item), "out", port as u64, item);
+                    tally(self.io_bus.write(port as u64, item), &mut claimed, &mut unclaimed, "out", port as u64, item);
                 }
+                self.counters.record(ExitKind::IoOut, port as u64, claimed, unclaimed);
                 None
             }
             VcpuExit::MmioRead(addr, data) => {
-                self.counters.mmio.fetch_add(1, Ordering::Relaxed);
-                count_unclaimed(&self.counters, self.mmio_bus.read(addr, data), "mmio read", addr, &[]);
+                let (mut claimed, mut unclaimed) = (0, 0);
+                tally(self.mmio_bus.read(addr, data), &mut claimed, &mut unclaimed, "mmio read", addr, &[]);
+                self.counters.record(ExitKind::MmioRead, addr, claimed, unclaimed);
                 None
             }
             VcpuExit::MmioWrite(addr, data) => {
-                self.counters.mmio.fetch_add(1, Ordering::Relaxed);
-                count_unclaimed(&self.counters, self.mmio_bus.write(addr, data), "mmio write", addr, data);
+                let (mut claimed, mut unclaimed) = (0, 0);
+                tally(self.mmio_bus.write(addr, data), &mut claimed, &mut unclaimed, "mmio write", addr, data);
+                self.counters.record(ExitKind::MmioWrite, addr, claimed, unclaimed);
                 None
             }
             VcpuExit::Shutdown => Some(ExitReason::TripleFault),
@@ -254,9 +306,12 @@ fn io_access_size(run: *mut kvm_run) -> usize {
     usize::from(size.max(1))
 }
 
-fn count_unclaimed(counters: &ExitCounters, access: Access, kind: &str, addr: u64, written: &[u8]) {
+/// Counts one access as claimed or not.
+fn tally(access: Access, claimed: &mut u64, unclaimed: &mut u64, kind: &str, addr: u64, written: &[u8]) {
     if access == Access::Unclaimed {
-        counters.unclaimed.fetch_add(1, Ordering::Relaxed);
+        *unclaimed += 1;
         tracing::trace!("unclaimed {kind} at {addr:#x} {written:02x?}");
+    } else {
+        *claimed += 1;
     }
 }

@@ -1,13 +1,11 @@
 //! Building a VM from a [`VmSpec`] and running it to its end.
 
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-use vmm_sys_util::signal::Killable;
 
 use vm_device::guest_event::GuestEventSink;
 use vm_spec::control::{LiveCounters, VmState};
@@ -110,6 +108,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     }
 
     vcpu::register_kick_handler().map_err(Error::Io)?;
+    crate::seccomp::report_violations().map_err(Error::Io)?;
     let started = Instant::now();
     let observer = Arc::new(RunningVm { platform: platform.clone(), counters: counters.clone(), started });
     control.set_observer(observer);
@@ -236,16 +235,16 @@ fn register_memory(vm: &VmFd, ram: &GuestRam) -> Result<(), Error> {
     Ok(())
 }
 
-/// Kicks every vCPU thread out of KVM_RUN until it exits, then joins it.
-fn stop_vcpus(threads: Vec<JoinHandle<()>>) {
+/// Kicks every vCPU thread out of KVM_RUN until it is done, then joins it.
+fn stop_vcpus(threads: Vec<vcpu::VcpuThread>) {
     let deadline = Instant::now() + VCPU_STOP_GRACE;
     for thread in threads {
-        while !thread.is_finished() && Instant::now() < deadline {
-            let _ = thread.kill(vcpu::kick_signal());
+        while !thread.is_done() && Instant::now() < deadline {
+            thread.kick();
             std::thread::sleep(Duration::from_micros(200));
         }
-        if thread.is_finished() {
-            let _ = thread.join();
+        if thread.is_done() {
+            thread.join();
         } else {
             tracing::warn!("a vCPU thread did not stop; leaving it behind");
         }

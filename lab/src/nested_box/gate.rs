@@ -1,0 +1,113 @@
+//! A card's gate: the only command the box's SSH key for that card may run on the host
+//! (`command="driverlab nested-box gate --netns NS --control SOCK"` in the sshd's authorized
+//! keys). It reads what the box asked for from `SSH_ORIGINAL_COMMAND` and allows exactly two
+//! things:
+//!
+//! - `timeout N iperf3 -s -1 --forceflush`, what the lab runs on a real NIC's peer
+//!   ([`crate::peer::Peer::remote`]): run in the card's wire namespace;
+//! - `driverlab model counters`: for each line on stdin, one line of the card's model status
+//!   (its control socket's answer to `status`), so that the box's lab can set the model's count
+//!   beside its own virtio-iommu's ([`crate::peer::RemoteCounters`]).
+//!
+//! Anything else is refused with a line on stderr and exit code 1.
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::process::Command;
+
+/// What the box may ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateCommand {
+    /// `timeout N iperf3 -s -1 --forceflush`.
+    Iperf3Server {
+        /// The limit in seconds.
+        limit_s: u64,
+    },
+    /// `driverlab model counters`.
+    ModelCounters,
+}
+
+/// The command the box asked for, if it is one the gate allows.
+pub fn parse(original: &str) -> Result<GateCommand, String> {
+    let words: Vec<&str> = original.split_whitespace().collect();
+    match words.as_slice() {
+        ["timeout", limit, "iperf3", "-s", "-1", "--forceflush"] => match limit.parse::<u64>() {
+            Ok(limit_s) if (1..=86_400).contains(&limit_s) => Ok(GateCommand::Iperf3Server { limit_s }),
+            _ => Err(format!("the limit {limit:?} is not 1 to 86400 seconds")),
+        },
+        ["driverlab", "model", "counters"] => Ok(GateCommand::ModelCounters),
+        _ => Err(format!(
+            "{:?} is not allowed here: only `timeout N iperf3 -s -1 --forceflush` and `driverlab model counters`",
+            original.chars().take(200).collect::<String>()
+        )),
+    }
+}
+
+/// Runs the gate for the card whose wire is `netns` and whose model's control socket is
+/// `control`; returns the exit code.
+pub fn run(netns: &str, control: &Path) -> i32 {
+    let original = std::env::var("SSH_ORIGINAL_COMMAND").unwrap_or_default();
+    match parse(&original) {
+        Ok(GateCommand::Iperf3Server { limit_s }) => {
+            use std::os::unix::process::CommandExt;
+            let error = Command::new("ip")
+                .args(["netns", "exec", netns, "timeout", &limit_s.to_string(), "iperf3", "-s", "-1", "--forceflush"])
+                .exec();
+            eprintln!("gate: ip netns exec {netns} iperf3: {error}");
+            1
+        }
+        Ok(GateCommand::ModelCounters) => {
+            let stdin = std::io::stdin();
+            let mut stdout = std::io::stdout();
+            for line in stdin.lock().lines() {
+                if line.is_err() {
+                    break;
+                }
+                let answer = status(control).unwrap_or_else(|e| serde_json::json!({"error": e}).to_string());
+                if writeln!(stdout, "{}", answer.trim_end()).and_then(|()| stdout.flush()).is_err() {
+                    break;
+                }
+            }
+            0
+        }
+        Err(why) => {
+            eprintln!("gate: {why}");
+            1
+        }
+    }
+}
+
+/// The model's status line from its control socket.
+fn status(control: &Path) -> Result<String, String> {
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(control).map_err(|e| format!("{}: {e}", control.display()))?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(2))).map_err(|e| e.to_string())?;
+    stream.write_all(b"status\n").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    std::io::BufReader::new(stream).read_line(&mut line).map_err(|e| e.to_string())?;
+    Ok(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_peer_s_two_commands_pass() {
+        assert_eq!(parse("timeout 120 iperf3 -s -1 --forceflush"), Ok(GateCommand::Iperf3Server { limit_s: 120 }));
+        assert_eq!(parse("driverlab model counters"), Ok(GateCommand::ModelCounters));
+        for refused in [
+            "",
+            "sh",
+            "timeout 0 iperf3 -s -1 --forceflush",
+            "timeout 99999999 iperf3 -s -1 --forceflush",
+            "timeout 10 iperf3 -s -1 --forceflush; rm -rf /",
+            "timeout 10 iperf3 -s --forceflush",
+            "driverlab model control /tmp/x link-down",
+            "timeout 10 sh -c iperf3",
+        ] {
+            assert!(parse(refused).is_err(), "{refused:?} refused");
+        }
+        assert!(parse("cat /etc/shadow").unwrap_err().contains("not allowed here"));
+    }
+}

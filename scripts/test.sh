@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 apt_install build-essential curl ca-certificates xz-utils busybox-static python3 python3-pip python3-venv \
-    patch dwarves shellcheck iperf3 ethtool iproute2 linux-source-6.12 chromium jq
+    patch dwarves shellcheck iperf3 ethtool iproute2 linux-source-6.12 chromium jq \
+    openssh-client openssh-server e2fsprogs
 # The headers of the kernel the image tests build driver variants against: the newest Debian
 # 6.12 generic kernel, the one `driverlab image kernel` picks.
 kernel_pkg=$(apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb[0-9]+-amd64-unsigned$' | awk '{print $1}' | sort -V | tail -n 1)
@@ -33,13 +34,20 @@ DRIVERLAB_ATLANTIC_SOURCE="$(scripts/fetch-atlantic-source.sh)"
 DRIVERLAB_TEST_MODULES="$(scripts/fetch-debian-kernel.sh --modules 6.12)"
 DRIVERLAB_LAN743X_SOURCE="$(dirname "$(dirname "$DRIVERLAB_ATLANTIC_SOURCE")")/microchip"
 export DRIVERLAB_TEST_BZIMAGE DRIVERLAB_IASL DRIVERLAB_ATLANTIC_SOURCE DRIVERLAB_LAN743X_SOURCE DRIVERLAB_TEST_MODULES
-# The Linux check (tests/atlantic_linux.rs) needs root and QEMU 11.1 from a forky chroot
-# (about 75 s and 410 MB the first time, cached after).
+# The release binary: the nested box carries it (and runs it under TCG, where a debug build's
+# cost shows); it also puts Debian's kernel into the image store before the tests, so that no
+# test's request waits for that download.
+cargo build --release --locked
+DRIVERLAB_RELEASE_BIN="$PWD/target/release/driverlab"
+export DRIVERLAB_RELEASE_BIN
+"$DRIVERLAB_RELEASE_BIN" image kernel >/dev/null
+# The Linux check (tests/atlantic_linux.rs) and the nested box (tests/nested_box.rs) need root
+# and QEMU 11.1 from a forky chroot (about 75 s and 410 MB the first time, cached after).
 if [ "$(id -u)" -eq 0 ]; then
     scripts/fetch-forky-qemu.sh >/dev/null
-    export DRIVERLAB_LINUX_CHECK=1
+    export DRIVERLAB_LINUX_CHECK=1 DRIVERLAB_NESTED_BOX=1
 else
-    echo "not root: the Linux check (stock atlantic under QEMU against the model) will skip" >&2
+    echo "not root: the Linux check (stock atlantic under QEMU against the model) and the nested box will skip" >&2
 fi
 # Every test's output is shown (--show-output) so that the skips, which tests print as
 # `SKIP name: reason`, can be counted and listed at the end: a green run that skipped shows it.

@@ -156,6 +156,9 @@ pub struct Record {
     /// The share of RX buffer refills that reused a page (atlantic's ethtool counters).
     #[serde(default)]
     pub page_reuse: Option<f64>,
+    /// RX descriptors the driver ran with (`ethtool -g` after `driverlab.rxring`, Linux guests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_ring: Option<u64>,
     /// IOMMU mappings still alive when the agent had unloaded the driver (Linux guests): what
     /// the driver's teardown leaked.
     #[serde(default)]
@@ -194,6 +197,7 @@ impl Record {
             tx_maps_per_packet: None,
             model_maps_per_packet: None,
             page_reuse: None,
+            rx_ring: None,
             mappings_after_unload: None,
             device_counters: None,
             interrupts: None,

@@ -9,6 +9,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use vm_device::guest_event::GuestEventSink;
 use vm_spec::control::{LiveCounters, VmState};
+use vm_spec::exit::SetupPhases;
 use vm_spec::{ExitSummary, VmSpec};
 
 use crate::boot::{self, BootRequest};
@@ -51,6 +52,13 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     };
 
     let kernel = config::read_kernel(&spec.kernel, options.probe_image)?;
+    let mut phases = SetupPhases { image_ms: ms(setup_start.elapsed()), ..SetupPhases::default() };
+    let mut lap = Instant::now();
+    let mut next = |phase: &mut f64| {
+        let now = Instant::now();
+        *phase = ms(now - lap);
+        lap = now;
+    };
     let com1 = config::open_serial(&spec.serial.com1)?;
     let com2 = spec.serial.com2.as_ref().map(config::open_serial).transpose()?;
 
@@ -69,12 +77,14 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     boot_cpu::write_tables(&ram.memory, &entry).map_err(|e| Error::GuestMemory(e.to_string()))?;
     drop(kernel);
     control.set_entry(entry.name());
+    next(&mut phases.load_ms);
 
     let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
     let vm = kvm.create_vm().map_err(kvm_error("KVM_CREATE_VM"))?;
     vm.set_tss_address(KVM_TSS_ADDRESS).map_err(kvm_error("KVM_SET_TSS_ADDR"))?;
     register_memory(&vm, &ram)?;
     vm.create_irq_chip().map_err(kvm_error("KVM_CREATE_IRQCHIP"))?;
+    next(&mut phases.kvm_ms);
 
     let vm = Arc::new(vm);
     let interrupts = Arc::new(KvmInterrupts::new(vm.clone())?);
@@ -85,6 +95,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     let platform = Arc::new(platform::build(&vm, &ram, interrupts, slots, events, platform_config)?);
     let tables = crate::acpi::build(&platform.acpi).map_err(|e| Error::Platform(e.to_string()))?;
     crate::acpi::write(&ram.memory, &tables).map_err(|e| Error::Platform(e.to_string()))?;
+    next(&mut phases.platform_ms);
 
     let counters = Arc::new(ExitCounters::default());
     let shared = VcpuShared {
@@ -107,6 +118,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         vcpus.push(Vcpu::new(fd, id, spec.vcpus, &supported, tsc_khz, boot, shared.clone())?);
     }
 
+    next(&mut phases.vcpus_ms);
     vcpu::register_kick_handler().map_err(Error::Io)?;
     crate::seccomp::report_violations().map_err(Error::Io)?;
     let started = Instant::now();
@@ -160,6 +172,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         vcpus: spec.vcpus,
         memory_mib: spec.memory_mib,
         setup_ms,
+        setup: Some(phases),
         run_ms: ms(stopped - started),
         first_serial_ms: platform.serial_stats.first_byte().map(|t| ms(t.saturating_duration_since(started))),
         serial_bytes: platform.serial_stats.bytes(),

@@ -1,0 +1,367 @@
+//! The driverlab engine end to end without hardware, in the nested lab box (docs/nested-box.md):
+//! an L1 VM under QEMU TCG with SVM runs `driverlab serve`, the host's AQC100 and LAN7430 models
+//! are its PCI cards on vfio-pci, and every Linux cell boots under driverlab's own VMM with the
+//! card passed through kernel VFIO behind driverlab's virtio-iommu. One box serves the whole
+//! test, in phases, as a CI job would use a lab box:
+//!
+//! 1. `nested-box up`, a second `up` refused, `status`;
+//! 2. the probe's health check of both cards through the box's API;
+//! 3. the hardware workflow's matrix step: `scripts/ci-matrix.sh` against the box, then
+//!    `lab run --url --token-file` of seeds 000 and 001: stock, rxpageorder=3 and page_pool;
+//! 4. the LAN7430 card with the stock lan743x driver, UDP both ways, and the box killed during
+//!    that run's second cell: the host's CLI says the run was interrupted; a new box and `lab
+//!    resume` finish it with every cell's n and nothing twice;
+//! 5. the box's database merged on the host (`lab import --url`), and the QEMU engine's figures
+//!    for the same images set beside the box's (`lab compare`);
+//! 6. `nested-box down`.
+//!
+//! It needs root (namespaces, the peers' sshd, the box's QEMU) and the forky chroot; it runs
+//! where `DRIVERLAB_NESTED_BOX=1` says `scripts/test.sh` prepared both. It runs the release
+//! binary (`DRIVERLAB_RELEASE_BIN`, which test.sh builds): the box carries it and runs it
+//! under TCG.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const TEST: &str = "the_nested_box_runs_the_driverlab_engine_end_to_end";
+
+struct Box_ {
+    bin: PathBuf,
+    dir: PathBuf,
+    url: String,
+    token_file: PathBuf,
+}
+
+impl Box_ {
+    fn up(bin: &Path, dir: &Path, fresh: bool) -> Result<Box_, String> {
+        let mut command = Command::new(bin);
+        command.args(["nested-box", "up", "--card", "aqc100", "--card", "lan743x", "--dir"]).arg(dir);
+        if fresh {
+            command.arg("--fresh");
+        }
+        let out = command.output().map_err(|e| e.to_string())?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout.lines().last().unwrap_or_default().to_string();
+        let words: Vec<&str> = last.split_whitespace().collect();
+        match words.as_slice() {
+            ["box", url, token] if out.status.success() && url.starts_with("http://127.0.0.1:") => Ok(Box_ {
+                bin: bin.to_path_buf(),
+                dir: dir.to_path_buf(),
+                url: url.to_string(),
+                token_file: PathBuf::from(token),
+            }),
+            _ => Err(format!(
+                "nested-box up: {:?}, last line {last:?}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )),
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(&self.bin).args(args).output().expect("driverlab runs")
+    }
+
+    /// `driverlab lab ARGS --url URL --token-file FILE`.
+    fn lab(&self, args: &[&str]) -> Output {
+        let token = self.token_file.display().to_string();
+        let mut all: Vec<&str> = vec!["lab"];
+        all.extend(args);
+        all.extend(["--url", &self.url, "--token-file", &token]);
+        self.cli(&all)
+    }
+
+    /// A GET or POST on the box's API, its JSON answer.
+    fn api(&self, method: &str, path: &str) -> Value {
+        let token = std::fs::read_to_string(&self.token_file).unwrap();
+        let out = Command::new("curl")
+            .args(["-s", "-X", method, "-H"])
+            .arg(format!("authorization: Bearer {}", token.trim()))
+            .arg(format!("{}{path}", self.url))
+            .output()
+            .expect("curl runs");
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+    }
+
+    fn records(&self, run: &str) -> Vec<Value> {
+        self.api("GET", &format!("/v1/results?run={run}")).as_array().cloned().unwrap_or_default()
+    }
+
+    fn down(&self) {
+        let _ = Command::new(&self.bin).args(["nested-box", "down", "--dir"]).arg(&self.dir).output();
+    }
+}
+
+/// The first line's run ID and the last line of a `lab run`.
+fn run_lines(out: &Output) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let id = stdout.lines().next().and_then(|l| l.strip_prefix("run ")).and_then(|l| l.strip_suffix(" started"));
+    (id.unwrap_or_default().to_string(), stdout.lines().last().unwrap_or_default().to_string())
+}
+
+fn mean(records: &[&Value], key: &str) -> Option<f64> {
+    let values: Vec<f64> = records.iter().filter_map(|r| r[key].as_f64()).collect();
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+}
+
+/// Collects what failed, so that one phase's failure does not hide the next one's.
+#[derive(Default)]
+struct Findings(Vec<String>);
+
+impl Findings {
+    fn check(&mut self, ok: bool, what: impl Into<String>) {
+        if !ok {
+            let what = what.into();
+            eprintln!("{TEST}: FAILED: {what}");
+            self.0.push(what);
+        }
+    }
+}
+
+#[test]
+fn the_nested_box_runs_the_driverlab_engine_end_to_end() {
+    if std::env::var_os("DRIVERLAB_NESTED_BOX").is_none() {
+        eprintln!(
+            "SKIP {TEST}: DRIVERLAB_NESTED_BOX is not set (scripts/test.sh sets it as root, with QEMU 11.1 and \
+             the release binary)"
+        );
+        return;
+    }
+    let bin = PathBuf::from(std::env::var_os("DRIVERLAB_RELEASE_BIN").expect("DRIVERLAB_RELEASE_BIN with DRIVERLAB_NESTED_BOX"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("box");
+    let started = Instant::now();
+    let phase = |name: &str| eprintln!("{TEST}: {name} ({:.0} s)", started.elapsed().as_secs_f64());
+    let mut f = Findings::default();
+
+    // 1. Up, once.
+    phase("nested-box up");
+    let lab_box = Box_::up(&bin, &dir, true).unwrap_or_else(|e| panic!("{e}"));
+    let again = lab_box.cli(&["nested-box", "up", "--dir", &dir.display().to_string()]);
+    let said = String::from_utf8_lossy(&again.stderr);
+    f.check(again.status.code() == Some(2) && said.contains("already up"), format!("a second up: {said}"));
+    let status = lab_box.cli(&["nested-box", "status", "--dir", &dir.display().to_string()]);
+    let status = String::from_utf8_lossy(&status.stdout).to_string();
+    f.check(status.contains(": up,") && status.contains("its daemon answers 200"), format!("status: {status}"));
+
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        phases(&lab_box, root, scratch.path(), &phase, &mut f);
+    }));
+    lab_box.down();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+    let status = Command::new(&bin).args(["nested-box", "status", "--dir"]).arg(&dir).output().unwrap();
+    f.check(
+        String::from_utf8_lossy(&status.stdout).starts_with("no nested box is up"),
+        "status after down says no box is up",
+    );
+    phase("done");
+    assert!(f.0.is_empty(), "{} finding(s):\n{}", f.0.len(), f.0.join("\n"));
+}
+
+fn phases(lab_box: &Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str), f: &mut Findings) {
+    // 2. The probe's health check of each card, through the box's API.
+    phase("health checks");
+    for card in ["aqc100", "lan743x"] {
+        let health = lab_box.api("POST", &format!("/v1/devices/{card}/health"));
+        f.check(
+            health["ok"] == true && health["report"]["msix"] == true && health["report"]["iommu"] == true,
+            format!("{card}'s health check: {health}"),
+        );
+    }
+
+    // 3. The hardware workflow's matrix step against the box.
+    phase("ci-matrix.sh");
+    let matrix = scratch.join("matrix.toml");
+    let filled = Command::new("bash")
+        .arg(root.join("scripts/ci-matrix.sh"))
+        .arg(root.join("examples/nested-box-matrix.toml"))
+        .env("DRIVERLAB_BUILD_HERE", "1")
+        .env("DRIVERLAB", &lab_box.bin)
+        .output()
+        .unwrap();
+    f.check(filled.status.success(), format!("ci-matrix.sh: {}", String::from_utf8_lossy(&filled.stderr)));
+    std::fs::write(&matrix, &filled.stdout).unwrap();
+    phase("seeds 000 and 001 in the box");
+    let out = lab_box.lab(&["run", &matrix.display().to_string(), "--format", "json"]);
+    let (run, last) = run_lines(&out);
+    f.check(
+        last == format!("run {run}: 3 cells, 6 passed, 0 failed, 0 errors"),
+        format!("seed run: {last}\n{}", String::from_utf8_lossy(&out.stderr)),
+    );
+    let records = lab_box.records(&run);
+    let variant = |name: &str| -> Vec<&Value> { records.iter().filter(|r| r["cell"]["variant"] == name).collect() };
+    let (stock, order3, pool) = (variant("stock"), variant("rxpageorder-3"), variant("page-pool"));
+    for (name, cell) in [("stock", &stock), ("rxpageorder-3", &order3), ("page-pool", &pool)] {
+        f.check(cell.len() == 2 && cell.iter().all(|r| r["status"] == "PASS"), format!("{name}: two PASS"));
+        for r in cell {
+            f.check(r["engine"] == "driverlab", format!("{name}: engine {}", r["engine"]));
+            // The model counted what driverlab's virtio-iommu counted (each guest map is one
+            // VFIO map in the box, one vfio-user DMA_MAP at the model).
+            let (own, model) = (r["maps_per_packet"].as_f64(), r["model_maps_per_packet"].as_f64());
+            f.check(
+                matches!((own, model), (Some(o), Some(m)) if o > 0.0 && m >= o && m <= o * 1.05),
+                format!("{name}: the model's maps per packet {model:?} against the virtio-iommu's {own:?}"),
+            );
+        }
+    }
+    for r in &order3 {
+        // An order-3 page holds sixteen 2 KiB buffers: the ring's buffers, twice over, must
+        // have been received in the window (65 536 packets for atlantic's 2048 descriptors;
+        // the nested matrix runs 256).
+        let packets = r["workload"]["rx_packets"].as_u64().unwrap_or(0);
+        let ring = r["rx_ring"].as_u64().unwrap_or(2048);
+        f.check(
+            packets >= 2 * ring * 16,
+            format!("rxpageorder-3: {packets} packets in the window; its ring of {ring} holds {} buffers", ring * 16),
+        );
+        f.check(
+            r["rx_maps_per_packet"].as_f64().is_some_and(|m| m > 0.0),
+            "rxpageorder-3 made RX maps in the window (after its ring turned over)",
+        );
+    }
+    match (mean(&stock, "rx_maps_per_packet"), mean(&order3, "rx_maps_per_packet")) {
+        (Some(s), Some(o)) => f.check(o / s <= 0.35, format!("RX maps per packet: order 3 {o:.4} / stock {s:.4} = {:.3}", o / s)),
+        other => f.check(false, format!("RX maps per packet missing: {other:?}")),
+    }
+    for r in &pool {
+        f.check(
+            r["rx_maps_per_packet"].as_f64().is_some_and(|m| m <= 0.05),
+            format!("page-pool: RX maps per packet {}", r["rx_maps_per_packet"]),
+        );
+        f.check(r["mappings_after_unload"] == 0, format!("page-pool: {} mappings after unload", r["mappings_after_unload"]));
+    }
+    eprintln!(
+        "{TEST}: RX maps/packet stock {:?}, order 3 {:?}, page_pool {:?}; page reuse {:?} / {:?}; Gbit/s {:?} / {:?}",
+        mean(&stock, "rx_maps_per_packet"),
+        mean(&order3, "rx_maps_per_packet"),
+        mean(&pool, "rx_maps_per_packet"),
+        mean(&stock, "page_reuse"),
+        mean(&order3, "page_reuse"),
+        stock.iter().map(|r| r["workload"]["gbit_s"].clone()).collect::<Vec<_>>(),
+        order3.iter().map(|r| r["workload"]["gbit_s"].clone()).collect::<Vec<_>>(),
+    );
+
+    // 4. The LAN7430 card, UDP both ways; the box killed during its second cell, a new box,
+    //    and resume.
+    phase("lan743x in the box, the box killed mid-run");
+    let lan = root.join("examples/nested-box-lan743x.toml").display().to_string();
+    let token = lab_box.token_file.display().to_string();
+    let follower = Command::new(&lab_box.bin)
+        .args(["lab", "run", &lan, "--build-here", "--url", &lab_box.url, "--token-file", &token])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lan_run = wait_for_results(lab_box, "nested-lan743x", 1, Duration::from_secs(900));
+    let state: Value = serde_json::from_slice(&std::fs::read(lab_box.dir.join("state.json")).unwrap()).unwrap();
+    let qemu_pid = state["qemu"].as_u64().expect("QEMU's PID in state.json") as i32;
+    // SAFETY: kill(2) on the box's QEMU, whose PID the supervisor wrote.
+    unsafe { libc::kill(qemu_pid, libc::SIGKILL) };
+    let followed = follower.wait_with_output().unwrap();
+    let (_, last) = run_lines(&followed);
+    f.check(
+        followed.status.code() == Some(1) && last.starts_with(&format!("run {lan_run}: interrupted:")),
+        format!("the follower of a killed box: {last}"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline && state_phase(&lab_box.dir) != "ended" {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    f.check(state_phase(&lab_box.dir) == "ended", "the supervisor saw its QEMU end");
+    let status = lab_box.cli(&["nested-box", "status", "--dir", &lab_box.dir.display().to_string()]);
+    let status = String::from_utf8_lossy(&status.stdout).to_string();
+    f.check(status.starts_with("no nested box is up") && status.contains("QEMU ended"), format!("status: {status}"));
+    phase("a new box, resume");
+    let second = Box_::up(&lab_box.bin, &lab_box.dir, false).unwrap_or_else(|e| panic!("{e}"));
+    let out = second.lab(&["resume", &lan_run]);
+    let (_, last) = run_lines(&out);
+    f.check(
+        last == format!("run {lan_run}: 2 cells, 2 passed, 0 failed, 0 errors"),
+        format!("resume: {last}\n{}", String::from_utf8_lossy(&out.stderr)),
+    );
+    let records = second.records(&lan_run);
+    let mut keys: Vec<(String, u64)> = records
+        .iter()
+        .map(|r| (r["cell"]["id"].as_str().unwrap_or("").to_string(), r["repetition"].as_u64().unwrap_or(99)))
+        .collect();
+    keys.sort();
+    let before = keys.len();
+    keys.dedup();
+    f.check(before == 2 && keys.len() == 2, format!("after resume: {before} records, {} distinct", keys.len()));
+    f.check(records.iter().all(|r| r["status"] == "PASS"), "every lan743x record passed");
+
+    // 5. The fleet merge, and the QEMU engine's figures for the same images beside the box's.
+    phase("import and the QEMU engine's figures");
+    let db = scratch.join("host.db").display().to_string();
+    let token = second.token_file.display().to_string();
+    let imported = second.cli(&["lab", "import", "--url", &second.url, "--token-file", &token, "--db", &db]);
+    let said = String::from_utf8_lossy(&imported.stdout).to_string();
+    f.check(imported.status.success() && said.starts_with("imported 2 runs and 8 results"), format!("import: {said}"));
+    let again = second.cli(&["lab", "import", "--url", &second.url, "--token-file", &token, "--db", &db]);
+    f.check(
+        String::from_utf8_lossy(&again.stdout).starts_with("imported 0 runs and 0 results"),
+        "a second import adds nothing",
+    );
+    second.down();
+    let qemu_matrix = scratch.join("qemu.toml");
+    std::fs::write(&qemu_matrix, qemu_twin(&std::fs::read_to_string(&matrix).unwrap())).unwrap();
+    let out = Command::new(&second.bin).args(["lab", "run"]).arg(&qemu_matrix).args(["--db", &db]).output().unwrap();
+    let (qemu_run, last) = run_lines(&out);
+    f.check(
+        last == format!("run {qemu_run}: 2 cells, 2 passed, 0 failed, 0 errors"),
+        format!("the QEMU engine's run: {last}\n{}", String::from_utf8_lossy(&out.stderr)),
+    );
+    let compared = second.cli(&["lab", "compare", &run, &qemu_run, "--db", &db]);
+    let text = String::from_utf8_lossy(&compared.stdout).to_string();
+    println!("{text}");
+    f.check(compared.status.success() && text.contains("qemu") && text.contains("driverlab"), format!("compare: {text}"));
+}
+
+/// The box's matrix for the host's QEMU engine: the same images, the AQC100 model as its device,
+/// the stock and order-3 variants, one repetition each.
+fn qemu_twin(matrix: &str) -> String {
+    let mut text = matrix
+        .replace("name = \"nested-atlantic-rx\"", "name = \"nested-atlantic-rx-qemu\"")
+        .replace("repetitions = 2", "repetitions = 1")
+        .replace("memory_mib = 512", "memory_mib = 512\nengine = \"qemu\"")
+        .replace(
+            "name = \"aqc100\"                      # the box registers its card under the model's name",
+            "name = \"aqc100\"\nmodel = \"aqc100\"",
+        );
+    let pool = text.find("[[variant]]\nname = \"page-pool\"").expect("the page-pool variant");
+    let end = text[pool..].find("[[workload]]").map(|e| pool + e).expect("a workload");
+    text.replace_range(pool..end, "");
+    text
+}
+
+fn state_phase(dir: &Path) -> String {
+    std::fs::read(dir.join("state.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|v| v["phase"].as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// Waits until the box's newest run of `matrix` has `n` results; returns its ID.
+fn wait_for_results(lab_box: &Box_, matrix: &str, n: u64, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        let runs = lab_box.api("GET", "/v1/runs");
+        let newest = runs.as_array().and_then(|r| r.iter().max_by_key(|r| r["created_at"].as_str().map(String::from)));
+        if let Some(run) = newest
+            && run["matrix"] == matrix
+            && run["results"].as_u64().unwrap_or(0) >= n
+        {
+            return run["id"].as_str().unwrap_or_default().to_string();
+        }
+        assert!(Instant::now() < deadline, "the {matrix} run made no {n} results in {limit:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

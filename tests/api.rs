@@ -29,8 +29,21 @@ impl Drop for Daemon {
 
 impl Daemon {
     fn start(dir: &Path, extra: &[&str]) -> Daemon {
+        Daemon::start_under(&[], dir, extra)
+    }
+
+    /// The daemon run by `prefix` (e.g. `prlimit --as=...`), when it is not empty.
+    fn start_under(prefix: &[&str], dir: &Path, extra: &[&str]) -> Daemon {
         let socket = dir.join("api.sock");
-        let mut child = Command::new(driverlab())
+        let mut command = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(driverlab());
+                c
+            }
+            None => Command::new(driverlab()),
+        };
+        let mut child = command
             .args(["serve", "--socket"])
             .arg(&socket)
             .arg("--db")
@@ -659,4 +672,410 @@ fn the_hardware_workflow_is_valid_and_its_matrix_builds_through_a_daemon() {
         let message = error["message"].as_str().unwrap();
         assert!(message.contains("3 cell(s) cannot run on this host"), "{message}");
     }
+}
+
+/// A test daemon on TCP with a token; its token.
+fn tcp_daemon(dir: &Path, prefix: &[&str]) -> (Daemon, String) {
+    let token = "bounds-token-0123456789abcdef".to_string();
+    std::fs::write(dir.join("token"), &token).unwrap();
+    let token_file = dir.join("token").display().to_string();
+    (Daemon::start_under(prefix, dir, &["--listen", "127.0.0.1:0", "--token-file", &token_file]), token)
+}
+
+/// Raises this process's open-file limit to its hard limit (the flood needs thousands).
+fn raise_open_files() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit with a pointer to a local struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
+    limit.rlim_cur
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn a_flood_of_half_sent_requests_starves_neither_token_holders_nor_the_unix_socket() {
+    use std::io::{Read, Write};
+    let test = "a_flood_of_half_sent_requests_starves_neither_token_holders_nor_the_unix_socket";
+    if raise_open_files() < 4096 {
+        eprintln!("SKIP {test}: this process may open fewer than 4096 files (ulimit -Hn)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (daemon, token) = tcp_daemon(dir.path(), &[]);
+    let addr = daemon.tcp.clone().unwrap();
+    // 3000 connections, each with a request head that never ends: more than the daemon keeps.
+    let mut flood = Vec::new();
+    for _ in 0..3000 {
+        let Ok(mut stream) = std::net::TcpStream::connect(&addr) else { continue };
+        let _ = stream.write_all(b"GET /v1/version HTTP/1.1\r\nHost: x\r\n");
+        flood.push(stream);
+    }
+    assert!(flood.len() > 2500, "the flood connected ({})", flood.len());
+    let fds = open_fds(daemon.child.id());
+    assert!(fds < 700, "the daemon holds {fds} descriptors: its connections are capped");
+    // A token holder is served at once, and the Unix socket too.
+    let client = Client::tcp(addr.clone(), token);
+    let start = Instant::now();
+    let answer = call(&client, "GET", "/v1/runs", &[], None);
+    let took = start.elapsed();
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    assert!(took < Duration::from_secs(1), "a token holder waited {took:?} during the flood");
+    assert_eq!(call(&daemon.client(), "GET", "/v1/version", &[], None).status, 200);
+    // The flood's oldest connections were dropped to make room, or timed out.
+    let first = &mut flood[0];
+    first.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut byte = [0u8; 1];
+    assert!(matches!(first.read(&mut byte), Ok(0) | Err(_)), "the first half-sent request's connection is closed");
+    drop(flood);
+    assert_eq!(call(&daemon.client(), "GET", "/v1/version", &[], None).status, 200, "the daemon lives on");
+}
+
+#[test]
+fn a_body_that_trickles_is_cut_with_408() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let (daemon, token) = tcp_daemon(dir.path(), &[]);
+    let mut stream = std::net::TcpStream::connect(daemon.tcp.as_ref().unwrap()).unwrap();
+    let head = format!(
+        "POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/toml\r\nContent-Length: 1000\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let start = Instant::now();
+    // A byte a second, for longer than the daemon waits.
+    let writer = {
+        let mut stream = stream.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for _ in 0..60 {
+                if stream.write_all(b"#").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(50))).unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = stream.read(&mut answer).unwrap();
+    let text = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"timeout\"") && text.contains("did not arrive within 30 s"), "{text}");
+    assert!(start.elapsed() < Duration::from_secs(45), "cut after {:?}", start.elapsed());
+    drop(stream);
+    let _ = writer.join();
+}
+
+#[test]
+fn limits_are_checked_before_the_work_they_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    // A ceiling on the daemon's memory: expanding a huge matrix would hit it (and abort).
+    let daemon = Daemon::start_under(&["prlimit", "--as=4294967296"], dir.path(), &[]);
+    let client = daemon.client();
+    let toml = [("content-type", "application/toml")];
+    let params: Vec<String> = (0..12).map(|i| format!("\"m.p{i}\" = [0,1,2,3,4,5,6,7,8,9]")).collect();
+    let huge = format!(
+        "name = \"huge\"\n[[device]]\nname = \"aq\"\nmodel = \"aqc100\"\n[[image]]\nname = \"probe\"\nkernel = \"probe\"\n\
+         [[variant]]\nname = \"v\"\nimage = \"probe\"\nparams = {{ {} }}\n[[workload]]\nname = \"rx\"\nkind = \"probe-rx\"\n",
+        params.join(", ")
+    );
+    assert!(huge.len() < 1000, "about 800 bytes");
+    let start = Instant::now();
+    let answer = call(&client, "POST", "/v1/runs", &toml, Some(huge.as_bytes()));
+    assert_eq!(answer.status, 422, "{}", String::from_utf8_lossy(&answer.body));
+    assert!(json_of(&answer)["message"].as_str().unwrap().contains("1000000000000 cells; at most 10000"));
+    assert!(start.elapsed() < Duration::from_secs(5), "refused at once");
+    // Few cells, too many results.
+    let sweep = huge.replace(&format!("params = {{ {} }}", params.join(", ")), "params = { \"m.p\" = [0,1,2,3,4,5,6,7,8,9] }")
+        .replace("name = \"huge\"", "name = \"sweep\"\nrepetitions = 1000\n[[device]]\nname = \"aq2\"\nmodel = \"aqc100\"\n[[device]]\nname = \"aq3\"\nmodel = \"aqc100\"\n[[device]]\nname = \"aq4\"\nmodel = \"aqc100\"");
+    let sweep = sweep.replace(
+        "params = { \"m.p\" = [0,1,2,3,4,5,6,7,8,9] }",
+        "params = { \"m.p\" = [0,1,2,3,4,5,6,7,8,9], \"m.q\" = [0,1,2] }",
+    );
+    let answer = call(&client, "POST", "/v1/runs", &toml, Some(sweep.as_bytes()));
+    assert_eq!(answer.status, 422, "{}", String::from_utf8_lossy(&answer.body));
+    assert!(
+        json_of(&answer)["message"].as_str().unwrap().contains("120000 results; at most 100000"),
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    // The VM limits every VM has, in a matrix too.
+    let big_vm = huge
+        .replace(&format!("params = {{ {} }}", params.join(", ")), "")
+        .replace("kernel = \"probe\"", "kernel = \"probe\"\nmemory_mib = 1048577");
+    let answer = call(&client, "POST", "/v1/runs", &toml, Some(big_vm.as_bytes()));
+    assert_eq!(answer.status, 422);
+    assert!(json_of(&answer)["message"].as_str().unwrap().contains("at most 1048576 MiB"));
+    assert!(json_of(&call(&client, "GET", "/v1/runs", &[], None)).as_array().unwrap().is_empty(), "no run was created");
+    assert_eq!(call(&client, "GET", "/v1/version", &[], None).status, 200, "the daemon lives");
+}
+
+#[test]
+fn careless_input_is_refused_with_the_reason_and_the_status_docs_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    let client = daemon.client();
+    let json = [("content-type", "application/json")];
+    let toml = [("content-type", "application/toml")];
+    let cases: Vec<(&str, &str, &[(&str, &str)], String, u16, &str)> = vec![
+        ("POST", "/v1/vms", &json, r#"{"kernel":"probe","cmdline":"a\u0000b"}"#.into(), 422, "NUL byte"),
+        ("POST", "/v1/vms", &json, r#"["probe"]"#.into(), 400, "give a JSON object"),
+        (
+            "POST",
+            "/v1/devices",
+            &json,
+            r#"{"name":"t","model":"aqc100","tap":"../../etc/x"}"#.into(),
+            422,
+            "not an interface name",
+        ),
+        (
+            "POST",
+            "/v1/devices",
+            &json,
+            format!(r#"{{"name":"t","model":"aqc100","tap":"{}"}}"#, "t".repeat(40)),
+            422,
+            "1 to 15",
+        ),
+        (
+            "POST",
+            "/v1/devices",
+            &json,
+            r#"{"name":"t","model":"aqc100","generate":"size=99999999"}"#.into(),
+            422,
+            "size=99999999",
+        ),
+        ("POST", "/v1/runs", &toml, "name = \"m\"\ncolour = 1\n".into(), 400, "colour"),
+        ("POST", "/v1/runs", &toml, "name = = \"m\"\n".into(), 400, "syntax"),
+    ];
+    for (method, path, headers, body, status, says) in cases {
+        let answer = call(&client, method, path, headers, Some(body.as_bytes()));
+        let text = String::from_utf8_lossy(&answer.body).to_string();
+        assert_eq!(answer.status, status, "{method} {path} {body}: {text}");
+        assert!(text.contains(says), "{method} {path} {body}: {text}");
+    }
+}
+
+#[test]
+fn the_daemon_leaves_what_is_not_its_own_alone_and_cleans_up_after_its_dead() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // A regular file where the socket should go: refused, untouched.
+    let precious = dir.path().join("precious.txt");
+    std::fs::write(&precious, "keep me").unwrap();
+    let out = Command::new(driverlab())
+        .args(["serve", "--socket"])
+        .arg(&precious)
+        .arg("--db")
+        .arg(dir.path().join("lab.db"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exists and is not a socket"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
+    // A file that is not a database: refused, untouched, and its bytes never quoted.
+    let notes = dir.path().join("notes.db");
+    std::fs::write(&notes, "secret notes, not SQLite\n".repeat(100)).unwrap();
+    let out = Command::new(driverlab())
+        .args(["serve", "--socket"])
+        .arg(dir.path().join("s.sock"))
+        .arg("--db")
+        .arg(&notes)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("not a database") && !said.contains("secret"), "{said}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "secret notes, not SQLite\n".repeat(100));
+    // What a process killed with -9 left in the temporary directory goes; the database is 0600.
+    let stale = std::env::temp_dir().join("driverlab-model-4194303-7");
+    std::fs::create_dir_all(stale.join("inner")).unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    assert!(!stale.exists(), "{} is gone", stale.display());
+    for file in ["lab.db", "lab.db-wal"] {
+        let path = dir.path().join(file);
+        if path.exists() {
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{file} is {mode:o}");
+        }
+    }
+    drop(daemon);
+    // `lab import` of a database that does not exist creates nothing.
+    let typo = dir.path().join("typo.db");
+    let out = Command::new(driverlab())
+        .args(["lab", "import"])
+        .arg(&typo)
+        .arg("--db")
+        .arg(dir.path().join("lab.db"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!typo.exists());
+}
+
+#[test]
+fn cancels_at_once_are_one_cancel_and_a_refused_submit_leaves_no_run() {
+    let test = "cancels_at_once_are_one_cancel_and_a_refused_submit_leaves_no_run";
+    if !kvm_available(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    let client = daemon.client();
+    let matrix = std::fs::read(probe_matrix()).unwrap();
+    let toml = [("content-type", "application/toml")];
+    // One runs, sixteen wait, and the rest are refused: 429, and no run made for them.
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for _ in 0..20 {
+        let answer = call(&client, "POST", "/v1/runs", &toml, Some(&matrix));
+        match answer.status {
+            201 => accepted.push(json_of(&answer)["id"].as_str().unwrap().to_string()),
+            429 => refused += 1,
+            other => panic!("{other}: {}", String::from_utf8_lossy(&answer.body)),
+        }
+    }
+    assert!(refused >= 1 && accepted.len() >= 17, "{} accepted, {refused} refused", accepted.len());
+    let runs = json_of(&call(&client, "GET", "/v1/runs", &[], None));
+    assert_eq!(runs.as_array().unwrap().len(), accepted.len(), "only the accepted runs exist");
+    // Four cancels of a waiting run at once: it is cancelled once, its repetitions MISS once.
+    let waiting = accepted.last().unwrap().clone();
+    let stream = {
+        let socket = daemon.socket.clone();
+        let run = waiting.clone();
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            runtime()
+                .block_on(Client::new(&socket).events(&format!("/v1/runs/{run}/events"), |data| {
+                    seen.push(serde_json::from_str::<Value>(data).unwrap());
+                    true
+                }))
+                .unwrap();
+            seen
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let cancels: Vec<_> = (0..4)
+        .map(|_| {
+            let socket = daemon.socket.clone();
+            let path = format!("/v1/runs/{waiting}/cancel");
+            std::thread::spawn(move || call(&Client::new(&socket), "POST", &path, &[], None).status)
+        })
+        .collect();
+    let statuses: Vec<u16> = cancels.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(statuses.iter().all(|s| *s == 202 || *s == 409), "{statuses:?}");
+    let seen = stream.join().unwrap();
+    let recorded = seen.iter().filter(|e| e["event"] == "recorded").count();
+    assert!(recorded <= 1, "one cancel's MISS records come as one event, not {recorded}");
+    let last = &seen.last().unwrap()["status"];
+    assert_eq!(
+        (last["state"].as_str(), last["counts"]["MISS"].as_u64(), last["results"].as_u64()),
+        (Some("cancelled"), Some(15), Some(15)),
+        "{last}"
+    );
+    for run in &accepted {
+        let _ = call(&client, "POST", &format!("/v1/runs/{run}/cancel"), &[], None);
+    }
+}
+
+#[test]
+fn health_checks_beyond_the_one_running_are_answered_429_at_once() {
+    let test = "health_checks_beyond_the_one_running_are_answered_429_at_once";
+    if !kvm_available(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    let json = [("content-type", "application/json")];
+    let device = br#"{"name":"aq","model":"aqc100"}"#;
+    assert_eq!(call(&daemon.client(), "POST", "/v1/devices", &json, Some(device)).status, 201);
+    let start = Instant::now();
+    let checks: Vec<_> = (0..6)
+        .map(|_| {
+            let socket = daemon.socket.clone();
+            std::thread::spawn(move || {
+                let answer = call(&Client::new(&socket), "POST", "/v1/devices/aq/health", &[], None);
+                (answer.status, start.elapsed())
+            })
+        })
+        .collect();
+    let answers: Vec<(u16, Duration)> = checks.into_iter().map(|t| t.join().unwrap()).collect();
+    let ran = answers.iter().filter(|(s, _)| *s == 200).count();
+    let busy: Vec<&Duration> = answers.iter().filter(|(s, _)| *s == 429).map(|(_, t)| t).collect();
+    assert!(ran >= 1 && !busy.is_empty() && ran + busy.len() == 6, "{answers:?}");
+    let slowest_refusal = busy.iter().max().unwrap();
+    let check_took = answers.iter().filter(|(s, _)| *s == 200).map(|(_, t)| *t).min().unwrap();
+    assert!(**slowest_refusal < check_took, "refusals come before the check ends, not after it: {answers:?}");
+}
+
+#[test]
+fn a_model_killed_mid_repetition_is_an_error_that_says_so() {
+    let test = "a_model_killed_mid_repetition_is_an_error_that_says_so";
+    if !kvm_available(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let matrix = dir.path().join("long.toml");
+    let text = std::fs::read_to_string(probe_matrix())
+        .unwrap()
+        .replace("repetitions = 5", "repetitions = 1")
+        .replace("frames = 20000", "frames = 20000000")
+        .replace("timeout_s = 120", "timeout_s = 300");
+    let text = text.split("[[variant]]\nname = \"order3\"").next().unwrap().to_string()
+        + "[[workload]]\nname = \"rx-20m\"\nkind = \"probe-rx\"\nframes = 20000000\n";
+    std::fs::write(&matrix, text).unwrap();
+    let mut lab = Command::new(driverlab())
+        .args(["lab", "run"])
+        .arg(&matrix)
+        .arg("--db")
+        .arg(dir.path().join("lab.db"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The health check's model comes and goes first (the lab says `health PASS ...`); the
+    // repetition's is the one after: `driverlab model aqc100 --once --socket /tmp/driverlab-model-LABPID-N/...`.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = lab.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let health = rx.iter().find(|l| l.starts_with("health ")).expect("the health check's line");
+    assert!(health.starts_with("health PASS"), "{health}");
+    let pattern = format!("driverlab-model-{}-", lab.id());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let model = loop {
+        let out = Command::new("pgrep").args(["-f", &pattern]).output().expect("pgrep (procps) runs");
+        let pids: Vec<i32> =
+            String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect();
+        if let Some(&pid) = pids.first() {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no model of the repetition within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: kill(2) of the model process the lab started.
+    unsafe { libc::kill(model, libc::SIGKILL) };
+    let out = lab.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.lines().last().unwrap_or_default().ends_with("0 passed, 0 failed, 1 errors"), "{stdout}");
+    let run = stdout.lines().next().and_then(|l| l.split_whitespace().nth(1)).unwrap().to_string();
+    let shown = Command::new(driverlab())
+        .args(["lab", "show", &run, "--json", "--db"])
+        .arg(dir.path().join("lab.db"))
+        .output()
+        .unwrap();
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let record = &shown["records"][0];
+    assert_eq!(record["status"], "ERROR", "{record}");
+    assert_eq!(record["reason"], "the aqc100 model ended (signal 9) during the repetition", "{record}");
 }

@@ -74,17 +74,22 @@ impl Box_ {
         self.cli(&all)
     }
 
-    /// A GET or POST on the box's API, its JSON answer.
-    fn api(&self, method: &str, path: &str) -> Value {
+    /// A GET or POST on the box's API, its JSON answer, or why there is none.
+    fn try_api(&self, method: &str, path: &str) -> Result<Value, String> {
         let token = std::fs::read_to_string(&self.token_file).unwrap();
         let out = Command::new("curl")
-            .args(["-s", "-X", method, "-H"])
+            .args(["-s", "--max-time", "120", "-X", method, "-H"])
             .arg(format!("authorization: Bearer {}", token.trim()))
             .arg(format!("{}{path}", self.url))
             .output()
             .expect("curl runs");
         serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+            .map_err(|e| format!("{method} {path}: {e} ({:?}): {}", out.status, String::from_utf8_lossy(&out.stdout)))
+    }
+
+    /// The same, which must answer.
+    fn api(&self, method: &str, path: &str) -> Value {
+        self.try_api(method, path).unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn records(&self, run: &str) -> Vec<Value> {
@@ -131,7 +136,9 @@ fn the_nested_box_runs_the_driverlab_engine_end_to_end() {
         );
         return;
     }
-    let bin = PathBuf::from(std::env::var_os("DRIVERLAB_RELEASE_BIN").expect("DRIVERLAB_RELEASE_BIN with DRIVERLAB_NESTED_BOX"));
+    let bin = PathBuf::from(
+        std::env::var_os("DRIVERLAB_RELEASE_BIN").expect("DRIVERLAB_RELEASE_BIN with DRIVERLAB_NESTED_BOX"),
+    );
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let scratch = tempfile::tempdir().unwrap();
     let dir = scratch.path().join("box");
@@ -227,7 +234,9 @@ fn phases(lab_box: &Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str), f: 
         );
     }
     match (mean(&stock, "rx_maps_per_packet"), mean(&order3, "rx_maps_per_packet")) {
-        (Some(s), Some(o)) => f.check(o / s <= 0.35, format!("RX maps per packet: order 3 {o:.4} / stock {s:.4} = {:.3}", o / s)),
+        (Some(s), Some(o)) => {
+            f.check(o / s <= 0.35, format!("RX maps per packet: order 3 {o:.4} / stock {s:.4} = {:.3}", o / s))
+        }
         other => f.check(false, format!("RX maps per packet missing: {other:?}")),
     }
     for r in &pool {
@@ -235,7 +244,10 @@ fn phases(lab_box: &Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str), f: 
             r["rx_maps_per_packet"].as_f64().is_some_and(|m| m <= 0.05),
             format!("page-pool: RX maps per packet {}", r["rx_maps_per_packet"]),
         );
-        f.check(r["mappings_after_unload"] == 0, format!("page-pool: {} mappings after unload", r["mappings_after_unload"]));
+        f.check(
+            r["mappings_after_unload"] == 0,
+            format!("page-pool: {} mappings after unload", r["mappings_after_unload"]),
+        );
     }
     eprintln!(
         "{TEST}: RX maps/packet stock {:?}, order 3 {:?}, page_pool {:?}; page reuse {:?} / {:?}; Gbit/s {:?} / {:?}",
@@ -321,7 +333,10 @@ fn phases(lab_box: &Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str), f: 
     let compared = second.cli(&["lab", "compare", &run, &qemu_run, "--db", &db]);
     let text = String::from_utf8_lossy(&compared.stdout).to_string();
     println!("{text}");
-    f.check(compared.status.success() && text.contains("qemu") && text.contains("driverlab"), format!("compare: {text}"));
+    f.check(
+        compared.status.success() && text.contains("qemu") && text.contains("driverlab"),
+        format!("compare: {text}"),
+    );
 }
 
 /// The box's matrix for the host's QEMU engine: the same images, the AQC100 model as its device,
@@ -353,7 +368,8 @@ fn state_phase(dir: &Path) -> String {
 fn wait_for_results(lab_box: &Box_, matrix: &str, n: u64, limit: Duration) -> String {
     let deadline = Instant::now() + limit;
     loop {
-        let runs = lab_box.api("GET", "/v1/runs");
+        // The box answers slowly while it starts a VM (TCG): a look that fails is tried again.
+        let runs = lab_box.try_api("GET", "/v1/runs").unwrap_or_default();
         let newest = runs.as_array().and_then(|r| r.iter().max_by_key(|r| r["created_at"].as_str().map(String::from)));
         if let Some(run) = newest
             && run["matrix"] == matrix

@@ -62,6 +62,10 @@ pub async fn tcp(token: Arc<String>, mut request: Request, next: Next) -> Respon
         return response;
     }
     request.extensions_mut().insert(Transport::Tcp);
+    // The connection gave the token: it is not dropped to make room for others.
+    if let Some(vouched) = request.extensions().get::<crate::listeners::Vouched>() {
+        vouched.set();
+    }
     next.run(request).await
 }
 

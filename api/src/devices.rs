@@ -215,6 +215,7 @@ pub async fn remove(State(daemon): State<Arc<Daemon>>, Path(name): Path<String>)
         (status = 200, description = "The check ran; `ok` says whether it passed", body = HealthResult),
         (status = 404, description = "No such device", body = crate::types::ErrorBody),
         (status = 409, description = "A run holds the device", body = crate::types::ErrorBody),
+        (status = 429, description = "Another health check is running", body = crate::types::ErrorBody),
         (status = 500, description = "The check could not run (the host, KVM)", body = crate::types::ErrorBody),
     ))]
 pub async fn health(
@@ -227,7 +228,15 @@ pub async fn health(
         if let Some(lease) = state(&store, &device, at)?.lease {
             return Err(Problem::conflict(format!("run {} holds {name}; check it when the run is done", lease.run)));
         }
-        let _one_at_a_time = daemon.checks.lock().unwrap_or_else(|p| p.into_inner());
+        // One check at a time, and the others answered at once rather than queued on the
+        // daemon's blocking threads.
+        let _one_at_a_time = match daemon.checks.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(Problem::busy("another health check is running; try again after it"));
+            }
+        };
         let mut health = lab::health::check_device(&daemon.config.driverlab, &device).map_err(Problem::internal)?;
         health.device = name.clone();
         Ok(Json(HealthResult {

@@ -11,6 +11,7 @@ pub mod client;
 pub mod daemon;
 pub mod devices;
 pub mod images;
+pub mod listeners;
 pub mod payload;
 pub mod problem;
 pub mod results;
@@ -33,6 +34,12 @@ pub enum ApiError {
     /// Another server answers on the socket.
     #[error("socket {path}: another driverlab server is listening there", path = .0.display())]
     InUse(std::path::PathBuf),
+    /// Something that is no socket is at the socket's path: left as it is.
+    #[error(
+        "{path} exists and is not a socket (it is left as it is): give --socket a path that is free or a socket",
+        path = .0.display()
+    )]
+    NotASocket(std::path::PathBuf),
     /// HTTP failed.
     #[error("HTTP: {0}")]
     Http(String),

@@ -12,6 +12,9 @@ use crate::problem::Problem;
 /// The largest body a request may have.
 pub const MAX_BODY: usize = 1 << 20;
 
+/// How long a request's body may take to arrive, from when the handler starts reading it.
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How much of a body over [`MAX_BODY`] is still read (and dropped) so the client gets its 413.
 const DRAINED: usize = 16 << 20;
 
@@ -48,7 +51,18 @@ impl<S: Send + Sync> FromRequest<S> for Payload {
         let mut body = request.into_body();
         let mut kept = Vec::new();
         let mut seen = 0usize;
-        while let Some(frame) = body.frame().await {
+        let deadline = tokio::time::Instant::now() + BODY_TIMEOUT;
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(Problem::timeout(format!(
+                        "the body did not arrive within {} s",
+                        BODY_TIMEOUT.as_secs()
+                    )));
+                }
+            };
             let frame = frame.map_err(|e| Problem::bad_request(format!("reading the body: {e}")))?;
             let Ok(data) = frame.into_data() else { continue };
             seen += data.len();
@@ -77,6 +91,10 @@ impl Payload {
             )));
         }
         let bytes: &[u8] = if self.bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &self.bytes };
+        // Every body is an object: serde would take `["probe"]` for a struct's fields in order.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(Problem::bad_request("invalid request body: give a JSON object"));
+        }
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();

@@ -47,6 +47,11 @@ impl Problem {
         Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message)
     }
 
+    /// 408: the request's body did not arrive in time.
+    pub fn timeout(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::REQUEST_TIMEOUT, "timeout", message)
+    }
+
     /// 409: the thing's state does not allow it.
     pub fn conflict(message: impl Into<String>) -> Problem {
         Problem::new(StatusCode::CONFLICT, "conflict", message)
@@ -104,6 +109,7 @@ impl From<lab::run::RunError> for Problem {
         match e {
             lab::run::RunError::Store(e) => e.into(),
             lab::run::RunError::NotResumable { .. } => Problem::conflict(e.to_string()),
+            lab::run::RunError::NoBaseline { .. } => Problem::bad_request(e.to_string()),
             e if e.is_bad_input() => Problem::unprocessable(e.to_string()),
             e => Problem::internal(e.to_string()),
         }

@@ -2,7 +2,7 @@
 //! box should not disturb each other), on one worker thread that outlives every VMM it starts.
 //! Each live run has a broadcast channel its event streams subscribe to.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -27,6 +27,8 @@ use crate::types::{Created, RunEvent, RunStatus};
 
 /// Most runs that may wait at once.
 pub const MAX_QUEUED: usize = 16;
+/// Most results the runs queued and running may have together.
+pub const MAX_QUEUED_RESULTS: usize = 200_000;
 
 /// Runs waiting and running.
 pub struct RunQueue {
@@ -44,6 +46,23 @@ struct Shared {
 struct Queue {
     waiting: VecDeque<String>,
     live: HashMap<String, Live>,
+    /// Places taken by requests that are creating or claiming their run.
+    reserved: usize,
+}
+
+/// A place in the queue, taken before a run is created or claimed, so that a run exists only
+/// once it is sure to be queued; given back when dropped unused.
+struct Reservation<'a> {
+    shared: &'a Shared,
+    used: bool,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.used {
+            lock(&self.shared.queue).reserved -= 1;
+        }
+    }
 }
 
 struct Live {
@@ -71,12 +90,33 @@ impl RunQueue {
         RunQueue { shared }
     }
 
-    /// Queues `run` (created, or claimed for a resume) to execute `plan`.
-    fn enqueue(&self, run: &str, plan: Plan) -> Result<(), Problem> {
+    /// A place in the queue, or 429 when it is full.
+    fn reserve(&self) -> Result<Reservation<'_>, Problem> {
         let mut queue = lock(&self.shared.queue);
-        if queue.waiting.len() >= MAX_QUEUED {
+        if queue.waiting.len() + queue.reserved >= MAX_QUEUED {
             return Err(Problem::busy(format!("{MAX_QUEUED} runs are waiting already; try again when one has run")));
         }
+        queue.reserved += 1;
+        Ok(Reservation { shared: &self.shared, used: false })
+    }
+
+    /// Queues `run` (created, or claimed for a resume) to execute `plan`, in the place
+    /// `reservation` holds; 409 if the run is live already (two resumes at once).
+    fn enqueue(&self, mut reservation: Reservation<'_>, run: &str, plan: Plan) -> Result<(), Problem> {
+        let mut queue = lock(&self.shared.queue);
+        if queue.live.contains_key(run) {
+            return Err(Problem::conflict(format!("run {run} is queued or running here already")));
+        }
+        let results = |plan: &Plan| plan.cells.len() * plan.matrix.repetitions as usize;
+        let queued: usize = queue.live.values().map(|l| results(&l.plan)).sum();
+        if queued + results(&plan) > MAX_QUEUED_RESULTS {
+            return Err(Problem::busy(format!(
+                "{queued} results are queued or running and this run has {}; the daemon takes {MAX_QUEUED_RESULTS} at once",
+                results(&plan)
+            )));
+        }
+        reservation.used = true;
+        queue.reserved -= 1;
         let (events, _) = broadcast::channel(256);
         let live = Live {
             plan,
@@ -92,19 +132,16 @@ impl RunQueue {
         Ok(())
     }
 
-    /// Whether the queue is full.
-    fn full(&self) -> bool {
-        lock(&self.shared.queue).waiting.len() >= MAX_QUEUED
-    }
-
     /// Cancels a live run: a running one stops after its running repetitions, a waiting one
     /// leaves the queue and its repetitions are MISS. False if it is not live.
     fn cancel(&self, run: &str) -> bool {
         let mut queue = lock(&self.shared.queue);
-        let Some(live) = queue.live.get(run) else { return false };
+        let Some(live) = queue.live.get_mut(run) else { return false };
         live.cancel.store(true, Ordering::SeqCst);
         if !live.running {
             // Out of the queue, and finished at once on a thread of its own: nothing runs.
+            // Marked running first, so that a second cancel meanwhile starts nothing.
+            live.running = true;
             queue.waiting.retain(|r| r != run);
             drop(queue);
             let shared = self.shared.clone();
@@ -218,13 +255,12 @@ impl Progress for Events {
 fn status_from_db(db: &std::path::Path, run: &str) -> Result<RunStatus, Problem> {
     let store = Store::open(db)?;
     let info = store.run(run)?;
-    let records = store.records(run)?;
-    let mut per_cell: BTreeMap<usize, usize> = BTreeMap::new();
-    for r in &records {
-        *per_cell.entry(r.cell.index).or_default() += 1;
-    }
+    // Counted by the database, per cell and status: the cost of a status is the run's cells,
+    // not its stored records.
+    let counted = store.result_counts(run)?;
+    let per_cell = &counted.per_cell;
     let repetitions = info.repetitions as usize;
-    let counts = lab::store::status_counts(&records).into_iter().map(|(s, n)| (s.name().to_string(), n)).collect();
+    let counts = counted.by_status.iter().map(|(s, n)| (s.name().to_string(), *n)).collect();
     Ok(RunStatus {
         id: info.id.clone(),
         matrix: info.matrix.clone(),
@@ -234,7 +270,7 @@ fn status_from_db(db: &std::path::Path, run: &str) -> Result<RunStatus, Problem>
         state: format!("{:?}", info.state).to_lowercase(),
         cells_done: per_cell.values().filter(|&&n| n >= repetitions).count(),
         cells_total: info.cells_total,
-        results: records.len(),
+        results: counted.total(),
         results_total: info.cells_total * repetitions,
         eta_s: None,
         counts,
@@ -267,9 +303,15 @@ fn flag(pairs: &[(String, String)], name: &str) -> Result<bool, Problem> {
     }
 }
 
+/// A matrix's mistake as an answer: 400 for one that does not parse (TOML or JSON syntax, an
+/// unknown or mistyped field), 422 for one that parses and does not check out.
+fn matrix_problem(e: lab::matrix::MatrixError) -> Problem {
+    if e.field == "syntax" { Problem::bad_request(e.to_string()) } else { Problem::unprocessable(e.to_string()) }
+}
+
 /// The matrix in a request body: TOML (`application/toml`, `text/toml`, `text/plain`) or JSON.
 fn matrix_table(payload: &Payload) -> Result<toml::Table, Problem> {
-    let refuse = |e: lab::matrix::MatrixError| Problem::unprocessable(e.to_string());
+    let refuse = matrix_problem;
     match payload.content_type.as_str() {
         "application/toml" | "text/toml" | "text/plain" => {
             let text =
@@ -303,21 +345,16 @@ pub async fn submit(State(daemon): State<Arc<Daemon>>, RawQuery(raw): RawQuery, 
     let result = async {
         let skip_unrunnable = flag(&query(raw), "skip_unrunnable")?;
         let table = matrix_table(&payload)?;
-        if daemon.runs.full() {
-            return Err(Problem::busy(format!("{MAX_QUEUED} runs are waiting already")));
-        }
         let daemon = daemon.clone();
         blocking(move || {
+            // The place first: a run that could not be queued is never created.
+            let place = daemon.runs.reserve()?;
             let mut store = daemon.store()?;
             let registered = |name: &str| store.device(name).ok().flatten();
-            let plan = lab::request::plan(table, &registered).map_err(|e| Problem::unprocessable(e.to_string()))?;
+            let plan = lab::request::plan(table, &registered).map_err(matrix_problem)?;
             let options = RunOptions { driverlab: daemon.config.driverlab.clone(), skip_unrunnable };
             let run = lab::run::create(&mut store, &plan, &options)?;
-            if let Err(e) = daemon.runs.enqueue(&run, plan) {
-                // Not queued after all: it ran nothing; say so in the database.
-                let _ = store.finish_run(&run, RunState::Cancelled);
-                return Err(e);
-            }
+            daemon.runs.enqueue(place, &run, plan)?;
             Ok(run)
         })
         .await
@@ -393,9 +430,10 @@ pub async fn resume(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
         if daemon.runs.live_state(&id, 0, 0).is_some() {
             return Err(Problem::conflict(format!("run {id} is queued or running here already")));
         }
+        let place = daemon.runs.reserve()?;
         let plan = lab::run::resumable(&store, &id)?;
         store.claim_run(&id)?;
-        daemon.runs.enqueue(&id, plan)?;
+        daemon.runs.enqueue(place, &id, plan)?;
         status(&daemon, &id)
     })
     .await;

@@ -14,6 +14,7 @@ use utoipa::OpenApi;
 
 use crate::ApiError;
 use crate::daemon::Daemon;
+use crate::listeners;
 use crate::problem::Problem;
 use crate::types::{HostInfo, Version};
 use crate::{devices, images, results, runs, vms};
@@ -158,8 +159,13 @@ async fn openapi() -> Response {
 }
 
 /// Binds the Unix socket `socket`, private to its owner (0600); refused if a server answers
-/// there, a stale socket replaced.
+/// there or if something that is no socket is there (a file is never deleted), a stale socket
+/// replaced.
 pub async fn bind_unix(socket: &Path) -> Result<tokio::net::UnixListener, ApiError> {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(socket).is_ok_and(|m| !m.file_type().is_socket()) {
+        return Err(ApiError::NotASocket(socket.to_path_buf()));
+    }
     if socket.exists() {
         if tokio::net::UnixStream::connect(socket).await.is_ok() {
             return Err(ApiError::InUse(socket.to_path_buf()));
@@ -190,33 +196,38 @@ pub async fn serve(
     tcp: Option<(tokio::net::TcpListener, String)>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ApiError> {
-    let unix = bind_unix(socket).await?;
+    let unix = Arc::new(bind_unix(socket).await?);
     tracing::info!("serving the driverlab API on {}", socket.display());
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
     let unix_app = router(daemon.clone()).layer(axum::middleware::from_fn(crate::auth::unix));
-    let unix_server = axum::serve(unix, unix_app).with_graceful_shutdown(wait(stopped.clone()));
+    let accept_unix = move || {
+        let unix = unix.clone();
+        async move { unix.accept().await.map(|(stream, _)| stream) }
+    };
+    let unix_server = listeners::serve(accept_unix, unix_app, listeners::UNIX, stopped.clone());
     let tcp_server = tcp.map(|(listener, token)| {
         let token = Arc::new(token);
         let app = router(daemon.clone())
             .layer(axum::middleware::from_fn(move |request, next| crate::auth::tcp(token.clone(), request, next)));
-        axum::serve(listener, app).with_graceful_shutdown(wait(stopped.clone()))
+        let listener = Arc::new(listener);
+        let accept_tcp = move || {
+            let listener = listener.clone();
+            async move { listener.accept().await.map(|(stream, _)| stream) }
+        };
+        listeners::serve(accept_tcp, app, listeners::TCP, stopped.clone())
     });
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop.send(true);
     });
-    let result = match tcp_server {
+    match tcp_server {
         Some(tcp_server) => {
-            let (a, b) = tokio::join!(unix_server, tcp_server);
-            a.and(b)
+            tokio::join!(unix_server, tcp_server);
         }
         None => unix_server.await,
-    };
+    }
     let _ = std::fs::remove_file(socket);
-    result.map_err(|source| ApiError::Socket { path: socket.to_path_buf(), source })
+    Ok(())
 }
 
 #[cfg(test)]

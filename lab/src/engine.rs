@@ -89,6 +89,8 @@ pub struct Booted {
     pub run_ms: Option<f64>,
     /// What the VMM wrote on stderr (this project's VMM; QEMU's goes to `qemu.log`).
     pub vmm_stderr: String,
+    /// How the device's model process ended, when it died during the repetition.
+    pub model_ended: Option<String>,
 }
 
 impl Booted {
@@ -105,6 +107,7 @@ impl Booted {
             answered_ms: None,
             run_ms: None,
             vmm_stderr: String::new(),
+            model_ended: None,
         }
     }
 }
@@ -125,14 +128,16 @@ struct AgentFrames {
 }
 
 impl AgentFrames {
-    /// The kinds of the frames that arrived since the last look.
+    /// The kinds of the frames that arrived since the last look. Only whole lines count: a
+    /// header line the guest is still writing (COM2 moves a byte per exit) is read next time.
     fn fresh(&mut self, log: Option<&Path>) -> Vec<String> {
         let Some(data) = log.and_then(|l| std::fs::read(l).ok()) else { return Vec::new() };
         if data.len() <= self.seen {
             return Vec::new();
         }
-        let fresh = String::from_utf8_lossy(&data[self.seen..]).into_owned();
-        self.seen = data.len();
+        let Some(end) = data[self.seen..].iter().rposition(|&b| b == b'\n') else { return Vec::new() };
+        let fresh = String::from_utf8_lossy(&data[self.seen..self.seen + end + 1]).into_owned();
+        self.seen += end + 1;
         fresh
             .lines()
             .filter(|l| l.starts_with(crate::agent::BEGIN))
@@ -162,6 +167,8 @@ pub fn run_driverlab(
     let watchdog = Watchdog::start(socket, watch.clone(), spawned, counters.clone());
     let outcome = vm.wait();
     let watched = watchdog.stop();
+    let mut model = model;
+    let model_ended = model.as_mut().and_then(ModelProcess::ended_badly);
     drop(model);
     let outcome = match outcome {
         Ok(outcome) => outcome,
@@ -207,6 +214,7 @@ pub fn run_driverlab(
         silent_for: watched.silent_for,
         answered_ms: watched.answered_ms,
         vmm_stderr: outcome.stderr,
+        model_ended,
     }
 }
 
@@ -404,6 +412,8 @@ pub fn run_qemu(boot: &QemuBoot<'_>, spec: &VmSpec, watch: &Watch, model: Option
         }
     };
     let run_ms = ms(spawned.elapsed());
+    let mut model = model;
+    let model_ended = model.as_mut().and_then(ModelProcess::ended_badly);
     read_more(&trace_path, trace_read, &mut trace);
     // The model's own counts, as it printed them when QEMU went away.
     let device_counters = model.and_then(|m| m.terminate().ok()).and_then(|(_, out)| final_counters(&out));
@@ -440,6 +450,7 @@ pub fn run_qemu(boot: &QemuBoot<'_>, spec: &VmSpec, watch: &Watch, model: Option
         answered_ms: None,
         run_ms: Some(run_ms),
         vmm_stderr: String::new(),
+        model_ended,
     }
 }
 
@@ -485,5 +496,12 @@ mod tests {
         std::fs::write(&log, crate::agent::encode(1, "workload-begin", false, b"{}")).unwrap();
         assert_eq!(frames.fresh(Some(&log)), ["workload-begin"]);
         assert!(frames.fresh(Some(&log)).is_empty(), "each frame once");
+        // A header line caught half written is read whole the next time.
+        let whole = crate::agent::encode(2, "workload-end", false, b"{}");
+        let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        std::io::Write::write_all(&mut file, &whole[..9]).unwrap();
+        assert!(frames.fresh(Some(&log)).is_empty(), "nothing whole yet");
+        std::io::Write::write_all(&mut file, &whole[9..]).unwrap();
+        assert_eq!(frames.fresh(Some(&log)), ["workload-end"]);
     }
 }

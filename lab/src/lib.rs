@@ -27,6 +27,7 @@ pub mod report;
 pub mod request;
 pub mod run;
 pub mod runner;
+pub mod runtime_dirs;
 pub mod scheduler;
 pub mod stats;
 pub mod store;

@@ -38,6 +38,8 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 use vm_spec::Bdf;
 
+/// Most results (cells x repetitions) one run may have.
+pub const MAX_RESULTS: usize = 100_000;
 /// Most repetitions of one cell.
 pub const MAX_REPETITIONS: u32 = 1000;
 /// Most cells one matrix may expand into.
@@ -154,6 +156,19 @@ pub struct Device {
     pub peer_counters: bool,
 }
 
+/// Whether `name` is a network interface name Linux takes: 1 to 15 bytes (IFNAMSIZ less its
+/// NUL), none of them `/`, `:`, whitespace or control characters, and not `.` or `..`.
+pub fn interface_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 15 {
+        return Err(format!("{} bytes; an interface name is 1 to 15", name.len()));
+    }
+    if name == "." || name == ".." || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
+    {
+        return Err("not an interface name: no '/', ':', spaces or control characters, not . or ..".into());
+    }
+    Ok(())
+}
+
 /// What a device is, once checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceKind {
@@ -182,6 +197,16 @@ impl Device {
                 return fail("", "generate and tap are for models".into());
             }
             _ => {}
+        }
+        if let Some(generate) = &self.generate
+            && let Err(e) = generate.parse::<device_models::wire::generator::GeneratorConfig>()
+        {
+            return fail(".generate", format!("{generate:?}: {e}"));
+        }
+        if let Some(tap) = &self.tap
+            && let Err(e) = interface_name(tap)
+        {
+            return fail(".tap", format!("{tap:?}: {e}"));
         }
         if let Some(peer) = &self.peer {
             if self.model.is_some() {
@@ -585,10 +610,24 @@ impl Plan {
         })?;
         let checker = Checker { file, text };
         checker.check(&matrix)?;
-        let cells = expand(&matrix);
-        if cells.len() > MAX_CELLS {
-            return Err(checker.error(None, "matrix", format!("{} cells; at most {MAX_CELLS}", cells.len())));
+        // Counted from the matrix's shape before anything is expanded: twelve parameters of
+        // ten values are 10^12 cells, which must be refused, not built.
+        let count = count_cells(&matrix);
+        if count > MAX_CELLS as u128 {
+            return Err(checker.error(None, "matrix", format!("{count} cells; at most {MAX_CELLS}")));
         }
+        let results = count * u128::from(matrix.repetitions);
+        if results > MAX_RESULTS as u128 {
+            return Err(checker.error(
+                None,
+                "matrix",
+                format!(
+                    "{count} cells x {} repetitions = {results} results; at most {MAX_RESULTS}",
+                    matrix.repetitions
+                ),
+            ));
+        }
+        let cells = expand(&matrix);
         Ok(Plan { file: file.to_path_buf(), text: text.to_string(), matrix, cells })
     }
 
@@ -696,9 +735,11 @@ impl Checker<'_> {
         }
         for (i, image) in m.images.iter().enumerate() {
             let (span, image) = (image.span(), image.get_ref());
+            // The VM limits every VM has (vm-spec's), on what the image fixes.
             let probe = vm_spec::VmSpec {
                 memory_mib: image.memory_mib,
                 vcpus: image.vcpus,
+                cmdline: image.cmdline.clone(),
                 ..vm_spec::VmSpec::new(vm_spec::Kernel::Probe)
             };
             if let Err(e) = probe.validate() {
@@ -804,6 +845,28 @@ impl Checker<'_> {
         }
         Ok(())
     }
+}
+
+/// How many cells [`expand`] would make, without making them (saturating).
+fn count_cells(m: &Matrix) -> u128 {
+    let devices = m.devices.len() as u128;
+    m.variants
+        .iter()
+        .map(|v| v.get_ref())
+        .map(|variant| {
+            let probe = m.images.iter().any(|i| i.get_ref().name == *variant.image.get_ref() && i.get_ref().is_probe());
+            let workloads =
+                m.workloads.iter().filter(|w| matches!(w.get_ref(), Workload::ProbeRx { .. }) == probe).count() as u128;
+            let combinations = variant.params.values().fold(1u128, |n, values| {
+                let k = match values {
+                    ParamValues::One(_) => 1,
+                    ParamValues::Many(list) => list.len() as u128,
+                };
+                n.saturating_mul(k)
+            });
+            combinations.saturating_mul(workloads).saturating_mul(devices)
+        })
+        .fold(0u128, u128::saturating_add)
 }
 
 /// The cells of a checked matrix: variants (each parameter list expanded) x compatible workloads
@@ -915,6 +978,34 @@ ip = 6
         assert_eq!(plan.cells[4].id, "c05");
         assert_eq!(plan.baseline(), Some("stock"));
         assert!(matches!(plan.workload("iperf"), Some(Workload::Iperf3 { ip: 6, mtu: 1500, .. })));
+    }
+
+    #[test]
+    fn cells_and_results_are_counted_before_anything_is_expanded() {
+        let plan = parse(GOOD).unwrap();
+        assert_eq!(count_cells(&plan.matrix), plan.cells.len() as u128);
+        // Twelve parameters of ten values each: 10^12 cells, refused from the shape alone (an
+        // expansion would not finish, nor fit in memory).
+        let params: Vec<String> = (0..12).map(|i| format!("\"m.p{i}\" = [0,1,2,3,4,5,6,7,8,9]")).collect();
+        let huge =
+            GOOD.replace("params = { \"probe.rx\" = \"flip\" }", &format!("params = {{ {} }}", params.join(", ")));
+        assert_ne!(huge, GOOD);
+        let start = std::time::Instant::now();
+        let error = parse(&huge).unwrap_err();
+        assert_eq!(error.field, "matrix");
+        assert!(error.message.starts_with("1000000000004 cells; at most 10000"), "{error}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "refused without expanding");
+        // Few cells, too many results.
+        let many = GOOD.replace("repetitions = 3", "repetitions = 1000");
+        let cells = parse(&GOOD.replace("repetitions = 3", "repetitions = 1")).unwrap().cells.len();
+        if cells * 1000 > MAX_RESULTS {
+            assert!(parse(&many).unwrap_err().message.contains("results; at most"));
+        } else {
+            let wide = many.replace("\"atlantic.rxpageorder\" = [0, 1, 2, 3]", "\"atlantic.rxpageorder\" = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99]");
+            assert_ne!(wide, many, "the test matrix has the order list");
+            let error = parse(&wide).unwrap_err();
+            assert!(error.message.contains("results; at most 100000"), "{error}");
+        }
     }
 
     #[test]

@@ -22,17 +22,20 @@ pub enum ModelError {
         source: std::io::Error,
     },
     /// The model never created its socket (it exited, or refused its arguments).
-    #[error("`driverlab model {kind}` did not start serving on {socket} within {START_TIMEOUT:?}", socket = socket.display())]
+    #[error("`driverlab model {kind}` did not start serving on {socket} within {START_TIMEOUT:?}{said}", socket = socket.display())]
     NotServing {
         /// Which model.
         kind: String,
         /// Where it should have been serving.
         socket: PathBuf,
+        /// What it said last, `: ...`, if anything.
+        said: String,
     },
 }
 
 /// A running model process serving one client (`--once`).
 pub struct ModelProcess {
+    kind: String,
     child: Child,
     socket: PathBuf,
     /// The AQC100's control socket (`--control`), for its live counters.
@@ -92,6 +95,12 @@ impl ModelProcess {
             None => None,
         };
         crate::vm_process::die_with_parent(&mut command);
+        // Its log: the caller's file, else one in its folder, read back if it does not start.
+        let own_log = dir.join("model.log");
+        let log = match log {
+            Some(file) => Some(file),
+            None => std::fs::File::create(&own_log).ok(),
+        };
         let stderr = log.map_or_else(Stdio::null, Stdio::from);
         let child = match command.stdout(Stdio::piped()).stderr(stderr).spawn() {
             Ok(child) => child,
@@ -100,11 +109,20 @@ impl ModelProcess {
                 return Err(start_error(e));
             }
         };
-        let model = ModelProcess { child, socket, control, dir };
+        let model = ModelProcess { kind: kind.to_string(), child, socket, control, dir };
         let deadline = Instant::now() + START_TIMEOUT;
+        let mut model = model;
         while !model.socket.exists() {
-            if Instant::now() > deadline {
-                return Err(ModelError::NotServing { kind: kind.to_string(), socket: model.socket.clone() });
+            let ended = matches!(model.child.try_wait(), Ok(Some(_)));
+            if ended || Instant::now() > deadline {
+                let text = std::fs::read_to_string(&own_log).unwrap_or_default();
+                let said = text
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .map(|l| format!(": it said {:?}", l.trim().chars().take(300).collect::<String>()))
+                    .unwrap_or_default();
+                return Err(ModelError::NotServing { kind: kind.to_string(), socket: model.socket.clone(), said });
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -137,6 +155,23 @@ impl ModelProcess {
         std::io::BufReader::new(stream).read_line(&mut line).ok()?;
         let value: serde_json::Value = serde_json::from_str(&line).ok()?;
         serde_json::from_value(value.get("counters")?.clone()).ok()
+    }
+
+    /// If the model has ended other than by finishing its one client's session (a signal, an
+    /// exit code other than 0), how: `the aqc100 model ended (signal 9)`. A model that dies
+    /// mid-repetition is the lab's error, not the driver's failure.
+    pub fn ended_badly(&mut self) -> Option<String> {
+        use std::os::unix::process::ExitStatusExt;
+        let status = self.child.try_wait().ok()??;
+        if status.success() {
+            return None;
+        }
+        let how = match (status.signal(), status.code()) {
+            (Some(signal), _) => format!("signal {signal}"),
+            (None, Some(code)) => format!("exit code {code}"),
+            (None, None) => status.to_string(),
+        };
+        Some(format!("the {} model ended ({how}) during the repetition", self.kind))
     }
 
     /// Kills the model now (a peer that goes away mid-run).

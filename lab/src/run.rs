@@ -33,6 +33,16 @@ pub enum RunError {
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A baseline the run's matrix has no variant of.
+    #[error("run {run} has no variant {baseline:?} to judge against; it has {variants}")]
+    NoBaseline {
+        /// The run.
+        run: String,
+        /// The baseline asked for.
+        baseline: String,
+        /// Its variants.
+        variants: String,
+    },
     /// The run cannot be resumed.
     #[error("run {run} is {state:?}: {why}")]
     NotResumable {
@@ -48,7 +58,12 @@ pub enum RunError {
 impl RunError {
     /// True for the user's mistakes (a bad matrix, a cell this host cannot run).
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, RunError::Matrix(_) | RunError::Lab(LabError::Unrunnable(_) | LabError::Missing(_)))
+        matches!(
+            self,
+            RunError::Matrix(_)
+                | RunError::NoBaseline { .. }
+                | RunError::Lab(LabError::Unrunnable(_) | LabError::Missing(_))
+        )
     }
 }
 
@@ -116,6 +131,17 @@ pub fn report(store: &Store, run: &str, baseline: Option<&str>) -> Result<Report
     let records = store.records(run)?;
     let state = format!("{:?}", info.state).to_lowercase();
     let records = RunRecords { run, matrix: &info.matrix, state: &state, cells: &cells, records: &records };
+    if let Some(asked) = baseline
+        && !cells.iter().any(|c| c.variant == asked)
+    {
+        let mut variants: Vec<&str> = cells.iter().map(|c| c.variant.as_str()).collect();
+        variants.dedup();
+        return Err(RunError::NoBaseline {
+            run: run.to_string(),
+            baseline: asked.to_string(),
+            variants: variants.join(", "),
+        });
+    }
     let baseline = baseline.or(info.baseline.as_deref());
     Ok(Report::of_run(&records, baseline, &VerdictRule::default()))
 }

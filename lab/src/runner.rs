@@ -372,6 +372,10 @@ fn judge(
     timeout_s: f64,
     frames: Option<&crate::agent::Frames>,
 ) -> (Status, Option<String>) {
+    // The device's model died under the VM: whatever the guest made of it, that is the lab's.
+    if let Some(ended) = &booted.model_ended {
+        return (Status::Error, Some(ended.clone()));
+    }
     let (reason, detail) = match &booted.ending {
         Ending::Refused(why) => return (Status::Error, Some(why.clone())),
         Ending::Killed => return (Status::Error, Some("the VMM did not end at its timeout and was killed".into())),
@@ -562,10 +566,22 @@ mod tests {
             silent_for: None,
             answered_ms: None,
             run_ms: None,
+            vmm_stderr: String::new(),
+            model_ended: None,
         };
         let (status, reason) = judge(&booted, "", &record, 60.0, Some(&frames));
         assert_eq!(status, Status::Fail);
         assert_eq!(reason.unwrap(), "the driver left 3 IOMMU mapping(s) behind after it was unloaded");
+        // The model died under the VM: the lab's error, whatever the guest made of it.
+        let died = Booted {
+            model_ended: Some("the aqc100 model ended (signal 9) during the repetition".into()),
+            ..booted.clone()
+        };
+        let (status, reason) = judge(&died, "", &record, 60.0, Some(&frames));
+        assert_eq!(
+            (status, reason.as_deref()),
+            (Status::Error, Some("the aqc100 model ended (signal 9) during the repetition"))
+        );
         // A model that saw fewer maps than the guest made: one of the counts is wrong.
         record.mappings_after_unload = Some(0);
         record.model_maps_per_packet = Some(0.9);

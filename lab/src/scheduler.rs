@@ -314,13 +314,27 @@ impl Worker<'_> {
         if health.ok { Ok(()) } else { Err(health.failures.join("; ")) }
     }
 
+    /// Records every repetition of `pending` as `status` (MISS when cancelled, ERROR when the
+    /// device is gone), in one transaction however many there are.
     fn give_up(&self, pending: &[(u32, &Cell)], status: Status, reason: &str) -> Result<(), LabError> {
-        for &(rep, cell) in pending {
-            let mut record = Record::not_run(&self.ctx.run, cell, rep, status, reason);
-            if let Some(image) = self.plan.image(&cell.image) {
-                record.engine = image.engine.name().into();
-            }
-            self.store_record(&record)?;
+        let records: Vec<Record> = pending
+            .iter()
+            .map(|&(rep, cell)| {
+                let mut record = Record::not_run(&self.ctx.run, cell, rep, status, reason);
+                if let Some(image) = self.plan.image(&cell.image) {
+                    record.engine = image.engine.name().into();
+                }
+                record
+            })
+            .collect();
+        let fresh = lock(self.store).record_all(&records)?;
+        let done = {
+            let mut n = lock(self.recorded);
+            *n += fresh;
+            *n
+        };
+        if let Some(last) = records.last() {
+            self.progress.recorded(last, done, self.total);
         }
         Ok(())
     }

@@ -81,6 +81,15 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    /// The database file cannot be created.
+    #[error("creating the results database {}: {source}", path.display())]
+    Create {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The folder for the database cannot be made.
     #[error("results database folder {}: {source}", path.display())]
     Folder {
@@ -224,6 +233,17 @@ impl Store {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::Folder { path: dir.to_path_buf(), source })?;
         }
         let sql = |source| StoreError::Sqlite { path: path.to_path_buf(), source };
+        // A new database is private (0600); SQLite gives its WAL and shared-memory files the
+        // same mode.
+        if !path.exists() {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|source| StoreError::Create { path: path.to_path_buf(), source })?;
+        }
         let mut conn = Connection::open(path).map_err(sql)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(sql)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(sql)?;
@@ -339,6 +359,68 @@ impl Store {
             )
             .map_err(self.sql())?;
         Ok(n == 1)
+    }
+
+    /// Records `records` in one transaction (what a cancel marks MISS); returns how many were
+    /// new.
+    pub fn record_all(&mut self, records: &[Record]) -> Result<usize, StoreError> {
+        let sql = self.sql();
+        let tx = self.conn.transaction().map_err(&sql)?;
+        let mut fresh = 0;
+        {
+            let mut insert = tx
+                .prepare(
+                    "INSERT OR IGNORE INTO results (run_id, cell_idx, repetition, status, reason, record, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .map_err(&sql)?;
+            let now = now_rfc3339();
+            for record in records {
+                let json = serde_json::to_string(record).expect("a record always serializes");
+                fresh += insert
+                    .execute(params![
+                        record.run,
+                        record.cell.index,
+                        record.repetition,
+                        record.status.name(),
+                        record.reason,
+                        json,
+                        now
+                    ])
+                    .map_err(&sql)?;
+            }
+        }
+        tx.commit().map_err(&sql)?;
+        Ok(fresh)
+    }
+
+    /// A run's results counted in the database, without reading them: per cell index, and per
+    /// status.
+    pub fn result_counts(&self, run: &str) -> Result<ResultCounts, StoreError> {
+        let sql = self.sql();
+        let mut per_cell = std::collections::BTreeMap::new();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT cell_idx, COUNT(*) FROM results WHERE run_id = ?1 GROUP BY cell_idx")
+            .map_err(&sql)?;
+        for row in stmt.query_map(params![run], |r| Ok((r.get::<_, usize>(0)?, r.get::<_, usize>(1)?))).map_err(&sql)? {
+            let (cell, n) = row.map_err(&sql)?;
+            per_cell.insert(cell, n);
+        }
+        let mut by_status = std::collections::BTreeMap::new();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT status, COUNT(*) FROM results WHERE run_id = ?1 GROUP BY status")
+            .map_err(&sql)?;
+        for row in
+            stmt.query_map(params![run], |r| Ok((r.get::<_, String>(0)?, r.get::<_, usize>(1)?))).map_err(&sql)?
+        {
+            let (status, n) = row.map_err(&sql)?;
+            if let Some(status) = Status::parse(&status) {
+                by_status.insert(status, n);
+            }
+        }
+        Ok(ResultCounts { per_cell, by_status })
     }
 
     fn run_row(&self, run: &str) -> Result<RunInfo, StoreError> {
@@ -621,6 +703,23 @@ fn new_run_id() -> String {
 }
 
 /// Counts of a run's records by status.
+/// A run's results as counts ([`Store::result_counts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResultCounts {
+    /// Results per cell index.
+    pub per_cell: std::collections::BTreeMap<usize, usize>,
+    /// Results per status.
+    pub by_status: std::collections::BTreeMap<Status, usize>,
+}
+
+impl ResultCounts {
+    /// Every result.
+    pub fn total(&self) -> usize {
+        self.per_cell.values().sum()
+    }
+}
+
+/// Counts records by status.
 pub fn status_counts(records: &[Record]) -> std::collections::BTreeMap<Status, usize> {
     let mut counts = std::collections::BTreeMap::new();
     for r in records {

@@ -64,6 +64,9 @@ pub struct UpArgs {
     /// How long to wait for the box's daemon.
     #[arg(long, value_name = "S", default_value_t = 600)]
     pub timeout: u64,
+    /// The box's CPU model under TCG; it must have SVM with nested paging.
+    #[arg(long, value_name = "MODEL", default_value = "max")]
+    pub cpu: String,
     /// The box's folder.
     #[command(flatten)]
     pub dir: DirArgs,
@@ -104,6 +107,7 @@ impl NestedBoxCommand {
                     port: args.port,
                     fresh: args.fresh,
                     boot_timeout_s: args.timeout,
+                    cpu: args.cpu,
                 };
                 let driverlab = std::env::current_exe()?;
                 let note = |line: &str| eprintln!("{line}");

@@ -62,6 +62,18 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
+/// Raises the soft limit of open files to the hard one.
+fn raise_open_files() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit with a pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 /// Runs the daemon until SIGINT or SIGTERM.
 pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
     if args.openapi {
@@ -70,6 +82,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
     }
     let socket = args.socket.unwrap_or_else(server::default_socket);
     let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
+    // Connections are bounded by the daemon's own caps, well below the hard limit of open files.
+    raise_open_files();
+    // What lab and daemon processes killed with -9 left in the temporary directory.
+    for dir in lab::runtime_dirs::remove_stale() {
+        tracing::info!("removed {}, left by a process that is gone", dir.display());
+    }
     let vm_dir = api::vms::default_dir();
     std::fs::create_dir_all(&vm_dir).with_context(|| format!("creating {}", vm_dir.display()))?;
     std::fs::set_permissions(&vm_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))

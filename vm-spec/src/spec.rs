@@ -23,6 +23,11 @@ pub const MIN_MEMORY_MIB: u64 = 4;
 pub const DEFAULT_MEMORY_MIB: u64 = 256;
 /// Most vCPUs: xAPIC IDs are 8 bits and 0xff is the broadcast ID.
 pub const MAX_VCPUS: u32 = 254;
+/// The longest kernel command line any boot protocol takes (a bzImage may take less: its
+/// `cmdline_size`).
+pub const MAX_CMDLINE: usize = 4096;
+/// Most guest memory a spec may ask for (the host's own memory bounds it further).
+pub const MAX_MEMORY_MIB: u64 = 1 << 20;
 /// Most passed-through devices: bus 0 has 32 slots, the host bridge and the virtio-iommu take two.
 pub const MAX_DEVICES: usize = 30;
 /// Longest timeout, in seconds (a week).
@@ -134,6 +139,15 @@ impl VmSpec {
         if self.memory_mib < MIN_MEMORY_MIB {
             return Err(SpecError::MemoryTooSmall(self.memory_mib));
         }
+        if self.memory_mib > MAX_MEMORY_MIB {
+            return Err(SpecError::MemoryTooLarge(self.memory_mib));
+        }
+        if self.cmdline.contains('\0') {
+            return Err(SpecError::Cmdline("it holds a NUL byte".into()));
+        }
+        if self.cmdline.len() > MAX_CMDLINE {
+            return Err(SpecError::Cmdline(format!("{} bytes; at most {MAX_CMDLINE}", self.cmdline.len())));
+        }
         if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
             return Err(SpecError::Vcpus(self.vcpus));
         }
@@ -173,6 +187,12 @@ pub enum SpecError {
     /// Less memory than any guest needs.
     #[error("memory_mib (--memory) {0}: at least {MIN_MEMORY_MIB} MiB is needed")]
     MemoryTooSmall(u64),
+    /// More memory than a spec may ask for.
+    #[error("memory_mib (--memory) {0}: at most {MAX_MEMORY_MIB} MiB")]
+    MemoryTooLarge(u64),
+    /// A kernel command line the boot protocols cannot carry.
+    #[error("cmdline (--cmdline): {0}")]
+    Cmdline(String),
     /// A vCPU count out of range.
     #[error("vcpus (--vcpus) {0}: must be between 1 and {MAX_VCPUS}")]
     Vcpus(u32),
@@ -392,12 +412,16 @@ mod tests {
             (r#"{"kernel":"probe","devices":[{"vfio-user":"/a"},{"vfio-user":"/a"}]}"#, "given twice"),
             (r#"{"kernel":"probe","serial":{"com3":"stdout"}}"#, "unknown field `com3`"),
             (r#"{"kernel":"probe","iommu":{"bypas":true}}"#, "unknown field `bypas`"),
+            (r#"{"kernel":"probe","cmdline":"a\u0000b"}"#, "cmdline (--cmdline): it holds a NUL byte"),
+            (r#"{"kernel":"probe","memory_mib":1048577}"#, "at most 1048576 MiB"),
             ("[1,2", "the VM spec is not valid"),
         ];
         for (json, expected) in cases {
             let err = VmSpec::from_json(json).unwrap_err().to_string();
             assert!(err.contains(expected), "{json}: {err}");
         }
+        let long = format!(r#"{{"kernel":"probe","cmdline":"{}"}}"#, "x".repeat(MAX_CMDLINE + 1));
+        assert!(VmSpec::from_json(&long).unwrap_err().to_string().contains("4097 bytes; at most 4096"));
         let json_error = VmSpec::from_json("{\n\"kernel\": 5}").unwrap_err().to_string();
         assert!(json_error.contains("line 2"), "{json_error}");
     }

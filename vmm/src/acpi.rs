@@ -183,7 +183,17 @@ fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
     let pvpanic_crs = aml::Name::new("_CRS".into(), &pvpanic_res);
     let pvpanic = aml::Device::new("PEVT".into(), vec![&pvpanic_hid, &pvpanic_crs]);
 
-    let mut devices: Vec<&dyn Aml> = vec![&pci0, &com1];
+    // The CMOS clock, with its ports and no interrupt: Linux's rtc_cmos takes it from here (a
+    // platform device of its own would ask for ISA IRQ 8, which a hardware-reduced machine
+    // without a legacy PIC does not have).
+    let rtc_hid = aml::EISAName::new("PNP0B00");
+    let rtc_hid = aml::Name::new("_HID".into(), &rtc_hid);
+    let rtc_io = aml::IO::new(devices::rtc::RTC_BASE as u16, devices::rtc::RTC_BASE as u16, 1, 2);
+    let rtc_res = aml::ResourceTemplate::new(vec![&rtc_io]);
+    let rtc_crs = aml::Name::new("_CRS".into(), &rtc_res);
+    let rtc = aml::Device::new("RTC_".into(), vec![&rtc_hid, &rtc_crs]);
+
+    let mut devices: Vec<&dyn Aml> = vec![&pci0, &com1, &rtc];
     if platform.com2 {
         devices.push(&com2);
     }

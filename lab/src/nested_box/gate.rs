@@ -49,12 +49,7 @@ pub fn run(netns: &str, control: &Path) -> i32 {
     let original = std::env::var("SSH_ORIGINAL_COMMAND").unwrap_or_default();
     match parse(&original) {
         Ok(GateCommand::Iperf3Server { limit_s }) => {
-            use std::os::unix::process::CommandExt;
-            let error = Command::new("ip")
-                .args(["netns", "exec", netns, "timeout", &limit_s.to_string(), "iperf3", "-s", "-1", "--forceflush"])
-                .exec();
-            eprintln!("gate: ip netns exec {netns} iperf3: {error}");
-            1
+            iperf3_server(netns, limit_s, &control.with_extension("iperf3.pid"))
         }
         Ok(GateCommand::ModelCounters) => {
             let stdin = std::io::stdin();
@@ -75,6 +70,42 @@ pub fn run(netns: &str, control: &Path) -> i32 {
             1
         }
     }
+}
+
+/// Runs `timeout LIMIT iperf3 -s -1` in `netns` until it ends. A server the card's last
+/// repetition left (its SSH session gone, iperf3 still waiting for a client that never came)
+/// would hold the port: the one `pidfile` names is stopped first. A card's peer serves one lab,
+/// which holds the card's lease, so such a server is always stale.
+fn iperf3_server(netns: &str, limit_s: u64, pidfile: &Path) -> i32 {
+    use std::os::unix::process::CommandExt;
+    if let Some(pid) = std::fs::read_to_string(pidfile).ok().and_then(|t| t.trim().parse::<i32>().ok()) {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains("iperf3") {
+            // SAFETY: kill(2) of the process group the last server ran in (its own, below).
+            unsafe { libc::kill(-pid, libc::SIGTERM) };
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while std::path::Path::new(&format!("/proc/{pid}")).exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+    let child = Command::new("ip")
+        .args(["netns", "exec", netns, "timeout", &limit_s.to_string(), "iperf3", "-s", "-1", "--forceflush"])
+        .process_group(0)
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("gate: ip netns exec {netns} iperf3: {e}");
+            return 1;
+        }
+    };
+    let _ = std::fs::write(pidfile, child.id().to_string());
+    let code = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
+    if std::fs::read_to_string(pidfile).is_ok_and(|t| t.trim() == child.id().to_string()) {
+        let _ = std::fs::remove_file(pidfile);
+    }
+    code
 }
 
 /// The model's status line from its control socket.

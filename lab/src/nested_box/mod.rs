@@ -108,6 +108,13 @@ pub struct BoxOptions {
     pub fresh: bool,
     /// How long to wait for the box's daemon.
     pub boot_timeout_s: u64,
+    /// The box's CPU model under TCG (it must have SVM with nested paging).
+    #[serde(default = "default_cpu")]
+    pub cpu: String,
+}
+
+fn default_cpu() -> String {
+    "max".into()
 }
 
 impl Default for BoxOptions {
@@ -119,6 +126,7 @@ impl Default for BoxOptions {
             port: 0,
             fresh: false,
             boot_timeout_s: 600,
+            cpu: default_cpu(),
         }
     }
 }

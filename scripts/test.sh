@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 apt_install build-essential curl ca-certificates xz-utils busybox-static python3 python3-pip python3-venv \
     patch dwarves shellcheck iperf3 ethtool iproute2 linux-source-6.12 chromium jq \
-    openssh-client openssh-server e2fsprogs
+    openssh-client openssh-server e2fsprogs kmod procps
 # The headers of the kernel the image tests build driver variants against: the newest Debian
 # 6.12 generic kernel, the one `driverlab image kernel` picks.
 kernel_pkg=$(apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb[0-9]+-amd64-unsigned$' | awk '{print $1}' | sort -V | tail -n 1)
@@ -57,5 +57,7 @@ set +e
 cargo test --workspace --locked --no-fail-fast -- --show-output 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
-scripts/test-summary.sh "$log"
-exit "$status"
+summary=0
+scripts/test-summary.sh "$log" || summary=$?
+[ "$status" -ne 0 ] && exit "$status"
+exit "$summary"

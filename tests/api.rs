@@ -405,6 +405,8 @@ fn runs_are_queued_one_at_a_time_and_cancelled_waiting_or_running() {
 
 /// A request and the status it must get: method, path, headers, body, status.
 type Case<'a> = (&'a str, String, &'a [(&'a str, &'a str)], Vec<u8>, u16);
+/// Method, path, headers, body, the status expected, and what its message must say.
+type CarelessCase<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], String, u16, &'a str);
 
 #[test]
 fn no_request_reads_a_host_file_and_every_error_is_json() {
@@ -459,7 +461,7 @@ fn no_request_reads_a_host_file_and_every_error_is_json() {
         ),
         ("GET", "/v1/images/..%2F..%2Fetc".into(), &[], Vec::new(), 404),
         ("GET", "/v1/images/kernel-0000".into(), &[], Vec::new(), 404),
-        ("POST", "/v1/runs".into(), &toml_body, b"name = [".to_vec(), 422),
+        ("POST", "/v1/runs".into(), &toml_body, b"name = [".to_vec(), 400),
         ("POST", "/v1/runs".into(), &[("content-type", "image/png")], b"x".to_vec(), 415),
         ("POST", "/v1/runs?skip_unrunnable=maybe".into(), &toml_body, matrix("probe").into_bytes(), 400),
         ("POST", "/v1/vms".into(), &json_body, b"{not json".to_vec(), 400),
@@ -601,10 +603,14 @@ fn the_report_page_renders_in_headless_chromium() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let dom = String::from_utf8_lossy(&out.stdout);
-    // What the browser built: the table with a row per cell, and the chart.
+    // What the browser built: the table with a row per cell, the bus table (the model counts
+    // its link's traffic) with a row per cell, and the chart.
     assert!(dom.contains("<table id=\"cells\">"), "{dom}");
-    assert_eq!(dom.matches("<tr><td>").count(), 3, "{dom}");
-    assert!(dom.contains("<td>c02</td><td>order3</td>"), "{dom}");
+    let (cells, bus) = dom.split_once("<table id=\"bus\">").expect("the bus table");
+    assert_eq!(cells.matches("<tr><td>").count(), 3, "{dom}");
+    assert_eq!(bus.matches("<tr><td>").count(), 3, "{dom}");
+    assert!(cells.contains("<td>c02</td><td>order3</td>"), "{dom}");
+    assert!(bus.contains("<td>c02</td><td>order3</td><td>PCIe Gen3 x2</td>"), "{dom}");
     assert!(dom.contains("<figure id=\"chart\">") && dom.contains("<svg"), "{dom}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let console: Vec<&str> = stderr.lines().filter(|l| l.contains(":CONSOLE")).collect();
@@ -632,7 +638,7 @@ fn the_hardware_workflow_is_valid_and_its_matrix_builds_through_a_daemon() {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        None => eprintln!("SKIP {test} (its schema part): set DRIVERLAB_SCHEMATHESIS (scripts/fetch-schemathesis.sh)"),
+        None => eprintln!("SKIP {test}: its schema part: set DRIVERLAB_SCHEMATHESIS (scripts/fetch-schemathesis.sh)"),
     }
     if std::env::var_os("DRIVERLAB_IMAGE_TESTS").is_none() || Command::new("jq").arg("--version").output().is_err() {
         eprintln!(
@@ -821,7 +827,7 @@ fn careless_input_is_refused_with_the_reason_and_the_status_docs_give() {
     let client = daemon.client();
     let json = [("content-type", "application/json")];
     let toml = [("content-type", "application/toml")];
-    let cases: Vec<(&str, &str, &[(&str, &str)], String, u16, &str)> = vec![
+    let cases: Vec<CarelessCase> = vec![
         ("POST", "/v1/vms", &json, r#"{"kernel":"probe","cmdline":"a\u0000b"}"#.into(), 422, "NUL byte"),
         ("POST", "/v1/vms", &json, r#"["probe"]"#.into(), 400, "give a JSON object"),
         (

@@ -239,10 +239,14 @@ fn phases(lab_box: &Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str), f: 
         }
         other => f.check(false, format!("RX maps per packet missing: {other:?}")),
     }
+    // page_pool recycles its pages: it maps far less than the stock driver. (At the box's pace
+    // its RX maps per packet wander, 0.035 to 0.146 in eight windows measured on 2026-12-02,
+    // against 0.010 under the QEMU engine: docs/nested-box.md.)
+    let stock_rx = mean(&stock, "rx_maps_per_packet").unwrap_or(0.0);
     for r in &pool {
         f.check(
-            r["rx_maps_per_packet"].as_f64().is_some_and(|m| m <= 0.05),
-            format!("page-pool: RX maps per packet {}", r["rx_maps_per_packet"]),
+            r["rx_maps_per_packet"].as_f64().is_some_and(|m| m <= 0.5 * stock_rx),
+            format!("page-pool: RX maps per packet {} against stock's {stock_rx:.4}", r["rx_maps_per_packet"]),
         );
         f.check(
             r["mappings_after_unload"] == 0,

@@ -164,7 +164,8 @@ fn bad_input_is_one_line_and_exit_code_2() {
     assert_bad_input(&["--kernel", "probe", "--memory", "32", "--initrd", &initrd], "does not fit");
     assert_bad_input(&["--kernel", "probe", "--initrd", "/nonexistent/initrd"], "initrd /nonexistent/initrd");
     assert_bad_input(&["--kernel", "probe", "--memory", "0"], "(--memory) 0");
-    assert_bad_input(&["--kernel", "probe", "--memory", "100000000"], "the host has only");
+    assert_bad_input(&["--kernel", "probe", "--memory", "1048576"], "the host has only");
+    assert_bad_input(&["--kernel", "probe", "--memory", "100000000"], "at most 1048576 MiB");
     assert_bad_input(&["--kernel", "probe", "--cmdline", &long_cmdline], "at most 2047");
     assert_bad_input(&["--kernel", "probe", "--vcpus", "0"], "(--vcpus) 0");
     assert_bad_input(&["--kernel", "probe", "--timeout", "0"], "--timeout");

@@ -7,6 +7,9 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 
+use crate::bus::BusLedger;
+use vm_spec::bus::BusProfile;
+
 /// Why a DMA access was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("DMA of {len} bytes at IOVA {iova:#x} is not mapped{}", if *.read_only { " writable" } else { "" })]
@@ -87,6 +90,13 @@ impl DmaAccess<'_> {
         })
     }
 
+    /// Counts in the bus ledger what the chip puts on its link (nothing for a model without one).
+    pub fn bus(&mut self, count: impl FnOnce(&mut BusLedger)) {
+        if let Some(ledger) = self.inner.bus.as_mut() {
+            count(ledger);
+        }
+    }
+
     /// Writes `buf` to guest memory at `iova`.
     pub fn write(&mut self, iova: u64, buf: &[u8]) -> Result<(), DmaFault> {
         let src = buf.as_ptr();
@@ -105,6 +115,8 @@ struct Inner {
     /// through a few mappings, so most lookups end here. Cleared whenever the maps change.
     last: Option<(u64, u64, *mut u8, bool)>,
     counters: vm_spec::counters::ModelCounters,
+    /// What the chip put on its link, for models that count it.
+    bus: Option<BusLedger>,
 }
 
 impl Inner {
@@ -170,6 +182,14 @@ impl DmaSpace {
         Self::default()
     }
 
+    /// An empty DMA space whose accesses the model also counts as `profile`'s chip would put
+    /// them on its link ([`DmaSpace::bus`]).
+    pub fn with_bus(profile: BusProfile) -> Self {
+        let space = Self::default();
+        space.inner().bus = Some(BusLedger::new(profile));
+        space
+    }
+
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -220,11 +240,20 @@ impl DmaSpace {
         inner.last = None;
     }
 
-    /// Drops every mapping (the client went away or reset the device).
+    /// Drops every mapping (the client went away or reset the device), and the chip's fetched
+    /// descriptors with them.
     pub fn clear(&self) {
         let mut inner = self.inner();
         inner.maps.clear();
         inner.last = None;
+        if let Some(ledger) = inner.bus.as_mut() {
+            ledger.forget_fetched();
+        }
+    }
+
+    /// Counts in the bus ledger (see [`DmaAccess::bus`]).
+    pub fn bus(&self, count: impl FnOnce(&mut BusLedger)) {
+        self.lock().bus(count)
     }
 
     /// Holds the DMA space for several accesses in a row (one lock for a whole frame).
@@ -247,9 +276,11 @@ impl DmaSpace {
         self.inner().counters.interrupts += 1;
     }
 
-    /// The counters.
+    /// The counters, with the bus ledger's counts.
     pub fn counters(&self) -> vm_spec::counters::ModelCounters {
-        self.inner().counters
+        let inner = self.inner();
+        let bus = inner.bus.as_ref().map(BusLedger::counts).unwrap_or_default();
+        vm_spec::counters::ModelCounters { bus, ..inner.counters }
     }
 
     /// Number of live mappings.

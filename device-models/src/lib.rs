@@ -7,6 +7,7 @@
 //! share is the vfio-user protocol and the counters region's layout (`vm_spec::counters`).
 
 pub mod aqc100;
+pub mod bus;
 pub mod dma;
 pub mod lan743x;
 pub mod nic_model;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
+use crate::bus::Side;
 use crate::dma::DmaSpace;
 use crate::server::{Model, ModelBar, MsixVectors};
 use crate::wire::backend::{Backend, FrameSink, FrameSource, Readiness};
@@ -127,6 +128,8 @@ pub trait NicCore: Send + 'static {
     const BAR0_SIZE: u64;
     /// MSI-X vectors.
     const VECTORS: u32;
+    /// Its link and DMA engine, for the bus ledger.
+    fn bus_profile() -> vm_spec::bus::BusProfile;
     /// A NIC with permanent address `mac` sending to `sink`.
     fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self;
     /// Its configuration space at power-on.
@@ -162,13 +165,19 @@ impl<N: NicCore> Shared<N> {
         self.nic.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn apply(&self, effects: Effects) {
+    /// Signals what `effects` asks for. `side`: the data path's side whose event raised the
+    /// interrupts (a frame from the wire: RX; a register write such as a TX doorbell: TX), where
+    /// the bus ledger counts them; link changes are no data-path traffic.
+    fn apply(&self, effects: Effects, side: Option<Side>) {
         let mut vectors = effects.vectors;
         while vectors != 0 {
             let vector = vectors.trailing_zeros();
             vectors &= vectors - 1;
             if self.vectors.signal(vector as usize) {
                 self.dma.count_interrupt();
+                if let Some(side) = side {
+                    self.dma.bus(|bus| bus.interrupt(side));
+                }
             }
         }
         if effects.rx_changed {
@@ -190,7 +199,7 @@ impl<N: NicCore> NicHandle<N> {
     /// Sets the link administratively up or down.
     pub fn set_link(&self, up: bool) {
         let effects = self.0.nic().admin(up);
-        self.0.apply(effects);
+        self.0.apply(effects, None);
     }
 
     /// The model's status and counters.
@@ -225,7 +234,7 @@ impl<N: NicCore> NicModel<N> {
         let Backend { source, sink, description } = backend;
         let shared = Arc::new(Shared {
             nic: Mutex::new(N::create(mac.0, sink)),
-            dma: Arc::new(DmaSpace::new()),
+            dma: Arc::new(DmaSpace::with_bus(N::bus_profile())),
             vectors: Arc::new(MsixVectors::default()),
             wake: EventFd::new(EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
@@ -306,7 +315,7 @@ fn data_path<N: NicCore>(shared: &Shared<N>, mut source: Box<dyn FrameSource>) {
                 }
             }
         }
-        shared.apply(effects);
+        shared.apply(effects, Some(Side::Rx));
         if received == RX_BATCH {
             continue;
         }
@@ -385,12 +394,13 @@ impl<N: NicCore> Model for NicModel<N> {
                 effects.merge(nic.write_register(reg, value, &self.shared.dma));
             }
         }
-        self.shared.apply(effects);
+        self.shared.apply(effects, Some(Side::Tx));
     }
 
     fn reset(&mut self) {
         self.config = N::config_space();
         self.shared.nic().reset();
+        self.shared.dma.bus(|bus| bus.forget_fetched());
         let _ = self.shared.wake.write(1);
     }
 

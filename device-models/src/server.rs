@@ -68,6 +68,15 @@ impl MsixVectors {
         }
     }
 
+    /// Drops the eventfds of `count` vectors from `start` (VFIO's eventfd -1: the vector stays
+    /// set up, signalling nothing).
+    fn unset(&self, start: usize, count: usize) {
+        let mut slots = self.fds.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in slots.iter_mut().skip(start).take(count) {
+            *slot = None;
+        }
+    }
+
     fn clear(&self) {
         self.fds.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
@@ -186,11 +195,16 @@ impl ServerBackend for Adapter<'_> {
         if flags & VFIO_IRQ_SET_DATA_NONE != 0 && count == 0 {
             vectors.clear();
         } else if flags & VFIO_IRQ_SET_DATA_EVENTFD != 0 {
-            if start.checked_add(count).is_none_or(|end| end > self.model.msix_vectors()) || fds.len() != count as usize
-            {
+            if start.checked_add(count).is_none_or(|end| end > self.model.msix_vectors()) {
                 return Err(invalid());
             }
-            vectors.set(start as usize, fds);
+            // An eventfd of -1 cannot travel over the socket: a client sends none for it. QEMU
+            // enables MSI-X that way (vector 0 with -1) before the guest sets any vector up.
+            match fds.len() {
+                0 => vectors.unset(start as usize, count as usize),
+                n if n == count as usize => vectors.set(start as usize, fds),
+                _ => return Err(invalid()),
+            }
         }
         Ok(())
     }
@@ -233,7 +247,9 @@ pub fn serve(
         }
     }
     regions.push(region(6, 0, 0)); // no expansion ROM
-    regions.push(region(CONFIG_REGION, 256, rw));
+    // PCI Express configuration space, as kernel VFIO gives it for a PCIe function: 4 KiB, the
+    // extended part reading 0 (no extended capabilities).
+    regions.push(region(CONFIG_REGION, 4096, rw));
     regions.push(region(8, 0, 0)); // no VGA
     regions.push(region(COUNTERS_REGION, COUNTERS_SIZE, VFIO_REGION_INFO_FLAG_READ));
     let irqs = vec![
@@ -259,5 +275,49 @@ pub fn serve(
         if once {
             return Ok(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdev::TestDevice;
+    use vfio_bindings::bindings::vfio::VFIO_IRQ_SET_ACTION_TRIGGER;
+
+    fn eventfd() -> File {
+        // SAFETY: eventfd(2) with valid flags; the descriptor is owned by the File.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor nothing else owns.
+        unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+    }
+
+    #[test]
+    fn msix_set_up_without_eventfds_is_accepted_and_signals_nothing() {
+        let mut device = TestDevice::new().unwrap();
+        let mut adapter = Adapter { model: &mut device };
+        let trigger = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+        // QEMU's first SET_IRQS for MSI-X: vector 0, eventfd -1 (so no descriptor).
+        adapter.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, Vec::new()).unwrap();
+        assert!(!adapter.model.vectors().signal(0));
+        adapter.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, vec![eventfd()]).unwrap();
+        assert!(adapter.model.vectors().signal(0));
+        adapter.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, Vec::new()).unwrap();
+        assert!(!adapter.model.vectors().signal(0), "-1 takes the eventfd away again");
+        let vectors = adapter.model.msix_vectors();
+        assert!(adapter.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 2, vec![eventfd()]).is_err(), "1 fd for 2");
+        assert!(adapter.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, vectors, 1, Vec::new()).is_err(), "no such vector");
+    }
+
+    #[test]
+    fn configuration_space_reads_to_4_kib_like_a_pcie_function() {
+        let mut device = TestDevice::new().unwrap();
+        let mut adapter = Adapter { model: &mut device };
+        let mut ext = [0xffu8; 4];
+        adapter.region_read(CONFIG_REGION, 0x100, &mut ext).unwrap();
+        assert_eq!(ext, [0; 4], "no extended capabilities");
+        let mut id = [0u8; 2];
+        adapter.region_read(CONFIG_REGION, 0, &mut id).unwrap();
+        assert_ne!(id, [0, 0]);
     }
 }

@@ -107,16 +107,20 @@ fn definitions(dir: &Path) -> Definitions {
     defs
 }
 
+/// The driver's source folder: `None` (the test skips) when `DRIVERLAB_ATLANTIC_SOURCE` is not
+/// set; a folder without the driver's headers is a failure, not a skip.
 fn source() -> Option<PathBuf> {
     let dir = PathBuf::from(std::env::var_os("DRIVERLAB_ATLANTIC_SOURCE")?);
-    dir.join("hw_atl/hw_atl_llh_internal.h").is_file().then_some(dir)
+    let header = dir.join("hw_atl/hw_atl_llh_internal.h");
+    assert!(header.is_file(), "DRIVERLAB_ATLANTIC_SOURCE={}: no {}", dir.display(), header.display());
+    Some(dir)
 }
 
 #[test]
 fn the_model_agrees_with_the_linux_driver() {
     let Some(dir) = source() else {
         eprintln!(
-            "skipped: DRIVERLAB_ATLANTIC_SOURCE does not name the atlantic driver's source \
+            "SKIP the_model_agrees_with_the_linux_driver: DRIVERLAB_ATLANTIC_SOURCE is not set \
              (run scripts/fetch-atlantic-source.sh and export its output)"
         );
         return;

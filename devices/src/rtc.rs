@@ -87,7 +87,7 @@ impl CmosRtc {
     }
 
     fn encode(&self, value: u8) -> u8 {
-        if self.ram[REG_B] & B_BINARY != 0 { value } else { (value / 10) << 4 | value % 10 }
+        if self.ram[REG_B] & B_BINARY != 0 { value } else { ((value / 10) << 4) | (value % 10) }
     }
 
     fn decode(&self, value: u8) -> u8 {

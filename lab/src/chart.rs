@@ -126,6 +126,7 @@ mod tests {
                 reasons: Vec::new(),
                 crashes: Vec::new(),
                 notes: Vec::new(),
+                bus_link: None,
             }
         };
         let report = Report {

@@ -62,6 +62,31 @@ pub struct Window {
     pub end: Option<Snapshot>,
     /// At `done`, after the agent unloaded the driver: what the teardown left.
     pub done: Option<Snapshot>,
+    /// When the lab saw the agent's first frame, ms after spawning the VMM: the guest is up.
+    pub first_frame_ms: Option<f64>,
+    /// When it saw `workload-begin`, ms after spawning the VMM: the cell is ready.
+    pub begin_ms: Option<f64>,
+}
+
+impl Window {
+    /// Notes the agent's fresh frames `kinds`, seen `at_ms` after spawning the VMM, taking a
+    /// snapshot with `snapshot` at the workload's begin and end and at `done`.
+    fn saw(&mut self, kinds: &[String], at_ms: f64, snapshot: impl Fn() -> Snapshot) {
+        if !kinds.is_empty() {
+            self.first_frame_ms.get_or_insert(at_ms);
+        }
+        for kind in kinds {
+            match kind.as_str() {
+                "workload-begin" => {
+                    self.begin = Some(snapshot());
+                    self.begin_ms = Some(at_ms);
+                }
+                "workload-end" => self.end = Some(snapshot()),
+                "done" => self.done = Some(snapshot()),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// What an engine hands back.
@@ -265,14 +290,8 @@ impl Watchdog {
                     watched.silent_for = Some(quiet_since.elapsed());
                     let _ = client.shutdown(ShutdownRequest { grace_s: Some(0.0) });
                 }
-                for kind in frames.fresh(watch.agent_log.as_deref()) {
-                    match kind.as_str() {
-                        "workload-begin" => watched.window.begin = Some(snapshot(&counters, source.as_ref())),
-                        "workload-end" => watched.window.end = Some(snapshot(&counters, source.as_ref())),
-                        "done" => watched.window.done = Some(snapshot(&counters, source.as_ref())),
-                        _ => {}
-                    }
-                }
+                let kinds = frames.fresh(watch.agent_log.as_deref());
+                watched.window.saw(&kinds, ms(spawned.elapsed()), || snapshot(&counters, source.as_ref()));
                 watched.last = Some(counters);
             }
             watched
@@ -400,16 +419,11 @@ pub fn run_qemu(boot: &QemuBoot<'_>, spec: &VmSpec, watch: &Watch, model: Option
             let _ = child.kill();
             killed = true;
         }
-        for kind in frames.fresh(watch.agent_log.as_deref()) {
-            let now =
-                || Snapshot { iommu: Some(trace.counts()), model: model.as_ref().and_then(ModelProcess::counters) };
-            match kind.as_str() {
-                "workload-begin" => window.begin = Some(now()),
-                "workload-end" => window.end = Some(now()),
-                "done" => window.done = Some(now()),
-                _ => {}
-            }
-        }
+        let kinds = frames.fresh(watch.agent_log.as_deref());
+        window.saw(&kinds, ms(spawned.elapsed()), || Snapshot {
+            iommu: Some(trace.counts()),
+            model: model.as_ref().and_then(ModelProcess::counters),
+        });
     };
     let run_ms = ms(spawned.elapsed());
     let mut model = model;

@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod bus;
 pub mod chart;
 pub mod crash;
 pub mod engine;

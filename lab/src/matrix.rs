@@ -184,6 +184,15 @@ pub enum DeviceKind {
 }
 
 impl Device {
+    /// The NIC it is, where the lab knows it: the model's kind, or the chip its Linux driver
+    /// drives.
+    pub fn nic(&self) -> Option<vm_spec::NicKind> {
+        match &self.model {
+            Some(model) => model.parse().ok(),
+            None => self.driver.as_deref().and_then(vm_spec::NicKind::from_linux_driver),
+        }
+    }
+
     /// Checks the device on its own; the error is the field (after `device[i]`) and what is
     /// wrong.
     pub fn check(&self) -> Result<(), (String, String)> {

@@ -70,6 +70,14 @@ pub struct Timings {
     pub driver_probe_ms: Option<f64>,
     /// From the kernel starting to the link coming up (Linux images: the agent's `link-up` step).
     pub link_up_ms: Option<f64>,
+    /// From spawning the VMM to the lab seeing the agent's first frame (Linux images: the
+    /// guest is up).
+    #[serde(default)]
+    pub agent_ready_ms: Option<f64>,
+    /// From spawning the VMM to the lab seeing `workload-begin` (Linux images: the time to a
+    /// ready cell).
+    #[serde(default)]
+    pub workload_start_ms: Option<f64>,
     /// The workload itself, as the guest timed it.
     pub workload_ms: Option<f64>,
     /// From the vCPUs starting to the VM stopping.
@@ -165,6 +173,10 @@ pub struct Record {
     pub mappings_after_unload: Option<u64>,
     /// What the device model counted.
     pub device_counters: Option<ModelCounters>,
+    /// What the device put on its PCIe link over the workload, per packet, as its model counted
+    /// it, and the bus time the cost model gives for it (models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bus: Option<crate::bus::BusFigures>,
     /// Interrupts the device raised during the workload (the guest's count).
     pub interrupts: Option<u64>,
     /// The VMM's exit line.
@@ -200,6 +212,7 @@ impl Record {
             rx_ring: None,
             mappings_after_unload: None,
             device_counters: None,
+            bus: None,
             interrupts: None,
             exit: None,
             error: None,
@@ -237,21 +250,35 @@ impl Record {
         put("tx_maps_per_packet", self.tx_maps_per_packet);
         put("model_maps_per_packet", self.model_maps_per_packet);
         put("page_reuse", self.page_reuse);
+        if let Some(bus) = &self.bus {
+            let side =
+                |s: &Option<crate::bus::BusPerPacket>, f: fn(&crate::bus::BusPerPacket) -> f64| s.as_ref().map(f);
+            put("bus_rx_tlps_per_packet", side(&bus.rx, |s| s.tlps));
+            put("bus_tx_tlps_per_packet", side(&bus.tx, |s| s.tlps));
+            put("bus_rx_descriptor_reads_per_packet", side(&bus.rx, |s| s.descriptor_reads));
+            put("bus_tx_descriptor_reads_per_packet", side(&bus.tx, |s| s.descriptor_reads));
+            put("bus_rx_partial_writes_per_packet", side(&bus.rx, |s| s.partial_writes));
+            put("bus_tx_partial_writes_per_packet", side(&bus.tx, |s| s.partial_writes));
+            put("bus_ns_per_packet", bus.modelled.map(|c| c.ns_per_packet));
+            put("bus_packets_per_s", bus.modelled.map(|c| c.packets_per_s));
+        }
         put("retransmits", self.workload.retransmits.map(|r| r as f64));
         put("vm_run_ms", self.timings.vm_run_ms);
+        put("agent_ready_ms", self.timings.agent_ready_ms);
+        put("workload_start_ms", self.timings.workload_start_ms);
         m
     }
 }
 
 /// Whether more of a metric is better.
 pub fn higher_is_better(metric: &str) -> bool {
-    matches!(metric, "gbit_s" | "packets_per_s" | "page_reuse")
+    matches!(metric, "gbit_s" | "packets_per_s" | "page_reuse" | "bus_packets_per_s")
 }
 
 /// Whether a metric depends on how fast the engine runs the guest (throughput, time), so that
 /// figures from different engines do not compare; maps per packet and reuse ratios do.
 pub fn engine_bound(metric: &str) -> bool {
-    matches!(metric, "gbit_s" | "packets_per_s" | "retransmits" | "vm_run_ms")
+    matches!(metric, "gbit_s" | "packets_per_s" | "retransmits" | "vm_run_ms" | "agent_ready_ms" | "workload_start_ms")
 }
 
 /// Now, as RFC 3339 UTC with milliseconds.

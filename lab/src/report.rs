@@ -79,6 +79,10 @@ pub struct CellReport {
     /// What the comparison left out, and why (throughput across engines).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The link the `bus_*` metrics' cost model assumed (models' cells): those figures are
+    /// modelled, not measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bus_link: Option<String>,
 }
 
 /// A run's report.
@@ -161,6 +165,7 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         reasons,
         crashes,
         notes: Vec::new(),
+        bus_link: records.iter().find_map(|r| r.bus.as_ref().map(|b| b.link.clone())),
     }
 }
 
@@ -352,7 +357,73 @@ impl Report {
         })
     }
 
-    /// The report as a markdown table.
+    /// The bus table's header: what [`Report::bus_rows`] gives for each cell with bus figures.
+    pub const BUS_COLUMNS: [&'static str; 9] = [
+        "cell",
+        "variant",
+        "link (modelled)",
+        "RX TLPs/packet",
+        "RX descriptor reads/packet",
+        "TX TLPs/packet",
+        "TX descriptor reads/packet",
+        "partial writes/packet RX, TX",
+        "bus ns/packet (modelled)",
+    ];
+
+    /// One row per cell that has bus figures: what its model put on the link per packet, and
+    /// the bus time the cost model gives (with what bounds it).
+    pub fn bus_rows(&self) -> Vec<[String; 9]> {
+        self.cells
+            .iter()
+            .filter_map(|c| {
+                let link = c.bus_link.clone()?;
+                let value = |name: &str, digits: usize| cell_metric(c, name, digits).0;
+                Some([
+                    c.cell.clone(),
+                    self.label(c),
+                    link,
+                    value("bus_rx_tlps_per_packet", 2),
+                    value("bus_rx_descriptor_reads_per_packet", 3),
+                    value("bus_tx_tlps_per_packet", 2),
+                    value("bus_tx_descriptor_reads_per_packet", 3),
+                    format!(
+                        "{}, {}",
+                        value("bus_rx_partial_writes_per_packet", 2),
+                        value("bus_tx_partial_writes_per_packet", 2)
+                    ),
+                    value("bus_ns_per_packet", 1),
+                ])
+            })
+            .collect()
+    }
+
+    /// The readiness table's header: what [`Report::ready_rows`] gives for each Linux cell.
+    pub const READY_COLUMNS: [&'static str; 5] =
+        ["cell", "variant", "agent up, median ms", "workload start, median ms", "VM run, median ms"];
+
+    /// One row per cell whose repetitions timed the guest's way to its workload (Linux cells):
+    /// the medians from spawning the VMM to the agent's first frame and to `workload-begin`,
+    /// and of the VM's run.
+    pub fn ready_rows(&self) -> Vec<[String; 5]> {
+        let median =
+            |c: &CellReport, name: &str| c.metrics.get(name).map_or("-".into(), |m| format!("{:.0}", m.moments.median));
+        self.cells
+            .iter()
+            .filter(|c| c.metrics.contains_key("workload_start_ms"))
+            .map(|c| {
+                [
+                    c.cell.clone(),
+                    self.label(c),
+                    median(c, "agent_ready_ms"),
+                    median(c, "workload_start_ms"),
+                    median(c, "vm_run_ms"),
+                ]
+            })
+            .collect()
+    }
+
+    /// The report as a markdown table (and the bus and readiness tables, when cells have their
+    /// figures).
     pub fn to_markdown(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "## {} — run {} ({})", self.matrix, self.run, self.state);
@@ -363,6 +434,26 @@ impl Report {
         let _ = writeln!(out, "|{}", "---|".repeat(Report::COLUMNS.len()));
         for row in self.rows() {
             let _ = writeln!(out, "| {} |", row.join(" | "));
+        }
+        let bus = self.bus_rows();
+        if !bus.is_empty() {
+            let _ = writeln!(out, "\n{BUS_NOTE}\n\n| {} |", Report::BUS_COLUMNS.join(" | "));
+            let _ = writeln!(out, "|{}", "---|".repeat(Report::BUS_COLUMNS.len()));
+            for row in bus {
+                let _ = writeln!(out, "| {} |", row.join(" | "));
+            }
+        }
+        let ready = self.ready_rows();
+        if !ready.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nTime to a ready cell (from spawning the VMM):\n\n| {} |",
+                Report::READY_COLUMNS.join(" | ")
+            );
+            let _ = writeln!(out, "|{}", "---|".repeat(Report::READY_COLUMNS.len()));
+            for row in ready {
+                let _ = writeln!(out, "| {} |", row.join(" | "));
+            }
         }
         for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
             let _ = writeln!(out, "\n{}: {}", c.cell, c.notes.join("; "));
@@ -404,6 +495,19 @@ impl Report {
             let _ = writeln!(out, "<tr>{cells}</tr>");
         }
         let _ = writeln!(out, "</tbody>\n</table>");
+        let bus = self.bus_rows();
+        if !bus.is_empty() {
+            let _ = writeln!(out, "<p>{}</p>\n<table id=\"bus\">\n<thead><tr>", escape(BUS_NOTE));
+            for column in Report::BUS_COLUMNS {
+                let _ = write!(out, "<th>{}</th>", escape(column));
+            }
+            let _ = writeln!(out, "</tr></thead>\n<tbody>");
+            for row in bus {
+                let cells: String = row.iter().map(|v| format!("<td>{}</td>", escape(v))).collect();
+                let _ = writeln!(out, "<tr>{cells}</tr>");
+            }
+            let _ = writeln!(out, "</tbody>\n</table>");
+        }
         for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
             let _ = writeln!(out, "<p>{}: {}</p>", escape(&c.cell), escape(&c.notes.join("; ")));
         }
@@ -463,6 +567,10 @@ impl Report {
         out
     }
 }
+
+/// What the bus table is.
+const BUS_NOTE: &str = "What the device model put on its PCIe link per packet, counted as the chip would issue it, \
+     and the link time a cost model of that link gives for it (modelled, not measured; docs/lab.md has the rules).";
 
 /// `mean ± ci half-width` and `+12.3 %` of a metric, or dashes.
 fn cell_metric(c: &CellReport, name: &str, digits: usize) -> (String, String) {

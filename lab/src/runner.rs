@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use vm_spec::counters::IommuCounts;
+use vm_spec::counters::{IommuCounts, ModelCounters};
 use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, SerialSpec, VmSpec};
 
 use crate::crash;
@@ -221,12 +221,24 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
     }
 
     record.timings.vm_start_ms = booted.answered_ms;
+    record.timings.agent_ready_ms = booted.window.first_frame_ms;
+    record.timings.workload_start_ms = booted.window.begin_ms;
     record.serial_log = serial_log.strip_prefix(&ctx.artifacts).ok().map(|p| p.display().to_string());
     let serial = std::fs::read_to_string(&serial_log).unwrap_or_default();
     collect(&mut record, &booted, &serial);
     let frames = linux.then(|| crate::agent::parse(&std::fs::read(&agent_log).unwrap_or_default()));
     if let Some(frames) = &frames {
         collect_agent(&mut record, frames, &booted.window);
+    }
+    // The bus: over the workload's window for Linux, over the whole VM for the probe (its
+    // set-up is a few descriptors beside the frames it receives).
+    let model_of = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.model);
+    let counts = match linux {
+        true => model_of(&booted.window.begin).zip(model_of(&booted.window.end)),
+        false => booted.device_counters.map(|c| (ModelCounters::default(), c)),
+    };
+    if let (Some(nic), Some((before, after))) = (device.nic(), counts) {
+        record.bus = crate::bus::figures(nic, &before, &after);
     }
     let (status, reason) = judge(&booted, &serial, &record, plan.matrix.timeout_s, frames.as_ref());
     if status == Status::Fail
@@ -496,7 +508,7 @@ mod tests {
         let frames = crate::agent::parse(&port);
         let mut record = passed("iperf-rx");
         // Boot and link-up mapped 5000 times; the workload 48000 times more.
-        let window = engine::Window { begin: Some(counters(5000)), end: Some(counters(53_000)), done: None };
+        let window = engine::Window { begin: Some(counters(5000)), end: Some(counters(53_000)), ..Default::default() };
         collect_agent(&mut record, &frames, &window);
         assert_eq!(record.workload.gbit_s, Some(9.14));
         assert_eq!((record.timings.driver_probe_ms, record.timings.link_up_ms), (Some(2250.0), Some(3750.0)));
@@ -545,6 +557,7 @@ mod tests {
             begin: Some(split(1000, 200, 1300, 900)),
             end: Some(split(6000, 5200, 11_400, 950)),
             done: Some(split(6100, 5300, 11_600, 3)),
+            ..Default::default()
         };
         collect_agent(&mut record, &frames, &window);
         assert_eq!(record.rx_maps_per_packet, Some(0.5), "5000 writable maps over 10000 packets received");
@@ -599,7 +612,7 @@ mod tests {
         port.extend(encode(4, "netdev-after", false, br#"{"rx_packets":2010,"tx_packets":4100}"#));
         let frames = crate::agent::parse(&port);
         let mut record = passed("iperf-tx");
-        let window = engine::Window { begin: Some(counters(100)), end: Some(counters(8100)), done: None };
+        let window = engine::Window { begin: Some(counters(100)), end: Some(counters(8100)), ..Default::default() };
         collect_agent(&mut record, &frames, &window);
         assert_eq!((record.workload.rx_packets, record.workload.tx_packets), (Some(2000), Some(4000)));
         assert_eq!(record.maps_per_packet, Some(2.0), "8000 maps over 4000 packets sent, not 2000 ACKs received");

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
+use statrs::statistics::Median;
 
 /// Order statistics of a sample.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -68,6 +69,8 @@ pub struct Moments {
     pub min: f64,
     /// Largest.
     pub max: f64,
+    /// The middle sample (the mean of the two middle ones for an even count).
+    pub median: f64,
     /// 95% confidence interval of the mean (Student's t); none for one sample.
     pub ci95: Option<[f64; 2]>,
 }
@@ -90,7 +93,8 @@ impl Moments {
         });
         let min = samples.iter().copied().fold(f64::INFINITY, f64::min);
         let max = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        Some(Moments { n, mean, stddev, min, max, ci95 })
+        let median = statrs::statistics::Data::new(samples.to_vec()).median();
+        Some(Moments { n, mean, stddev, min, max, median, ci95 })
     }
 }
 
@@ -206,8 +210,10 @@ mod tests {
         let d = Moments::of(&[1.0, 2.0, 3.0, 4.0]).unwrap();
         let [lo, hi] = d.ci95.unwrap();
         assert!(close(lo, 0.4457397432394794, 1e-8) && close(hi, 4.554260256760521, 1e-8), "{d:?}");
+        assert_eq!(d.median, 2.5, "the mean of the middle two");
+        assert_eq!(Moments::of(&[5.0, 1.0, 100.0]).unwrap().median, 5.0);
         let one = Moments::of(&[3.0]).unwrap();
-        assert_eq!((one.stddev, one.ci95), (0.0, None));
+        assert_eq!((one.stddev, one.ci95, one.median), (0.0, None, 3.0));
         assert!(Moments::of(&[]).is_none());
     }
 

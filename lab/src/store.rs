@@ -67,6 +67,9 @@ const MIGRATIONS: &[&str] = &[
         definition TEXT NOT NULL,
         registered_at TEXT NOT NULL
     );",
+    // 3: when the process in `runs.pid` took the run (created or resumed it): a process that
+    // started later is not that process, but one that reused its PID (after a reboot, say).
+    "ALTER TABLE runs ADD COLUMN claimed_at TEXT;",
 ];
 
 /// Errors of the results database.
@@ -218,6 +221,44 @@ pub fn host_name() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
+/// Whether the process that took something at `since` (RFC 3339) as `pid` on `host` may still
+/// hold it: always for another host (the lab cannot tell), else `pid` must exist and have started
+/// no later than `since` (a process that started after it only reused the PID, as a box's
+/// daemon does after a reboot).
+pub fn holder_alive(host: &str, pid: u32, since: &str) -> bool {
+    if host != host_name() {
+        return true;
+    }
+    if !process_alive(pid) {
+        return false;
+    }
+    let (Some(started), Ok(since)) = (process_started(pid), humantime::parse_rfc3339_weak(since)) else {
+        return true;
+    };
+    // The boot time is in whole seconds: allow for it.
+    started <= since + Duration::from_secs(2)
+}
+
+/// When process `pid` started: the boot time (`/proc/stat` `btime`) plus its start in clock
+/// ticks (`/proc/PID/stat` field 22).
+fn process_started(pid: u32) -> Option<std::time::SystemTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may hold spaces and parentheses: the fields after it follow the last ')'.
+    let after = &stat[stat.rfind(')')? + 1..];
+    let ticks: u64 = after.split_whitespace().nth(19)?.parse().ok()?;
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = u64::try_from(hz).ok().filter(|&h| h > 0)?;
+    Some(std::time::UNIX_EPOCH + Duration::from_secs(boot) + Duration::from_millis(ticks * 1000 / hz))
+}
+
 /// Whether process `pid` exists on this host.
 pub fn process_alive(pid: u32) -> bool {
     // SAFETY: kill with signal 0 only checks that the process exists; it sends nothing.
@@ -318,8 +359,8 @@ impl Store {
         let sql = self.sql();
         let tx = self.conn.transaction().map_err(&sql)?;
         tx.execute(
-            "UPDATE runs SET state = 'running', pid = ?2, host = ?3, finished_at = NULL WHERE id = ?1",
-            params![run, std::process::id(), host_name()],
+            "UPDATE runs SET state = 'running', pid = ?2, host = ?3, claimed_at = ?4, finished_at = NULL WHERE id = ?1",
+            params![run, std::process::id(), host_name(), now_rfc3339()],
         )
         .map_err(&sql)?;
         tx.execute("DELETE FROM results WHERE run_id = ?1 AND status = 'MISS'", params![run]).map_err(&sql)?;
@@ -429,7 +470,7 @@ impl Store {
             .query_row(
                 "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
                         created_at, finished_at,
-                        (SELECT COUNT(*) FROM results WHERE run_id = runs.id)
+                        (SELECT COUNT(*) FROM results WHERE run_id = runs.id), claimed_at
                  FROM runs WHERE id = ?1",
                 params![run],
                 run_info,
@@ -451,7 +492,7 @@ impl Store {
             .prepare(
                 "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
                         created_at, finished_at,
-                        (SELECT COUNT(*) FROM results WHERE run_id = runs.id)
+                        (SELECT COUNT(*) FROM results WHERE run_id = runs.id), claimed_at
                  FROM runs ORDER BY created_at DESC, id DESC",
             )
             .map_err(self.sql())?;
@@ -514,17 +555,17 @@ impl Store {
     pub fn acquire(&mut self, device: &str, run: &str) -> Result<Result<(), LeaseHolder>, StoreError> {
         let sql = self.sql();
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(&sql)?;
-        let holder: Option<(String, String, u32)> = tx
-            .query_row("SELECT run_id, host, pid FROM leases WHERE device = ?1", params![device], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        let holder: Option<(String, String, u32, String)> = tx
+            .query_row("SELECT run_id, host, pid, acquired_at FROM leases WHERE device = ?1", params![device], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })
             .optional()
             .map_err(&sql)?;
         let me = std::process::id();
         let host = host_name();
-        if let Some((holder_run, holder_host, pid)) = holder {
+        if let Some((holder_run, holder_host, pid, acquired_at)) = holder {
             let ours = holder_run == run && pid == me && holder_host == host;
-            let stale = holder_host == host && !process_alive(pid);
+            let stale = !holder_alive(&holder_host, pid, &acquired_at);
             if !ours && !stale {
                 return Ok(Err(LeaseHolder { run: holder_run, pid, host: holder_host }));
             }
@@ -549,14 +590,28 @@ impl Store {
         Ok(())
     }
 
-    /// The leases held now: device, holder.
+    /// The leases held now: device, holder. A lease whose holder on this host is gone (the
+    /// next [`Store::acquire`] takes it over) is not held.
     pub fn leases(&self) -> Result<Vec<(String, LeaseHolder)>, StoreError> {
-        let mut stmt =
-            self.conn.prepare("SELECT device, run_id, pid, host FROM leases ORDER BY device").map_err(self.sql())?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get(0)?, LeaseHolder { run: r.get(1)?, pid: r.get(2)?, host: r.get(3)? })))
+        let mut stmt = self
+            .conn
+            .prepare("SELECT device, run_id, pid, host, acquired_at FROM leases ORDER BY device")
             .map_err(self.sql())?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+        let rows = stmt
+            .query_map([], |r| {
+                let holder = LeaseHolder { run: r.get(1)?, pid: r.get(2)?, host: r.get(3)? };
+                let acquired_at: String = r.get(4)?;
+                Ok((r.get::<_, String>(0)?, holder, acquired_at))
+            })
+            .map_err(self.sql())?;
+        let mut held = Vec::new();
+        for row in rows {
+            let (device, holder, acquired_at) = row.map_err(self.sql())?;
+            if holder_alive(&holder.host, holder.pid, &acquired_at) {
+                held.push((device, holder));
+            }
+        }
+        Ok(held)
     }
 
     /// Quarantines a host device: no run uses it until it is released.
@@ -653,7 +708,9 @@ impl Store {
         tx.execute("ATTACH DATABASE ?1 AS other", params![other.display().to_string()]).map_err(&sql)?;
         let runs = tx
             .execute(
-                "INSERT OR IGNORE INTO runs SELECT id, matrix_name, matrix_file, matrix_toml, baseline, repetitions,
+                "INSERT OR IGNORE INTO runs (id, matrix_name, matrix_file, matrix_toml, baseline, repetitions,
+                        cells_total, state, host, pid, created_at, finished_at)
+                 SELECT id, matrix_name, matrix_file, matrix_toml, baseline, repetitions,
                         cells_total, CASE state WHEN 'running' THEN 'interrupted' ELSE state END, host, pid,
                         created_at, finished_at FROM other.runs",
                 [],
@@ -671,8 +728,11 @@ fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
     let state: String = r.get(6)?;
     let host: String = r.get(7)?;
     let pid: Option<u32> = r.get(8)?;
+    let created_at: String = r.get(9)?;
+    let claimed_at: Option<String> = r.get(12)?;
     let mut state = RunState::parse(&state);
-    if state == RunState::Running && host == host_name() && !pid.is_some_and(process_alive) {
+    let since = claimed_at.as_deref().unwrap_or(&created_at);
+    if state == RunState::Running && !pid.is_some_and(|pid| holder_alive(&host, pid, since)) {
         state = RunState::Interrupted;
     }
     Ok(RunInfo {
@@ -684,7 +744,7 @@ fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
         cells_total: r.get(5)?,
         state,
         host,
-        created_at: r.get(9)?,
+        created_at,
         finished_at: r.get(10)?,
         results: r.get(11)?,
     })
@@ -772,6 +832,27 @@ mod tests {
         let run = store.create_run(&plan()).unwrap();
         store.conn.execute("UPDATE runs SET pid = 999999999 WHERE id = ?1", params![run]).unwrap();
         assert_eq!(store.run(&run).unwrap().state, RunState::Interrupted);
+    }
+
+    #[test]
+    fn a_pid_reused_after_the_run_was_taken_is_not_its_lab() {
+        // A box's daemon after a reboot has the PID its predecessor had: the run it finds in
+        // the database, taken before this process started, is interrupted, and its lease free.
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("lab.db")).unwrap();
+        let run = store.create_run(&plan()).unwrap();
+        assert_eq!(store.run(&run).unwrap().state, RunState::Running, "taken by this process");
+        assert_eq!(store.acquire("vfio=0000:63:00.0", &run).unwrap(), Ok(()));
+        assert_eq!(store.leases().unwrap().len(), 1);
+        let long_ago = "2020-01-01T00:00:00.000Z";
+        store.conn.execute("UPDATE runs SET created_at = ?1", params![long_ago]).unwrap();
+        store.conn.execute("UPDATE leases SET acquired_at = ?1", params![long_ago]).unwrap();
+        assert_eq!(store.run(&run).unwrap().state, RunState::Interrupted);
+        assert!(store.leases().unwrap().is_empty(), "a lease of a gone holder is not held");
+        assert_eq!(store.acquire("vfio=0000:63:00.0", "run-b").unwrap(), Ok(()), "and is taken over");
+        // Resuming claims the run again, from now.
+        store.claim_run(&run).unwrap();
+        assert_eq!(store.run(&run).unwrap().state, RunState::Running);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //!   and on the control socket; the layout of a model's counters region.
 //! - [`control`]: the control socket's routes and messages (`vm.info`, `vm.counters`,
 //!   `vm.shutdown`).
+//! - [`bus`]: what a NIC model puts on its PCIe link, and the cost model over it.
 //! - [`bdf`]: PCI addresses.
 //! - [`nic`]: the NICs driverlab models and drives ([`NicKind`]).
 //! - [`host`]: what this host's `/dev/kvm` can run (hardware virtualization, PVM), so that a
@@ -18,6 +19,7 @@
 //! `docs/vmm.md` documents all of it as the stable interface it is.
 
 pub mod bdf;
+pub mod bus;
 pub mod control;
 pub mod counters;
 pub mod exit;

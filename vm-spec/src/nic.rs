@@ -50,6 +50,14 @@ impl NicKind {
         }
     }
 
+    /// Its link and DMA engine as the bus accounting and cost model see them.
+    pub fn bus_profile(self) -> crate::bus::BusProfile {
+        match self {
+            NicKind::Aqc100 => crate::bus::BusProfile::aqc100(),
+            NicKind::Lan743x => crate::bus::BusProfile::lan743x(),
+        }
+    }
+
     /// The names of every kind, for error messages: `aqc100, lan743x`.
     pub fn names() -> String {
         NicKind::ALL.map(NicKind::name).join(", ")

@@ -60,6 +60,10 @@ impl NicCore for Nic {
     const BAR0_SIZE: u64 = BAR0_SIZE;
     const VECTORS: u32 = MSIX_VECTORS as u32;
 
+    fn bus_profile() -> vm_spec::bus::BusProfile {
+        vm_spec::bus::BusProfile::aqc100()
+    }
+
     fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self {
         Nic::new(mac, sink)
     }

@@ -61,6 +61,13 @@ impl Ring {
         self.base().wrapping_add(index as u64 * regs::DESCRIPTOR_SIZE)
     }
 
+    /// Of the descriptors the device owns, those from `ahead` places after the head up to the
+    /// ring's end: what one descriptor fetch there may take.
+    pub fn fetchable(&self, ahead: u32) -> u32 {
+        let index = (self.head + ahead) % self.size().max(1);
+        self.owned().saturating_sub(ahead).min(self.size().saturating_sub(index))
+    }
+
     /// Hands `count` descriptors back to the driver.
     pub fn advance(&mut self, count: u32) {
         self.head = (self.head + count) % self.size().max(1);
@@ -126,6 +133,11 @@ mod tests {
         ring.write(regs::RING_TAIL, 2);
         assert_eq!(ring.owned(), 56, "wrapped");
         assert_eq!(ring.descriptor(55), 0x1_1000_0080 + 16);
+        assert_eq!(
+            (ring.fetchable(0), ring.fetchable(53), ring.fetchable(54)),
+            (54, 1, 2),
+            "up to the end, then from 0"
+        );
         ring.write(regs::RING_TAIL, 64);
         assert_eq!(ring.owned(), 0, "a tail beyond the ring owns nothing");
         ring.write(regs::RING_HEAD, 5);

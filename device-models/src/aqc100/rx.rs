@@ -9,6 +9,7 @@ use super::interrupts::RingEvent;
 use super::nic::{Effects, Nic};
 use super::regs;
 use super::stats::Destination;
+use crate::bus::{Side, WriteKind};
 use crate::dma::DmaSpace;
 use crate::wire::offload;
 
@@ -99,9 +100,15 @@ impl Nic {
         let mut failed = false;
         let mut memory = dma.lock();
         for (i, chunk) in frame.chunks(buffer).enumerate() {
+            let at = ring.descriptor(i as u32);
+            let ahead = ring.fetchable(i as u32);
+            memory.bus(|bus| bus.fetch_descriptor(Side::Rx, RX_RING as u32, at, 16, 16, ahead));
             let mut address = [0u8; 8];
-            let ok = memory.read(ring.descriptor(i as u32), &mut address).is_ok()
-                && memory.write(u64::from_le_bytes(address), chunk).is_ok();
+            let ok = memory.read(at, &mut address).is_ok() && {
+                let address = u64::from_le_bytes(address);
+                memory.bus(|bus| bus.write(Side::Rx, WriteKind::Buffer, address, chunk.len()));
+                memory.write(address, chunk).is_ok()
+            };
             failed |= !ok;
         }
         let mut type_word =
@@ -122,6 +129,8 @@ impl Nic {
             let at = ring.descriptor(i as u32);
             let mut head = [0u8; 8];
             head[0..4].copy_from_slice(&type_word.to_le_bytes());
+            // The chip writes the descriptor back whole; the model writes its halves in order.
+            memory.bus(|bus| bus.write(Side::Rx, WriteKind::Descriptor, at, 16));
             // The first half (type, RSS hash) before the second (status with DD, length).
             if memory.write(at, &head).is_err() || memory.write(at + 8, &tail).is_err() {
                 failed = true;

@@ -8,6 +8,7 @@ use super::interrupts::RingEvent;
 use super::nic::{Effects, Nic};
 use super::regs;
 use super::stats::Destination;
+use crate::bus::Side;
 use crate::dma::DmaSpace;
 use crate::wire::offload::{self, Segmentation};
 
@@ -39,8 +40,27 @@ fn decode(raw: &[u8; 16]) -> (u64, u32, u32) {
 }
 
 impl Nic {
-    /// Reads the next chain from TX ring `index`, updating the ring's context.
+    /// Reads the next chain from TX ring `index`, updating the ring's context. Counts the
+    /// descriptor fetches in the bus ledger once the chain is complete (an incomplete one is
+    /// read again when its end comes).
     fn next_chain(&mut self, index: usize, dma: &DmaSpace) -> Chain {
+        let ring = self.tx[index];
+        let chain = self.read_chain(index, dma);
+        if !matches!(chain, Chain::Incomplete) {
+            let used = match &chain {
+                Chain::Packet(_, used) | Chain::Bad(used) => *used,
+                Chain::Incomplete => 0,
+            };
+            dma.bus(|bus| {
+                for i in 0..used {
+                    bus.fetch_descriptor(Side::Tx, index as u32, ring.descriptor(i), 16, 16, ring.fetchable(i));
+                }
+            });
+        }
+        chain
+    }
+
+    fn read_chain(&mut self, index: usize, dma: &DmaSpace) -> Chain {
         let ring = self.tx[index];
         let owned = ring.owned();
         let mut data = Vec::new();
@@ -111,6 +131,7 @@ impl Nic {
                 return false;
             }
             self.tx_buffer.resize(start + len, 0);
+            dma.bus(|bus| bus.read_buffer(Side::Tx, d.address, len));
             if dma.read(d.address, &mut self.tx_buffer[start..]).is_err() {
                 return false;
             }

@@ -52,6 +52,10 @@ impl NicCore for Nic {
     const BAR0_SIZE: u64 = BAR0_SIZE;
     const VECTORS: u32 = nic::VECTORS as u32;
 
+    fn bus_profile() -> vm_spec::bus::BusProfile {
+        vm_spec::bus::BusProfile::lan743x()
+    }
+
     fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self {
         Nic::new(mac, sink)
     }

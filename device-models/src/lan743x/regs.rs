@@ -136,6 +136,12 @@ pub const PTP_CMD_CTL_PTP_DISABLE: u32 = 1 << 1;
 pub const DMAC_CFG: u32 = 0xc00;
 /// Descriptor spacing field.
 pub const DMAC_CFG_MAX_DSPACE_MASK: u32 = 0x3;
+
+/// The descriptor spacing field's value for descriptors `bytes` apart (16, 32, 64 or 128): the
+/// spacing is 16 bytes shifted left by the field.
+pub const fn dmac_cfg_dspace(bytes: u64) -> u32 {
+    (bytes / 16).trailing_zeros()
+}
 /// DMA controller command.
 pub const DMAC_CMD: u32 = 0xc0c;
 /// Resets the whole controller.

@@ -7,6 +7,7 @@
 
 use super::nic::{Effects, Nic, RunState};
 use super::regs::*;
+use crate::bus::{Side, WriteKind};
 use crate::dma::DmaSpace;
 use crate::wire::offload::{self, Segmentation};
 
@@ -80,8 +81,18 @@ impl Channel {
     }
 
     /// Writes the head to the write-back address, when enabled.
-    fn write_back(&self, dma: &DmaSpace) -> bool {
-        self.cfg_a & CFG_A_HP_WB_EN == 0 || dma.write(self.writeback, &self.head.to_le_bytes()).is_ok()
+    fn write_back(&self, side: Side, dma: &DmaSpace) -> bool {
+        if self.cfg_a & CFG_A_HP_WB_EN == 0 {
+            return true;
+        }
+        dma.bus(|bus| bus.write(side, WriteKind::Head, self.writeback, 4));
+        dma.write(self.writeback, &self.head.to_le_bytes()).is_ok()
+    }
+
+    /// The descriptors from `index` on that are the device's (`owned_from_index` of them) and
+    /// lie before the ring's end: what one descriptor fetch may take.
+    fn ahead(&self, index: u32, owned_from_index: u32) -> u32 {
+        owned_from_index.min(self.len().saturating_sub(index))
     }
 }
 
@@ -127,6 +138,8 @@ impl Nic {
             }
             let index = (channel.head + chain.len() as u32) % len;
             let at = channel.descriptor(index, spacing);
+            let ahead = channel.ahead(index, owned - chain.len() as u32);
+            dma.bus(|bus| bus.fetch_descriptor(Side::Rx, 0, at, 16, spacing, ahead));
             let mut raw = [0u8; 16];
             if dma.read(at, &mut raw).is_err() {
                 self.totals.rx_errors += 1;
@@ -152,6 +165,13 @@ impl Nic {
             if last {
                 data0 |= RX_DESC_DATA0_LS | ((frame.len() + FCS_LEN) as u32) << 16 & RX_DESC_DATA0_FRAME_LENGTH_MASK;
             }
+            // The chip writes the data, then the whole descriptor back (the model writes its
+            // status before its ownership word, so that the driver never sees one without the
+            // other).
+            dma.bus(|bus| {
+                bus.write(Side::Rx, WriteKind::Buffer, buffer, piece.len());
+                bus.write(Side::Rx, WriteKind::Descriptor, at, 16);
+            });
             let wrote = dma.write(buffer, piece).is_ok()
                 && dma.write(at + 4, &status.to_le_bytes()).is_ok()
                 && dma.write(at, &data0.to_le_bytes()).is_ok();
@@ -162,7 +182,7 @@ impl Nic {
         }
         let rx = &mut self.rx[0];
         rx.head = (rx.head + chain.len() as u32) % len;
-        if !rx.write_back(dma) {
+        if !rx.write_back(Side::Rx, dma) {
             self.totals.rx_errors += 1;
         }
         self.dmac_int_sts |= dmac_int_bit_rxfrm(0);
@@ -206,7 +226,23 @@ impl Nic {
         while len != 0 && self.tx[0].head < len && self.tx[0].tail < len && self.tx[0].head != self.tx[0].tail {
             let channel = self.tx[0];
             let available = (channel.tail + len - channel.head) % len;
-            match self.assemble(&channel, spacing, available, dma) {
+            let mut reads = Vec::new();
+            let assembled = self.assemble(&channel, spacing, available, dma, &mut reads);
+            if !matches!(assembled, Assembled::Incomplete) {
+                // What the chip read for this chain; a chain not all there yet is read again
+                // when its tail comes, and counted then.
+                dma.bus(|bus| {
+                    for read in reads {
+                        match read {
+                            ChainRead::Descriptor { at, ahead } => {
+                                bus.fetch_descriptor(Side::Tx, 0, at, 16, spacing, ahead)
+                            }
+                            ChainRead::Buffer { at, len } => bus.read_buffer(Side::Tx, at, len),
+                        }
+                    }
+                });
+            }
+            match assembled {
                 Assembled::Incomplete => break,
                 Assembled::Frame { consumed, frame, first, lso, interrupt } => {
                     self.send(&frame, first, lso);
@@ -220,7 +256,7 @@ impl Nic {
                 }
             }
         }
-        if !self.tx[0].write_back(dma) {
+        if !self.tx[0].write_back(Side::Tx, dma) {
             self.totals.tx_errors += 1;
         }
         if completed {
@@ -231,7 +267,15 @@ impl Nic {
     }
 
     /// Reads one frame's descriptor chain from `channel`'s head.
-    fn assemble(&self, channel: &Channel, spacing: u64, available: u32, dma: &DmaSpace) -> Assembled {
+    /// `reads`: what the chip reads for it, in order, for the bus ledger.
+    fn assemble(
+        &self,
+        channel: &Channel,
+        spacing: u64,
+        available: u32,
+        dma: &DmaSpace,
+        reads: &mut Vec<ChainRead>,
+    ) -> Assembled {
         let len = channel.len();
         let mut frame = Vec::new();
         let (mut first, mut lso, mut interrupt) = (0u32, false, false);
@@ -241,7 +285,9 @@ impl Nic {
                 return Assembled::Incomplete;
             }
             let mut raw = [0u8; 16];
-            let at = channel.descriptor((channel.head + k) % len, spacing);
+            let index = (channel.head + k) % len;
+            let at = channel.descriptor(index, spacing);
+            reads.push(ChainRead::Descriptor { at, ahead: channel.ahead(index, available - k) });
             k += 1;
             if dma.read(at, &mut raw).is_err() {
                 return Assembled::Bad { consumed: k, why: "a descriptor outside the client's maps" };
@@ -263,7 +309,9 @@ impl Nic {
             }
             let start = frame.len();
             frame.resize(start + size, 0);
-            if dma.read(u64::from(d[1]) | u64::from(d[2]) << 32, &mut frame[start..]).is_err() {
+            let buffer = u64::from(d[1]) | u64::from(d[2]) << 32;
+            reads.push(ChainRead::Buffer { at: buffer, len: size });
+            if dma.read(buffer, &mut frame[start..]).is_err() {
                 return Assembled::Bad { consumed: k, why: "a buffer outside the client's maps" };
             }
             if d[0] & TX_DESC_DATA0_EXT != 0 {
@@ -271,7 +319,9 @@ impl Nic {
                     return Assembled::Incomplete;
                 }
                 let mut ext = [0u8; 16];
-                let at = channel.descriptor((channel.head + k) % len, spacing);
+                let index = (channel.head + k) % len;
+                let at = channel.descriptor(index, spacing);
+                reads.push(ChainRead::Descriptor { at, ahead: channel.ahead(index, available - k) });
                 k += 1;
                 if dma.read(at, &mut ext).is_err() {
                     return Assembled::Bad { consumed: k, why: "a descriptor outside the client's maps" };
@@ -327,6 +377,14 @@ impl Nic {
             }
         }
     }
+}
+
+/// A read the chip makes for a TX chain.
+enum ChainRead {
+    /// A descriptor fetch; `ahead`: descriptors from it on that the device owns before the end.
+    Descriptor { at: u64, ahead: u32 },
+    /// A buffer read.
+    Buffer { at: u64, len: usize },
 }
 
 /// One frame's descriptor chain.

@@ -14,6 +14,7 @@ use crate::server::Model;
 use crate::test_support::{eventfd, fired, memfd};
 use crate::wire::backend::{Backend, FrameSink, unplugged};
 use crate::wire::generator::{GeneratorConfig, generator};
+use vm_spec::bus::Transactions;
 
 const IOVA: u64 = 0x10_0000;
 const MEMORY: u64 = 4 << 20;
@@ -97,12 +98,7 @@ impl Guest {
         self.write(PMT_CTL, value);
         assert_eq!(self.read(PMT_CTL) & (PMT_CTL_ETH_PHY_RST | PMT_CTL_READY), PMT_CTL_READY);
         self.write(DMAC_CMD, DMAC_CMD_SWR);
-        let dspace = match spacing {
-            16 => 0,
-            64 => 2,
-            _ => unreachable!(),
-        };
-        self.write(DMAC_CFG, 0x0001_0060 | dspace);
+        self.write(DMAC_CFG, 0x0001_0060 | dmac_cfg_dspace(spacing));
         // Interrupts: vector 0 for the shared sources, the software interrupt test.
         self.write(INT_VEC_EN_SET, 1);
         self.write(INT_EN_SET, INT_BIT_MAS);
@@ -219,6 +215,18 @@ fn receive_at(spacing: u64) {
     }
     assert_eq!(g.u32_at(RX_WRITEBACK), 127, "the head written back");
     assert!(fired(&g.vectors[2]) >= 1, "RX channel 0 on vector 2");
+    // On the bus: packed descriptors come 4 to a 64-byte fetch (the device owns 127 of them
+    // from 0), spaced ones one per fetch; each 1,518-byte frame is 24 line writes, the last
+    // partial; each write-back (16-byte descriptor, 4-byte head) is a partial line.
+    let bus = g.model.counters().bus.rx;
+    let fetches = if spacing == 16 { 127u64.div_ceil(4) } else { 127 };
+    assert_eq!(bus.descriptor_reads, Transactions { tlps: fetches, bytes: 127 * 16 }, "spacing {spacing}");
+    assert_eq!(bus.read_completions, fetches);
+    assert_eq!(bus.buffer_writes, Transactions { tlps: 127 * 24, bytes: 127 * 1518 });
+    assert_eq!(bus.descriptor_writes, Transactions { tlps: 127, bytes: 127 * 16 });
+    assert_eq!(bus.head_writes, Transactions { tlps: 127, bytes: 127 * 4 });
+    assert_eq!(bus.partial_writes, 127 * 3);
+    assert_eq!(g.model.counters().bus.tx.descriptor_reads.tlps, 0, "nothing sent");
     // The ring is full (the tail keeps one slot): the generator waits. The NAPI completion
     // re-posts and re-arms through the tail's flags.
     for i in 0..127 {
@@ -227,6 +235,9 @@ fn receive_at(spacing: u64) {
     g.write(RX0 + CH_TAIL, TAIL_SET_TOP_INT_EN | TAIL_SET_TOP_INT_VEC_EN | 126);
     g.wait_rx_head((127 + 73) % RING);
     assert_eq!(g.model.counters().rx_frames, 200);
+    // Descriptor 127 is the ring's last (a fetch of one), then 0 to 71 from the start.
+    let fetches = if spacing == 16 { 32 + 1 + 18 } else { 200 };
+    assert_eq!(g.model.counters().bus.rx.descriptor_reads.tlps, fetches, "spacing {spacing}");
     assert_eq!(g.read(STAT_RX_TOTAL_FRAMES), 200);
 }
 
@@ -238,6 +249,16 @@ fn frames_land_in_slots_sixteen_bytes_apart() {
 #[test]
 fn frames_land_in_slots_sixty_four_bytes_apart_after_the_spacing_revert() {
     receive_at(64);
+}
+
+#[test]
+fn every_spacing_field_reads_back_as_its_spacing() {
+    let mut nic = Nic::new(DEFAULT_MAC, Box::new(Capture(Arc::default())));
+    let dma = crate::dma::DmaSpace::new();
+    for bytes in [16, 32, 64, 128] {
+        crate::nic_model::NicCore::write_register(&mut nic, DMAC_CFG, 0x0001_0060 | dmac_cfg_dspace(bytes), &dma);
+        assert_eq!(nic.descriptor_spacing(), bytes);
+    }
 }
 
 #[test]
@@ -269,7 +290,18 @@ fn a_transmitted_frame_gets_its_checksums_and_completes_on_vector_1() {
         desc[12..16].copy_from_slice(&((frame.len() as u32) << 16).to_le_bytes());
         g.poke(TX_RING_AT + i as u64 * 16, &desc);
     }
+    let before = g.model.counters().bus.tx;
     g.write(TX0 + CH_TAIL, TAIL_SET_DMAC_INT_EN | TAIL_SET_TOP_INT_EN | TAIL_SET_TOP_INT_VEC_EN | 2);
+    // On the bus: both descriptors in one 32-byte fetch (the tail gave the device 2), the
+    // buffers in one request each (100 bytes from a line boundary: 2 completions), the head
+    // written back, one MSI-X write.
+    let bus = g.model.counters().bus.tx.minus(&before);
+    assert_eq!(bus.descriptor_reads, Transactions { tlps: 1, bytes: 32 });
+    assert_eq!(bus.buffer_reads, Transactions { tlps: 2, bytes: 142 });
+    assert_eq!(bus.read_completions, 1 + 1 + 2);
+    assert_eq!(bus.head_writes, Transactions { tlps: 1, bytes: 4 });
+    assert_eq!(bus.interrupts, Transactions { tlps: 1, bytes: 4 });
+    assert_eq!((bus.partial_writes, bus.buffer_writes.tlps, bus.descriptor_writes.tlps), (1, 0, 0));
     let sent = sent.lock().unwrap();
     assert_eq!(sent.len(), 1);
     let check = crate::wire::offload::check_rx(&sent[0], true, true);

@@ -109,7 +109,7 @@ struct Outcome {
     link_mbps: u32,
     rx_frames: u64,
     rx_bytes: u64,
-    in_order: bool,
+    sequence: crate::sequence::SequenceCheck,
     slots_ok: bool,
     counted: u32,
     initial_maps: u64,
@@ -154,14 +154,16 @@ pub fn run(ecam: Ecam, functions: &[Function], viommu: Option<&mut Viommu>, opti
                     .u64("initial_maps", o.initial_maps)
                     .ratio("maps_per_frame", o.receive_maps, o.rx_frames)
                     .u64("elapsed_ns", o.elapsed_ns)
-                    .bool("in_order", o.in_order)
+                    .bool("in_order", o.sequence.in_order())
+                    .u64("missing_frames", o.sequence.missing)
+                    .u64("reordered_frames", o.sequence.reordered)
                     .bool("slots_ok", o.slots_ok)
                     .u64("rx_interrupts", o.rx_interrupts)
                     .bool("sw_interrupt", o.sw_interrupt)
                     .bool("msix", o.sw_interrupt && (o.rx_frames == 0 || o.rx_interrupts > 0));
             });
             for (ok, what) in [
-                (o.in_order, "nic: frames arrived out of sequence"),
+                (o.sequence.in_order(), "nic: frames arrived out of sequence"),
                 (o.slots_ok, "nic: a write-back was not where the descriptor spacing puts it"),
                 (o.sw_interrupt, "nic: the software interrupt did not arrive as MSI-X"),
                 (o.rx_frames == 0 || o.rx_interrupts > 0, "nic: RX interrupts did not arrive as MSI-X"),
@@ -291,8 +293,8 @@ fn drive(
     let start = time::tsc();
     regs.write(MAC_RX, regs.read(MAC_RX) | 1);
 
-    let (mut received, mut bytes, mut in_order, mut slots_ok) = (0u64, 0u64, true, true);
-    let mut expected: Option<u64> = None;
+    let (mut received, mut bytes, mut slots_ok) = (0u64, 0u64, true);
+    let mut sequence = crate::sequence::SequenceCheck::default();
     let (mut head, mut tail) = (0u32, RING - 1);
     let head_written = || mmio::read::<u32>(mem.writeback.as_ptr() as u64);
     while received < options.frames as u64 {
@@ -312,8 +314,7 @@ fn drive(
             if frame.len() >= SEQUENCE_OFFSET + 8 {
                 let seq =
                     u64::from_be_bytes(frame[SEQUENCE_OFFSET..SEQUENCE_OFFSET + 8].try_into().unwrap_or_default());
-                in_order &= expected.is_none_or(|e| e == seq);
-                expected = Some(seq + 1);
+                sequence.saw(seq);
             }
             received += 1;
             bytes += len.saturating_sub(4) as u64;
@@ -347,7 +348,7 @@ fn drive(
         link_mbps,
         rx_frames: received,
         rx_bytes: bytes,
-        in_order,
+        sequence,
         slots_ok,
         counted,
         initial_maps,

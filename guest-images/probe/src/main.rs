@@ -21,6 +21,7 @@ mod power;
 mod power_button;
 mod report;
 mod rx_buffers;
+mod sequence;
 mod serial;
 mod smp;
 mod testdev;

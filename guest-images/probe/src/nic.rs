@@ -150,7 +150,7 @@ struct Outcome {
     link_mbps: u32,
     rx_frames: u64,
     rx_bytes: u64,
-    in_order: bool,
+    sequence: crate::sequence::SequenceCheck,
     checksums_ok: bool,
     msix: bool,
     tx_frames: u32,
@@ -198,13 +198,15 @@ pub fn run(ecam: Ecam, functions: &[Function], viommu: Option<&mut Viommu>, opti
                     .u64("initial_maps", outcome.initial_maps)
                     .ratio("maps_per_frame", outcome.receive_maps, outcome.rx_frames)
                     .u64("elapsed_ns", outcome.elapsed_ns)
-                    .bool("in_order", outcome.in_order)
+                    .bool("in_order", outcome.sequence.in_order())
+                    .u64("missing_frames", outcome.sequence.missing)
+                    .u64("reordered_frames", outcome.sequence.reordered)
                     .bool("checksums_ok", outcome.checksums_ok)
                     .u64("rx_interrupts", outcome.rx_interrupts)
                     .bool("msix", outcome.msix);
             });
             for (ok, what) in [
-                (outcome.in_order, "nic: frames arrived out of sequence"),
+                (outcome.sequence.in_order(), "nic: frames arrived out of sequence"),
                 (outcome.checksums_ok, "nic: a frame's checksum status was not good"),
                 (outcome.msix, "nic: RX interrupts did not arrive as MSI-X"),
                 (outcome.tx_counted == outcome.tx_frames, "nic: the NIC did not count every transmitted frame"),
@@ -333,8 +335,8 @@ fn drive(ecam: Ecam, f: &Function, dma: &mut DeviceDma, options: NicOptions) -> 
     regs.write(IMSR, 1);
     regs.write(RX_RING + RING_TAIL, tail);
 
-    let (mut received, mut bytes, mut in_order, mut checksums_ok, mut msix) = (0u64, 0u64, true, true, true);
-    let mut expected: Option<u64> = None;
+    let (mut received, mut bytes, mut checksums_ok, mut msix) = (0u64, 0u64, true, true);
+    let mut sequence = crate::sequence::SequenceCheck::default();
     let mut unflushed = 0;
     while received < options.frames as u64 {
         let woke = time::wait_until(time::deadline_after_micros(TIMEOUT_US), || {
@@ -363,8 +365,7 @@ fn drive(ecam: Ecam, f: &Function, dma: &mut DeviceDma, options: NicOptions) -> 
                 if frame.len() >= SEQUENCE_OFFSET + 8 {
                     let seq =
                         u64::from_be_bytes(frame[SEQUENCE_OFFSET..SEQUENCE_OFFSET + 8].try_into().unwrap_or_default());
-                    in_order &= expected.is_none_or(|e| e == seq);
-                    expected = Some(seq + 1);
+                    sequence.saw(seq);
                 }
             }
             received += 1;
@@ -426,7 +427,7 @@ fn drive(ecam: Ecam, f: &Function, dma: &mut DeviceDma, options: NicOptions) -> 
         link_mbps: 10_000,
         rx_frames: received,
         rx_bytes: bytes,
-        in_order,
+        sequence,
         checksums_ok,
         msix,
         tx_frames: TX_FRAMES,

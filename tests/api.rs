@@ -219,6 +219,24 @@ fn a_probe_matrix_submitted_with_curl_streams_and_reports_as_lab_run_does() {
     assert!(records.as_array().unwrap().iter().all(|r| r["cell"]["variant"] == "pool"));
     let answer = call(&daemon.client(), "GET", &format!("/v1/results?run={run}&format=csv"), &[], None);
     assert_eq!(String::from_utf8_lossy(&answer.body).lines().count(), 16, "a header and 15 records");
+    assert_eq!(answer.link, None, "one page holds them all");
+    // Paged: 6, 6, then the last 3, each page naming the next; together every record once.
+    let (mut path, mut seen) = (Some(format!("/v1/results?run={run}&limit=6")), Vec::new());
+    let mut pages = 0;
+    while let Some(p) = path {
+        let answer = call(&daemon.client(), "GET", &p, &[], None);
+        assert_eq!(answer.status, 200);
+        let page = json_of(&answer);
+        pages += 1;
+        seen.extend(page.as_array().unwrap().iter().map(|r| (r["cell"]["id"].clone(), r["repetition"].clone())));
+        path = answer.link.map(|l| {
+            assert!(l.ends_with(">; rel=\"next\""), "{l}");
+            l.trim_start_matches('<').split('>').next().unwrap().to_string()
+        });
+    }
+    assert_eq!((pages, seen.len()), (3, 15));
+    seen.dedup();
+    assert_eq!(seen.len(), 15, "nothing twice");
     let answer = call(&daemon.client(), "GET", &format!("/v1/results?run={run}&format=kcidb"), &[], None);
     assert_eq!(json_of(&answer)["tests"].as_array().unwrap().len(), 15);
 

@@ -67,4 +67,16 @@ fn stock_atlantic_drives_the_model_under_qemu() {
     // Stock atlantic at MTU 1500 maps a 4 KiB page per two RX buffers, and reuses some.
     assert!((0.1..=0.75).contains(&rx_maps), "RX maps per received packet {rx_maps}: {record}");
     assert!(record["page_reuse"].as_f64().is_some(), "atlantic's page counters: {record}");
+    // QEMU's vfio-user client made every access a standard client makes, and the model
+    // answered each as a device would: its log (an artifact of the repetition) has no error.
+    let model_log = logs.path().join("artifacts").join(&run).join("c01").join("rep0").join("model.log");
+    let model_log = std::fs::read_to_string(&model_log).unwrap_or_else(|e| panic!("{}: {e}", model_log.display()));
+    assert!(!model_log.contains("ERROR"), "the model logged an error:\n{model_log}");
+    // The bus: what the model put on its link per packet over the workload.
+    let bus = &record["bus"];
+    assert_eq!(bus["link"], "PCIe Gen3 x2", "{record}");
+    let rx_tlps = bus["rx"]["tlps"].as_f64().unwrap_or(0.0);
+    // Mostly full-size frames of iperf3's stream (24 line writes and a write-back each).
+    assert!(rx_tlps >= 10.0, "{bus}");
+    assert!(bus["modelled"]["ns_per_packet"].as_f64().is_some_and(|ns| ns > 0.0), "{bus}");
 }

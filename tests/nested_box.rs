@@ -263,6 +263,19 @@ fn phases(lab_box: &Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str), f: 
         stock.iter().map(|r| r["workload"]["gbit_s"].clone()).collect::<Vec<_>>(),
         order3.iter().map(|r| r["workload"]["gbit_s"].clone()).collect::<Vec<_>>(),
     );
+    // What the card put on its link, as the model on the host counted it over each window.
+    for (name, records) in [("stock", &stock), ("rxpageorder-3", &order3), ("page-pool", &pool)] {
+        let bus = |path: [&str; 3]| -> Vec<f64> {
+            records.iter().filter_map(|r| r[path[0]][path[1]][path[2]].as_f64()).collect()
+        };
+        let (tlps, fetches) = (bus(["bus", "rx", "tlps"]), bus(["bus", "rx", "descriptor_reads"]));
+        let tx_tlps = bus(["bus", "tx", "tlps"]);
+        let ns: Vec<f64> = records.iter().filter_map(|r| r["bus"]["modelled"]["ns_per_packet"].as_f64()).collect();
+        f.check(tlps.len() == records.len(), format!("{name}: every record has the bus figures"));
+        eprintln!(
+            "{TEST}: bus {name}: RX TLPs/packet {tlps:.2?}, RX descriptor reads/packet {fetches:.3?}, TX TLPs/packet {tx_tlps:.2?}, modelled ns/packet {ns:.1?}"
+        );
+    }
 
     // 4. The LAN7430 card, UDP both ways; the box killed during its second cell, a new box,
     //    and resume.

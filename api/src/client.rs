@@ -31,6 +31,8 @@ pub struct Answer {
     pub content_type: String,
     /// The body.
     pub body: Vec<u8>,
+    /// The `Link` header, when there is one (the next page of `GET /v1/results`).
+    pub link: Option<String>,
 }
 
 impl Client {
@@ -103,10 +105,11 @@ impl Client {
     ) -> Result<Answer, ApiError> {
         let response = self.send(method, path, headers, body).await?;
         let status = response.status().as_u16();
-        let content_type =
-            response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let content_type = header("content-type").unwrap_or_default();
+        let link = header("link");
         let body = response.into_body().collect().await.map_err(|e| ApiError::Http(e.to_string()))?.to_bytes();
-        Ok(Answer { status, content_type, body: body.to_vec() })
+        Ok(Answer { status, content_type, body: body.to_vec(), link })
     }
 
     /// Sends one JSON request; returns the status and the body.

@@ -31,14 +31,35 @@ pub enum FormatParam {
     kcidb,
 }
 
+/// The most records one page of `GET /v1/results` holds (and its default `limit`).
+pub const MAX_PAGE: usize = 10_000;
+
 /// What `GET /v1/results` selects.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 struct Filter {
     run: Option<String>,
     cell: Option<String>,
     variant: Option<String>,
     status: Option<Status>,
     format: Format,
+    /// Records of the selection to skip.
+    offset: usize,
+    /// Records of the selection to give at most.
+    limit: usize,
+}
+
+impl Default for Filter {
+    fn default() -> Self {
+        Filter {
+            run: None,
+            cell: None,
+            variant: None,
+            status: None,
+            format: Format::default(),
+            offset: 0,
+            limit: MAX_PAGE,
+        }
+    }
 }
 
 #[derive(Debug, Default, PartialEq, Eq, Clone, Copy)]
@@ -61,6 +82,16 @@ fn filter(pairs: Vec<(String, String)>) -> Result<Filter, Problem> {
                     Problem::bad_request(format!("status={value:?}: give PASS, FAIL, ERROR, MISS or SKIP"))
                 })?);
             }
+            "offset" => {
+                f.offset = value
+                    .parse()
+                    .map_err(|_| Problem::bad_request(format!("offset={value:?}: give a number of records to skip")))?;
+            }
+            "limit" => {
+                f.limit = value.parse().ok().filter(|n| (1..=MAX_PAGE).contains(n)).ok_or_else(|| {
+                    Problem::bad_request(format!("limit={value:?}: give 1 to {MAX_PAGE} records per page"))
+                })?;
+            }
             "format" => {
                 f.format = match value.as_str() {
                     "json" => Format::Json,
@@ -71,7 +102,7 @@ fn filter(pairs: Vec<(String, String)>) -> Result<Filter, Problem> {
             }
             other => {
                 return Err(Problem::bad_request(format!(
-                    "unknown query parameter {other:?}; there are run, cell, variant, status, format"
+                    "unknown query parameter {other:?}; there are run, cell, variant, status, format, offset, limit"
                 )));
             }
         }
@@ -130,16 +161,19 @@ fn csv(records: &[Record]) -> String {
         ("variant" = Option<String>, Query, description = "only this variant"),
         ("status" = Option<StatusParam>, Query, description = "only this status"),
         ("format" = Option<FormatParam>, Query, description = "json (default), csv, or kcidb (KCIDB v4 JSON of one run)"),
+        ("offset" = Option<usize>, Query, description = "records of the selection to skip (json, csv) [default: 0]"),
+        ("limit" = Option<usize>, Query, description = "records per page, 1 to 10000 (json, csv) [default: 10000]; a `Link: <...>; rel=\"next\"` header names the next page when there is one"),
     ),
     responses(
-        (status = 200, description = "The records (docs/lab.md)", content(
+        (status = 200, description = "The records (docs/lab.md), a page of them", content(
             (Vec<Object> = "application/json"), (String = "text/csv"))),
         (status = 400, description = "A bad filter", body = crate::types::ErrorBody),
         (status = 404, description = "No such run", body = crate::types::ErrorBody),
     ))]
 pub async fn list(State(daemon): State<Arc<Daemon>>, RawQuery(raw): RawQuery) -> Response {
     let result = async {
-        let filter = filter(query(raw))?;
+        let raw_query = query(raw);
+        let filter = filter(raw_query.clone())?;
         blocking(move || {
             let store = daemon.store()?;
             let runs = match &filter.run {
@@ -150,24 +184,58 @@ pub async fn list(State(daemon): State<Arc<Daemon>>, RawQuery(raw): RawQuery) ->
                 let info = &runs[0];
                 let records: Vec<Record> = store.records(&info.id)?.into_iter().filter(|r| filter.keeps(r)).collect();
                 let doc = lab::kcidb::export(info, &records, &store.artifacts(&info.id));
-                return Ok(("application/json", serde_json::to_string_pretty(&doc).expect("JSON")));
+                return Ok(("application/json", serde_json::to_string_pretty(&doc).expect("JSON"), None));
             }
-            let mut records = Vec::new();
+            // The page: skip `offset` of the selection, keep `limit`, and look one further to
+            // know whether there is a next page; stop reading there.
+            let (mut records, mut skipped, mut more) = (Vec::new(), 0, false);
             for info in &runs {
-                records.extend(store.records(&info.id)?.into_iter().filter(|r| filter.keeps(r)));
+                store.visit_records(&info.id, |r| {
+                    if !filter.keeps(&r) {
+                        return true;
+                    }
+                    if skipped < filter.offset {
+                        skipped += 1;
+                        return true;
+                    }
+                    if records.len() == filter.limit {
+                        more = true;
+                        return false;
+                    }
+                    records.push(r);
+                    true
+                })?;
+                if more {
+                    break;
+                }
             }
+            let next = more.then(|| next_page(&raw_query, filter.offset + records.len()));
             Ok(match filter.format {
-                Format::Csv => ("text/csv; charset=utf-8", csv(&records)),
-                _ => ("application/json", serde_json::to_string(&records).expect("records serialize")),
+                Format::Csv => ("text/csv; charset=utf-8", csv(&records), next),
+                _ => ("application/json", serde_json::to_string(&records).expect("records serialize"), next),
             })
         })
         .await
     }
     .await;
     match result {
-        Ok((content_type, body)) => ([(header::CONTENT_TYPE, content_type)], body).into_response(),
+        Ok((content_type, body, next)) => {
+            let mut response = ([(header::CONTENT_TYPE, content_type)], body).into_response();
+            if let Some(next) = next.and_then(|n| header::HeaderValue::from_str(&format!("<{n}>; rel=\"next\"")).ok()) {
+                response.headers_mut().insert(header::LINK, next);
+            }
+            response
+        }
         Err(p) => p.into_response(),
     }
+}
+
+/// The next page's path: the same query with `offset` set to `offset`.
+fn next_page(raw: &[(String, String)], offset: usize) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query.extend_pairs(raw.iter().filter(|(k, _)| k != "offset"));
+    query.append_pair("offset", &offset.to_string());
+    format!("/v1/results?{}", query.finish())
 }
 
 #[cfg(test)]
@@ -189,6 +257,17 @@ mod tests {
         assert!(filter(pairs("colour=red")).unwrap_err().message.contains("run, cell, variant"));
         assert!(filter(pairs("format=kcidb")).unwrap_err().message.contains("give run=ID"));
         assert!(filter(pairs("format=xml")).is_err());
+        let f = filter(pairs("offset=20&limit=10")).unwrap();
+        assert_eq!((f.offset, f.limit), (20, 10));
+        assert_eq!(filter(pairs("")).unwrap().limit, MAX_PAGE, "a page by default");
+        for bad in ["limit=0", "limit=10001", "limit=x", "offset=-1"] {
+            assert!(filter(pairs(bad)).unwrap_err().message.contains(&bad[..bad.find('=').unwrap()]), "{bad}");
+        }
+        assert_eq!(
+            next_page(&pairs("run=r 1&offset=5&limit=2"), 7),
+            "/v1/results?run=r+1&limit=2&offset=7",
+            "the same selection, the next offset"
+        );
     }
 }
 

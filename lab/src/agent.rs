@@ -239,8 +239,12 @@ pub fn iperf_figures(json: &Value) -> Option<IperfFigures> {
     let udp = end.get("sum").is_some_and(|s| s.get("lost_packets").is_some());
     let received = if udp { end.get("sum") } else { end.get("sum_received").or_else(|| end.get("sum")) }?;
     let sent = end.get("sum_sent").or_else(|| end.get("sum"))?;
+    // `--bidir`: the reverse stream's receiver summary too (UDP's `sum_bidir_reverse`, TCP's
+    // `sum_received_bidir_reverse`); what the two ends received together is the goodput.
+    let reverse = if udp { end.get("sum_bidir_reverse") } else { end.get("sum_received_bidir_reverse") };
+    let reverse_bps = reverse.and_then(|r| r.get("bits_per_second")).and_then(Value::as_f64).unwrap_or(0.0);
     Some(IperfFigures {
-        received_gbit_s: received.get("bits_per_second")?.as_f64()? / 1e9,
+        received_gbit_s: (received.get("bits_per_second")?.as_f64()? + reverse_bps) / 1e9,
         sent_gbit_s: sent.get("bits_per_second")?.as_f64()? / 1e9,
         retransmits: sent.get("retransmits").and_then(Value::as_u64),
         seconds: received.get("seconds").and_then(Value::as_f64).unwrap_or(0.0),
@@ -438,6 +442,14 @@ mod tests {
             "sum_sent": {"bits_per_second": 5.0e7, "seconds": 5.07},
             "sum_received": {"bits_per_second": 125650.3, "seconds": 5.07, "lost_packets": 0}}});
         assert_eq!(iperf_figures(&udp_reverse).unwrap().received_gbit_s, 4.9999e-2);
+        // UDP --bidir (iperf3 3.18, the guest the client): `sum` is the forward stream's
+        // receiver, `sum_bidir_reverse` the reverse one's; the goodput is both.
+        let udp_bidir: Value = serde_json::json!({"end": {
+            "sum": {"bits_per_second": 2.0e5, "seconds": 5.19, "lost_packets": 0},
+            "sum_sent": {"bits_per_second": 2.03e5, "seconds": 5.07},
+            "sum_bidir_reverse": {"bits_per_second": 5.1e7, "seconds": 5.19, "lost_packets": 0},
+            "sum_received_bidir_reverse": {"bits_per_second": 1.98e5, "seconds": 5.19}}});
+        assert_eq!(iperf_figures(&udp_bidir).unwrap().received_gbit_s, (2.0e5 + 5.1e7) / 1e9);
     }
 
     /// Runs the agent's own frame functions in busybox sh and parses what they wrote.

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use vm_spec::NicKind;
-use vm_spec::bus::{BusCost, BusTraffic};
+use vm_spec::bus::{BusCost, BusProfile, BusTraffic};
 use vm_spec::counters::ModelCounters;
 
 /// One side's traffic per packet of that side (frames the model received into the host for RX,
@@ -28,10 +28,13 @@ pub struct BusPerPacket {
     pub partial_writes: f64,
     /// Completions of the reads.
     pub read_completions: f64,
+    /// This side's traffic through the cost model, per packet of this side.
+    #[serde(default)]
+    pub modelled: Option<BusCost>,
 }
 
 impl BusPerPacket {
-    fn of(t: &BusTraffic, packets: u64) -> Option<BusPerPacket> {
+    fn of(t: &BusTraffic, packets: u64, profile: &BusProfile) -> Option<BusPerPacket> {
         if packets == 0 {
             return None;
         }
@@ -46,6 +49,7 @@ impl BusPerPacket {
             interrupts: per(t.interrupts.tlps),
             partial_writes: per(t.partial_writes),
             read_completions: per(t.read_completions),
+            modelled: profile.cost(t, packets),
         })
     }
 }
@@ -76,9 +80,9 @@ pub fn figures(nic: NicKind, before: &ModelCounters, after: &ModelCounters) -> O
     let profile = nic.bus_profile();
     Some(BusFigures {
         modelled: profile.cost(&rx.plus(&tx), rx_frames + tx_frames),
+        rx: BusPerPacket::of(&rx, rx_frames, &profile),
+        tx: BusPerPacket::of(&tx, tx_frames, &profile),
         link: profile.link,
-        rx: BusPerPacket::of(&rx, rx_frames),
-        tx: BusPerPacket::of(&tx, tx_frames),
     })
 }
 
@@ -101,6 +105,8 @@ mod tests {
         let rx = f.rx.unwrap();
         assert_eq!((rx.descriptor_reads, rx.buffer_tlps, rx.tlps, rx.partial_writes), (0.25, 24.0, 24.25, 1.0));
         assert_eq!(f.tx.unwrap().descriptor_reads, 1.0);
+        let profile = NicKind::Lan743x.bus_profile();
+        assert_eq!(rx.modelled, profile.cost(&after.bus.rx, 100), "each side over its own frames");
         let both = after.bus.rx.plus(&after.bus.tx);
         assert_eq!(f.modelled, NicKind::Lan743x.bus_profile().cost(&both, 150));
         assert!(figures(NicKind::Lan743x, &before, &before).is_none(), "nothing counted");

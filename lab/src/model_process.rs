@@ -60,13 +60,14 @@ impl ModelProcess {
         ModelProcess::start_logged(driverlab, kind, args, netns, None)
     }
 
-    /// The same, its stderr (the model's log) into `log` instead of nowhere.
+    /// The same, its stderr (the model's log) into the file `log` (created or truncated)
+    /// instead of one in its own folder.
     pub fn start_logged(
         driverlab: &Path,
         kind: &str,
         args: &[&str],
         netns: Option<&str>,
-        log: Option<std::fs::File>,
+        log: Option<&Path>,
     ) -> Result<ModelProcess, ModelError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let start_error = |source| ModelError::Start { kind: kind.to_string(), source };
@@ -96,12 +97,8 @@ impl ModelProcess {
         };
         crate::vm_process::die_with_parent(&mut command);
         // Its log: the caller's file, else one in its folder, read back if it does not start.
-        let own_log = dir.join("model.log");
-        let log = match log {
-            Some(file) => Some(file),
-            None => std::fs::File::create(&own_log).ok(),
-        };
-        let stderr = log.map_or_else(Stdio::null, Stdio::from);
+        let own_log = log.map_or_else(|| dir.join("model.log"), Path::to_path_buf);
+        let stderr = std::fs::File::create(&own_log).map_or_else(|_| Stdio::null(), Stdio::from);
         let child = match command.stdout(Stdio::piped()).stderr(stderr).spawn() {
             Ok(child) => child,
             Err(e) => {

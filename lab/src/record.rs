@@ -260,6 +260,10 @@ impl Record {
             put("bus_rx_partial_writes_per_packet", side(&bus.rx, |s| s.partial_writes));
             put("bus_tx_partial_writes_per_packet", side(&bus.tx, |s| s.partial_writes));
             put("bus_ns_per_packet", bus.modelled.map(|c| c.ns_per_packet));
+            let side_ns =
+                |s: &Option<crate::bus::BusPerPacket>| s.as_ref().and_then(|s| s.modelled).map(|c| c.ns_per_packet);
+            put("bus_rx_ns_per_packet", side_ns(&bus.rx));
+            put("bus_tx_ns_per_packet", side_ns(&bus.tx));
             put("bus_packets_per_s", bus.modelled.map(|c| c.packets_per_s));
         }
         put("retransmits", self.workload.retransmits.map(|r| r as f64));

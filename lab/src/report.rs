@@ -358,7 +358,7 @@ impl Report {
     }
 
     /// The bus table's header: what [`Report::bus_rows`] gives for each cell with bus figures.
-    pub const BUS_COLUMNS: [&'static str; 9] = [
+    pub const BUS_COLUMNS: [&'static str; 11] = [
         "cell",
         "variant",
         "link (modelled)",
@@ -367,12 +367,14 @@ impl Report {
         "TX TLPs/packet",
         "TX descriptor reads/packet",
         "partial writes/packet RX, TX",
-        "bus ns/packet (modelled)",
+        "RX bus ns/packet (modelled)",
+        "TX bus ns/packet (modelled)",
+        "bus ns/packet, both (modelled)",
     ];
 
     /// One row per cell that has bus figures: what its model put on the link per packet, and
     /// the bus time the cost model gives (with what bounds it).
-    pub fn bus_rows(&self) -> Vec<[String; 9]> {
+    pub fn bus_rows(&self) -> Vec<[String; 11]> {
         self.cells
             .iter()
             .filter_map(|c| {
@@ -391,6 +393,8 @@ impl Report {
                         value("bus_rx_partial_writes_per_packet", 2),
                         value("bus_tx_partial_writes_per_packet", 2)
                     ),
+                    value("bus_rx_ns_per_packet", 1),
+                    value("bus_tx_ns_per_packet", 1),
                     value("bus_ns_per_packet", 1),
                 ])
             })

@@ -145,7 +145,10 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
                 Some(_) => vec!["--tap", crate::peer::TAP],
                 None => args.iter().map(String::as_str).collect(),
             };
-            match ModelProcess::start_in(&ctx.driverlab, &kind, &args, peer.as_ref().and_then(Peer::netns)) {
+            // Its log is an artifact of the repetition (`model.log`).
+            let log = rep_dir.join("model.log");
+            let netns = peer.as_ref().and_then(Peer::netns);
+            match ModelProcess::start_logged(&ctx.driverlab, &kind, &args, netns, Some(&log)) {
                 Ok(m) => {
                     record.timings.model_start_ms = Some(ms(model_start.elapsed()));
                     let spec = m.device_spec();

@@ -525,6 +525,28 @@ impl Store {
         Ok((file, toml, cells))
     }
 
+    /// Hands `run`'s records to `visit` one at a time, by cell and repetition, until it returns
+    /// false: a page of a large run costs the page, not the run.
+    pub fn visit_records(&self, run: &str, mut visit: impl FnMut(Record) -> bool) -> Result<(), StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT record FROM results WHERE run_id = ?1 ORDER BY cell_idx, repetition")
+            .map_err(self.sql())?;
+        let mut rows = stmt.query(params![run]).map_err(self.sql())?;
+        while let Some(row) = rows.next().map_err(self.sql())? {
+            let json: String = row.get(0).map_err(self.sql())?;
+            let record = serde_json::from_str(&json).map_err(|e| StoreError::Corrupt {
+                run: run.to_string(),
+                what: "records",
+                reason: e.to_string(),
+            })?;
+            if !visit(record) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Every record of a run, by cell and repetition.
     pub fn records(&self, run: &str) -> Result<Vec<Record>, StoreError> {
         let mut stmt = self

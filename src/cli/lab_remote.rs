@@ -223,6 +223,28 @@ async fn get_json<T: serde::de::DeserializeOwned>(client: &Client, path: &str) -
     Ok(serde_json::from_slice(&answer.body)?)
 }
 
+/// Every record of `run`, page after page (`GET /v1/results` and its `Link` to the next).
+async fn all_records(client: &Client, run: &str) -> anyhow::Result<Vec<lab::record::Record>> {
+    let mut records = Vec::new();
+    let mut path = Some(format!("/v1/results?run={run}"));
+    while let Some(page) = path {
+        let answer = client.call("GET", &page, &[], None).await?;
+        if answer.status != 200 {
+            return Err(refused(answer.status, &answer.body));
+        }
+        let page: Vec<lab::record::Record> = serde_json::from_slice(&answer.body)?;
+        // `<PATH>; rel="next"`; an empty page ends it whatever the server says.
+        path = answer
+            .link
+            .as_deref()
+            .filter(|_| !page.is_empty())
+            .and_then(|l| l.strip_prefix('<')?.split_once('>'))
+            .map(|(p, _)| p.to_string());
+        records.extend(page);
+    }
+    Ok(records)
+}
+
 /// `lab list` through the daemon.
 pub fn list(client: &Client, json: bool) -> anyhow::Result<u8> {
     let runs: Vec<serde_json::Value> = runtime()?.block_on(get_json(client, "/v1/runs"))?;
@@ -247,7 +269,7 @@ pub fn list(client: &Client, json: bool) -> anyhow::Result<u8> {
 pub fn show(client: &Client, run: &str, json: bool) -> anyhow::Result<u8> {
     let runtime = runtime()?;
     let status: serde_json::Value = runtime.block_on(get_json(client, &format!("/v1/runs/{run}")))?;
-    let records: Vec<lab::record::Record> = runtime.block_on(get_json(client, &format!("/v1/results?run={run}")))?;
+    let records = runtime.block_on(all_records(client, run))?;
     if json {
         let doc = serde_json::json!({"run": status, "records": records});
         println!("{}", serde_json::to_string_pretty(&doc)?);

@@ -118,13 +118,12 @@ fn run(dir: &BoxDir, mut plan: BoxPlan, state: &mut BoxState, stop: &AtomicBool)
             .map_err(|e| BoxError::Boot(format!("card {}: {e}", card.name)))?;
         let control = card.control.display().to_string();
         let log_path = dir.root().join(format!("model-{}.log", card.name));
-        let log = std::fs::File::create(&log_path).map_err(io(&log_path))?;
         let model = ModelProcess::start_logged(
             &plan.driverlab,
             card.kind.name(),
             &["--tap", TAP, "--control", &control],
             Some(namespace.name()),
-            Some(log),
+            Some(&log_path),
         )
         .map_err(|e| BoxError::Boot(format!("card {}: {e}", card.name)))?;
         card.socket = model.socket().to_path_buf();

@@ -59,6 +59,9 @@ impl BusPerPacket {
 pub struct BusFigures {
     /// The link the cost model assumed (e.g. `PCIe Gen2 x1`): its figures are modelled.
     pub link: String,
+    /// Every parameter the counting and the cost model used.
+    #[serde(default)]
+    pub profile: Option<BusProfile>,
     /// Receive traffic per frame received.
     pub rx: Option<BusPerPacket>,
     /// Transmit traffic per frame sent.
@@ -82,7 +85,8 @@ pub fn figures(nic: NicKind, before: &ModelCounters, after: &ModelCounters) -> O
         modelled: profile.cost(&rx.plus(&tx), rx_frames + tx_frames),
         rx: BusPerPacket::of(&rx, rx_frames, &profile),
         tx: BusPerPacket::of(&tx, tx_frames, &profile),
-        link: profile.link,
+        link: profile.link.clone(),
+        profile: Some(profile),
     })
 }
 

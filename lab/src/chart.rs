@@ -127,6 +127,7 @@ mod tests {
                 crashes: Vec::new(),
                 notes: Vec::new(),
                 bus_link: None,
+                bus_profile: None,
             }
         };
         let report = Report {

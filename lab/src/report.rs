@@ -83,6 +83,9 @@ pub struct CellReport {
     /// modelled, not measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bus_link: Option<String>,
+    /// Every parameter of that model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bus_profile: Option<vm_spec::bus::BusProfile>,
 }
 
 /// A run's report.
@@ -166,6 +169,7 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         crashes,
         notes: Vec::new(),
         bus_link: records.iter().find_map(|r| r.bus.as_ref().map(|b| b.link.clone())),
+        bus_profile: records.iter().find_map(|r| r.bus.as_ref().and_then(|b| b.profile.clone())),
     }
 }
 
@@ -426,6 +430,35 @@ impl Report {
             .collect()
     }
 
+    /// The cost model's parameters, one sentence per link the cells' models assumed.
+    pub fn bus_parameters(&self) -> Vec<String> {
+        let mut seen: Vec<&vm_spec::bus::BusProfile> = Vec::new();
+        for p in self.cells.iter().filter_map(|c| c.bus_profile.as_ref()) {
+            if !seen.contains(&p) {
+                seen.push(p);
+            }
+        }
+        seen.iter()
+            .map(|p| {
+                format!(
+                    "Modelled {}: {} GT/s x{} at {:.3} payload per bit, {} bytes per TLP beyond its payload, \
+                     {}-byte read requests, {}-byte lines, {}-byte descriptor bursts, a {} ns read round trip, \
+                     {} reads in flight.",
+                    p.link,
+                    p.gt_per_s,
+                    p.lanes,
+                    p.encoding,
+                    p.tlp_overhead,
+                    p.max_read_request,
+                    p.cache_line,
+                    p.descriptor_burst,
+                    p.read_latency_ns,
+                    p.outstanding_reads
+                )
+            })
+            .collect()
+    }
+
     /// The report as a markdown table (and the bus and readiness tables, when cells have their
     /// figures).
     pub fn to_markdown(&self) -> String {
@@ -445,6 +478,9 @@ impl Report {
             let _ = writeln!(out, "|{}", "---|".repeat(Report::BUS_COLUMNS.len()));
             for row in bus {
                 let _ = writeln!(out, "| {} |", row.join(" | "));
+            }
+            for parameters in self.bus_parameters() {
+                let _ = writeln!(out, "\n{parameters}");
             }
         }
         let ready = self.ready_rows();
@@ -511,6 +547,9 @@ impl Report {
                 let _ = writeln!(out, "<tr>{cells}</tr>");
             }
             let _ = writeln!(out, "</tbody>\n</table>");
+            for parameters in self.bus_parameters() {
+                let _ = writeln!(out, "<p>{}</p>", escape(&parameters));
+            }
         }
         for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
             let _ = writeln!(out, "<p>{}: {}</p>", escape(&c.cell), escape(&c.notes.join("; ")));
@@ -708,6 +747,39 @@ mod tests {
         let csv = report.to_csv();
         assert_eq!(csv.lines().count(), 1 + 3 * 2, "{csv}");
         assert!(csv.lines().nth(3).unwrap().starts_with("c02,probe,order3,,rx,aq,5,5,0,0,0,0,gbit_s,"), "{csv}");
+    }
+
+    #[test]
+    fn the_bus_and_the_time_to_a_ready_cell_get_their_tables() {
+        let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
+        let mut records = records(&cells);
+        let before = vm_spec::counters::ModelCounters::default();
+        for r in records.iter_mut().filter(|r| r.cell.index < 2) {
+            let mut after = vm_spec::counters::ModelCounters { rx_frames: 100, ..Default::default() };
+            after.bus.rx.buffer_writes = vm_spec::bus::Transactions { tlps: 2400, bytes: 151_400 };
+            after.bus.rx.descriptor_reads =
+                vm_spec::bus::Transactions { tlps: 25 * (r.cell.index as u64 + 1), bytes: 1600 };
+            r.bus = crate::bus::figures(vm_spec::NicKind::Lan743x, &before, &after);
+            r.timings.agent_ready_ms = Some(4000.0 + r.repetition as f64);
+            r.timings.workload_start_ms = Some(7000.0 + r.repetition as f64);
+        }
+        let run = RunRecords { run: "r1", matrix: "m", state: "done", cells: &cells, records: &records };
+        let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
+        let rows = report.bus_rows();
+        assert_eq!(rows.len(), 2, "the cells with bus figures");
+        assert_eq!(rows[0][..5], ["c01", "flip", "PCIe Gen2 x1", "24.25 ± 0.00", "0.250 ± 0.000"]);
+        assert_eq!(rows[1][4], "0.500 ± 0.000", "order3's records fetch twice as often");
+        let md = report.to_markdown();
+        assert!(md.contains("modelled, not measured"), "{md}");
+        assert!(md.contains("Modelled PCIe Gen2 x1: 5 GT/s x1"), "the parameters: {md}");
+        assert_eq!(md.matches("Modelled PCIe Gen2 x1").count(), 1, "once per link");
+        let ready = report.ready_rows();
+        assert_eq!(ready[0], ["c01", "flip", "4002", "7002", "-"].map(String::from), "the medians of 5");
+        assert!(md.contains("Time to a ready cell"), "{md}");
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["cells"][0]["bus_profile"]["outstanding_reads"], 4);
+        assert_eq!(json["cells"][0]["metrics"]["agent_ready_ms"]["median"], 4002.0);
+        assert!(json["cells"][2].get("bus_link").is_none(), "no figures, no link");
     }
 
     #[test]

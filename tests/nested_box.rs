@@ -160,7 +160,15 @@ fn the_nested_box_runs_the_driverlab_engine_end_to_end() {
         phases(&lab_box, root, scratch.path(), &phase, &mut f);
     }));
     lab_box.down();
+    // A failure keeps the folder for a post-mortem: the box's console, the models' logs, and its
+    // disk (ext4: the runs' database and every repetition's serial log and vmm.log under
+    // /var/lib/driverlab), which `debugfs -R 'rdump /var/lib/driverlab OUT' disk.img` reads.
+    let keep = |scratch: tempfile::TempDir| {
+        let kept = scratch.keep();
+        eprintln!("{TEST}: kept {} for a post-mortem", kept.display());
+    };
     if let Err(panic) = result {
+        keep(scratch);
         std::panic::resume_unwind(panic);
     }
     let status = Command::new(&bin).args(["nested-box", "status", "--dir"]).arg(&dir).output().unwrap();
@@ -169,6 +177,9 @@ fn the_nested_box_runs_the_driverlab_engine_end_to_end() {
         "status after down says no box is up",
     );
     phase("done");
+    if !f.0.is_empty() {
+        keep(scratch);
+    }
     assert!(f.0.is_empty(), "{} finding(s):\n{}", f.0.len(), f.0.join("\n"));
 }
 

@@ -398,7 +398,13 @@ fn judge(
         Ending::Stopped { reason, detail } => (reason.as_str(), detail.clone().unwrap_or_default()),
     };
     if let Some(silence) = booted.silent_for {
-        return (Status::Fail, Some(format!("hung: no serial output for {:.0} s", silence.as_secs_f64())));
+        // Where it stopped: the console's last line, when it printed one.
+        let last = serial.lines().rev().map(str::trim).find(|l| !l.is_empty()).map(|l| {
+            let l: String = l.chars().filter(|c| !c.is_control()).take(200).collect();
+            format!(" after {l:?}")
+        });
+        let why = format!("hung: no serial output for {:.0} s{}", silence.as_secs_f64(), last.unwrap_or_default());
+        return (Status::Fail, Some(why));
     }
     match reason {
         "kvm-internal-error" | "entry-failure" => {

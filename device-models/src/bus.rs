@@ -96,7 +96,7 @@ impl BusLedger {
         let bytes = count * size;
         let read = self.read_transactions(at, bytes);
         let t = self.traffic(side);
-        t.descriptor_reads = add(t.descriptor_reads, read.0);
+        t.descriptor_reads = t.descriptor_reads.plus(read.0);
         t.read_completions += read.1;
         let window = (at, at + bytes);
         match slot {
@@ -109,7 +109,7 @@ impl BusLedger {
     pub fn read_buffer(&mut self, side: Side, at: u64, len: usize) {
         let read = self.read_transactions(at, len as u64);
         let t = self.traffic(side);
-        t.buffer_reads = add(t.buffer_reads, read.0);
+        t.buffer_reads = t.buffer_reads.plus(read.0);
         t.read_completions += read.1;
     }
 
@@ -129,9 +129,9 @@ impl BusLedger {
         let written = Transactions { tlps, bytes: len as u64 };
         let t = self.traffic(side);
         match kind {
-            WriteKind::Descriptor => t.descriptor_writes = add(t.descriptor_writes, written),
-            WriteKind::Buffer => t.buffer_writes = add(t.buffer_writes, written),
-            WriteKind::Head => t.head_writes = add(t.head_writes, written),
+            WriteKind::Descriptor => t.descriptor_writes = t.descriptor_writes.plus(written),
+            WriteKind::Buffer => t.buffer_writes = t.buffer_writes.plus(written),
+            WriteKind::Head => t.head_writes = t.head_writes.plus(written),
         }
         t.partial_writes += partial;
     }
@@ -139,7 +139,7 @@ impl BusLedger {
     /// The chip signals an MSI-X vector for `side`.
     pub fn interrupt(&mut self, side: Side) {
         let t = self.traffic(side);
-        t.interrupts = add(t.interrupts, Transactions { tlps: 1, bytes: MSI_BYTES });
+        t.interrupts = t.interrupts.plus(Transactions { tlps: 1, bytes: MSI_BYTES });
     }
 
     /// The chip's descriptor caches are dropped (a ring reset, a new client).
@@ -161,10 +161,6 @@ impl BusLedger {
         }
         (Transactions { tlps: requests, bytes: len }, completions)
     }
-}
-
-fn add(a: Transactions, b: Transactions) -> Transactions {
-    Transactions { tlps: a.tlps + b.tlps, bytes: a.bytes + b.bytes }
 }
 
 #[cfg(test)]

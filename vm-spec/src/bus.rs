@@ -22,11 +22,13 @@ pub struct Transactions {
 }
 
 impl Transactions {
-    fn minus(self, earlier: Transactions) -> Transactions {
+    /// The transactions since `earlier`.
+    pub fn minus(self, earlier: Transactions) -> Transactions {
         Transactions { tlps: self.tlps.saturating_sub(earlier.tlps), bytes: self.bytes.saturating_sub(earlier.bytes) }
     }
 
-    fn plus(self, other: Transactions) -> Transactions {
+    /// Both together.
+    pub fn plus(self, other: Transactions) -> Transactions {
         Transactions { tlps: self.tlps + other.tlps, bytes: self.bytes + other.bytes }
     }
 }

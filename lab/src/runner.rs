@@ -403,7 +403,11 @@ fn judge(
             let l: String = l.chars().filter(|c| !c.is_control()).take(200).collect();
             format!(" after {l:?}")
         });
-        let why = format!("hung: no serial output for {:.0} s{}", silence.as_secs_f64(), last.unwrap_or_default());
+        // And where its vCPUs were when it was stopped (the VMM's exit detail), for a guest that
+        // hung before it printed anything.
+        let rips = if detail.is_empty() { String::new() } else { format!("; {detail}") };
+        let why =
+            format!("hung: no serial output for {:.0} s{}{rips}", silence.as_secs_f64(), last.unwrap_or_default());
         return (Status::Fail, Some(why));
     }
     match reason {

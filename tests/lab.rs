@@ -218,6 +218,7 @@ fn hung_and_panicking_guests_fail_with_a_reason_and_a_fingerprint() {
     assert_eq!(hung["status"], "FAIL");
     assert!(hung["reason"].as_str().unwrap().starts_with("hung: no serial output for"), "{hung}");
     assert!(hung["reason"].as_str().unwrap().contains(" after \"{\\\"probe\\\":"), "the console's last line: {hung}");
+    assert!(hung["reason"].as_str().unwrap().contains("; vCPU 0 at rip 0x"), "where the vCPU was: {hung}");
     assert_eq!(hung["crash"]["kind"], "hang");
     let panicked = records.iter().find(|r| r["cell"]["variant"] == "pool").unwrap();
     assert_eq!(panicked["status"], "FAIL");

@@ -155,6 +155,13 @@ fn the_nested_box_runs_the_driverlab_engine_end_to_end() {
     let status = lab_box.cli(&["nested-box", "status", "--dir", &dir.display().to_string()]);
     let status = String::from_utf8_lossy(&status.stdout).to_string();
     f.check(status.contains(": up,") && status.contains("its daemon answers 200"), format!("status: {status}"));
+    // vfio-pci in the box resets each card (its model's FLR) when a VM takes or gives it back, so
+    // that DMA one VM left running never reaches the next VM's memory.
+    let console = std::fs::read_to_string(dir.join("console.log")).unwrap_or_default();
+    for card in ["aqc100", "lan743x"] {
+        let line = console.lines().find(|l| l.starts_with(&format!("dlbox: card {card}: "))).unwrap_or_default();
+        f.check(line.ends_with(", reset flr"), format!("the box's line for card {card}: {line:?}"));
+    }
 
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         phases(&lab_box, root, scratch.path(), &phase, &mut f);

@@ -17,6 +17,7 @@ use crate::server::{Model, ModelBar, MsixVectors};
 use crate::wire::backend::{Backend, FrameSink, FrameSource, Readiness};
 use devices::pci::config::BarKind;
 use devices::pci::{PciConfiguration, PciIds, msix};
+use vm_spec::bus::BusProfile;
 use vm_spec::counters::ModelCounters;
 
 /// Frames handled per lock of the NIC by the data path.
@@ -105,9 +106,25 @@ impl serde::Serialize for MacAddress {
     }
 }
 
+/// PCI Express capability ID.
+const PCIE_CAPABILITY_ID: u8 = 0x10;
+/// Device Capabilities: Function Level Reset supported.
+const DEVCAP_FLR: u32 = 1 << 28;
+/// Device Capabilities: role-based error reporting (every PCIe 1.1+ function sets it).
+const DEVCAP_RBER: u32 = 1 << 15;
+/// Offset of Device Control in the PCI Express capability.
+const DEVCTL: usize = 8;
+/// Device Control: Initiate Function Level Reset (writes of 1 reset the function; reads 0).
+const DEVCTL_FLR: u16 = 1 << 15;
+/// Device Control at reset: relaxed ordering and no-snoop enabled, 128-byte payloads.
+const DEVCTL_DEFAULT: u16 = (1 << 4) | (1 << 11);
+
 /// A NIC's configuration space: `ids`, BAR 0 (`bar0_size`, 64-bit, the registers), BAR 2
-/// (64-bit: the MSI-X table at 0 and the pending bits at 0x800, `vectors` of them).
-pub fn config_space(ids: PciIds, bar0_size: u64, vectors: u16) -> PciConfiguration {
+/// (64-bit: the MSI-X table at 0 and the pending bits at 0x800, `vectors` of them), and a PCI
+/// Express endpoint capability for `link` with Function Level Reset, so that the host's
+/// vfio-pci can reset the function whenever a VM takes or gives back the card, as it does a
+/// real NIC. Returns the space and the offset of Device Control.
+pub fn config_space(ids: PciIds, bar0_size: u64, vectors: u16, link: &BusProfile) -> (PciConfiguration, usize) {
     let mut config = PciConfiguration::new(ids);
     config.add_bar(0, bar0_size, BarKind::Memory64).expect("valid BAR");
     config.add_bar(2, BAR2_SIZE, BarKind::Memory64).expect("valid BAR");
@@ -117,7 +134,48 @@ pub fn config_space(ids: PciIds, bar0_size: u64, vectors: u16) -> PciConfigurati
     body.extend_from_slice(&(0x800u32 | 2).to_le_bytes());
     let writable = (msix::CONTROL_ENABLE | msix::CONTROL_FUNCTION_MASK).to_le_bytes();
     config.add_capability(msix::CAPABILITY_ID, &body, &writable).expect("room for MSI-X");
-    config
+    let pcie = config.add_capability(PCIE_CAPABILITY_ID, &pcie_capability(link), &pcie_writable()).expect("room");
+    (config, pcie + DEVCTL)
+}
+
+/// The body of a version 2 PCI Express capability (after ID and next pointer) of an endpoint on
+/// `link`: FLR, its link speed and width, the chip's largest read request.
+fn pcie_capability(link: &BusProfile) -> Vec<u8> {
+    // Link speed codes: 1 = 2.5 GT/s, 2 = 5, 3 = 8, 4 = 16.
+    let speed = match link.gt_per_s {
+        s if s <= 2.5 => 1u32,
+        s if s <= 5.0 => 2,
+        s if s <= 8.0 => 3,
+        _ => 4,
+    };
+    let lanes = link.lanes.min(32);
+    let read_request = (link.max_read_request.max(128) / 128).ilog2().min(5) as u16;
+    let mut body = Vec::with_capacity(0x3a);
+    body.extend_from_slice(&2u16.to_le_bytes()); // version 2, endpoint
+    body.extend_from_slice(&(DEVCAP_FLR | DEVCAP_RBER).to_le_bytes());
+    body.extend_from_slice(&(DEVCTL_DEFAULT | read_request << 12).to_le_bytes());
+    body.extend_from_slice(&0u16.to_le_bytes()); // device status
+    body.extend_from_slice(&(speed | lanes << 4).to_le_bytes()); // link capabilities
+    body.extend_from_slice(&0u16.to_le_bytes()); // link control
+    body.extend_from_slice(&((speed | lanes << 4) as u16).to_le_bytes()); // link status
+    body.resize(0x3a, 0); // slot, root, and the version 2 registers: none
+    body
+}
+
+/// What the guest may change in the PCI Express capability: Device Control but its FLR bit
+/// (which starts a reset and reads 0), and Link Control.
+fn pcie_writable() -> Vec<u8> {
+    let mut writable = vec![0u8; 0x3a];
+    let devctl = (!DEVCTL_FLR).to_le_bytes();
+    writable[DEVCTL - 2..DEVCTL].copy_from_slice(&devctl);
+    writable[0x10 - 2..0x12 - 2].copy_from_slice(&0x0fc3u16.to_le_bytes());
+    writable
+}
+
+/// Whether a write of `data` at `offset` sets Device Control's FLR bit (at `devctl`).
+fn starts_flr(devctl: usize, offset: usize, data: &[u8]) -> bool {
+    let high = devctl + 1;
+    high >= offset && high - offset < data.len() && data[high - offset] & (DEVCTL_FLR >> 8) as u8 != 0
 }
 
 /// A NIC's register block and data path, as the shell drives it.
@@ -132,8 +190,8 @@ pub trait NicCore: Send + 'static {
     fn bus_profile() -> vm_spec::bus::BusProfile;
     /// A NIC with permanent address `mac` sending to `sink`.
     fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self;
-    /// Its configuration space at power-on.
-    fn config_space() -> PciConfiguration;
+    /// Its PCI identity.
+    fn ids() -> PciIds;
     /// A register read (it may have side effects, e.g. read-to-clear).
     fn read_register(&mut self, reg: u32) -> u32;
     /// A register write.
@@ -223,6 +281,8 @@ impl<N: NicCore> NicHandle<N> {
 /// A NIC model: the register block `N` served over vfio-user, with its data-path thread.
 pub struct NicModel<N> {
     config: PciConfiguration,
+    /// Where Device Control is in `config` (its FLR bit resets the function).
+    devctl: usize,
     shared: Arc<Shared<N>>,
     data_path: Option<JoinHandle<()>>,
     description: String,
@@ -243,7 +303,12 @@ impl<N: NicCore> NicModel<N> {
         let data_path = std::thread::Builder::new()
             .name(format!("{}-rx", N::NAME))
             .spawn(move || data_path(&thread_shared, source))?;
-        Ok(NicModel { config: N::config_space(), shared, data_path: Some(data_path), description })
+        let (config, devctl) = Self::power_on_config();
+        Ok(NicModel { config, devctl, shared, data_path: Some(data_path), description })
+    }
+
+    fn power_on_config() -> (PciConfiguration, usize) {
+        config_space(N::ids(), N::BAR0_SIZE, N::VECTORS as u16, &N::bus_profile())
     }
 
     /// A handle for control from other threads.
@@ -397,8 +462,18 @@ impl<N: NicCore> Model for NicModel<N> {
         self.shared.apply(effects, Some(Side::Tx));
     }
 
+    fn config_write(&mut self, offset: u64, data: &[u8]) {
+        self.config.write(offset as usize, data);
+        if starts_flr(self.devctl, offset as usize, data) {
+            // A Function Level Reset: the function's state back to power-on; what the client set
+            // up (its DMA maps and interrupt eventfds) is the client's and stays.
+            tracing::debug!("{}: function level reset", N::NAME);
+            self.reset();
+        }
+    }
+
     fn reset(&mut self) {
-        self.config = N::config_space();
+        self.config = Self::power_on_config().0;
         self.shared.nic().reset();
         self.shared.dma.bus(|bus| bus.forget_fetched());
         let _ = self.shared.wake.write(1);

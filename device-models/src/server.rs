@@ -96,6 +96,10 @@ pub trait Model: Send {
     fn name(&self) -> &'static str;
     /// Its configuration space.
     fn config(&mut self) -> &mut PciConfiguration;
+    /// A write to its configuration space (a model may act on it, e.g. a function reset).
+    fn config_write(&mut self, offset: u64, data: &[u8]) {
+        self.config().write(offset as usize, data);
+    }
     /// Its BARs, by index.
     fn bars(&self) -> Vec<Option<ModelBar>>;
     /// Number of MSI-X vectors.
@@ -144,7 +148,7 @@ impl ServerBackend for Adapter<'_> {
     fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> std::io::Result<()> {
         match region {
             0..=5 => self.model.bar_write(region, offset, data),
-            CONFIG_REGION => self.model.config().write(offset as usize, data),
+            CONFIG_REGION => self.model.config_write(offset, data),
             _ => return Err(invalid()),
         }
         Ok(())

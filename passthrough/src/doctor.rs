@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::Bdf;
-use crate::sysfs::Sysfs;
+use crate::sysfs::{HostDevice, Sysfs};
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -196,6 +196,7 @@ fn device_checks(sysfs: &Sysfs, bdf: Bdf) -> Vec<Check> {
             Check::fail("driver", format!("{bdf} is bound to {}", other.unwrap_or("no driver")), bind_commands(bdf))
         }
     });
+    checks.push(reset(&device));
     let Some(group) = device.iommu_group else {
         checks.push(Check::fail(
             "group",
@@ -236,6 +237,21 @@ fn device_checks(sysfs: &Sysfs, bdf: Bdf) -> Vec<Check> {
         ),
     });
     checks
+}
+
+/// Whether vfio-pci can reset the function when a VM takes or gives it back: without a reset,
+/// DMA one VM left running (its rings still pointing into its memory) reaches the next VM's.
+fn reset(device: &HostDevice) -> Check {
+    let bdf = device.bdf;
+    if device.reset_methods.is_empty() {
+        Check::warn(
+            "reset",
+            format!("{bdf} has no reset method: DMA a VM leaves running reaches the next VM's memory"),
+            "give each VM a freshly powered card, or put the card alone behind a PCIe port so its bus can be reset",
+        )
+    } else {
+        Check::pass("reset", format!("vfio-pci resets {bdf} by {}", device.reset_methods.join(", then ")))
+    }
 }
 
 fn thunderbolt(sysfs: &Sysfs) -> Check {
@@ -312,6 +328,21 @@ mod tests {
             group.detail
         );
         assert_eq!(find(&checks, "group-node").status, Status::Fail);
+        let reset = find(&checks, "reset");
+        assert_eq!(reset.status, Status::Warn, "no reset_method file: the kernel cannot reset it");
+        assert!(reset.detail.contains("no reset method"), "{}", reset.detail);
+    }
+
+    #[test]
+    fn a_device_that_can_be_reset_says_how() {
+        let root = tempfile::tempdir().unwrap();
+        fake::add_device(root.path(), "0000:63:00.0", 0x1d6a, 0x00b1, Some("vfio-pci"), Some(7));
+        let dir = root.path().join("sys/bus/pci/devices/0000:63:00.0");
+        std::fs::write(dir.join("reset_method"), "flr bus\n").unwrap();
+        let checks = check(&Sysfs::at(root.path()), &facts(), Some("0000:63:00.0".parse().unwrap()), 0);
+        let reset = find(&checks, "reset");
+        assert_eq!(reset.status, Status::Pass);
+        assert!(reset.detail.ends_with("by flr, then bus"), "{}", reset.detail);
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct HostDevice {
     pub driver: Option<String>,
     /// Its IOMMU group, if the IOMMU is on.
     pub iommu_group: Option<u32>,
+    /// How the kernel can reset the function (`reset_method`: e.g. `flr`, `pm`, `bus`), in the
+    /// order it tries them; empty when it cannot.
+    pub reset_methods: Vec<String>,
 }
 
 impl Sysfs {
@@ -73,6 +76,10 @@ impl Sysfs {
             device: read_hex(&dir.join("device"))? as u16,
             driver: link_name(&dir.join("driver")),
             iommu_group: link_name(&dir.join("iommu_group")).and_then(|g| g.parse().ok()),
+            // The kernel has no `reset_method` file for a function it cannot reset.
+            reset_methods: std::fs::read_to_string(dir.join("reset_method"))
+                .map(|text| text.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_default(),
         })
     }
 

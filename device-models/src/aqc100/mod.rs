@@ -26,7 +26,7 @@ use crate::dma::DmaSpace;
 use crate::nic_model::{Effects, NicCore, NicHandle, NicModel};
 pub use crate::nic_model::{MacAddress, NicStatus};
 use crate::wire::backend::FrameSink;
-use devices::pci::{PciConfiguration, PciIds};
+use devices::pci::PciIds;
 
 /// Aquantia's vendor ID.
 pub const VENDOR: u16 = 0x1d6a;
@@ -37,18 +37,6 @@ pub const DEFAULT_MAC: [u8; 6] = [0x02, 0x1d, 0x6a, 0x00, 0x00, 0x01];
 /// MSI-X vectors.
 pub const MSIX_VECTORS: u16 = 32;
 const BAR0_SIZE: u64 = 0x1_0000;
-
-fn config_space() -> PciConfiguration {
-    let ids = PciIds {
-        vendor: VENDOR,
-        device: DEVICE,
-        subsystem_vendor: VENDOR,
-        subsystem: 0x0001,
-        class: [0x02, 0x00, 0x00],
-        revision: 0x02,
-    };
-    crate::nic_model::config_space(ids, BAR0_SIZE, MSIX_VECTORS)
-}
 
 /// The AQC100 model.
 pub type Aqc100 = NicModel<Nic>;
@@ -68,8 +56,15 @@ impl NicCore for Nic {
         Nic::new(mac, sink)
     }
 
-    fn config_space() -> PciConfiguration {
-        config_space()
+    fn ids() -> PciIds {
+        PciIds {
+            vendor: VENDOR,
+            device: DEVICE,
+            subsystem_vendor: VENDOR,
+            subsystem: 0x0001,
+            class: [0x02, 0x00, 0x00],
+            revision: 0x02,
+        }
     }
 
     fn read_register(&mut self, reg: u32) -> u32 {

@@ -149,6 +149,54 @@ fn generated_frames_land_in_posted_buffers_with_writeback_and_interrupts() {
     assert_eq!((counters.rx_frames, counters.rx_bytes, counters.dma_faults), (5, 5 * 1514, 0));
 }
 
+/// Device Control's offset: the PCI Express capability found by walking the list.
+fn devctl(guest: &mut Guest) -> usize {
+    let config = guest.model.config();
+    let mut byte = [0u8; 1];
+    config.read(0x34, &mut byte);
+    let mut at = byte[0] as usize;
+    while at != 0 {
+        let mut header = [0u8; 2];
+        config.read(at, &mut header);
+        if header[0] == 0x10 {
+            let mut devcap = [0u8; 4];
+            config.read(at + 4, &mut devcap);
+            assert_ne!(u32::from_le_bytes(devcap) & 1 << 28, 0, "Function Level Reset offered");
+            return at + 8;
+        }
+        at = header[1] as usize;
+    }
+    panic!("no PCI Express capability");
+}
+
+#[test]
+fn a_function_level_reset_stops_a_running_ring_and_keeps_the_clients_maps() {
+    // A ring one VM left running must not write into the next VM's memory: vfio-pci resets the
+    // function between them.
+    let config = GeneratorConfig { pps: Some(2000), size: 60, count: None };
+    let (backend, _) = generator(config, DEFAULT_MAC);
+    let mut guest = Guest::new(backend);
+    guest.bring_up();
+    guest.post_rx(0, 2);
+    guest.wait_rx_head(2);
+    let devctl = devctl(&mut guest);
+    guest.model.config_write(devctl as u64, &0x8000u16.to_le_bytes());
+    let mut control = [0u8; 2];
+    guest.model.config().read(devctl, &mut control);
+    assert_eq!(u16::from_le_bytes(control) & 0x8000, 0, "the FLR bit reads 0");
+    // The old driver's descriptors and buffers, as the next VM's memory would hold them.
+    guest.post_rx(2, RING - 2);
+    guest.poke(RX_BUFFERS, &vec![0u8; RING as usize * 2048]);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(guest.peek(RX_BUFFERS, RING as usize * 2048).iter().all(|&b| b == 0), "no DMA after the reset");
+    assert_eq!(guest.read(RX_RING_BASE + RING_HEAD), 0, "the ring is back at power-on");
+    // The client's DMA maps and eventfds are its own: a driver brings the card up again.
+    guest.bring_up();
+    guest.post_rx(0, 4);
+    guest.wait_rx_head(4);
+    assert_eq!(guest.writeback(0).1 & RXD_DD, RXD_DD, "frames land after the new bring-up");
+}
+
 #[test]
 fn a_jumbo_frame_spans_descriptors() {
     let config = GeneratorConfig { pps: None, size: 5000, count: Some(1) };

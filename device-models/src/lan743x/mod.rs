@@ -21,7 +21,7 @@ use self::nic::{BAR0_SIZE, Nic};
 use crate::dma::DmaSpace;
 use crate::nic_model::{Effects, MacAddress, NicCore, NicHandle, NicModel, NicStatus};
 use crate::wire::backend::FrameSink;
-use devices::pci::{PciConfiguration, PciIds};
+use devices::pci::PciIds;
 
 /// Microchip's (SMSC's) vendor ID.
 pub const VENDOR: u16 = 0x1055;
@@ -29,18 +29,6 @@ pub const VENDOR: u16 = 0x1055;
 pub const DEVICE: u16 = 0x7430;
 /// The MAC address used when none is given: locally administered, stable.
 pub const DEFAULT_MAC: [u8; 6] = [0x02, 0x10, 0x55, 0x74, 0x30, 0x01];
-
-fn config_space() -> PciConfiguration {
-    let ids = PciIds {
-        vendor: VENDOR,
-        device: DEVICE,
-        subsystem_vendor: VENDOR,
-        subsystem: 0x0001,
-        class: [0x02, 0x00, 0x00],
-        revision: 0x00,
-    };
-    crate::nic_model::config_space(ids, BAR0_SIZE, nic::VECTORS as u16)
-}
 
 /// The LAN7430 model.
 pub type Lan743x = NicModel<Nic>;
@@ -60,8 +48,15 @@ impl NicCore for Nic {
         Nic::new(mac, sink)
     }
 
-    fn config_space() -> PciConfiguration {
-        config_space()
+    fn ids() -> PciIds {
+        PciIds {
+            vendor: VENDOR,
+            device: DEVICE,
+            subsystem_vendor: VENDOR,
+            subsystem: 0x0001,
+            class: [0x02, 0x00, 0x00],
+            revision: 0x00,
+        }
     }
 
     fn read_register(&mut self, reg: u32) -> u32 {

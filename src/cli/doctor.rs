@@ -41,6 +41,11 @@ fn kvm_check() -> Check {
 pub fn run(args: DoctorArgs) -> anyhow::Result<u8> {
     let mut checks = vec![kvm_check()];
     checks.extend(doctor::check(&Sysfs::host(), &HostFacts::read(), args.device, args.memory << 20));
+    // The jail: a step the host cannot take is a warning, the VMM still runs (and says so).
+    checks.extend(jail::preflight().into_iter().map(|r| match r.result {
+        Ok(detail) => Check::pass(r.name, detail),
+        Err((detail, fix)) => Check::warn(r.name, detail, fix),
+    }));
     if args.json {
         println!("{}", serde_json::to_string_pretty(&checks)?);
     } else {

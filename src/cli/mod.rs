@@ -5,6 +5,7 @@ mod bench;
 mod doctor;
 mod engine;
 mod image;
+mod jail_break;
 mod lab;
 mod lab_remote;
 mod model;

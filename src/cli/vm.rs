@@ -21,6 +21,10 @@ pub enum VmCommand {
     /// fault, 4 KVM internal error, 5 guest panic, 6 timeout, 7 stopped through the control
     /// socket.
     Run(Box<RunArgs>),
+    /// Test-only: enters the VMM's jail by the VMM's own code path, then tries what a guest
+    /// that broke out would try and prints one JSON line saying how each attempt ended.
+    #[command(hide = true)]
+    JailBreak(JailBreakArgs),
 }
 
 impl VmCommand {
@@ -28,8 +32,26 @@ impl VmCommand {
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
             VmCommand::Run(args) => run(*args),
+            VmCommand::JailBreak(args) => Ok(crate::cli::jail_break::run(&args)),
         }
     }
+}
+
+/// Options of the hidden `driverlab vm jail-break`.
+#[derive(Args)]
+pub struct JailBreakArgs {
+    /// A Unix socket to try to connect to (the daemon's).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// A process to try to ptrace and to signal (another VMM).
+    #[arg(long)]
+    pub pid: i32,
+    /// A TCP port on 127.0.0.1 to try to connect to.
+    #[arg(long)]
+    pub port: u16,
+    /// Guest memory the jail is sized for, MiB.
+    #[arg(long, default_value_t = 64)]
+    pub memory_mib: u64,
 }
 
 /// Boot protocol choice.
@@ -102,6 +124,10 @@ pub struct RunArgs {
     /// Debugging only: run without the seccomp filters.
     #[arg(long)]
     pub no_seccomp: bool,
+    /// Run without the jail (namespaces, empty root, own uid and cgroup, Landlock; see
+    /// docs/vmm.md): for debugging, or where the jail cannot work.
+    #[arg(long)]
+    pub no_jail: bool,
 }
 
 /// A failure before the VM ran, as the error line reports it.
@@ -173,6 +199,9 @@ fn spec_of(args: &RunArgs) -> Result<VmSpec, Refused> {
     }
     if args.no_seccomp {
         spec.seccomp = false;
+    }
+    if args.no_jail {
+        spec.jail = false;
     }
     spec.validate().map_err(|e| refused(ErrorKind::Spec, e.to_string()))?;
     Ok(spec)

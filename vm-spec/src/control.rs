@@ -53,6 +53,9 @@ pub struct VmInfo {
     pub entry: Option<String>,
     /// The spec the VM runs.
     pub config: VmSpec,
+    /// How the VMM process is confined, once it jailed itself (none while it sets up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confinement: Option<crate::confinement::Confinement>,
 }
 
 /// `GET /api/v1/vm.counters`: the counters of the exit line, as they are now.
@@ -117,6 +120,7 @@ mod tests {
             uptime_ms: 1.5,
             entry: Some("pvh".into()),
             config: VmSpec::new(Kernel::Probe),
+            confinement: None,
         };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(json["state"], "running");

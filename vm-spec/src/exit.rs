@@ -141,6 +141,9 @@ pub struct ExitSummary {
     /// Passed-through devices.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceSummary>,
+    /// How the VMM process was confined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confinement: Option<crate::confinement::Confinement>,
 }
 
 /// The VMM's set-up, phase by phase, in milliseconds (they add up to `setup_ms`).
@@ -157,6 +160,9 @@ pub struct SetupPhases {
     pub platform_ms: f64,
     /// The vCPUs: CPUID, MSRs, registers.
     pub vcpus_ms: f64,
+    /// The jail: cgroup, limits, the empty root, the uid, Landlock.
+    #[serde(default)]
+    pub jail_ms: f64,
 }
 
 impl ExitSummary {
@@ -267,6 +273,7 @@ mod tests {
                 },
                 reset_ok: true,
             }],
+            confinement: None,
         };
         let line = summary.to_json();
         assert!(line.starts_with(r#"{"vmm":"exit","reason":"poweroff","exit_code":0,"#), "{line}");

@@ -10,6 +10,7 @@
 //!   and on the control socket; the layout of a model's counters region.
 //! - [`control`]: the control socket's routes and messages (`vm.info`, `vm.counters`,
 //!   `vm.shutdown`).
+//! - [`confinement`]: how the process is jailed, step by step.
 //! - [`bus`]: what a NIC model puts on its PCIe link, and the cost model over it.
 //! - [`bdf`]: PCI addresses.
 //! - [`nic`]: the NICs driverlab models and drives ([`NicKind`]).
@@ -20,6 +21,7 @@
 
 pub mod bdf;
 pub mod bus;
+pub mod confinement;
 pub mod control;
 pub mod counters;
 pub mod exit;

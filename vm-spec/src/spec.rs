@@ -69,6 +69,10 @@ pub struct VmSpec {
     /// Install the seccomp filters (default); off only for debugging.
     #[serde(default = "yes")]
     pub seccomp: bool,
+    /// Jail the VMM process (default): namespaces, an empty root, its own uid and cgroup,
+    /// Landlock (docs/vmm.md); off only with `--no-jail`.
+    #[serde(default = "yes")]
+    pub jail: bool,
 }
 
 fn default_memory() -> u64 {
@@ -98,6 +102,7 @@ impl VmSpec {
             serial: SerialSpec::default(),
             timeout_s: None,
             seccomp: true,
+            jail: true,
         }
     }
 

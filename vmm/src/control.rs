@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use seccompiler::BpfProgram;
+use vm_spec::confinement::Confinement;
 use vm_spec::control::{
     ControlError as ErrorBody, DEFAULT_SHUTDOWN_GRACE_S, LiveCounters, MAX_REQUEST_BYTES, ShutdownAccepted,
     ShutdownRequest, VM_COUNTERS, VM_INFO, VM_SHUTDOWN, VmInfo, VmState,
@@ -80,11 +81,14 @@ pub struct ControlState {
     entry: OnceLock<String>,
     observer: OnceLock<Arc<dyn VmObserver>>,
     stop: Arc<VmStop>,
+    pid: u32,
+    confinement: OnceLock<Confinement>,
 }
 
 impl ControlState {
-    /// The state of a VM being set up for `spec`, whose stop requests go to `stop`.
-    pub fn new(spec: VmSpec, stop: Arc<VmStop>) -> Self {
+    /// The state of a VM being set up for `spec`, whose stop requests go to `stop`; `pid` is
+    /// the process its starter started (the jail's supervisor, when it has one).
+    pub fn new(spec: VmSpec, stop: Arc<VmStop>, pid: u32) -> Self {
         ControlState {
             spec,
             started: Instant::now(),
@@ -92,7 +96,14 @@ impl ControlState {
             entry: OnceLock::new(),
             observer: OnceLock::new(),
             stop,
+            pid,
+            confinement: OnceLock::new(),
         }
+    }
+
+    /// Records how the process is confined.
+    pub fn set_confinement(&self, confinement: Confinement) {
+        let _ = self.confinement.set(confinement);
     }
 
     /// Records the boot protocol chosen.
@@ -127,10 +138,11 @@ impl ControlState {
     fn info(&self) -> VmInfo {
         VmInfo {
             state: self.state(),
-            pid: std::process::id(),
+            pid: self.pid,
             uptime_ms: self.started.elapsed().as_secs_f64() * 1e3,
             entry: self.entry.get().cloned(),
             config: self.spec.clone(),
+            confinement: self.confinement.get().cloned(),
         }
     }
 
@@ -383,7 +395,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vm.sock");
         let stop = Arc::new(VmStop::new());
-        let state = Arc::new(ControlState::new(VmSpec::new(Kernel::Probe), stop.clone()));
+        let state = Arc::new(ControlState::new(VmSpec::new(Kernel::Probe), stop.clone(), 1));
         let server = ControlSocket::bind(&path).unwrap().serve(state.clone(), None).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions();
         assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600, "private by default");

@@ -8,6 +8,7 @@ use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use vm_device::guest_event::GuestEventSink;
+use vm_spec::confinement::Confinement;
 use vm_spec::control::{LiveCounters, VmState};
 use vm_spec::exit::SetupPhases;
 use vm_spec::{ExitSummary, VmSpec};
@@ -41,15 +42,16 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     let setup_start = Instant::now();
     spec.validate()?;
     config::check_host(spec)?;
+    // The jail's first step comes before anything a fork cannot carry (KVM ties a VM to its
+    // process): from here on this is the supervisor's child, PID 1 of its own namespace.
+    let mut confinement = Confinement { jailed: spec.jail, ..Confinement::default() };
+    let namespaces = spec.jail.then(|| jail::enter_namespaces(&mut confinement, options.control_socket.as_deref()));
+    let pid = namespaces.as_ref().map_or(std::process::id(), |n| n.supervisor_pid);
     let stop = Arc::new(VmStop::new());
-    let control = Arc::new(ControlState::new(spec.clone(), stop.clone()));
+    let control = Arc::new(ControlState::new(spec.clone(), stop.clone(), pid));
     let filters = if spec.seccomp { Some(crate::seccomp::filters()?) } else { None };
-    let _control_server = match &options.control_socket {
-        Some(path) => {
-            Some(ControlSocket::bind(path)?.serve(control.clone(), filters.as_ref().map(|f| f.control.clone()))?)
-        }
-        None => None,
-    };
+    // Bound now, served once the process is jailed (the thread would escape the jail).
+    let control_socket = options.control_socket.as_deref().map(ControlSocket::bind).transpose()?;
 
     let kernel = config::read_kernel(&spec.kernel, options.probe_image)?;
     let mut phases = SetupPhases { image_ms: ms(setup_start.elapsed()), ..SetupPhases::default() };
@@ -119,6 +121,21 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     }
 
     next(&mut phases.vcpus_ms);
+
+    // Everything is open: the rest of the jail, then the threads, which inherit it.
+    if let Some(namespaces) = &namespaces {
+        let jail_spec = jail::JailSpec::new("vm", spec.memory_mib * MIB, spec.vcpus as u64);
+        jail::confine(&jail_spec, namespaces, &mut confinement);
+        for missed in confinement.missing() {
+            tracing::warn!("jail: not taken: {missed}");
+        }
+    }
+    next(&mut phases.jail_ms);
+    control.set_confinement(confinement.clone());
+    let _control_server = match control_socket {
+        Some(socket) => Some(socket.serve(control.clone(), filters.as_ref().map(|f| f.control.clone()))?),
+        None => None,
+    };
     vcpu::register_kick_handler().map_err(Error::Io)?;
     crate::seccomp::report_violations().map_err(Error::Io)?;
     let started = Instant::now();
@@ -180,6 +197,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         viommu: platform.iommu.as_ref().map(|iommu| iommu.counts()),
         devices,
         exits: counters.counts(),
+        confinement: Some(confinement),
     })
 }
 

@@ -1,0 +1,148 @@
+//! A cgroup of the process's own, under the cgroup it was started in: a memory limit (the
+//! guest's RAM plus [`crate::MEMORY_OVERHEAD`]) and a pids limit. cgroup v2 where the host has
+//! it, the v1 `memory` and `pids` hierarchies otherwise. Cgroups that jailed processes left
+//! behind empty are removed when the next one is made.
+
+use std::path::{Path, PathBuf};
+
+use crate::{JailSpec, MEMORY_OVERHEAD, THREAD_ALLOWANCE};
+
+const ROOT: &str = "/sys/fs/cgroup";
+
+/// The cgroup a process joined.
+pub(crate) struct Joined {
+    /// Its path below the hierarchy's root (v1: the memory hierarchy's).
+    pub path: String,
+    memory: u64,
+    pids: u64,
+    version: u8,
+}
+
+impl Joined {
+    pub(crate) fn describe(&self) -> String {
+        format!("cgroup v{} {}: memory {} MiB, {} pids", self.version, self.path, self.memory >> 20, self.pids)
+    }
+}
+
+fn write(path: &Path, value: &str) -> Result<(), String> {
+    std::fs::write(path, value).map_err(|e| format!("writing {value:?} to {}: {e}", path.display()))
+}
+
+/// The process's cgroup in the hierarchy of `controller` (v1), or in the unified one (`None`).
+fn own_cgroup(controller: Option<&str>) -> Result<String, String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    cgroup_of(&text, controller)
+}
+
+/// The cgroup `/proc/PID/cgroup` (`text`) names for `controller` (v1) or the unified hierarchy.
+fn cgroup_of(text: &str, controller: Option<&str>) -> Result<String, String> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+            let wanted = match controller {
+                None => controllers.is_empty(),
+                Some(c) => controllers.split(',').any(|x| x == c),
+            };
+            wanted.then(|| path.to_string())
+        })
+        .next()
+        .ok_or_else(|| format!("/proc/self/cgroup names no {} hierarchy", controller.unwrap_or("unified")))
+}
+
+/// Removes the empty cgroups earlier processes of `prefix` left in `parent`.
+fn sweep(parent: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(prefix) {
+            // Fails (EBUSY) for a cgroup that still has processes: it stays.
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}
+
+/// Makes cgroup `KIND-PID` in `parent`, removing the empty ones of the same kind.
+fn make(parent: &Path, kind: &str, pid: u32) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
+    sweep(parent, &format!("{kind}-"));
+    let dir = parent.join(format!("{kind}-{pid}"));
+    match std::fs::create_dir(&dir) {
+        Ok(()) => Ok(dir),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(dir),
+        Err(e) => Err(format!("creating {}: {e}", dir.display())),
+    }
+}
+
+/// Makes the process's cgroup and moves it there.
+pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, String> {
+    let memory = spec.memory.saturating_add(MEMORY_OVERHEAD);
+    let pids = spec.threads + THREAD_ALLOWANCE;
+    let name = format!("{}-{supervisor_pid}", spec.name);
+    let root = Path::new(ROOT);
+    if root.join("cgroup.controllers").exists() {
+        let own = own_cgroup(None)?;
+        let own_dir = root.join(own.trim_start_matches('/'));
+        let parent = own_dir.join(&spec.cgroup_parent);
+        // The controllers must be on for the children of the process's cgroup and of the parent.
+        for dir in [&own_dir, &parent] {
+            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            write(&dir.join("cgroup.subtree_control"), "+memory +pids").map_err(|e| {
+                format!("{e} (a cgroup with processes cannot give its children controllers: start driverlab in a delegated cgroup)")
+            })?;
+        }
+        let dir = make(&parent, &spec.name, supervisor_pid)?;
+        write(&dir.join("memory.max"), &memory.to_string())?;
+        write(&dir.join("pids.max"), &pids.to_string())?;
+        write(&dir.join("cgroup.procs"), "0")?;
+        let path = format!("{}/{}/{name}", own.trim_end_matches('/'), spec.cgroup_parent);
+        return Ok(Joined { path, memory, pids, version: 2 });
+    }
+    let mut path = String::new();
+    for (controller, limit, value) in [("memory", "memory.limit_in_bytes", memory), ("pids", "pids.max", pids)] {
+        let hierarchy = root.join(controller);
+        if !hierarchy.is_dir() {
+            return Err(format!("no cgroup v2 at {ROOT} and no v1 {controller} hierarchy at {}", hierarchy.display()));
+        }
+        let own = own_cgroup(Some(controller))?;
+        let parent = hierarchy.join(own.trim_start_matches('/')).join(&spec.cgroup_parent);
+        let dir = make(&parent, &spec.name, supervisor_pid)?;
+        write(&dir.join(limit), &value.to_string())?;
+        write(&dir.join("cgroup.procs"), "0")?;
+        // The memory hierarchy's path is the one reported (the pids one may sit elsewhere).
+        if path.is_empty() {
+            path = format!("{}/{}/{name}", own.trim_end_matches('/'), spec.cgroup_parent);
+        }
+    }
+    Ok(Joined { path, memory, pids, version: 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_own_cgroup_is_read_per_hierarchy() {
+        let v1 = "9:name=systemd:/\n4:memory:/process_api/84b9\n8:pids:/\n0::/\n";
+        assert_eq!(cgroup_of(v1, Some("memory")).unwrap(), "/process_api/84b9");
+        assert_eq!(cgroup_of(v1, Some("pids")).unwrap(), "/");
+        assert_eq!(cgroup_of(v1, None).unwrap(), "/");
+        assert_eq!(cgroup_of("3:cpu,cpuacct:/a\n", Some("cpuacct")).unwrap(), "/a");
+        assert!(cgroup_of("4:memory:/x\n", Some("pids")).unwrap_err().contains("no pids hierarchy"));
+    }
+
+    #[test]
+    fn empty_cgroups_of_the_kind_are_swept_and_others_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["vm-1", "vm-2", "aqc100-3"] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+        }
+        std::fs::write(dir.path().join("vm-2").join("cgroup.procs"), "7\n").unwrap();
+        let made = make(dir.path(), "vm", 9).unwrap();
+        assert_eq!(made, dir.path().join("vm-9"));
+        let mut left: Vec<String> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        // vm-2 is not empty here (a real cgroup with processes refuses rmdir the same way).
+        assert_eq!(left, ["aqc100-3", "vm-2", "vm-9"]);
+    }
+}

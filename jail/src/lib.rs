@@ -1,0 +1,122 @@
+//! Confining a driverlab VMM or device-model process: the jail it puts itself in once it has
+//! opened what it needs, so that a guest that breaks out of a device emulation finds nothing to
+//! take. Firecracker's jailer is the floor; Landlock is Cloud Hypervisor's addition.
+//!
+//! Two calls, both while the process has a single thread:
+//!
+//! 1. [`enter_namespaces`], first thing: new mount, PID, IPC, UTS and network namespaces. A new
+//!    PID namespace takes a fork: the process that was started stays behind as a supervisor
+//!    that waits and passes the exit status on, the work goes on in its child (PID 1 inside).
+//!    It must come before anything a fork cannot carry (KVM ties a VM to the process that
+//!    created it).
+//! 2. [`confine`], once every file, device and socket is open: its own cgroup (memory, pids),
+//!    rlimits, an empty root (`pivot_root` onto a read-only tmpfs, the host's tree unmounted),
+//!    a per-process uid and gid without capabilities, `no_new_privs`, and a Landlock ruleset
+//!    that denies every filesystem and TCP access and signals and abstract sockets outside it.
+//!
+//! Each step the host cannot take (not root, no Landlock, no cgroup to write) is recorded in
+//! the [`Confinement`] with its reason, never skipped silently; the seccomp filters come after,
+//! as before.
+
+mod cgroup;
+mod identity;
+mod limits;
+mod namespaces;
+mod preflight;
+mod root;
+mod ruleset;
+
+pub use namespaces::{Namespaces, enter_namespaces};
+pub use preflight::{Readiness, preflight};
+pub use vm_spec::confinement::Confinement;
+
+/// The first uid (and gid) of the per-process range: a process runs as `UID_BASE` plus its
+/// supervisor's host PID, so no two live jailed processes share a uid.
+pub const UID_BASE: u32 = 100_000_000;
+/// How many uids the range holds: every PID up to Linux's largest `pid_max`.
+pub const UID_COUNT: u32 = 1 << 22;
+/// The cgroup each jailed process gets one below, under the cgroup it was started in.
+pub const CGROUP_PARENT: &str = "driverlab";
+/// Memory a VMM needs beyond its guest's RAM (its own heap, page tables, device buffers); its
+/// cgroup's limit is the guest's RAM plus this.
+pub const MEMORY_OVERHEAD: u64 = 256 << 20;
+/// Threads a process may start beyond its vCPUs (main, control socket, device threads).
+pub const THREAD_ALLOWANCE: u64 = 16;
+/// Open files a jailed process may hold.
+pub const OPEN_FILES: u64 = 4096;
+
+/// What a process is confined to.
+#[derive(Debug, Clone)]
+pub struct JailSpec {
+    /// A name for its cgroup and hostname (`vm`, `aqc100`).
+    pub name: String,
+    /// Memory it may lock for DMA pinning and use in all (bytes): the guest's RAM, or a model's
+    /// buffers.
+    pub memory: u64,
+    /// Threads it may run beyond [`THREAD_ALLOWANCE`].
+    pub threads: u64,
+    /// The uid range's start ([`UID_BASE`] unless the operator set it).
+    pub uid_base: u32,
+    /// The cgroup to create its own below ([`CGROUP_PARENT`] unless the operator set it).
+    pub cgroup_parent: String,
+}
+
+impl JailSpec {
+    /// A spec with the default uid range and cgroup parent.
+    pub fn new(name: &str, memory: u64, threads: u64) -> JailSpec {
+        JailSpec { name: name.into(), memory, threads, uid_base: UID_BASE, cgroup_parent: CGROUP_PARENT.into() }
+    }
+}
+
+/// Takes every step of the jail after [`enter_namespaces`] (see the crate's docs), recording
+/// each in `confinement`. The process must still have a single thread: threads started later
+/// inherit the jail, threads started before would escape it.
+pub fn confine(spec: &JailSpec, namespaces: &Namespaces, confinement: &mut Confinement) {
+    let threads = namespaces::thread_count();
+    if threads != 1 {
+        for step in &vm_spec::confinement::STEPS[1..] {
+            confinement.missed(step, format!("the process already runs {threads} threads"));
+        }
+        return;
+    }
+    let root_user = identity::is_root();
+    let id = spec.uid_base.saturating_add(namespaces.supervisor_pid % UID_COUNT);
+    match cgroup::join(spec, namespaces.supervisor_pid) {
+        Ok(joined) => {
+            confinement.done("cgroup", joined.describe());
+            confinement.cgroup = Some(joined.path);
+        }
+        Err(e) => confinement.missed("cgroup", e),
+    }
+    match limits::apply(spec, root_user) {
+        Ok(detail) => confinement.done("rlimits", detail),
+        Err(e) => confinement.missed("rlimits", e),
+    }
+    if namespaces.entered {
+        match root::pivot_to_empty_root(&spec.name) {
+            Ok(how) => confinement.done("root", how),
+            Err(e) => confinement.missed("root", e),
+        }
+    } else {
+        confinement.missed("root", "no mount namespace of its own (see namespaces)");
+    }
+    if root_user {
+        match identity::drop_to(id) {
+            Ok(()) => {
+                confinement.done("identity", format!("uid and gid {id}, no supplementary groups, no capabilities"));
+                confinement.uid = Some(id);
+            }
+            Err(e) => confinement.missed("identity", e),
+        }
+    } else {
+        confinement.missed("identity", "not root: it keeps the uid it was started with");
+    }
+    match identity::no_new_privs() {
+        Ok(()) => confinement.done("no_new_privs", "set"),
+        Err(e) => confinement.missed("no_new_privs", e),
+    }
+    match ruleset::deny_everything() {
+        Ok(detail) => confinement.done("landlock", detail),
+        Err(e) => confinement.missed("landlock", e),
+    }
+}

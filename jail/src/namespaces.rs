@@ -1,0 +1,158 @@
+//! New mount, PID, IPC, UTS and network namespaces, and the supervisor a new PID namespace
+//! needs: the process that was started forks, its child goes on as PID 1 of the new namespace,
+//! and it waits for that child and leaves with the child's status.
+
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use vm_spec::confinement::Confinement;
+
+/// What [`enter_namespaces`] did.
+#[derive(Debug, Clone)]
+pub struct Namespaces {
+    /// Whether the process is in namespaces of its own.
+    pub entered: bool,
+    /// The host PID of the process that was started (the supervisor, or the process itself
+    /// when no namespaces were entered): what its starter knows and may signal.
+    pub supervisor_pid: u32,
+}
+
+/// How many threads this process runs.
+pub(crate) fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+}
+
+fn last_error(what: &str) -> String {
+    format!("{what}: {}", std::io::Error::last_os_error())
+}
+
+/// A file the supervisor removes once its child has ended (the child, jailed, cannot): the
+/// control socket. It is removed only if the child made it: a file that was there before and is
+/// still the same (another VMM's live socket) stays.
+struct Cleanup {
+    path: PathBuf,
+    before: Option<(u64, u64)>,
+}
+
+impl Cleanup {
+    fn note(path: &Path) -> Cleanup {
+        Cleanup { path: path.to_path_buf(), before: identity(path) }
+    }
+
+    fn run(&self) {
+        if let Some(now) = identity(&self.path)
+            && Some(now) != self.before
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Enters new namespaces, recording the step in `confinement`. Must be called while the
+/// process has one thread, before it opens KVM. Returns in the child (PID 1 of the new PID
+/// namespace, its host PID in `confinement.host_pid`); the supervisor never returns: it waits,
+/// removes `remove_after` if the child made it, and exits with the child's status (or dies of
+/// its signal). Not root, or not single-threaded: nothing is entered and the step says why.
+pub fn enter_namespaces(confinement: &mut Confinement, remove_after: Option<&Path>) -> Namespaces {
+    let supervisor_pid = std::process::id();
+    let stay = |confinement: &mut Confinement, why: String| {
+        confinement.missed("namespaces", why);
+        confinement.host_pid = Some(supervisor_pid);
+        Namespaces { entered: false, supervisor_pid }
+    };
+    let threads = thread_count();
+    if threads != 1 {
+        return stay(confinement, format!("the process already runs {threads} threads"));
+    }
+    // SAFETY: unshare(2) with a namespace flag only changes this (single-threaded) process;
+    // the new PID namespace is its children's.
+    if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
+        let e = std::io::Error::last_os_error();
+        let why = if e.raw_os_error() == Some(libc::EPERM) {
+            "not root: new namespaces need CAP_SYS_ADMIN".to_string()
+        } else {
+            format!("unshare: {e}")
+        };
+        return stay(confinement, why);
+    }
+    let cleanup = remove_after.map(Cleanup::note);
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return stay(confinement, last_error("pipe2"));
+    }
+    // SAFETY: both descriptors are fresh and owned here alone.
+    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the process has a single thread, so the child is a complete copy of it.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return stay(confinement, last_error("fork"));
+    }
+    if child > 0 {
+        drop(read_end);
+        let mut pipe = std::fs::File::from(write_end);
+        let _ = pipe.write_all(&(child as u32).to_le_bytes());
+        drop(pipe);
+        supervise(child, cleanup);
+    }
+    drop(write_end);
+    // The child dies with its supervisor: whoever started the process may kill it.
+    // SAFETY: prctl with an integer argument.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    let mut pid = [0u8; 4];
+    let host_pid = match std::fs::File::from(read_end).read_exact(&mut pid) {
+        Ok(()) => u32::from_le_bytes(pid),
+        // The supervisor died before it could say: the death signal is on its way.
+        Err(_) => std::process::exit(1),
+    };
+    confinement.host_pid = Some(host_pid);
+    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNET;
+    // SAFETY: as above, for the child alone.
+    if unsafe { libc::unshare(flags) } != 0 {
+        confinement.missed("namespaces", last_error("a pid namespace, but unshare of mount, ipc, uts and net"));
+        return Namespaces { entered: false, supervisor_pid };
+    }
+    let hostname = b"driverlab";
+    // SAFETY: sethostname reads `hostname.len()` bytes of a live buffer; it changes only the
+    // new UTS namespace.
+    unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) };
+    confinement.done("namespaces", "mount, pid, ipc, uts and net of its own (no network at all)");
+    Namespaces { entered: true, supervisor_pid }
+}
+
+/// The supervisor: waits for `child`, cleans up after it, and leaves as it did. Signals that
+/// end the supervisor (the starter's SIGTERM, a terminal's SIGINT) end the child too, by its
+/// death signal.
+fn supervise(child: libc::pid_t, cleanup: Option<Cleanup>) -> ! {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status into a live integer.
+        let waited = unsafe { libc::waitpid(child, &mut status, 0) };
+        if waited == child {
+            if let Some(cleanup) = &cleanup {
+                cleanup.run();
+            }
+            if libc::WIFEXITED(status) {
+                std::process::exit(libc::WEXITSTATUS(status));
+            }
+            if libc::WIFSIGNALED(status) {
+                let signal = libc::WTERMSIG(status);
+                // SAFETY: back to the default action, then the same signal to this process,
+                // so that the starter sees the child's death as it would have without a jail.
+                unsafe {
+                    libc::signal(signal, libc::SIG_DFL);
+                    libc::kill(libc::getpid(), signal);
+                }
+                std::process::exit(128 + signal);
+            }
+        } else if waited < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The jail (docs/vmm.md, "The jail"), through the real binary: a running VMM seen from outside
+//! through /proc, and a hostile helper in the same confinement (the VMM's own code path) that
+//! tries what a guest that broke out would try.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{driverlab, driverlab_cmd, kvm_available};
+use lab::{ControlClient, VmProcess};
+use vm_spec::control::ShutdownRequest;
+use vm_spec::{Kernel, VmSpec};
+
+/// True if the test runs as root; otherwise prints why it skips.
+fn root(test: &str) -> bool {
+    // SAFETY: geteuid has no arguments and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    eprintln!("SKIP {test}: not root: the jail's namespaces, uid and cgroup need root");
+    false
+}
+
+/// A field of /proc/PID/status.
+fn status(pid: u32, field: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let prefix = format!("{field}:");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+fn namespace(pid: &str, kind: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).unwrap().display().to_string()
+}
+
+#[test]
+fn a_running_vmm_is_jailed_and_its_exit_line_says_how() {
+    let test = "a_running_vmm_is_jailed_and_its_exit_line_says_how";
+    if !kvm_available(test) || !root(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vm.sock");
+    let spec = VmSpec {
+        cmdline: "probe.viommu_ops=0 probe.hold=60000".into(),
+        timeout_s: Some(90.0),
+        ..VmSpec::new(Kernel::Probe)
+    };
+    let vm = VmProcess::new(driverlab(), spec.clone(), Duration::from_secs(120)).with_control(&socket).start().unwrap();
+    let control = ControlClient::new(&socket, Duration::from_secs(5));
+    let info = control.wait_until_serving(Duration::from_secs(20)).expect("the control socket serves");
+    assert_eq!(info.pid, vm.pid(), "vm.info's pid is the process that was started (the jail's supervisor)");
+    let confinement = info.confinement.expect("vm.info says how the VMM is confined");
+    assert!(confinement.jailed);
+    let steps: Vec<&str> = confinement.steps.iter().map(|s| s.step.as_str()).collect();
+    assert_eq!(steps, vm_spec::confinement::STEPS, "every step, in order: {confinement:?}");
+    for must in ["namespaces", "cgroup", "rlimits", "root", "identity", "no_new_privs"] {
+        let step = confinement.steps.iter().find(|s| s.step == must).unwrap();
+        assert!(step.done, "{must} is taken as root: {step:?}");
+    }
+    let landlock = confinement.steps.iter().find(|s| s.step == "landlock").unwrap();
+    assert!(landlock.done || landlock.detail.contains("no Landlock"), "{landlock:?}");
+
+    // From outside, through /proc. The main thread installs its seccomp filter once the vCPUs
+    // run, a moment after the control socket first answers.
+    let pid = confinement.host_pid.expect("the VMM's host PID");
+    assert_ne!(pid, vm.pid(), "the VMM runs as the supervisor's child");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status(pid, "Seccomp") != "2" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(status(pid, "Seccomp"), "2", "seccomp filter mode");
+    let uid = status(pid, "Uid");
+    let uids: Vec<u32> = uid.split_whitespace().map(|u| u.parse().unwrap()).collect();
+    assert!(uids.iter().all(|&u| u == uids[0] && u >= jail::UID_BASE), "real, effective, saved, fs uid: {uid}");
+    assert_eq!(Some(uids[0]), confinement.uid);
+    assert!(status(pid, "Gid").split_whitespace().all(|g| g == uids[0].to_string()), "gid");
+    assert_eq!(status(pid, "Groups"), "", "no supplementary groups");
+    for caps in ["CapEff", "CapPrm", "CapInh", "CapAmb", "CapBnd"] {
+        assert_eq!(status(pid, caps), "0000000000000000", "{caps}");
+    }
+    assert_eq!(status(pid, "NoNewPrivs"), "1");
+    for kind in ["mnt", "pid", "net", "ipc", "uts"] {
+        assert_ne!(namespace(&pid.to_string(), kind), namespace("self", kind), "{kind} namespace");
+    }
+    let its_root = std::fs::metadata(format!("/proc/{pid}/root/")).unwrap();
+    let host_root = std::fs::metadata("/").unwrap();
+    assert_ne!((its_root.dev(), its_root.ino()), (host_root.dev(), host_root.ino()), "its root is not the host's");
+    let entries = std::fs::read_dir(format!("/proc/{pid}/root/")).unwrap().count();
+    assert_eq!(entries, 0, "its root is empty");
+    let cgroup = confinement.cgroup.expect("a cgroup of its own");
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(cgroups.lines().any(|l| l.ends_with(&format!(":{cgroup}"))), "{cgroups} names {cgroup}");
+    let limit = (spec.memory_mib << 20) + jail::MEMORY_OVERHEAD;
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let file = if v2 {
+        format!("/sys/fs/cgroup{cgroup}/memory.max")
+    } else {
+        format!("/sys/fs/cgroup/memory{cgroup}/memory.limit_in_bytes")
+    };
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), limit.to_string(), "{file}");
+
+    control.shutdown(ShutdownRequest::default()).unwrap();
+    let out = vm.wait().unwrap();
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let exit = out.exit.expect("an exit line");
+    let said = exit.confinement.expect("the exit line says how the VMM was confined");
+    assert!(said.jailed && said.host_pid == Some(pid), "{said:?}");
+    assert!(exit.setup.is_some_and(|s| s.jail_ms > 0.0), "the jail's time is a setup phase");
+    assert!(!socket.exists(), "the supervisor removes the control socket the jailed VMM cannot");
+
+    // The explicit way out, said as such.
+    let (code, _, stderr) = driverlab_cmd(&["vm", "run", "--kernel", "probe", "--no-jail"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let exit = vm_spec::ExitSummary::find_in(&stderr).expect("an exit line");
+    assert_eq!(exit.confinement.map(|c| c.summary()).as_deref(), Some("not jailed (--no-jail)"));
+}
+
+#[test]
+fn a_breakout_from_the_jail_finds_nothing_to_take() {
+    let test = "a_breakout_from_the_jail_finds_nothing_to_take";
+    if !root(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Stand-ins for what is worth taking on a lab box: the daemon's socket, another VMM, the
+    // network.
+    let socket = dir.path().join("daemon.sock");
+    let daemon = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    daemon.set_nonblocking(true).unwrap();
+    let mut other = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let network = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    network.set_nonblocking(true).unwrap();
+    let port = network.local_addr().unwrap().port().to_string();
+    let pid = other.id().to_string();
+    let (code, stdout, stderr) =
+        driverlab_cmd(&["vm", "jail-break", "--socket", &socket.display().to_string(), "--pid", &pid, "--port", &port]);
+    let _ = other.kill();
+    let _ = other.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    let attempts = report["attempts"].as_array().unwrap();
+    let names: Vec<&str> = attempts.iter().map(|a| a["attempt"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "read /etc/shadow",
+            "read /proc/1/environ",
+            "write under /",
+            "connect to the daemon's socket",
+            "ptrace another VMM",
+            "signal another VMM",
+            "connect to the network",
+            "fork past the pids limit",
+        ]
+    );
+    for a in attempts {
+        assert_eq!(a["blocked"], true, "{a}");
+    }
+    let bomb = attempts.last().unwrap()["outcome"].as_str().unwrap();
+    assert!(bomb.starts_with("stopped after "), "{bomb}");
+    assert!(daemon.accept().is_err() && network.accept().is_err(), "nothing reached either");
+    assert!(!Path::new("/escaped").exists());
+    let steps = report["confinement"]["steps"].as_array().unwrap();
+    for must in ["namespaces", "root", "identity", "no_new_privs"] {
+        let step = steps.iter().find(|s| s["step"] == must).unwrap();
+        assert_eq!(step["done"], true, "{step}");
+    }
+}

@@ -227,6 +227,15 @@ fn phases(lab_box: &Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str), f: 
         f.check(cell.len() == 2 && cell.iter().all(|r| r["status"] == "PASS"), format!("{name}: two PASS"));
         for r in cell {
             f.check(r["engine"] == "driverlab", format!("{name}: engine {}", r["engine"]));
+            // Each VMM in the box jailed itself (docs/vmm.md, "The jail"), and the record says how.
+            let steps = r["exit"]["confinement"]["steps"].as_array().cloned().unwrap_or_default();
+            for must in ["namespaces", "cgroup", "rlimits", "root", "identity", "no_new_privs"] {
+                let step = steps.iter().find(|s| s["step"] == must);
+                f.check(
+                    step.is_some_and(|s| s["done"] == true),
+                    format!("{name}: the VMM's jail step {must}: {step:?}"),
+                );
+            }
             // The model counted what driverlab's virtio-iommu counted (each guest map is one
             // VFIO map in the box, one vfio-user DMA_MAP at the model).
             let (own, model) = (r["maps_per_packet"].as_f64(), r["model_maps_per_packet"].as_f64());

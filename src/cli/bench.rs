@@ -120,6 +120,7 @@ fn boot(runs: usize, memory: u64, qemu: Option<PathBuf>, cloud_hypervisor: Optio
     println!("{:<28} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9}", "engine", "n", "min", "p10", "median", "p90", "max");
     row("driverlab", Summary::of_millis(&result.driverlab));
     row("  of which in the VM", Summary::of_millis(&result.driverlab_in_vm));
+    row("driverlab --no-jail", Summary::of_millis(&result.driverlab_unjailed));
     if qemu.is_some() {
         row("qemu -M microvm", Summary::of_millis(&result.qemu));
     }

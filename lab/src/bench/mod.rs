@@ -54,6 +54,8 @@ pub struct BootBench {
     pub driverlab: Vec<Duration>,
     /// driverlab's own `run_ms` (vCPUs started to poweroff).
     pub driverlab_in_vm: Vec<Duration>,
+    /// driverlab wall times with `--no-jail`: what the jail costs, measured in the same run.
+    pub driverlab_unjailed: Vec<Duration>,
     /// QEMU wall times, spawn to exit, if QEMU was run.
     pub qemu: Vec<Duration>,
     /// Cloud Hypervisor wall times, spawn to exit, if it was run.
@@ -97,10 +99,13 @@ pub struct BootBenchConfig<'a> {
 pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
     let memory = config.memory_mib.to_string();
     let spec = VmSpec { memory_mib: config.memory_mib, ..VmSpec::new(Kernel::Probe) };
+    let unjailed = VmSpec { jail: false, ..spec.clone() };
     let ours = VmProcess::new(config.driverlab, spec, Duration::from_secs(30));
+    let ours_unjailed = VmProcess::new(config.driverlab, unjailed, Duration::from_secs(30));
     let mut result = BootBench {
         driverlab: Vec::new(),
         driverlab_in_vm: Vec::new(),
+        driverlab_unjailed: Vec::new(),
         qemu: Vec::new(),
         cloud_hypervisor: Vec::new(),
     };
@@ -114,6 +119,11 @@ pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
         if let Some(exit) = out.exit {
             result.driverlab_in_vm.push(Duration::from_secs_f64(exit.run_ms / 1e3));
         }
+        let out = ours_unjailed.run()?;
+        if out.code() != Some(0) {
+            return Err(BenchError::BadRun { engine: "driverlab --no-jail", run, detail: out.stderr });
+        }
+        result.driverlab_unjailed.push(out.wall);
         if let Some(qemu) = config.qemu {
             let mut command = Command::new(qemu);
             command

@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{driverlab, driverlab_cmd, kvm_available};
+use common::{driverlab, driverlab_cmd, kvm_available, start_model, vm_run};
 use lab::{ControlClient, VmProcess};
 use vm_spec::control::ShutdownRequest;
 use vm_spec::{Kernel, VmSpec};
@@ -171,4 +171,66 @@ fn a_breakout_from_the_jail_finds_nothing_to_take() {
         let step = steps.iter().find(|s| s["step"] == must).unwrap();
         assert_eq!(step["done"], true, "{step}");
     }
+}
+
+/// The jailed child of a model's `supervisor` (its only child), once it has jailed itself (it
+/// does once its sockets are bound, a moment after the socket appears).
+fn wait_for_jailed_child(supervisor: u32) -> u32 {
+    let children = format!("/proc/{supervisor}/task/{supervisor}/children");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let child = std::fs::read_to_string(&children).unwrap_or_default();
+        if let Some(pid) = child.split_whitespace().next().and_then(|p| p.parse::<u32>().ok())
+            && status(pid, "NoNewPrivs") == "1"
+        {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no jailed child of the model's supervisor {supervisor}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_model_is_jailed_serves_a_vm_and_still_reports_on_sigterm() {
+    let test = "a_model_is_jailed_serves_a_vm_and_still_reports_on_sigterm";
+    if !kvm_available(test) || !root(test) {
+        return;
+    }
+    let model = start_model("aqc100", &["--generate", "size=1514"]);
+    let supervisor = model.pid();
+    let pid = wait_for_jailed_child(supervisor);
+    let uid: u32 = status(pid, "Uid").split_whitespace().next().unwrap().parse().unwrap();
+    assert!(uid >= jail::UID_BASE, "uid {uid}");
+    assert_eq!(status(pid, "CapEff"), "0000000000000000");
+    for kind in ["mnt", "pid", "net", "ipc", "uts"] {
+        assert_ne!(namespace(&pid.to_string(), kind), namespace("self", kind), "{kind} namespace");
+    }
+    assert_eq!(std::fs::read_dir(format!("/proc/{pid}/root/")).unwrap().count(), 0, "its root is empty");
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(cgroups.contains(&format!("/driverlab/aqc100-{supervisor}")), "{cgroups}");
+
+    // Jailed, it serves a VM as before.
+    let device = model.device_arg();
+    let out = vm_run(&[
+        "--kernel",
+        "probe",
+        "--iommu",
+        "--device",
+        &device,
+        "--cmdline",
+        "probe.nic=aqc100 probe.rx=order3 probe.frames=2000",
+    ]);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    // A --once model ends after its one client, and its supervisor with it, exit code 0.
+    let (code, stdout) = model.terminate().unwrap();
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.lines().any(|l| l.contains("\"client\":1")), "{stdout}");
+
+    // SIGTERM reaches a jailed model through its supervisor: it prints its final counters.
+    // (Removing the sockets is the supervisor's job too; the lab's folder goes with the model.)
+    let idle = start_model("aqc100", &["--generate", "size=1514"]);
+    wait_for_jailed_child(idle.pid());
+    let (code, stdout) = idle.terminate().unwrap();
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("\"exit\":\"SIGTERM\""), "the final counters: {stdout}");
 }

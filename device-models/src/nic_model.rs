@@ -285,12 +285,22 @@ pub struct NicModel<N> {
     devctl: usize,
     shared: Arc<Shared<N>>,
     data_path: Option<JoinHandle<()>>,
+    /// The wire's receive side until the data path takes it ([`NicModel::start`]).
+    source: Option<Box<dyn FrameSource>>,
     description: String,
 }
 
 impl<N: NicCore> NicModel<N> {
     /// A NIC with permanent address `mac` on `backend`; starts its data-path thread.
     pub fn new(mac: MacAddress, backend: Backend) -> std::io::Result<Self> {
+        let mut model = Self::unstarted(mac, backend)?;
+        model.start()?;
+        Ok(model)
+    }
+
+    /// The same NIC without its data-path thread yet: a process that jails itself makes the
+    /// model, binds its sockets, enters the jail, and only then starts threads ([`Self::start`]).
+    pub fn unstarted(mac: MacAddress, backend: Backend) -> std::io::Result<Self> {
         let Backend { source, sink, description } = backend;
         let shared = Arc::new(Shared {
             nic: Mutex::new(N::create(mac.0, sink)),
@@ -299,12 +309,18 @@ impl<N: NicCore> NicModel<N> {
             wake: EventFd::new(EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
         });
-        let thread_shared = shared.clone();
-        let data_path = std::thread::Builder::new()
-            .name(format!("{}-rx", N::NAME))
-            .spawn(move || data_path(&thread_shared, source))?;
         let (config, devctl) = Self::power_on_config();
-        Ok(NicModel { config, devctl, shared, data_path: Some(data_path), description })
+        Ok(NicModel { config, devctl, shared, data_path: None, source: Some(source), description })
+    }
+
+    /// Starts the data-path thread (once; later calls do nothing).
+    pub fn start(&mut self) -> std::io::Result<()> {
+        let Some(source) = self.source.take() else { return Ok(()) };
+        let shared = self.shared.clone();
+        let thread =
+            std::thread::Builder::new().name(format!("{}-rx", N::NAME)).spawn(move || data_path(&shared, source))?;
+        self.data_path = Some(thread);
+        Ok(())
     }
 
     fn power_on_config() -> (PciConfiguration, usize) {

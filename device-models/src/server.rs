@@ -228,8 +228,20 @@ pub fn serve(
     socket: &Path,
     model: &mut dyn Model,
     once: bool,
-    mut on_disconnect: impl FnMut(&dyn Model),
+    on_disconnect: impl FnMut(&dyn Model),
 ) -> Result<(), ServeError> {
+    bind(socket, model)?.run(model, once, on_disconnect);
+    Ok(())
+}
+
+/// A vfio-user socket bound for a model, not yet serving: a process that jails itself binds,
+/// enters the jail, then serves.
+pub struct Bound {
+    server: Server,
+}
+
+/// Binds `socket` (which must not exist) for `model`'s regions and interrupts.
+pub fn bind(socket: &Path, model: &dyn Model) -> Result<Bound, ServeError> {
     let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
     let bars = model.bars();
     let mut regions = Vec::new();
@@ -267,17 +279,24 @@ pub fn serve(
     ];
     let server = Server::new(socket, true, irqs, regions)
         .map_err(|e| ServeError::Socket { path: socket.display().to_string(), reason: e.to_string() })?;
-    loop {
-        model.reset();
-        let result = server.run(&mut Adapter { model: &mut *model });
-        if let Err(e) = result {
-            tracing::warn!("{}: client connection ended: {e}", model.name());
-        }
-        model.dma().clear();
-        model.vectors().clear();
-        on_disconnect(&*model);
-        if once {
-            return Ok(());
+    Ok(Bound { server })
+}
+
+impl Bound {
+    /// Serves `model` (the one it was bound for), one client at a time, as [`serve`] does.
+    pub fn run(self, model: &mut dyn Model, once: bool, mut on_disconnect: impl FnMut(&dyn Model)) {
+        loop {
+            model.reset();
+            let result = self.server.run(&mut Adapter { model: &mut *model });
+            if let Err(e) = result {
+                tracing::warn!("{}: client connection ended: {e}", model.name());
+            }
+            model.dma().clear();
+            model.vectors().clear();
+            on_disconnect(&*model);
+            if once {
+                return;
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use vm_spec::confinement::Confinement;
 
@@ -54,12 +55,47 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
+/// What the supervisor does for its child besides waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signals {
+    /// SIGTERM and SIGINT end the supervisor, and so the child (its death signal): a VMM.
+    EndBoth,
+    /// The supervisor passes SIGTERM and SIGINT on to the child, which waits for them (blocked,
+    /// with `sigwait`) to report and exit: a device model. They are blocked from before the
+    /// fork, so none is lost (PID 1 of a namespace drops signals it does not handle).
+    Forward,
+}
+
+/// The child the supervisor passes signals on to.
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(signal: libc::c_int) {
+    let child = CHILD.load(Ordering::Relaxed);
+    if child > 0 {
+        // SAFETY: kill(2) is async-signal-safe; the child is the supervisor's own.
+        unsafe { libc::kill(child, signal) };
+    }
+}
+
+fn termination_signals() -> libc::sigset_t {
+    // SAFETY: a zeroed sigset_t is valid for sigemptyset, which initialises it; sigaddset only
+    // writes it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
 /// Enters new namespaces, recording the step in `confinement`. Must be called while the
 /// process has one thread, before it opens KVM. Returns in the child (PID 1 of the new PID
 /// namespace, its host PID in `confinement.host_pid`); the supervisor never returns: it waits,
-/// removes `remove_after` if the child made it, and exits with the child's status (or dies of
-/// its signal). Not root, or not single-threaded: nothing is entered and the step says why.
-pub fn enter_namespaces(confinement: &mut Confinement, remove_after: Option<&Path>) -> Namespaces {
+/// handles `signals`, removes each of `remove_after` the child made, and exits with the child's
+/// status (or dies of its signal). Not root, or not single-threaded: nothing is entered and the
+/// step says why.
+pub fn enter_namespaces(confinement: &mut Confinement, remove_after: &[&Path], signals: Signals) -> Namespaces {
     let supervisor_pid = std::process::id();
     let stay = |confinement: &mut Confinement, why: String| {
         confinement.missed("namespaces", why);
@@ -81,7 +117,12 @@ pub fn enter_namespaces(confinement: &mut Confinement, remove_after: Option<&Pat
         };
         return stay(confinement, why);
     }
-    let cleanup = remove_after.map(Cleanup::note);
+    let cleanup: Vec<Cleanup> = remove_after.iter().map(|p| Cleanup::note(p)).collect();
+    let terminations = termination_signals();
+    if signals == Signals::Forward {
+        // SAFETY: sets this (single) thread's mask from a valid set.
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &terminations, std::ptr::null_mut()) };
+    }
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two descriptors into the array it is given.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -99,6 +140,19 @@ pub fn enter_namespaces(confinement: &mut Confinement, remove_after: Option<&Pat
         let mut pipe = std::fs::File::from(write_end);
         let _ = pipe.write_all(&(child as u32).to_le_bytes());
         drop(pipe);
+        if signals == Signals::Forward {
+            CHILD.store(child, Ordering::Relaxed);
+            // SAFETY: installs a handler that only calls kill(2), then unblocks the signals
+            // for the supervisor (the child keeps them blocked).
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = forward as extern "C" fn(libc::c_int) as libc::sighandler_t;
+                action.sa_flags = libc::SA_RESTART;
+                libc::sigaction(libc::SIGTERM, &action, std::ptr::null_mut());
+                libc::sigaction(libc::SIGINT, &action, std::ptr::null_mut());
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &terminations, std::ptr::null_mut());
+            }
+        }
         supervise(child, cleanup);
     }
     drop(write_end);
@@ -129,14 +183,14 @@ pub fn enter_namespaces(confinement: &mut Confinement, remove_after: Option<&Pat
 /// The supervisor: waits for `child`, cleans up after it, and leaves as it did. Signals that
 /// end the supervisor (the starter's SIGTERM, a terminal's SIGINT) end the child too, by its
 /// death signal.
-fn supervise(child: libc::pid_t, cleanup: Option<Cleanup>) -> ! {
+fn supervise(child: libc::pid_t, cleanup: Vec<Cleanup>) -> ! {
     loop {
         let mut status = 0;
         // SAFETY: waitpid writes the status into a live integer.
         let waited = unsafe { libc::waitpid(child, &mut status, 0) };
         if waited == child {
-            if let Some(cleanup) = &cleanup {
-                cleanup.run();
+            for file in &cleanup {
+                file.run();
             }
             if libc::WIFEXITED(status) {
                 std::process::exit(libc::WEXITSTATUS(status));

@@ -126,6 +126,11 @@ impl ModelProcess {
         Ok(model)
     }
 
+    /// The process ID of the process started (a jailed model's supervisor).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The vfio-user socket.
     pub fn socket(&self) -> &Path {
         &self.socket

@@ -26,6 +26,10 @@ pub enum ModelCommand {
         /// Serve a single client, then exit.
         #[arg(long)]
         once: bool,
+        /// Run without the jail (namespaces, empty root, own uid and cgroup, Landlock; see
+        /// docs/model.md): for debugging.
+        #[arg(long)]
+        no_jail: bool,
     },
     /// A software Aquantia AQC100 10G NIC (1d6a:00b1) that the Linux atlantic driver drives:
     /// firmware interface, link at 10G, RX/TX rings with checksum offload and TSO, MSI-X. Its
@@ -53,6 +57,10 @@ pub enum ModelCommand {
         /// Serve a single client, then exit.
         #[arg(long)]
         once: bool,
+        /// Run without the jail (namespaces, empty root, own uid and cgroup, Landlock; see
+        /// docs/model.md): for debugging.
+        #[arg(long)]
+        no_jail: bool,
     },
     /// A software Microchip LAN7430 1G NIC (1055:7430) that the Linux lan743x driver drives:
     /// chip ID, the MAC from its registers, the internal PHY on MDIO (link at 1000 Mb/s), the
@@ -78,6 +86,10 @@ pub enum ModelCommand {
         /// Serve a single client, then exit.
         #[arg(long)]
         once: bool,
+        /// Run without the jail (namespaces, empty root, own uid and cgroup, Landlock; see
+        /// docs/model.md): for debugging.
+        #[arg(long)]
+        no_jail: bool,
     },
     /// Talk to a running `driverlab model aqc100|lan743x --control PATH`: print its status and counters
     /// as JSON, or take its link down or up.
@@ -116,20 +128,25 @@ impl ModelCommand {
     /// Runs the model.
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
-            ModelCommand::Testdev { socket, once } => {
-                let mut model = TestDevice::new().context("creating the test device")?;
-                let dma = model.dma();
+            ModelCommand::Testdev { socket, once, no_jail } => {
                 let files = vec![socket.clone()];
+                let jailed = Jailed::enter("testdev", &files, !no_jail)?;
+                let mut model = TestDevice::new().context("creating the test device")?;
+                let bound = bind(&socket, &model)?;
+                jailed.confine("testdev");
+                let dma = model.dma();
                 exit_on_signal(files, move || serde_json::json!({"model": "testdev", "counters": dma.counters()}))?;
-                serve(&socket, &mut model, once, None)
+                serve(&socket, bound, &mut model, once, None)
             }
-            ModelCommand::Aqc100 { socket, tap, generate, mac, control, once } => {
+            ModelCommand::Aqc100 { socket, tap, generate, mac, control, once, no_jail } => {
                 let wire = Wire { tap, generate, mac };
-                serve_nic::<device_models::aqc100::nic::Nic>(&socket, wire, control, once, "the AQC100 model")
+                let options = Serving { control, once, jail: !no_jail };
+                serve_nic::<device_models::aqc100::nic::Nic>(&socket, wire, options, "the AQC100 model")
             }
-            ModelCommand::Lan743x { socket, tap, generate, mac, control, once } => {
+            ModelCommand::Lan743x { socket, tap, generate, mac, control, once, no_jail } => {
                 let wire = Wire { tap, generate, mac };
-                serve_nic::<device_models::lan743x::nic::Nic>(&socket, wire, control, once, "the LAN7430 model")
+                let options = Serving { control, once, jail: !no_jail };
+                serve_nic::<device_models::lan743x::nic::Nic>(&socket, wire, options, "the LAN7430 model")
             }
             ModelCommand::Control { socket, command } => {
                 let mut stream = UnixStream::connect(&socket).with_context(|| {
@@ -164,30 +181,70 @@ struct Wire {
     mac: MacAddress,
 }
 
-/// Serves NIC model `N` on `socket` (and its control socket), printing its counters after each
-/// client and on SIGINT/SIGTERM.
-fn serve_nic<N: NicCore>(
-    socket: &Path,
-    wire: Wire,
+/// How a model serves, from the command line.
+struct Serving {
     control: Option<PathBuf>,
     once: bool,
-    what: &str,
-) -> anyhow::Result<u8> {
+    jail: bool,
+}
+
+/// Memory a model's cgroup allows: its own buffers, and pages of the client's memory that its
+/// DMA writes first (they are charged to the process that touches them first).
+const MODEL_MEMORY: u64 = 1 << 30;
+/// Threads a model runs: the vfio-user server, the data path, the control socket, signals.
+const MODEL_THREADS: u64 = 4;
+
+/// A model process's jail (docs/model.md): namespaces first, the rest once its sockets are
+/// bound and before its threads start, as the VMM does.
+struct Jailed {
+    namespaces: Option<jail::Namespaces>,
+    confinement: jail::Confinement,
+}
+
+impl Jailed {
+    /// Enters the namespaces (the supervisor stays behind, passing SIGTERM and SIGINT on and
+    /// removing `files` afterwards), or records that the jail is off. Blocks SIGINT and SIGTERM
+    /// for every thread (they are waited for, see [`exit_on_signal`]).
+    fn enter(name: &str, files: &[PathBuf], on: bool) -> anyhow::Result<Jailed> {
+        let mut confinement = jail::Confinement { jailed: on, ..jail::Confinement::default() };
+        let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+        let namespaces = on.then(|| jail::enter_namespaces(&mut confinement, &paths, jail::Signals::Forward));
+        block_termination_signals().with_context(|| format!("{name}: blocking SIGINT and SIGTERM"))?;
+        Ok(Jailed { namespaces, confinement })
+    }
+
+    /// The rest of the jail; says on stderr how the model is confined.
+    fn confine(mut self, name: &str) {
+        if let Some(namespaces) = &self.namespaces {
+            let spec = jail::JailSpec::new(name, MODEL_MEMORY, MODEL_THREADS);
+            jail::confine(&spec, namespaces, &mut self.confinement);
+        }
+        eprintln!("{name}: {}", self.confinement.summary());
+    }
+}
+
+/// Serves NIC model `N` on `socket` (and its control socket), printing its counters after each
+/// client and on SIGINT/SIGTERM. The wire (a TAP) is opened before the jail's network
+/// namespace; the sockets are bound before its empty root; the threads start after it.
+fn serve_nic<N: NicCore>(socket: &Path, wire: Wire, options: Serving, what: &str) -> anyhow::Result<u8> {
+    let Serving { control, once, jail } = options;
     let backend = backend(wire.tap.as_deref(), wire.generate.as_deref(), wire.mac)?;
     let files: Vec<PathBuf> = [Some(socket.to_path_buf()), control.clone()].into_iter().flatten().collect();
-    // Before the model starts its threads, so that they leave the signals to us.
-    let handle_slot = std::sync::Arc::new(std::sync::OnceLock::<NicHandle<N>>::new());
-    let slot = handle_slot.clone();
-    exit_on_signal(files, move || slot.get().map(status_json).unwrap_or_default())?;
-    let mut model = NicModel::<N>::new(wire.mac, backend).with_context(|| format!("starting {what}"))?;
+    let jailed = Jailed::enter(N::NAME, &files, jail)?;
+    let mut model = NicModel::<N>::unstarted(wire.mac, backend).with_context(|| format!("starting {what}"))?;
     eprintln!("{} {} on {}", N::NAME, wire.mac, model.backend_description());
+    let listener = control.as_deref().map(bind_control).transpose()?;
+    let bound = bind(socket, &model)?;
+    jailed.confine(N::NAME);
     let handle = model.handle();
-    let _ = handle_slot.set(handle.clone());
-    if let Some(path) = &control {
-        listen(path, handle.clone())?;
+    let report = handle.clone();
+    exit_on_signal(files, move || status_json(&report))?;
+    model.start().with_context(|| format!("starting {what}'s data path"))?;
+    if let Some(listener) = listener {
+        serve_control(listener, handle.clone())?;
     }
     let status = move || serde_json::to_value(handle.status()).unwrap_or_default();
-    let result = serve(socket, &mut model, once, Some(&status));
+    let result = serve(socket, bound, &mut model, once, Some(&status));
     if let Some(path) = &control {
         let _ = std::fs::remove_file(path);
     }
@@ -199,12 +256,16 @@ fn status_json<N: NicCore>(handle: &NicHandle<N>) -> serde_json::Value {
     serde_json::json!({"model": N::NAME, "status": handle.status(), "counters": handle.counters()})
 }
 
-/// Answers control commands on `path`, one line in, one JSON line out, in a thread.
-fn listen<N: NicCore>(path: &Path, handle: NicHandle<N>) -> anyhow::Result<()> {
+/// Binds the control socket at `path`.
+fn bind_control(path: &Path) -> anyhow::Result<UnixListener> {
     if path.exists() {
         bail!("{}: already exists; remove it or choose another --control path", path.display());
     }
-    let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
+}
+
+/// Answers control commands on `listener`, one line in, one JSON line out, in a thread.
+fn serve_control<N: NicCore>(listener: UnixListener, handle: NicHandle<N>) -> anyhow::Result<()> {
     std::thread::Builder::new().name("aqc100-control".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
             let mut line = String::new();
@@ -228,26 +289,38 @@ fn listen<N: NicCore>(path: &Path, handle: NicHandle<N>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Blocks SIGINT and SIGTERM in this thread and every thread it starts afterwards, and waits for
-/// them in a thread of their own: on either, prints `report()` (the final counters), removes
-/// `files` (the sockets) and ends the process.
+/// SIGINT and SIGTERM.
+fn termination_signals() -> libc::sigset_t {
+    // SAFETY: a zeroed sigset_t is a valid argument for sigemptyset, which initialises it;
+    // sigaddset only writes it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread it starts afterwards.
+fn block_termination_signals() -> anyhow::Result<()> {
+    let set = termination_signals();
+    // SAFETY: `set` is a valid sigset_t; the call only changes this thread's signal mask.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        bail!("{}", std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Waits for SIGINT or SIGTERM (blocked since [`Jailed::enter`]) in a thread of its own: on
+/// either, prints `report()` (the final counters), removes `files` (the sockets; a jailed model
+/// cannot, its supervisor does) and ends the process.
 fn exit_on_signal(
     files: Vec<PathBuf>,
     report: impl FnOnce() -> serde_json::Value + Send + 'static,
 ) -> anyhow::Result<()> {
-    // SAFETY: a zeroed sigset_t is a valid argument for sigemptyset, which initialises it.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t owned by this frame; the calls only read and write it and
-    // this thread's signal mask.
-    let rc = unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
-    };
-    if rc != 0 {
-        bail!("blocking SIGINT and SIGTERM: {}", std::io::Error::from_raw_os_error(rc));
-    }
+    let set = termination_signals();
     std::thread::Builder::new().name("signals".into()).spawn(move || {
         let mut signal = 0;
         // SAFETY: `set` is initialised and outlives the call; `signal` receives the number.
@@ -265,21 +338,27 @@ fn exit_on_signal(
     Ok(())
 }
 
+/// Binds the vfio-user socket for `model`.
+fn bind(socket: &Path, model: &dyn Model) -> anyhow::Result<server::Bound> {
+    Ok(server::bind(socket, model)?)
+}
+
 fn serve(
     socket: &Path,
+    bound: server::Bound,
     model: &mut dyn Model,
     once: bool,
     nic: Option<&dyn Fn() -> serde_json::Value>,
 ) -> anyhow::Result<u8> {
     eprintln!("{} serving vfio-user on {}", model.name(), socket.display());
     let mut clients = 0u64;
-    server::serve(socket, model, once, |model| {
+    bound.run(model, once, |model| {
         clients += 1;
         let mut line = serde_json::json!({"model": model.name(), "client": clients, "counters": model.counters()});
         if let Some(status) = nic {
             line["status"] = status();
         }
         println!("{line}");
-    })?;
+    });
     Ok(0)
 }

@@ -45,7 +45,8 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     // The jail's first step comes before anything a fork cannot carry (KVM ties a VM to its
     // process): from here on this is the supervisor's child, PID 1 of its own namespace.
     let mut confinement = Confinement { jailed: spec.jail, ..Confinement::default() };
-    let namespaces = spec.jail.then(|| jail::enter_namespaces(&mut confinement, options.control_socket.as_deref()));
+    let socket: Vec<&std::path::Path> = options.control_socket.as_deref().into_iter().collect();
+    let namespaces = spec.jail.then(|| jail::enter_namespaces(&mut confinement, &socket, jail::Signals::EndBoth));
     let pid = namespaces.as_ref().map_or(std::process::id(), |n| n.supervisor_pid);
     let stop = Arc::new(VmStop::new());
     let control = Arc::new(ControlState::new(spec.clone(), stop.clone(), pid));

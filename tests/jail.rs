@@ -103,6 +103,16 @@ fn a_running_vmm_is_jailed_and_its_exit_line_says_how() {
         format!("/sys/fs/cgroup/memory{cgroup}/memory.limit_in_bytes")
     };
     assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), limit.to_string(), "{file}");
+    // CPU time: its one vCPU plus a tenth of a CPU for its other threads.
+    let cpu = if v2 {
+        format!("/sys/fs/cgroup{cgroup}/cpu.max")
+    } else {
+        let line = cgroups.lines().find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "cpu")));
+        let path = line.and_then(|l| l.splitn(3, ':').nth(2)).expect("a v1 cpu hierarchy");
+        format!("/sys/fs/cgroup/cpu{path}/cpu.cfs_quota_us")
+    };
+    let quota = std::fs::read_to_string(&cpu).unwrap();
+    assert_eq!(quota.split_whitespace().next(), Some("110000"), "{cpu}: {quota}");
 
     control.shutdown(ShutdownRequest::default()).unwrap();
     let out = vm.wait().unwrap();
@@ -233,4 +243,64 @@ fn a_model_is_jailed_serves_a_vm_and_still_reports_on_sigterm() {
     let (code, stdout) = idle.terminate().unwrap();
     assert_eq!(code, Some(0), "{stdout}");
     assert!(stdout.contains("\"exit\":\"SIGTERM\""), "the final counters: {stdout}");
+}
+
+#[test]
+fn the_operator_moves_the_uid_range_and_the_cgroup_parent_and_bad_values_are_refused() {
+    let test = "the_operator_moves_the_uid_range_and_the_cgroup_parent_and_bad_values_are_refused";
+    if !kvm_available(test) || !root(test) {
+        return;
+    }
+    let run = |base: &str, parent: &str| {
+        let out = std::process::Command::new(driverlab())
+            .args(["vm", "run", "--kernel", "probe"])
+            .env(jail::UID_BASE_ENV, base)
+            .env(jail::CGROUP_PARENT_ENV, parent)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stderr) = run("200000000", "driverlab-test/settings");
+    assert_eq!(code, Some(0), "{stderr}");
+    let said = vm_spec::ExitSummary::find_in(&stderr).and_then(|e| e.confinement).expect("confinement");
+    let uid = said.uid.expect("a uid of its own");
+    assert!((200_000_000..200_000_000 + jail::UID_COUNT).contains(&uid), "uid {uid}");
+    let cgroup = said.cgroup.expect("a cgroup of its own");
+    assert!(cgroup.contains("/driverlab-test/settings/vm-"), "{cgroup}");
+    let (code, stderr) = run("12", "driverlab");
+    assert_eq!(code, Some(2), "{stderr}");
+    let error = vm_spec::ErrorLine::find_in(&stderr).expect("an error line");
+    assert!(error.message.contains("DRIVERLAB_JAIL_UID_BASE=12: must be from 65536"), "{}", error.message);
+    let (code, stderr) = run("200000000", "../escape");
+    assert_eq!(code, Some(2), "{stderr}");
+}
+
+#[test]
+fn a_jailed_vmm_dies_with_the_process_that_was_started() {
+    let test = "a_jailed_vmm_dies_with_the_process_that_was_started";
+    if !kvm_available(test) || !root(test) {
+        return;
+    }
+    // The lab kills a VMM past its deadline by killing the process it started: the jailed VMM
+    // (whose uid change cleared its first death signal) must go with it.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vm.sock");
+    let spec = VmSpec { cmdline: "probe.hold=60000".into(), timeout_s: Some(90.0), ..VmSpec::new(Kernel::Probe) };
+    let vm = VmProcess::new(driverlab(), spec, Duration::from_secs(120)).with_control(&socket).start().unwrap();
+    let control = ControlClient::new(&socket, Duration::from_secs(5));
+    let info = control.wait_until_serving(Duration::from_secs(20)).expect("the control socket serves");
+    let pid = info.confinement.and_then(|c| c.host_pid).expect("the VMM's host PID");
+    // SAFETY: kill(2) on the test's own child.
+    unsafe { libc::kill(vm.pid() as i32, libc::SIGKILL) };
+    let out = vm.wait().unwrap();
+    assert_eq!(out.code(), None, "killed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .map_or(true, |s| s.lines().any(|l| l.starts_with("State:") && l.contains("Z")))
+    };
+    while !gone() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(gone(), "the jailed VMM {pid} outlived its supervisor");
 }

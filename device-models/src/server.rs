@@ -238,6 +238,8 @@ pub fn serve(
 /// enters the jail, then serves.
 pub struct Bound {
     server: Server,
+    /// The BARs' files: the server hands their descriptors to each client, so they stay open.
+    _bars: Vec<Option<ModelBar>>,
 }
 
 /// Binds `socket` (which must not exist) for `model`'s regions and interrupts.
@@ -279,7 +281,7 @@ pub fn bind(socket: &Path, model: &dyn Model) -> Result<Bound, ServeError> {
     ];
     let server = Server::new(socket, true, irqs, regions)
         .map_err(|e| ServeError::Socket { path: socket.display().to_string(), reason: e.to_string() })?;
-    Ok(Bound { server })
+    Ok(Bound { server, _bars: bars })
 }
 
 impl Bound {

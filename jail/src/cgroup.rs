@@ -1,6 +1,7 @@
 //! A cgroup of the process's own, under the cgroup it was started in: a memory limit (the
-//! guest's RAM plus [`crate::MEMORY_OVERHEAD`]) and a pids limit. cgroup v2 where the host has
-//! it, the v1 `memory` and `pids` hierarchies otherwise. Cgroups that jailed processes left
+//! guest's RAM plus [`crate::MEMORY_OVERHEAD`]), a pids limit, and CPU time for the CPUs it was
+//! given plus a tenth of one for its other threads. cgroup v2 where the host has it, the v1
+//! `memory`, `pids` and `cpu` hierarchies otherwise. Cgroups that jailed processes left
 //! behind empty are removed when the next one is made.
 
 use std::path::{Path, PathBuf};
@@ -15,12 +16,24 @@ pub(crate) struct Joined {
     pub path: String,
     memory: u64,
     pids: u64,
+    /// CPU time per [`CPU_PERIOD_US`], µs.
+    cpu_quota: u64,
     version: u8,
 }
 
+/// The CFS period the CPU quota is given over, µs.
+const CPU_PERIOD_US: u64 = 100_000;
+
 impl Joined {
     pub(crate) fn describe(&self) -> String {
-        format!("cgroup v{} {}: memory {} MiB, {} pids", self.version, self.path, self.memory >> 20, self.pids)
+        format!(
+            "cgroup v{} {}: memory {} MiB, {} pids, {:.1} CPUs",
+            self.version,
+            self.path,
+            self.memory >> 20,
+            self.pids,
+            self.cpu_quota as f64 / CPU_PERIOD_US as f64
+        )
     }
 }
 
@@ -77,6 +90,7 @@ fn make(parent: &Path, kind: &str, pid: u32) -> Result<PathBuf, String> {
 pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, String> {
     let memory = spec.memory.saturating_add(MEMORY_OVERHEAD);
     let pids = spec.threads + THREAD_ALLOWANCE;
+    let cpu_quota = spec.cpus as u64 * CPU_PERIOD_US + CPU_PERIOD_US / 10;
     let name = format!("{}-{supervisor_pid}", spec.name);
     let root = Path::new(ROOT);
     if root.join("cgroup.controllers").exists() {
@@ -86,19 +100,25 @@ pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, Strin
         // The controllers must be on for the children of the process's cgroup and of the parent.
         for dir in [&own_dir, &parent] {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-            write(&dir.join("cgroup.subtree_control"), "+memory +pids").map_err(|e| {
+            write(&dir.join("cgroup.subtree_control"), "+memory +pids +cpu").map_err(|e| {
                 format!("{e} (a cgroup with processes cannot give its children controllers: start driverlab in a delegated cgroup)")
             })?;
         }
         let dir = make(&parent, &spec.name, supervisor_pid)?;
         write(&dir.join("memory.max"), &memory.to_string())?;
         write(&dir.join("pids.max"), &pids.to_string())?;
+        write(&dir.join("cpu.max"), &format!("{cpu_quota} {CPU_PERIOD_US}"))?;
         write(&dir.join("cgroup.procs"), "0")?;
         let path = format!("{}/{}/{name}", own.trim_end_matches('/'), spec.cgroup_parent);
-        return Ok(Joined { path, memory, pids, version: 2 });
+        return Ok(Joined { path, memory, pids, cpu_quota, version: 2 });
     }
     let mut path = String::new();
-    for (controller, limit, value) in [("memory", "memory.limit_in_bytes", memory), ("pids", "pids.max", pids)] {
+    let limits = [
+        ("memory", "memory.limit_in_bytes", memory),
+        ("pids", "pids.max", pids),
+        ("cpu", "cpu.cfs_quota_us", cpu_quota),
+    ];
+    for (controller, limit, value) in limits {
         let hierarchy = root.join(controller);
         if !hierarchy.is_dir() {
             return Err(format!("no cgroup v2 at {ROOT} and no v1 {controller} hierarchy at {}", hierarchy.display()));
@@ -113,7 +133,7 @@ pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, Strin
             path = format!("{}/{}/{name}", own.trim_end_matches('/'), spec.cgroup_parent);
         }
     }
-    Ok(Joined { path, memory, pids, version: 1 })
+    Ok(Joined { path, memory, pids, cpu_quota, version: 1 })
 }
 
 #[cfg(test)]

@@ -37,6 +37,12 @@ pub const UID_BASE: u32 = 100_000_000;
 pub const UID_COUNT: u32 = 1 << 22;
 /// The cgroup each jailed process gets one below, under the cgroup it was started in.
 pub const CGROUP_PARENT: &str = "driverlab";
+/// The environment variable that moves the uid range (`driverlab serve --jail-uid-base` sets it
+/// for the VMMs and models it starts).
+pub const UID_BASE_ENV: &str = "DRIVERLAB_JAIL_UID_BASE";
+/// The environment variable that names the cgroup parent (`driverlab serve
+/// --jail-cgroup-parent` sets it).
+pub const CGROUP_PARENT_ENV: &str = "DRIVERLAB_JAIL_CGROUP_PARENT";
 /// Memory a VMM needs beyond its guest's RAM (its own heap, page tables, device buffers); its
 /// cgroup's limit is the guest's RAM plus this.
 pub const MEMORY_OVERHEAD: u64 = 256 << 20;
@@ -55,6 +61,8 @@ pub struct JailSpec {
     pub memory: u64,
     /// Threads it may run beyond [`THREAD_ALLOWANCE`].
     pub threads: u64,
+    /// The CPUs it was given (a VMM: its vCPUs): its CPU time is that many CPUs plus a tenth.
+    pub cpus: u32,
     /// The uid range's start ([`UID_BASE`] unless the operator set it).
     pub uid_base: u32,
     /// The cgroup to create its own below ([`CGROUP_PARENT`] unless the operator set it).
@@ -63,9 +71,49 @@ pub struct JailSpec {
 
 impl JailSpec {
     /// A spec with the default uid range and cgroup parent.
-    pub fn new(name: &str, memory: u64, threads: u64) -> JailSpec {
-        JailSpec { name: name.into(), memory, threads, uid_base: UID_BASE, cgroup_parent: CGROUP_PARENT.into() }
+    pub fn new(name: &str, memory: u64, threads: u64, cpus: u32) -> JailSpec {
+        JailSpec { name: name.into(), memory, threads, cpus, uid_base: UID_BASE, cgroup_parent: CGROUP_PARENT.into() }
     }
+
+    /// The same, with the uid range and cgroup parent from [`UID_BASE_ENV`] and
+    /// [`CGROUP_PARENT_ENV`] where they are set; an invalid value is an error that names it.
+    pub fn from_env(name: &str, memory: u64, threads: u64, cpus: u32) -> Result<JailSpec, String> {
+        let mut spec = JailSpec::new(name, memory, threads, cpus);
+        if let Ok(value) = std::env::var(UID_BASE_ENV) {
+            spec.uid_base = parse_uid_base(&value).map_err(|e| format!("{UID_BASE_ENV}={value}: {e}"))?;
+        }
+        if let Ok(value) = std::env::var(CGROUP_PARENT_ENV) {
+            spec.cgroup_parent =
+                parse_cgroup_parent(&value).map_err(|e| format!("{CGROUP_PARENT_ENV}={value}: {e}"))?;
+        }
+        Ok(spec)
+    }
+}
+
+/// Checks a uid range start: at least 65536 (above every system and login uid) and low enough
+/// that the whole range ([`UID_COUNT`] uids) fits below the invalid uid 4294967295.
+pub fn parse_uid_base(text: &str) -> Result<u32, String> {
+    let base: u32 = text.trim().parse().map_err(|_| "not a uid (a whole number)".to_string())?;
+    let highest = u32::MAX - 1 - UID_COUNT;
+    if !(65536..=highest).contains(&base) {
+        return Err(format!("must be from 65536 to {highest}, so that its {UID_COUNT} uids are nobody else's"));
+    }
+    Ok(base)
+}
+
+/// Checks a cgroup parent: a relative path of plain names (letters, digits, `.`, `_`, `-`),
+/// created under the cgroup the process was started in.
+pub fn parse_cgroup_parent(text: &str) -> Result<String, String> {
+    let plain = |part: &str| {
+        !part.is_empty()
+            && part != "."
+            && part != ".."
+            && part.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    };
+    if text.starts_with('/') || !text.split('/').all(plain) {
+        return Err("must be a relative path of plain names (letters, digits, . _ -), e.g. driverlab or lab/ci".into());
+    }
+    Ok(text.to_string())
 }
 
 /// Takes every step of the jail after [`enter_namespaces`] (see the crate's docs), recording
@@ -101,7 +149,10 @@ pub fn confine(spec: &JailSpec, namespaces: &Namespaces, confinement: &mut Confi
         confinement.missed("root", "no mount namespace of its own (see namespaces)");
     }
     if root_user {
-        match identity::drop_to(id) {
+        let dropped = identity::drop_to(id);
+        // Any change of credentials clears the death signal: set it again.
+        namespaces::rearm_death_signal(namespaces);
+        match dropped {
             Ok(()) => {
                 confinement.done("identity", format!("uid and gid {id}, no supplementary groups, no capabilities"));
                 confinement.uid = Some(id);
@@ -118,5 +169,22 @@ pub fn confine(spec: &JailSpec, namespaces: &Namespaces, confinement: &mut Confi
     match ruleset::deny_everything() {
         Ok(detail) => confinement.done("landlock", detail),
         Err(e) => confinement.missed("landlock", e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operators_settings_are_checked() {
+        assert_eq!(parse_uid_base("200000000"), Ok(200_000_000));
+        assert!(parse_uid_base("1000").unwrap_err().contains("from 65536"));
+        assert!(parse_uid_base("4294967000").is_err(), "the range would pass 4294967295");
+        assert!(parse_uid_base("x").is_err());
+        assert_eq!(parse_cgroup_parent("lab/ci-1").as_deref(), Ok("lab/ci-1"));
+        for bad in ["/abs", "a/../b", "", "a//b", "sp ace", "."] {
+            assert!(parse_cgroup_parent(bad).is_err(), "{bad:?}");
+        }
     }
 }

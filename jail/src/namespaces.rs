@@ -17,6 +17,9 @@ pub struct Namespaces {
     /// The host PID of the process that was started (the supervisor, or the process itself
     /// when no namespaces were entered): what its starter knows and may signal.
     pub supervisor_pid: u32,
+    /// The read end of a pipe whose write end only the supervisor holds: it reads end-of-file
+    /// (POLLHUP) once the supervisor is gone.
+    supervisor_pipe: Option<i32>,
 }
 
 /// How many threads this process runs.
@@ -100,7 +103,7 @@ pub fn enter_namespaces(confinement: &mut Confinement, remove_after: &[&Path], s
     let stay = |confinement: &mut Confinement, why: String| {
         confinement.missed("namespaces", why);
         confinement.host_pid = Some(supervisor_pid);
-        Namespaces { entered: false, supervisor_pid }
+        Namespaces { entered: false, supervisor_pid, supervisor_pipe: None }
     };
     let threads = thread_count();
     if threads != 1 {
@@ -139,7 +142,8 @@ pub fn enter_namespaces(confinement: &mut Confinement, remove_after: &[&Path], s
         drop(read_end);
         let mut pipe = std::fs::File::from(write_end);
         let _ = pipe.write_all(&(child as u32).to_le_bytes());
-        drop(pipe);
+        // The write end stays open until the supervisor exits: the child's sign it is alive.
+        std::mem::forget(pipe);
         if signals == Signals::Forward {
             CHILD.store(child, Ordering::Relaxed);
             // SAFETY: installs a handler that only calls kill(2), then unblocks the signals
@@ -160,24 +164,43 @@ pub fn enter_namespaces(confinement: &mut Confinement, remove_after: &[&Path], s
     // SAFETY: prctl with an integer argument.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     let mut pid = [0u8; 4];
-    let host_pid = match std::fs::File::from(read_end).read_exact(&mut pid) {
+    let mut pipe = std::fs::File::from(read_end);
+    let host_pid = match pipe.read_exact(&mut pid) {
         Ok(()) => u32::from_le_bytes(pid),
         // The supervisor died before it could say: the death signal is on its way.
         Err(_) => std::process::exit(1),
     };
+    // Kept open for the life of the process (see `rearm_death_signal`).
+    let pipe_fd = std::os::fd::IntoRawFd::into_raw_fd(pipe);
     confinement.host_pid = Some(host_pid);
     let flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNET;
     // SAFETY: as above, for the child alone.
     if unsafe { libc::unshare(flags) } != 0 {
         confinement.missed("namespaces", last_error("a pid namespace, but unshare of mount, ipc, uts and net"));
-        return Namespaces { entered: false, supervisor_pid };
+        return Namespaces { entered: false, supervisor_pid, supervisor_pipe: None };
     }
     let hostname = b"driverlab";
     // SAFETY: sethostname reads `hostname.len()` bytes of a live buffer; it changes only the
     // new UTS namespace.
     unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) };
     confinement.done("namespaces", "mount, pid, ipc, uts and net of its own (no network at all)");
-    Namespaces { entered: true, supervisor_pid }
+    Namespaces { entered: true, supervisor_pid, supervisor_pipe: Some(pipe_fd) }
+}
+
+/// Sets the death signal again: a change of credentials (the jail's uid) clears it, and the
+/// jailed process must not outlive its supervisor (whoever started it kills that one). If the
+/// supervisor is already gone, the process ends here.
+pub(crate) fn rearm_death_signal(namespaces: &Namespaces) {
+    let Some(fd) = namespaces.supervisor_pipe else { return };
+    // SAFETY: prctl with integer arguments; poll reads one live pollfd; kill targets this
+    // process.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        let mut pollfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        if libc::poll(&mut pollfd, 1, 0) > 0 && pollfd.revents & (libc::POLLHUP | libc::POLLIN) != 0 {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
 }
 
 /// The supervisor: waits for `child`, cleans up after it, and leaves as it did. Signals that

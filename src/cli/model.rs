@@ -133,7 +133,7 @@ impl ModelCommand {
                 let jailed = Jailed::enter("testdev", &files, !no_jail)?;
                 let mut model = TestDevice::new().context("creating the test device")?;
                 let bound = bind(&socket, &model)?;
-                jailed.confine("testdev");
+                jailed.confine("testdev")?;
                 let dma = model.dma();
                 exit_on_signal(files, move || serde_json::json!({"model": "testdev", "counters": dma.counters()}))?;
                 serve(&socket, bound, &mut model, once, None)
@@ -193,12 +193,15 @@ struct Serving {
 const MODEL_MEMORY: u64 = 1 << 30;
 /// Threads a model runs: the vfio-user server, the data path, the control socket, signals.
 const MODEL_THREADS: u64 = 4;
+/// CPUs a model may keep busy: its data path and its vfio-user server.
+const MODEL_CPUS: u32 = 2;
 
 /// A model process's jail (docs/model.md): namespaces first, the rest once its sockets are
 /// bound and before its threads start, as the VMM does.
 struct Jailed {
     namespaces: Option<jail::Namespaces>,
     confinement: jail::Confinement,
+    spec: jail::JailSpec,
 }
 
 impl Jailed {
@@ -206,20 +209,22 @@ impl Jailed {
     /// removing `files` afterwards), or records that the jail is off. Blocks SIGINT and SIGTERM
     /// for every thread (they are waited for, see [`exit_on_signal`]).
     fn enter(name: &str, files: &[PathBuf], on: bool) -> anyhow::Result<Jailed> {
+        let spec =
+            jail::JailSpec::from_env(name, MODEL_MEMORY, MODEL_THREADS, MODEL_CPUS).map_err(anyhow::Error::msg)?;
         let mut confinement = jail::Confinement { jailed: on, ..jail::Confinement::default() };
         let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
         let namespaces = on.then(|| jail::enter_namespaces(&mut confinement, &paths, jail::Signals::Forward));
         block_termination_signals().with_context(|| format!("{name}: blocking SIGINT and SIGTERM"))?;
-        Ok(Jailed { namespaces, confinement })
+        Ok(Jailed { namespaces, confinement, spec })
     }
 
     /// The rest of the jail; says on stderr how the model is confined.
-    fn confine(mut self, name: &str) {
+    fn confine(mut self, name: &str) -> anyhow::Result<()> {
         if let Some(namespaces) = &self.namespaces {
-            let spec = jail::JailSpec::new(name, MODEL_MEMORY, MODEL_THREADS);
-            jail::confine(&spec, namespaces, &mut self.confinement);
+            jail::confine(&self.spec, namespaces, &mut self.confinement);
         }
         eprintln!("{name}: {}", self.confinement.summary());
+        Ok(())
     }
 }
 
@@ -235,7 +240,7 @@ fn serve_nic<N: NicCore>(socket: &Path, wire: Wire, options: Serving, what: &str
     eprintln!("{} {} on {}", N::NAME, wire.mac, model.backend_description());
     let listener = control.as_deref().map(bind_control).transpose()?;
     let bound = bind(socket, &model)?;
-    jailed.confine(N::NAME);
+    jailed.confine(N::NAME)?;
     let handle = model.handle();
     let report = handle.clone();
     exit_on_signal(files, move || status_json(&report))?;

@@ -26,6 +26,14 @@ pub struct ServeArgs {
     /// Print the OpenAPI document (docs/openapi.json) and exit.
     #[arg(long)]
     pub openapi: bool,
+    /// The first uid of the range jailed VMMs and models run as: each gets BASE plus its PID
+    /// (docs/vmm.md, "The jail") [default: 100000000].
+    #[arg(long, value_name = "BASE", env = jail::UID_BASE_ENV, value_parser = jail::parse_uid_base)]
+    pub jail_uid_base: Option<u32>,
+    /// The cgroup, relative to the daemon's own, under which each jailed VMM and model gets its
+    /// cgroup [default: driverlab].
+    #[arg(long, value_name = "PATH", env = jail::CGROUP_PARENT_ENV, value_parser = jail::parse_cgroup_parent)]
+    pub jail_cgroup_parent: Option<String>,
 }
 
 /// Options of `driverlab api`.
@@ -79,6 +87,17 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
     if args.openapi {
         println!("{}", server::openapi_json());
         return Ok(0);
+    }
+    // The VMMs and models the daemon starts read the jail's settings from their environment.
+    // SAFETY: the process has one thread here (the runtime is built below), so nothing reads
+    // the environment while it changes.
+    unsafe {
+        if let Some(base) = args.jail_uid_base {
+            std::env::set_var(jail::UID_BASE_ENV, base.to_string());
+        }
+        if let Some(parent) = &args.jail_cgroup_parent {
+            std::env::set_var(jail::CGROUP_PARENT_ENV, parent);
+        }
     }
     let socket = args.socket.unwrap_or_else(server::default_socket);
     let driverlab = std::env::current_exe().context("locating the driverlab binary")?;

@@ -106,6 +106,9 @@ pub enum Error {
     /// The platform (PCI, ACPI, interrupt routing) could not be assembled.
     #[error("platform: {0}")]
     Platform(String),
+    /// The jail's settings (from the environment) are invalid.
+    #[error("jail: {0}")]
+    Jail(String),
     /// Another system call failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -115,7 +118,7 @@ impl Error {
     /// What kind of failure this is, for the error line; its exit code follows from it.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Spec(_) | Error::Config(_) => ErrorKind::Spec,
+            Error::Spec(_) | Error::Config(_) | Error::Jail(_) => ErrorKind::Spec,
             Error::Boot(e) if e.is_bad_input() => ErrorKind::Image,
             Error::Device { failure: DeviceFailure::NotFound, .. } => ErrorKind::Device,
             Error::Device { failure: DeviceFailure::Peer, .. } => ErrorKind::Peer,

@@ -44,6 +44,8 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     config::check_host(spec)?;
     // The jail's first step comes before anything a fork cannot carry (KVM ties a VM to its
     // process): from here on this is the supervisor's child, PID 1 of its own namespace.
+    let jail_spec =
+        jail::JailSpec::from_env("vm", spec.memory_mib * MIB, spec.vcpus as u64, spec.vcpus).map_err(Error::Jail)?;
     let mut confinement = Confinement { jailed: spec.jail, ..Confinement::default() };
     let socket: Vec<&std::path::Path> = options.control_socket.as_deref().into_iter().collect();
     let namespaces = spec.jail.then(|| jail::enter_namespaces(&mut confinement, &socket, jail::Signals::EndBoth));
@@ -125,7 +127,6 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
 
     // Everything is open: the rest of the jail, then the threads, which inherit it.
     if let Some(namespaces) = &namespaces {
-        let jail_spec = jail::JailSpec::new("vm", spec.memory_mib * MIB, spec.vcpus as u64);
         jail::confine(&jail_spec, namespaces, &mut confinement);
         for missed in confinement.missing() {
             tracing::warn!("jail: not taken: {missed}");

@@ -218,6 +218,19 @@ fn a_model_is_jailed_serves_a_vm_and_still_reports_on_sigterm() {
     assert_eq!(std::fs::read_dir(format!("/proc/{pid}/root/")).unwrap().count(), 0, "its root is empty");
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     assert!(cgroups.contains(&format!("/driverlab/aqc100-{supervisor}")), "{cgroups}");
+    // Its memory limit: 1 GiB for what its DMA touches first, plus the overhead.
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let hierarchy = |l: &&str| {
+        l.split(':').nth(1).is_some_and(|c| if v2 { c.is_empty() } else { c.split(',').any(|c| c == "memory") })
+    };
+    let path = cgroups.lines().find(hierarchy).and_then(|l| l.splitn(3, ':').nth(2)).expect("its memory cgroup");
+    let file = if v2 {
+        format!("/sys/fs/cgroup{path}/memory.max")
+    } else {
+        format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+    };
+    let limit = ((1u64 << 30) + jail::MEMORY_OVERHEAD).to_string();
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), limit, "{file}");
 
     // Jailed, it serves a VM as before.
     let device = model.device_arg();

@@ -26,7 +26,7 @@ mod preflight;
 mod root;
 mod ruleset;
 
-pub use namespaces::{Namespaces, Signals, enter_namespaces};
+pub use namespaces::{Namespaces, Signals, enter_namespaces, termination_signals};
 pub use preflight::{Readiness, preflight};
 pub use vm_spec::confinement::Confinement;
 

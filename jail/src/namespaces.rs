@@ -80,7 +80,8 @@ extern "C" fn forward(signal: libc::c_int) {
     }
 }
 
-fn termination_signals() -> libc::sigset_t {
+/// SIGINT and SIGTERM, the signals that end a process on request.
+pub fn termination_signals() -> libc::sigset_t {
     // SAFETY: a zeroed sigset_t is valid for sigemptyset, which initialises it; sigaddset only
     // writes it.
     unsafe {

@@ -70,19 +70,40 @@ pub struct Window {
 
 impl Window {
     /// Notes the agent's fresh frames `kinds`, seen `at_ms` after spawning the VMM, taking a
-    /// snapshot with `snapshot` at the workload's begin and end and at `done`.
-    fn saw(&mut self, kinds: &[String], at_ms: f64, snapshot: impl Fn() -> Snapshot) {
+    /// snapshot of the virtio-iommu's counts (`iommu`) and the model's (`model`) at the
+    /// workload's begin and end and at `done`.
+    ///
+    /// A guest's map reaches the model after the virtio-iommu counted it (in the nested box
+    /// through L1's IOMMU and QEMU's vfio-user client, which does not wait for its DMA_MAPs),
+    /// so the model is read first at the begin and last at the end: then every map the
+    /// virtio-iommu counted in the window is in the model's window too, and the cross-check
+    /// (the model never counts fewer) holds however the two reads are spaced.
+    fn saw(
+        &mut self,
+        kinds: &[String],
+        at_ms: f64,
+        iommu: impl Fn() -> Option<IommuCounts>,
+        model: impl Fn() -> Option<ModelCounters>,
+    ) {
         if !kinds.is_empty() {
             self.first_frame_ms.get_or_insert(at_ms);
         }
+        let model_first = || {
+            let model = model();
+            Snapshot { iommu: iommu(), model }
+        };
+        let iommu_first = || {
+            let iommu = iommu();
+            Snapshot { iommu, model: model() }
+        };
         for kind in kinds {
             match kind.as_str() {
                 "workload-begin" => {
-                    self.begin = Some(snapshot());
+                    self.begin = Some(model_first());
                     self.begin_ms = Some(at_ms);
                 }
-                "workload-end" => self.end = Some(snapshot()),
-                "done" => self.done = Some(snapshot()),
+                "workload-end" => self.end = Some(iommu_first()),
+                "done" => self.done = Some(iommu_first()),
                 _ => {}
             }
         }
@@ -251,9 +272,10 @@ struct Watched {
     window: Window,
 }
 
-fn snapshot(live: &LiveCounters, source: Option<&CounterSource>) -> Snapshot {
-    let model = live.devices.first().and_then(|d| d.counters).or_else(|| source.and_then(|s| s()));
-    Snapshot { iommu: live.viommu.clone(), model }
+/// The model's counts: through the VMM's control socket (`live`, the model's counters region)
+/// or, where the lab reads them from the model itself, from `source`.
+fn model_counts(live: &LiveCounters, source: Option<&CounterSource>) -> Option<ModelCounters> {
+    live.devices.first().and_then(|d| d.counters).or_else(|| source.and_then(|s| s()))
 }
 
 /// Reads the VMM's live counters while the VM runs; stops a guest whose serial ports stay silent.
@@ -291,7 +313,21 @@ impl Watchdog {
                     let _ = client.shutdown(ShutdownRequest { grace_s: Some(0.0) });
                 }
                 let kinds = frames.fresh(watch.agent_log.as_deref());
-                watched.window.saw(&kinds, ms(spawned.elapsed()), || snapshot(&counters, source.as_ref()));
+                // The virtio-iommu's counts as read now, once more when the model is read first.
+                let fresh = std::cell::RefCell::new(None::<LiveCounters>);
+                watched.window.saw(
+                    &kinds,
+                    ms(spawned.elapsed()),
+                    || match client.counters() {
+                        Ok(now) => {
+                            let iommu = now.viommu.clone();
+                            *fresh.borrow_mut() = Some(now);
+                            iommu
+                        }
+                        Err(_) => counters.viommu.clone(),
+                    },
+                    || model_counts(fresh.borrow().as_ref().unwrap_or(&counters), source.as_ref()),
+                );
                 watched.last = Some(counters);
             }
             watched
@@ -420,10 +456,12 @@ pub fn run_qemu(boot: &QemuBoot<'_>, spec: &VmSpec, watch: &Watch, model: Option
             killed = true;
         }
         let kinds = frames.fresh(watch.agent_log.as_deref());
-        window.saw(&kinds, ms(spawned.elapsed()), || Snapshot {
-            iommu: Some(trace.counts()),
-            model: model.as_ref().and_then(ModelProcess::counters),
-        });
+        window.saw(
+            &kinds,
+            ms(spawned.elapsed()),
+            || Some(trace.counts()),
+            || model.as_ref().and_then(ModelProcess::counters),
+        );
     };
     let run_ms = ms(spawned.elapsed());
     let mut model = model;
@@ -491,6 +529,29 @@ fn final_counters(stdout: &str) -> Option<ModelCounters> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_model_is_read_first_at_the_begin_and_last_at_the_end() {
+        // A map reaches the model after the virtio-iommu counted it: with this order the
+        // model's window holds every map the virtio-iommu's does, whatever the lag.
+        let order = std::cell::RefCell::new(Vec::new());
+        let iommu = || {
+            order.borrow_mut().push("iommu");
+            Some(IommuCounts::default())
+        };
+        let model = || {
+            order.borrow_mut().push("model");
+            Some(ModelCounters::default())
+        };
+        let mut window = Window::default();
+        let kinds = |k: &str| vec![k.to_string()];
+        window.saw(&kinds("workload-begin"), 1.0, iommu, model);
+        window.saw(&kinds("workload-end"), 2.0, iommu, model);
+        window.saw(&kinds("done"), 3.0, iommu, model);
+        assert_eq!(*order.borrow(), ["model", "iommu", "iommu", "model", "iommu", "model"]);
+        assert!(window.begin.is_some() && window.end.is_some() && window.done.is_some());
+        assert_eq!(window.begin_ms, Some(1.0));
+    }
 
     #[test]
     fn the_model_s_last_printed_counters_are_its_final_ones() {

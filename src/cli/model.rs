@@ -294,22 +294,9 @@ fn serve_control<N: NicCore>(listener: UnixListener, handle: NicHandle<N>) -> an
     Ok(())
 }
 
-/// SIGINT and SIGTERM.
-fn termination_signals() -> libc::sigset_t {
-    // SAFETY: a zeroed sigset_t is a valid argument for sigemptyset, which initialises it;
-    // sigaddset only writes it.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        set
-    }
-}
-
 /// Blocks SIGINT and SIGTERM in this thread and every thread it starts afterwards.
 fn block_termination_signals() -> anyhow::Result<()> {
-    let set = termination_signals();
+    let set = jail::termination_signals();
     // SAFETY: `set` is a valid sigset_t; the call only changes this thread's signal mask.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     if rc != 0 {
@@ -325,7 +312,7 @@ fn exit_on_signal(
     files: Vec<PathBuf>,
     report: impl FnOnce() -> serde_json::Value + Send + 'static,
 ) -> anyhow::Result<()> {
-    let set = termination_signals();
+    let set = jail::termination_signals();
     std::thread::Builder::new().name("signals".into()).spawn(move || {
         let mut signal = 0;
         // SAFETY: `set` is initialised and outlives the call; `signal` receives the number.

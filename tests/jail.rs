@@ -216,6 +216,16 @@ fn a_model_is_jailed_serves_a_vm_and_still_reports_on_sigterm() {
         assert_ne!(namespace(&pid.to_string(), kind), namespace("self", kind), "{kind} namespace");
     }
     assert_eq!(std::fs::read_dir(format!("/proc/{pid}/root/")).unwrap().count(), 0, "its root is empty");
+    // Its seccomp filter goes on every thread once its threads run, just before it serves.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status(pid, "Seccomp") != "2" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().file_name().into_string().unwrap();
+        let seccomp = std::fs::read_to_string(format!("/proc/{pid}/task/{task}/status")).unwrap();
+        assert!(seccomp.lines().any(|l| l == "Seccomp:\t2"), "thread {task} of the model: {seccomp}");
+    }
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     assert!(cgroups.contains(&format!("/driverlab/aqc100-{supervisor}")), "{cgroups}");
     // Its memory limit: 1 GiB for what its DMA touches first, plus the overhead.

@@ -187,6 +187,14 @@ fn a_lab_killed_mid_run_loses_nothing_and_resumes_without_duplicates() {
     keys.sort();
     keys.dedup();
     assert_eq!((records.len(), keys.len()), (8, 8), "every repetition once");
+    // Each repetition's model jailed itself, and its record says how: every step, taken or why not.
+    for r in records {
+        let confinement = &r["model_confinement"];
+        assert_eq!(confinement["jailed"], true, "{r}");
+        let steps: Vec<&str> =
+            confinement["steps"].as_array().unwrap().iter().map(|s| s["step"].as_str().unwrap()).collect();
+        assert_eq!(steps, vm_spec::confinement::STEPS, "{confinement}");
+    }
     // The records kept from before the kill are the same ones.
     for old in before["records"].as_array().unwrap() {
         assert!(records.contains(old), "{old} was kept as it was");

@@ -236,6 +236,16 @@ fn phases(lab_box: &Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str), f: 
                     format!("{name}: the VMM's jail step {must}: {step:?}"),
                 );
             }
+            // So did the card's model on the host (its peer's first answer says how). Under `ip
+            // netns exec` it sees a /sys of that namespace, without the cgroup tree.
+            let model_steps = r["model_confinement"]["steps"].as_array().cloned().unwrap_or_default();
+            for must in ["namespaces", "rlimits", "root", "identity", "no_new_privs"] {
+                let step = model_steps.iter().find(|s| s["step"] == must);
+                f.check(
+                    r["model_confinement"]["jailed"] == true && step.is_some_and(|s| s["done"] == true),
+                    format!("{name}: the model's jail step {must}: {}", r["model_confinement"]),
+                );
+            }
             // The model counted what driverlab's virtio-iommu counted (each guest map is one
             // VFIO map in the box, one vfio-user DMA_MAP at the model).
             let (own, model) = (r["maps_per_packet"].as_f64(), r["model_maps_per_packet"].as_f64());

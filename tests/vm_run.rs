@@ -123,7 +123,11 @@ fn each_way_of_ending_has_its_exit_code() {
         assert_eq!(exit.entry, "linux64", "{name}: an ELF without a PVH note takes the 64-bit entry");
         if name == "hang" {
             let detail = exit.detail.as_deref().unwrap_or_default();
-            assert!(detail.contains("vCPU 0 at rip 0x100000"), "a hang says where: {detail}");
+            // Where, and what code the guest's page tables map there (the `jmp $`).
+            assert!(
+                detail.contains("vCPU 0 at rip 0x100000 (gpa 0x100000, code eb fe "),
+                "a hang says where: {detail}"
+            );
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod bus;
 pub mod dma;
 pub mod lan743x;
 pub mod nic_model;
+pub mod seccomp;
 pub mod server;
 #[cfg(test)]
 mod test_support;

@@ -286,7 +286,9 @@ pub fn bind(socket: &Path, model: &dyn Model) -> Result<Bound, ServeError> {
 
 impl Bound {
     /// Serves `model` (the one it was bound for), one client at a time, as [`serve`] does.
-    pub fn run(self, model: &mut dyn Model, once: bool, mut on_disconnect: impl FnMut(&dyn Model)) {
+    /// Dropping the `Bound` afterwards removes the socket; a jailed process, which cannot see
+    /// its socket's path, leaves that to its supervisor and forgets it instead.
+    pub fn run(&self, model: &mut dyn Model, once: bool, mut on_disconnect: impl FnMut(&dyn Model)) {
         loop {
             model.reset();
             let result = self.server.run(&mut Adapter { model: &mut *model });

@@ -15,8 +15,8 @@
 //!    that denies every filesystem and TCP access and signals and abstract sockets outside it.
 //!
 //! Each step the host cannot take (not root, no Landlock, no cgroup to write) is recorded in
-//! the [`Confinement`] with its reason, never skipped silently; the seccomp filters come after,
-//! as before.
+//! the [`Confinement`] with its reason, never skipped silently; the seccomp filters come after
+//! ([`seccomp`] builds and installs them; each process names what it may call).
 
 mod cgroup;
 mod identity;
@@ -25,6 +25,7 @@ mod namespaces;
 mod preflight;
 mod root;
 mod ruleset;
+pub mod seccomp;
 
 pub use namespaces::{Namespaces, Signals, enter_namespaces, termination_signals};
 pub use preflight::{Readiness, preflight};

@@ -146,17 +146,28 @@ impl ModelProcess {
         vm_spec::DeviceSpec::VfioUser(self.socket.clone())
     }
 
-    /// What the model has counted so far, over its control socket (the AQC100; `None` for
-    /// models without one, or when it does not answer within a second).
-    pub fn counters(&self) -> Option<vm_spec::counters::ModelCounters> {
+    /// The model's status line over its control socket (the NIC models; `None` for models
+    /// without one, or when it does not answer within a second).
+    fn status(&self) -> Option<serde_json::Value> {
         use std::io::{BufRead, Write};
         let mut stream = std::os::unix::net::UnixStream::connect(self.control.as_ref()?).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
         stream.write_all(b"status\n").ok()?;
         let mut line = String::new();
         std::io::BufReader::new(stream).read_line(&mut line).ok()?;
-        let value: serde_json::Value = serde_json::from_str(&line).ok()?;
-        serde_json::from_value(value.get("counters")?.clone()).ok()
+        serde_json::from_str(&line).ok()
+    }
+
+    /// What the model has counted so far, over its control socket (the NIC models; `None` for
+    /// models without one, or when it does not answer within a second).
+    pub fn counters(&self) -> Option<vm_spec::counters::ModelCounters> {
+        serde_json::from_value(self.status()?.get("counters")?.clone()).ok()
+    }
+
+    /// How the model process is confined (its jail's steps), over its control socket: final
+    /// once it answers, since it answers only after its jail.
+    pub fn confinement(&self) -> Option<vm_spec::confinement::Confinement> {
+        serde_json::from_value(self.status()?.get("confinement")?.clone()).ok()
     }
 
     /// If the model has ended other than by finishing its one client's session (a signal, an

@@ -236,6 +236,7 @@ pub struct RemoteCounters {
     child: Child,
     stdin: std::process::ChildStdin,
     lines: mpsc::Receiver<String>,
+    confinement: Option<vm_spec::confinement::Confinement>,
 }
 
 /// How long one look at a remote model's counters may take.
@@ -269,8 +270,9 @@ impl RemoteCounters {
                 }
             }
         });
-        let mut remote = RemoteCounters { child, stdin, lines };
+        let mut remote = RemoteCounters { child, stdin, lines, confinement: None };
         let first = remote.look();
+        remote.confinement = first.as_ref().and_then(|v| serde_json::from_value(v.get("confinement")?.clone()).ok());
         if first.as_ref().is_none_or(|v| v.get("counters").is_none()) {
             let _ = remote.child.kill();
             let _ = remote.child.wait();
@@ -301,6 +303,11 @@ impl RemoteCounters {
     /// What the model has counted so far, or `None` when the peer does not answer in time.
     pub fn counters(&mut self) -> Option<vm_spec::counters::ModelCounters> {
         serde_json::from_value(self.look()?.get("counters")?.clone()).ok()
+    }
+
+    /// How the model behind the peer is confined, from its first answer.
+    pub fn confinement(&self) -> Option<vm_spec::confinement::Confinement> {
+        self.confinement.clone()
     }
 }
 

@@ -173,6 +173,10 @@ pub struct Record {
     pub mappings_after_unload: Option<u64>,
     /// What the device model counted.
     pub device_counters: Option<ModelCounters>,
+    /// How the device model's process was confined (its jail's steps; docs/model.md), for a
+    /// model the lab started or one behind a nested box's peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_confinement: Option<vm_spec::confinement::Confinement>,
     /// What the device put on its PCIe link over the workload, per packet, as its model counted
     /// it, and the bus time the cost model gives for it (models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -212,6 +216,7 @@ impl Record {
             rx_ring: None,
             mappings_after_unload: None,
             device_counters: None,
+            model_confinement: None,
             bus: None,
             interrupts: None,
             exit: None,

@@ -124,6 +124,7 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
     let remote_counters = match (&device.peer, device.peer_counters) {
         (Some(destination), true) => match crate::peer::RemoteCounters::open(destination) {
             Ok(remote) => {
+                record.model_confinement = remote.confinement();
                 let remote = std::sync::Mutex::new(remote);
                 let source: engine::CounterSource =
                     std::sync::Arc::new(move || remote.lock().unwrap_or_else(|p| p.into_inner()).counters());
@@ -151,6 +152,7 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
             match ModelProcess::start_logged(&ctx.driverlab, &kind, &args, netns, Some(&log)) {
                 Ok(m) => {
                     record.timings.model_start_ms = Some(ms(model_start.elapsed()));
+                    record.model_confinement = m.confinement();
                     let spec = m.device_spec();
                     model = Some(m);
                     spec

@@ -133,10 +133,11 @@ impl ModelCommand {
                 let jailed = Jailed::enter("testdev", &files, !no_jail)?;
                 let mut model = TestDevice::new().context("creating the test device")?;
                 let bound = bind(&socket, &model)?;
-                jailed.confine("testdev")?;
+                jailed.confine("testdev");
                 let dma = model.dma();
-                exit_on_signal(files, move || serde_json::json!({"model": "testdev", "counters": dma.counters()}))?;
-                serve(&socket, bound, &mut model, once, None)
+                let own = if no_jail { files } else { Vec::new() };
+                exit_on_signal(own, move || serde_json::json!({"model": "testdev", "counters": dma.counters()}))?;
+                serve(&socket, bound, &mut model, once, None, !no_jail)
             }
             ModelCommand::Aqc100 { socket, tap, generate, mac, control, once, no_jail } => {
                 let wire = Wire { tap, generate, mac };
@@ -218,13 +219,13 @@ impl Jailed {
         Ok(Jailed { namespaces, confinement, spec })
     }
 
-    /// The rest of the jail; says on stderr how the model is confined.
-    fn confine(mut self, name: &str) -> anyhow::Result<()> {
+    /// The rest of the jail; says on stderr how the model is confined, and returns it.
+    fn confine(mut self, name: &str) -> jail::Confinement {
         if let Some(namespaces) = &self.namespaces {
             jail::confine(&self.spec, namespaces, &mut self.confinement);
         }
         eprintln!("{name}: {}", self.confinement.summary());
-        Ok(())
+        self.confinement
     }
 }
 
@@ -240,25 +241,32 @@ fn serve_nic<N: NicCore>(socket: &Path, wire: Wire, options: Serving, what: &str
     eprintln!("{} {} on {}", N::NAME, wire.mac, model.backend_description());
     let listener = control.as_deref().map(bind_control).transpose()?;
     let bound = bind(socket, &model)?;
-    jailed.confine(N::NAME)?;
+    let confinement = std::sync::Arc::new(jailed.confine(N::NAME));
     let handle = model.handle();
     let report = handle.clone();
-    exit_on_signal(files, move || status_json(&report))?;
+    let confined = confinement.clone();
+    exit_on_signal(if jail { Vec::new() } else { files }, move || status_json(&report, &confined))?;
     model.start().with_context(|| format!("starting {what}'s data path"))?;
     if let Some(listener) = listener {
-        serve_control(listener, handle.clone())?;
+        serve_control(listener, handle.clone(), confinement)?;
     }
     let status = move || serde_json::to_value(handle.status()).unwrap_or_default();
-    let result = serve(socket, bound, &mut model, once, Some(&status));
-    if let Some(path) = &control {
+    let result = serve(socket, bound, &mut model, once, Some(&status), jail);
+    // A jailed model's supervisor removes its sockets; this one would not be allowed to.
+    if let Some(path) = control.as_ref().filter(|_| !jail) {
         let _ = std::fs::remove_file(path);
     }
     result
 }
 
-/// `{"model": ..., "status": ..., "counters": ...}`.
-fn status_json<N: NicCore>(handle: &NicHandle<N>) -> serde_json::Value {
-    serde_json::json!({"model": N::NAME, "status": handle.status(), "counters": handle.counters()})
+/// `{"model": ..., "status": ..., "counters": ..., "confinement": ...}` (docs/model.md).
+fn status_json<N: NicCore>(handle: &NicHandle<N>, confinement: &jail::Confinement) -> serde_json::Value {
+    serde_json::json!({
+        "model": N::NAME,
+        "status": handle.status(),
+        "counters": handle.counters(),
+        "confinement": confinement,
+    })
 }
 
 /// Binds the control socket at `path`.
@@ -269,8 +277,13 @@ fn bind_control(path: &Path) -> anyhow::Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
 }
 
-/// Answers control commands on `listener`, one line in, one JSON line out, in a thread.
-fn serve_control<N: NicCore>(listener: UnixListener, handle: NicHandle<N>) -> anyhow::Result<()> {
+/// Answers control commands on `listener`, one line in, one JSON line out, in a thread (started
+/// after the jail, so a client that connects early waits for the model's final confinement).
+fn serve_control<N: NicCore>(
+    listener: UnixListener,
+    handle: NicHandle<N>,
+    confinement: std::sync::Arc<jail::Confinement>,
+) -> anyhow::Result<()> {
     std::thread::Builder::new().name("aqc100-control".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
             let mut line = String::new();
@@ -279,10 +292,10 @@ fn serve_control<N: NicCore>(listener: UnixListener, handle: NicHandle<N>) -> an
                 continue;
             }
             let reply = match line.trim() {
-                "status" => status_json(&handle),
+                "status" => status_json(&handle, &confinement),
                 "link down" | "link up" => {
                     handle.set_link(line.trim() == "link up");
-                    status_json(&handle)
+                    status_json(&handle, &confinement)
                 }
                 other => {
                     serde_json::json!({"error": format!("unknown command `{other}`; use status, link up, link down")})
@@ -306,8 +319,8 @@ fn block_termination_signals() -> anyhow::Result<()> {
 }
 
 /// Waits for SIGINT or SIGTERM (blocked since [`Jailed::enter`]) in a thread of its own: on
-/// either, prints `report()` (the final counters), removes `files` (the sockets; a jailed model
-/// cannot, its supervisor does) and ends the process.
+/// either, prints `report()` (the final counters), removes `files` (the sockets of a model
+/// without the jail; a jailed model's supervisor removes them) and ends the process.
 fn exit_on_signal(
     files: Vec<PathBuf>,
     report: impl FnOnce() -> serde_json::Value + Send + 'static,
@@ -335,14 +348,19 @@ fn bind(socket: &Path, model: &dyn Model) -> anyhow::Result<server::Bound> {
     Ok(server::bind(socket, model)?)
 }
 
+/// Installs the seccomp filter on every thread (all started by now), then serves `model` on
+/// `socket`, printing its counters (and `nic()`) after each client. `jailed`: the supervisor,
+/// not this process, removes the sockets, so the filter allows no unlink.
 fn serve(
     socket: &Path,
     bound: server::Bound,
     model: &mut dyn Model,
     once: bool,
     nic: Option<&dyn Fn() -> serde_json::Value>,
+    jailed: bool,
 ) -> anyhow::Result<u8> {
-    eprintln!("{} serving vfio-user on {}", model.name(), socket.display());
+    device_models::seccomp::install(!jailed).with_context(|| format!("{}: seccomp", model.name()))?;
+    eprintln!("{} serving vfio-user on {} (seccomp filter on every thread)", model.name(), socket.display());
     let mut clients = 0u64;
     bound.run(model, once, |model| {
         clients += 1;
@@ -352,5 +370,10 @@ fn serve(
         }
         println!("{line}");
     });
+    if jailed {
+        // Its socket is outside the empty root and its filter allows no stat or unlink of it:
+        // the supervisor removes it.
+        std::mem::forget(bound);
+    }
     Ok(0)
 }

@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use seccompiler::BpfProgram;
+use jail::seccomp::BpfProgram;
 use vm_spec::confinement::Confinement;
 use vm_spec::control::{
     ControlError as ErrorBody, DEFAULT_SHUTDOWN_GRACE_S, LiveCounters, MAX_REQUEST_BYTES, ShutdownAccepted,

@@ -4,13 +4,10 @@
 //! files, create sockets or start programs. The vCPU thread may only issue the KVM ioctls its run
 //! loop needs.
 
-use std::collections::BTreeMap;
-
+use jail::seccomp::{BpfProgram, allow_all, compile, ioctl_requests};
+pub use jail::seccomp::{SeccompError, apply};
 use kvm_bindings::{
     KVMIO, kvm_irq_routing, kvm_irqfd, kvm_regs, kvm_sregs, kvm_translation, kvm_userspace_memory_region,
-};
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 
 /// KVM ioctl request numbers (kvm-ioctls keeps its own private).
@@ -43,11 +40,6 @@ use request::{
 fn device_ioctls() -> [u64; 4] {
     [VFIO_DEVICE_SET_IRQS(), VFIO_DEVICE_RESET(), VFIO_IOMMU_MAP_DMA(), VFIO_IOMMU_UNMAP_DMA()].map(u64::from)
 }
-
-/// Errors building the filters.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot build the seccomp filter: {0}")]
-pub struct SeccompError(String);
 
 /// System calls every thread makes: memory, futexes, signals, time, exiting, writing logs.
 const COMMON: &[i64] = &[
@@ -101,35 +93,6 @@ pub struct Filters {
     pub control: BpfProgram,
 }
 
-fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>) -> Result<BpfProgram, SeccompError> {
-    // A call outside the list traps (SIGSYS) into `on_violation`, which names it on stderr and
-    // then makes the kernel kill the process with SIGSYS, as a kill action would.
-    let filter = SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, TargetArch::x86_64)
-        .map_err(|e| SeccompError(e.to_string()))?;
-    filter.try_into().map_err(|e: seccompiler::BackendError| SeccompError(e.to_string()))
-}
-
-fn allow_all(syscalls: &[i64]) -> BTreeMap<i64, Vec<SeccompRule>> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = syscalls.iter().map(|&nr| (nr, vec![])).collect();
-    // Debug builds of std check a descriptor with fcntl(F_GETFD) before closing it.
-    let getfd = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::F_GETFD as u64)
-        .and_then(|c| SeccompRule::new(vec![c]))
-        .expect("a valid single-condition rule");
-    rules.insert(libc::SYS_fcntl, vec![getfd]);
-    rules
-}
-
-fn ioctl_requests(requests: &[u64]) -> Result<Vec<SeccompRule>, SeccompError> {
-    requests
-        .iter()
-        .map(|&request| {
-            let condition = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
-                .map_err(|e| SeccompError(e.to_string()))?;
-            SeccompRule::new(vec![condition]).map_err(|e| SeccompError(e.to_string()))
-        })
-        .collect()
-}
-
 /// The main thread's filter.
 pub fn main_filter() -> Result<BpfProgram, SeccompError> {
     let mut rules = allow_all(COMMON);
@@ -173,54 +136,10 @@ pub fn filters() -> Result<Filters, SeccompError> {
     Ok(Filters { main: main_filter()?, vcpu: vcpu_filter()?, control: control_filter()? })
 }
 
-/// Where the kernel puts the system call's number in the `siginfo_t` of a seccomp SIGSYS
-/// (`si_syscall`, after `si_signo`, `si_errno`, `si_code`, padding and `si_call_addr`).
-const SI_SYSCALL_OFFSET: usize = 24;
-
 /// Installs the handler that reports a seccomp violation before the process dies of it: one line
 /// on stderr, `seccomp: system call N is not allowed; the VMM dies of SIGSYS`.
 pub fn report_violations() -> std::io::Result<()> {
-    vmm_sys_util::signal::register_signal_handler(libc::SIGSYS, on_violation)
-        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
-}
-
-extern "C" fn on_violation(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // SAFETY: the kernel passed a siginfo_t for a seccomp SIGSYS, whose si_syscall it filled.
-    let nr = unsafe { std::ptr::read_unaligned((info as *const u8).add(SI_SYSCALL_OFFSET).cast::<i32>()) };
-    let mut line = [0u8; 96];
-    let mut len = 0;
-    let mut put = |bytes: &[u8]| {
-        let n = bytes.len().min(line.len() - len);
-        line[len..len + n].copy_from_slice(&bytes[..n]);
-        len += n;
-    };
-    put(b"seccomp: system call ");
-    let mut digits = [0u8; 12];
-    let mut value = nr.unsigned_abs();
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    put(&digits[at..]);
-    put(b" is not allowed; the VMM dies of SIGSYS\n");
-    // SAFETY: write(2) of a buffer on this stack (allowed in every filter); then the same system
-    // call again: with SIGSYS blocked in its own handler, the kernel kills the process with it.
-    unsafe {
-        libc::write(2, line.as_ptr().cast(), len);
-        libc::syscall(nr as libc::c_long, 0, 0, 0, 0, 0, 0);
-        // Allowed with these arguments after all: end as the kill would have.
-        libc::abort();
-    }
-}
-
-/// Installs `filter` on the calling thread.
-pub fn apply(filter: &BpfProgram) -> Result<(), SeccompError> {
-    seccompiler::apply_filter(filter).map_err(|e| SeccompError(e.to_string()))
+    jail::seccomp::report_violations("VMM").map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 #[cfg(test)]
@@ -233,7 +152,7 @@ mod tests {
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            if seccompiler::apply_filter(filter).is_err() {
+            if apply(filter).is_err() {
                 // SAFETY: terminating the child.
                 unsafe { libc::_exit(100) };
             }
@@ -261,7 +180,7 @@ mod tests {
             // filter, and makes a call the filter forbids (socket, 41).
             unsafe {
                 libc::dup2(fds[1], 2);
-                if report_violations().is_err() || seccompiler::apply_filter(&filter).is_err() {
+                if report_violations().is_err() || apply(&filter).is_err() {
                     libc::_exit(100);
                 }
                 libc::syscall(libc::SYS_socket, libc::AF_INET, libc::SOCK_STREAM, 0);

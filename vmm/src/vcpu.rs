@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
+use jail::seccomp::BpfProgram;
 use kvm_bindings::{CpuId, kvm_fpu, kvm_run};
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use seccompiler::BpfProgram;
 use vm_device::bus::{Access, Bus};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
@@ -71,7 +71,7 @@ pub struct Vcpu {
     memory: GuestMemoryMmap,
     stop: Arc<VmStop>,
     counters: Arc<ExitCounters>,
-    final_rips: Arc<std::sync::Mutex<Vec<Option<u64>>>>,
+    final_rips: Arc<std::sync::Mutex<Vec<Option<FinalPlace>>>>,
 }
 
 /// A running vCPU thread.
@@ -118,7 +118,7 @@ pub struct VcpuShared {
     /// Exit counters.
     pub counters: Arc<ExitCounters>,
     /// Where each vCPU was when it stopped (filled as the threads end).
-    pub final_rips: Arc<std::sync::Mutex<Vec<Option<u64>>>>,
+    pub final_rips: Arc<std::sync::Mutex<Vec<Option<FinalPlace>>>>,
 }
 
 impl Vcpu {
@@ -187,10 +187,10 @@ impl Vcpu {
             KVM_RUN.with(|cell| cell.set(run));
             self.run_loop(run);
             KVM_RUN.with(|run| run.set(std::ptr::null_mut()));
-            let rip = self.fd.get_regs().ok().map(|r| r.rip);
+            let place = self.final_place();
             let mut rips = self.final_rips.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(slot) = rips.get_mut(self.id as usize) {
-                *slot = rip;
+                *slot = place;
             }
             drop(rips);
             drop(self);
@@ -273,6 +273,23 @@ impl Vcpu {
         }
     }
 
+    /// Where the vCPU stopped: its rip and, where the guest's page tables map it, the
+    /// guest-physical address and the code there.
+    fn final_place(&self) -> Option<FinalPlace> {
+        let rip = self.fd.get_regs().ok()?.rip;
+        let code = self.code_at(rip);
+        Some(FinalPlace { rip, code })
+    }
+
+    /// The guest-physical address of `rip` (through the vCPU's page tables) and the
+    /// [`CODE_BYTES`] bytes of guest memory there.
+    fn code_at(&self, rip: u64) -> Option<(u64, [u8; CODE_BYTES])> {
+        let t = self.fd.translate_gva(rip).ok().filter(|t| t.valid != 0)?;
+        let mut code = [0u8; CODE_BYTES];
+        self.memory.read_slice(&mut code, GuestAddress(t.physical_address)).ok()?;
+        Some((t.physical_address, code))
+    }
+
     /// Describes KVM_EXIT_INTERNAL_ERROR: the suberror, RIP and the instruction bytes there.
     fn internal_error(&mut self) -> ExitReason {
         // SAFETY: reading the `internal` member of the exit union after KVM reported
@@ -282,18 +299,40 @@ impl Vcpu {
         let mut detail = format!("{kind} on vCPU {}", self.id);
         if let Ok(regs) = self.fd.get_regs() {
             detail.push_str(&format!(" at rip {:#x}", regs.rip));
-            if let Ok(t) = self.fd.translate_gva(regs.rip)
-                && t.valid != 0
-            {
-                let mut code = [0u8; 8];
-                if self.memory.read_slice(&mut code, GuestAddress(t.physical_address)).is_ok() {
-                    let bytes: Vec<String> = code.iter().map(|b| format!("{b:02x}")).collect();
-                    detail.push_str(&format!(" (code {})", bytes.join(" ")));
-                }
+            if let Some((_, code)) = self.code_at(regs.rip) {
+                detail.push_str(&format!(" (code {})", hex_bytes(&code[..8])));
             }
         }
         ExitReason::InternalError { suberror, detail }
     }
+}
+
+/// How many bytes of code at a stopped vCPU's rip a report shows.
+pub const CODE_BYTES: usize = 16;
+
+/// Where a vCPU stopped, for a hang's report.
+#[derive(Debug, Clone, Copy)]
+pub struct FinalPlace {
+    /// Its rip.
+    pub rip: u64,
+    /// The guest-physical address of rip and the code there, where the guest's page tables map
+    /// rip (a hang that ran into unmapped or garbage code shows which).
+    pub code: Option<(u64, [u8; CODE_BYTES])>,
+}
+
+impl std::fmt::Display for FinalPlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rip {:#x}", self.rip)?;
+        match &self.code {
+            Some((gpa, code)) => write!(f, " (gpa {gpa:#x}, code {})", hex_bytes(code)),
+            None => write!(f, " (not mapped)"),
+        }
+    }
+}
+
+/// `f0 48 0f ...`.
+fn hex_bytes(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
 }
 
 /// The size of one access of a KVM_EXIT_IO: string I/O (`rep outsb`) can hand over several

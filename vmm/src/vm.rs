@@ -232,13 +232,14 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// "vCPU 0 at rip 0x...; vCPU 1 at rip 0x...": where a hung guest was.
-fn describe_rips(rips: &[Option<u64>]) -> String {
+/// "vCPU 0 at rip 0x... (gpa 0x..., code ...); vCPU 1 at rip 0x... (...)": where a hung guest
+/// was, and what code was there.
+fn describe_rips(rips: &[Option<crate::vcpu::FinalPlace>]) -> String {
     let parts: Vec<String> = rips
         .iter()
         .enumerate()
-        .map(|(id, rip)| match rip {
-            Some(rip) => format!("vCPU {id} at rip {rip:#x}"),
+        .map(|(id, place)| match place {
+            Some(place) => format!("vCPU {id} at {place}"),
             None => format!("vCPU {id} did not stop"),
         })
         .collect();

@@ -327,3 +327,30 @@ fn a_jailed_vmm_dies_with_the_process_that_was_started() {
     }
     assert!(gone(), "the jailed VMM {pid} outlived its supervisor");
 }
+
+#[test]
+fn a_model_in_its_wires_network_namespace_keeps_the_hosts_cgroup_tree() {
+    let test = "a_model_in_its_wires_network_namespace_keeps_the_hosts_cgroup_tree";
+    if !root(test) {
+        return;
+    }
+    let netns = format!("dljail-{}", std::process::id());
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).output().expect("ip runs");
+    assert!(ip(&["netns", "add", &netns]).status.success(), "ip netns add {netns}");
+    let model = lab::ModelProcess::start_in(&driverlab(), "aqc100", &["--tap", "dlwire0"], Some(&netns));
+    let links = ip(&["-n", &netns, "link", "show", "dlwire0"]);
+    let on_host = ip(&["link", "show", "dlwire0"]);
+    let confinement = model.as_ref().ok().and_then(lab::ModelProcess::confinement);
+    drop(model);
+    ip(&["netns", "delete", &netns]);
+    let confinement = confinement.expect("the model started and answered on its control socket");
+    // Its TAP is in the namespace, not on the host.
+    assert!(links.status.success(), "{}", String::from_utf8_lossy(&links.stderr));
+    assert!(!on_host.status.success(), "the TAP is not on the host");
+    // Jailed in full: the namespace's network, the host's /sys/fs/cgroup (its own cgroup).
+    let steps = &confinement.steps;
+    assert_eq!(steps.len(), vm_spec::confinement::STEPS.len());
+    for step in steps {
+        assert!(step.done, "step {} not taken: {}", step.step, step.detail);
+    }
+}

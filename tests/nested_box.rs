@@ -236,10 +236,10 @@ fn phases(lab_box: &Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str), f: 
                     format!("{name}: the VMM's jail step {must}: {step:?}"),
                 );
             }
-            // So did the card's model on the host (its peer's first answer says how). Under `ip
-            // netns exec` it sees a /sys of that namespace, without the cgroup tree.
+            // So did the card's model on the host (its peer's first answer says how), in its
+            // wire's network namespace and the host's cgroup tree.
             let model_steps = r["model_confinement"]["steps"].as_array().cloned().unwrap_or_default();
-            for must in ["namespaces", "rlimits", "root", "identity", "no_new_privs"] {
+            for must in ["namespaces", "cgroup", "rlimits", "root", "identity", "no_new_privs"] {
                 let step = model_steps.iter().find(|s| s["step"] == must);
                 f.check(
                     r["model_confinement"]["jailed"] == true && step.is_some_and(|s| s["done"] == true),

@@ -4,37 +4,16 @@
 //! open a file, make a socket or run a program. Anything else kills the process (SIGSYS),
 //! named on stderr first.
 
-use jail::seccomp::{BpfProgram, SeccompError, allow_all, argument_is, compile};
+use jail::seccomp::{BpfProgram, RUNTIME, SeccompError, allow_all, argument_is, compile};
 
-/// Calls every thread of a model makes: memory, futexes, signals, time, exiting.
-const RUNTIME: &[i64] = &[
-    libc::SYS_brk,
-    libc::SYS_clock_gettime,
-    libc::SYS_clock_nanosleep,
-    libc::SYS_close,
-    libc::SYS_exit,
-    libc::SYS_exit_group,
-    libc::SYS_futex,
-    libc::SYS_getpid,
+/// Calls a model's threads make beyond the Rust runtime's ([`RUNTIME`]).
+const MODEL_RUNTIME: &[i64] = &[
     libc::SYS_getrandom,
-    libc::SYS_gettid,
-    libc::SYS_madvise,
-    libc::SYS_mmap,
-    libc::SYS_mprotect,
-    libc::SYS_mremap,
-    libc::SYS_munmap,
-    libc::SYS_nanosleep,
-    libc::SYS_rseq,
-    libc::SYS_rt_sigprocmask,
-    libc::SYS_rt_sigreturn,
     libc::SYS_rt_sigtimedwait,
     libc::SYS_sched_getaffinity,
-    libc::SYS_sched_yield,
     // A thread started just before the filter may still be in its start-up (glibc's robust
     // futex list, Rust's guard page and signal stack, its name below) when the filter reaches it.
     libc::SYS_set_robust_list,
-    libc::SYS_sigaltstack,
-    libc::SYS_tgkill,
 ];
 
 /// What serving takes: the vfio-user and control sockets already bound (accepting, messages with
@@ -66,6 +45,7 @@ const SIOCGIFFLAGS: u64 = libc::SIOCGIFFLAGS;
 /// sockets on SIGTERM (a model without the jail; a jailed one leaves that to its supervisor).
 pub fn model_filter(may_unlink: bool) -> Result<BpfProgram, SeccompError> {
     let mut rules = allow_all(RUNTIME);
+    rules.extend(allow_all(MODEL_RUNTIME));
     rules.extend(SERVING.iter().map(|&nr| (nr, vec![])));
     // `try_clone` of a stream (F_DUPFD_CLOEXEC) and std's descriptor checks (F_GETFD).
     rules.insert(
@@ -92,26 +72,7 @@ pub fn install(may_unlink: bool) -> Result<(), SeccompError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Runs `body` in a forked child after installing `filter`; returns how the child ended.
-    fn in_child(filter: &BpfProgram, body: impl FnOnce()) -> (bool, i32) {
-        // SAFETY: fork in a test process; the child only makes raw system calls and `_exit`s.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            if jail::seccomp::apply(filter).is_err() {
-                // SAFETY: terminating the child.
-                unsafe { libc::_exit(100) };
-            }
-            body();
-            // SAFETY: terminating the child.
-            unsafe { libc::_exit(0) };
-        }
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        if libc::WIFSIGNALED(status) { (true, libc::WTERMSIG(status)) } else { (false, libc::WEXITSTATUS(status)) }
-    }
+    use jail::seccomp::in_child;
 
     #[test]
     fn a_model_cannot_open_files_make_sockets_start_threads_or_programs() {

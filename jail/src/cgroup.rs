@@ -86,6 +86,26 @@ fn make(parent: &Path, kind: &str, pid: u32) -> Result<PathBuf, String> {
     }
 }
 
+/// Makes cgroup `KIND-PID` in `parent` (see [`make`]), writes `limits` (file, value) into it and
+/// moves this process in. Another process's sweep may remove the new cgroup while it is still
+/// empty, between its creation and the move: then it is made again (a few times at most).
+fn make_and_enter(parent: &Path, kind: &str, pid: u32, limits: &[(&str, String)]) -> Result<(), String> {
+    const ATTEMPTS: usize = 4;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let dir = make(parent, kind, pid)?;
+        let result = limits
+            .iter()
+            .try_for_each(|(file, value)| write(&dir.join(file), value))
+            .and_then(|()| write(&dir.join("cgroup.procs"), "0"));
+        match result {
+            Err(_) if attempt < ATTEMPTS && !dir.exists() => continue,
+            other => return other,
+        }
+    }
+}
+
 /// Makes the process's cgroup and moves it there.
 pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, String> {
     let memory = spec.memory.saturating_add(MEMORY_OVERHEAD);
@@ -104,11 +124,12 @@ pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, Strin
                 format!("{e} (a cgroup with processes cannot give its children controllers: start driverlab in a delegated cgroup)")
             })?;
         }
-        let dir = make(&parent, &spec.name, supervisor_pid)?;
-        write(&dir.join("memory.max"), &memory.to_string())?;
-        write(&dir.join("pids.max"), &pids.to_string())?;
-        write(&dir.join("cpu.max"), &format!("{cpu_quota} {CPU_PERIOD_US}"))?;
-        write(&dir.join("cgroup.procs"), "0")?;
+        let limits = [
+            ("memory.max", memory.to_string()),
+            ("pids.max", pids.to_string()),
+            ("cpu.max", format!("{cpu_quota} {CPU_PERIOD_US}")),
+        ];
+        make_and_enter(&parent, &spec.name, supervisor_pid, &limits)?;
         let path = format!("{}/{}/{name}", own.trim_end_matches('/'), spec.cgroup_parent);
         return Ok(Joined { path, memory, pids, cpu_quota, version: 2 });
     }
@@ -125,9 +146,7 @@ pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, Strin
         }
         let own = own_cgroup(Some(controller))?;
         let parent = hierarchy.join(own.trim_start_matches('/')).join(&spec.cgroup_parent);
-        let dir = make(&parent, &spec.name, supervisor_pid)?;
-        write(&dir.join(limit), &value.to_string())?;
-        write(&dir.join("cgroup.procs"), "0")?;
+        make_and_enter(&parent, &spec.name, supervisor_pid, &[(limit, value.to_string())])?;
         // The memory hierarchy's path is the one reported (the pids one may sit elsewhere).
         if path.is_empty() {
             path = format!("{}/{}/{name}", own.trim_end_matches('/'), spec.cgroup_parent);
@@ -164,5 +183,19 @@ mod tests {
         left.sort();
         // vm-2 is not empty here (a real cgroup with processes refuses rmdir the same way).
         assert_eq!(left, ["aqc100-3", "vm-2", "vm-9"]);
+    }
+
+    #[test]
+    fn a_cgroup_gets_its_limits_then_the_process() {
+        let dir = tempfile::tempdir().unwrap();
+        make_and_enter(dir.path(), "vm", 9, &[("pids.max", "17".into())]).unwrap();
+        let made = dir.path().join("vm-9");
+        assert_eq!(std::fs::read_to_string(made.join("pids.max")).unwrap(), "17");
+        assert_eq!(std::fs::read_to_string(made.join("cgroup.procs")).unwrap(), "0");
+        // A parent that cannot be made is an error that names it, not a loop.
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let err = make_and_enter(&file.join("sub"), "vm", 9, &[]).unwrap_err();
+        assert!(err.contains("creating"), "{err}");
     }
 }

@@ -17,6 +17,32 @@ use seccompiler::{
 #[error("seccomp filter: {0}")]
 pub struct SeccompError(String);
 
+/// What any thread of a Rust program makes between its start and its end: memory, futexes,
+/// signal masks and stacks, time and sleeping, exiting. Every filter starts from these.
+pub const RUNTIME: &[i64] = &[
+    libc::SYS_brk,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_close,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_futex,
+    libc::SYS_getpid,
+    libc::SYS_gettid,
+    libc::SYS_madvise,
+    libc::SYS_mmap,
+    libc::SYS_mprotect,
+    libc::SYS_mremap,
+    libc::SYS_munmap,
+    libc::SYS_nanosleep,
+    libc::SYS_rseq,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_sched_yield,
+    libc::SYS_sigaltstack,
+    libc::SYS_tgkill,
+];
+
 /// Per system call, the argument conditions under which it is allowed (none: always).
 pub type Rules = BTreeMap<i64, Vec<SeccompRule>>;
 
@@ -56,6 +82,30 @@ pub fn apply(filter: &BpfProgram) -> Result<(), SeccompError> {
 /// Installs `filter` on every thread of the process at once (`SECCOMP_FILTER_FLAG_TSYNC`).
 pub fn apply_to_all_threads(filter: &BpfProgram) -> Result<(), SeccompError> {
     seccompiler::apply_filter_all_threads(filter).map_err(|e| SeccompError(e.to_string()))
+}
+
+/// Runs `body` in a forked child of this process after installing `filter` there, and returns
+/// how the child ended: `(true, signal)` if a signal killed it (SIGSYS: the filter refused a
+/// call), else `(false, exit code)` (0: `body` returned; 100: the filter could not be
+/// installed). How a filter's tests see what it allows; `body` should make plain system calls.
+pub fn in_child(filter: &BpfProgram, body: impl FnOnce()) -> (bool, i32) {
+    // SAFETY: fork; the child installs the filter, runs `body` and `_exit`s without unwinding
+    // into the parent's state.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        if apply(filter).is_err() {
+            // SAFETY: terminating the child.
+            unsafe { libc::_exit(100) };
+        }
+        body();
+        // SAFETY: terminating the child.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    if libc::WIFSIGNALED(status) { (true, libc::WTERMSIG(status)) } else { (false, libc::WEXITSTATUS(status)) }
 }
 
 /// Where the kernel puts the system call's number in the `siginfo_t` of a seccomp SIGSYS

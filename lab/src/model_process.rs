@@ -75,14 +75,28 @@ impl ModelProcess {
         let dir = std::env::temp_dir().join(format!("driverlab-model-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(start_error)?;
         let socket = dir.join(format!("{kind}.sock"));
-        let mut command = match netns {
-            Some(netns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", netns]).arg(driverlab);
-                c
+        let mut command = Command::new(driverlab);
+        if let Some(netns) = netns {
+            // Into the namespace's network only (as `ip netns exec` would, but without its
+            // fresh /sys, which has no cgroup tree for the model's jail).
+            let path = Path::new("/run/netns").join(netns);
+            let namespace = std::fs::File::open(&path).map_err(|e| {
+                let _ = std::fs::remove_dir_all(&dir);
+                start_error(std::io::Error::new(e.kind(), format!("network namespace {}: {e}", path.display())))
+            })?;
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the forked child before exec and makes one system call
+            // on a descriptor it owns (the namespace's file, open until the command is dropped).
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
             }
-            None => Command::new(driverlab),
-        };
+        }
         command.args(["model", kind, "--once", "--socket"]).arg(&socket).args(args);
         // The AQC100's control socket, for its live counters: the caller's, or one of ours.
         let given = args.iter().position(|a| *a == "--control").and_then(|i| args.get(i + 1)).map(PathBuf::from);

@@ -4,7 +4,7 @@
 //! files, create sockets or start programs. The vCPU thread may only issue the KVM ioctls its run
 //! loop needs.
 
-use jail::seccomp::{BpfProgram, allow_all, compile, ioctl_requests};
+use jail::seccomp::{BpfProgram, RUNTIME, allow_all, compile, ioctl_requests};
 pub use jail::seccomp::{SeccompError, apply};
 use kvm_bindings::{
     KVMIO, kvm_irq_routing, kvm_irqfd, kvm_regs, kvm_sregs, kvm_translation, kvm_userspace_memory_region,
@@ -41,32 +41,11 @@ fn device_ioctls() -> [u64; 4] {
     [VFIO_DEVICE_SET_IRQS(), VFIO_DEVICE_RESET(), VFIO_IOMMU_MAP_DMA(), VFIO_IOMMU_UNMAP_DMA()].map(u64::from)
 }
 
-/// System calls every thread makes: memory, futexes, signals, time, exiting, writing logs.
+/// System calls every thread makes beyond the Rust runtime's ([`RUNTIME`]): writing logs, and
+/// passed-through devices' vfio-user sockets and kernel VFIO region access.
 const COMMON: &[i64] = &[
-    libc::SYS_brk,
-    libc::SYS_clock_gettime,
-    libc::SYS_clock_nanosleep,
-    libc::SYS_close,
-    libc::SYS_exit,
-    libc::SYS_exit_group,
-    libc::SYS_futex,
-    libc::SYS_getpid,
-    libc::SYS_gettid,
-    libc::SYS_madvise,
-    libc::SYS_mmap,
-    libc::SYS_mprotect,
-    libc::SYS_mremap,
-    libc::SYS_munmap,
-    libc::SYS_nanosleep,
-    libc::SYS_rseq,
-    libc::SYS_rt_sigprocmask,
-    libc::SYS_rt_sigreturn,
-    libc::SYS_sched_yield,
-    libc::SYS_sigaltstack,
-    libc::SYS_tgkill,
     libc::SYS_write,
     libc::SYS_writev,
-    // Passed-through devices: vfio-user sockets, kernel VFIO region access.
     libc::SYS_pread64,
     libc::SYS_pwrite64,
     libc::SYS_read,
@@ -95,7 +74,8 @@ pub struct Filters {
 
 /// The main thread's filter.
 pub fn main_filter() -> Result<BpfProgram, SeccompError> {
-    let mut rules = allow_all(COMMON);
+    let mut rules = allow_all(RUNTIME);
+    rules.extend(allow_all(COMMON));
     rules.extend(allow_all(MAIN_ONLY));
     // Teardown: passed-through devices are reset and their DMA maps taken down.
     rules.insert(libc::SYS_ioctl, ioctl_requests(&device_ioctls())?);
@@ -105,14 +85,16 @@ pub fn main_filter() -> Result<BpfProgram, SeccompError> {
 /// The control thread's filter: its socket, and reading devices' counters (vfio-user messages and
 /// region reads are in the common set).
 pub fn control_filter() -> Result<BpfProgram, SeccompError> {
-    let mut rules = allow_all(COMMON);
+    let mut rules = allow_all(RUNTIME);
+    rules.extend(allow_all(COMMON));
     rules.extend(allow_all(CONTROL_ONLY));
     compile(rules)
 }
 
 /// A vCPU thread's filter.
 pub fn vcpu_filter() -> Result<BpfProgram, SeccompError> {
-    let mut rules = allow_all(COMMON);
+    let mut rules = allow_all(RUNTIME);
+    rules.extend(allow_all(COMMON));
     // Device emulation on the vCPU thread reprograms MSI routes and irqfds (MSI-X table writes),
     // moves passed-through BAR windows (KVM slots), and drives passed-through devices.
     let mut requests: Vec<u64> = [
@@ -145,26 +127,7 @@ pub fn report_violations() -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Runs `body` in a forked child after installing `filter`; returns how the child ended.
-    fn in_child(filter: &BpfProgram, body: fn()) -> (bool, i32) {
-        // SAFETY: fork in a test process; the child only makes raw system calls and `_exit`s.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            if apply(filter).is_err() {
-                // SAFETY: terminating the child.
-                unsafe { libc::_exit(100) };
-            }
-            body();
-            // SAFETY: terminating the child.
-            unsafe { libc::_exit(0) };
-        }
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        if libc::WIFSIGNALED(status) { (true, libc::WTERMSIG(status)) } else { (false, libc::WEXITSTATUS(status)) }
-    }
+    use jail::seccomp::in_child;
 
     #[test]
     fn a_violation_is_named_on_stderr_and_still_kills_with_sigsys() {

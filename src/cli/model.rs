@@ -245,7 +245,9 @@ fn serve_nic<N: NicCore>(socket: &Path, wire: Wire, options: Serving, what: &str
     let handle = model.handle();
     let report = handle.clone();
     let confined = confinement.clone();
-    exit_on_signal(if jail { Vec::new() } else { files }, move || status_json(&report, &confined))?;
+    // The sockets this process removes itself: none when jailed (its supervisor does).
+    let own_files = if jail { Vec::new() } else { files };
+    exit_on_signal(own_files, move || status_json(&report, &confined))?;
     model.start().with_context(|| format!("starting {what}'s data path"))?;
     if let Some(listener) = listener {
         serve_control(listener, handle.clone(), confinement)?;

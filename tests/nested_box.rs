@@ -42,6 +42,10 @@ impl Box_ {
         if fresh {
             command.arg("--fresh");
         }
+        // More options of `up` for an experiment (e.g. `--nested-paging off`), split at spaces.
+        if let Ok(extra) = std::env::var("DRIVERLAB_NESTED_BOX_UP_ARGS") {
+            command.args(extra.split_whitespace());
+        }
         let out = command.output().map_err(|e| e.to_string())?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         let last = stdout.lines().last().unwrap_or_default().to_string();

@@ -67,6 +67,9 @@ pub struct UpArgs {
     /// The box's CPU model under TCG; it must have SVM with nested paging.
     #[arg(long, value_name = "MODEL", default_value = "max")]
     pub cpu: String,
+    /// Whether the box's KVM uses nested paging for its VMs (`off`: shadow page tables).
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    pub nested_paging: bool,
     /// The box's folder.
     #[command(flatten)]
     pub dir: DirArgs,
@@ -81,6 +84,14 @@ pub struct GateArgs {
     /// The card model's control socket.
     #[arg(long)]
     pub control: PathBuf,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: say on or off")),
+    }
 }
 
 fn parse_nic(s: &str) -> Result<NicKind, String> {
@@ -108,6 +119,7 @@ impl NestedBoxCommand {
                     fresh: args.fresh,
                     boot_timeout_s: args.timeout,
                     cpu: args.cpu,
+                    nested_paging: args.nested_paging,
                 };
                 let driverlab = std::env::current_exe()?;
                 let note = |line: &str| eprintln!("{line}");

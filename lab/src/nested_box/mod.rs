@@ -111,6 +111,14 @@ pub struct BoxOptions {
     /// The box's CPU model under TCG (it must have SVM with nested paging).
     #[serde(default = "default_cpu")]
     pub cpu: String,
+    /// Whether the box's KVM gives its VMs nested paging (`kvm_amd npt`); off, it shadows their
+    /// page tables instead.
+    #[serde(default = "default_nested_paging")]
+    pub nested_paging: bool,
+}
+
+fn default_nested_paging() -> bool {
+    true
 }
 
 fn default_cpu() -> String {
@@ -127,6 +135,7 @@ impl Default for BoxOptions {
             fresh: false,
             boot_timeout_s: 600,
             cpu: default_cpu(),
+            nested_paging: default_nested_paging(),
         }
     }
 }

@@ -17,7 +17,12 @@ pub fn box_args(plan: &BoxPlan, dir: &BoxDir) -> Vec<String> {
     push(&["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-no-reboot"]);
     push(&["-serial", &format!("file:{}", dir.console().display())]);
     let cards: Vec<String> = plan.cards.iter().map(|c| c.cmdline_word()).collect();
-    let cmdline = format!("console=ttyS0 panic=-1 dlbox.cards={} dlbox.port={BOX_PORT}", cards.join(","));
+    let mut cmdline = format!("console=ttyS0 panic=-1 dlbox.cards={} dlbox.port={BOX_PORT}", cards.join(","));
+    if !o.nested_paging {
+        // A module's parameter on the kernel's command line, as modprobe reads it (the box's
+        // init passes it to insmod).
+        cmdline.push_str(" kvm_amd.npt=0");
+    }
     push(&["-kernel", &plan.bzimage.display().to_string(), "-initrd", &dir.initramfs().display().to_string()]);
     push(&["-append", &cmdline]);
     push(&["-device", "virtio-iommu-pci"]);
@@ -61,6 +66,7 @@ mod tests {
             cards: [NicKind::Aqc100, NicKind::Lan743x].map(|k| Card::new(k, &PathBuf::from("/b/run"))).into(),
         };
         let args = box_args(&plan, &dir).join(" ");
+        assert!(!args.contains("npt"), "nested paging is on by default: {args}");
         for part in [
             "-accel tcg -cpu max",
             "memory-backend-memfd,id=mem,size=4096M,share=on -m 4096M -smp 2",
@@ -75,5 +81,9 @@ mod tests {
         ] {
             assert!(args.contains(part), "{part} in {args}");
         }
+        let mut plan = plan;
+        plan.options.nested_paging = false;
+        let args = box_args(&plan, &dir).join(" ");
+        assert!(args.contains("dlbox.port=8750 kvm_amd.npt=0"), "{args}");
     }
 }

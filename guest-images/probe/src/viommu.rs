@@ -5,7 +5,7 @@ use core::cell::UnsafeCell;
 
 use crate::acpi::{self, Acpi};
 use crate::pci::{Ecam, Function};
-use crate::virtio::{QueueMemory, VirtioPci, Virtqueue};
+use crate::virtio::{NO_VECTOR, QueueMemory, VirtioPci, Virtqueue};
 use crate::{interrupts, json, lapic, report, time};
 
 const VIRTIO_VENDOR: u16 = 0x1af4;
@@ -66,6 +66,20 @@ unsafe impl Sync for QueueCell {}
 
 static QUEUE: QueueCell = QueueCell(UnsafeCell::new(QueueMemory::new()));
 
+/// The event queue: the device reports faults there. A device may refuse to start without it
+/// (Cloud Hypervisor's does), and Linux's driver always sets it up and fills it.
+static EVENT_QUEUE: QueueCell = QueueCell(UnsafeCell::new(QueueMemory::new()));
+
+/// Buffers offered on the event queue (a fault report is 24 bytes).
+const EVENT_BUFFERS: usize = 8;
+
+struct EventCell(UnsafeCell<[[u8; 64]; EVENT_BUFFERS]>);
+
+// SAFETY: as above; the device writes these, the probe only hands them over.
+unsafe impl Sync for EventCell {}
+
+static EVENTS: EventCell = EventCell(UnsafeCell::new([[0; 64]; EVENT_BUFFERS]));
+
 #[repr(C, align(64))]
 struct Buffers {
     request: [u8; 128],
@@ -87,6 +101,7 @@ fn completions() -> u64 {
 pub struct Viommu {
     transport: VirtioPci,
     queue: Virtqueue,
+    events: Virtqueue,
     tsc_khz: u64,
     interrupts_ok: bool,
     /// The first domain ID the device allows.
@@ -273,6 +288,10 @@ fn drive(acpi: &Acpi, ecam: Ecam, functions: &[Function], f: &Function, ops: u32
     // SAFETY: single-threaded; the queue memory is handed to the device once.
     let queue_memory = unsafe { &mut *QUEUE.0.get() };
     let queue = transport.setup_queue(0, queue_memory, QUEUE_MSIX_ENTRY)?;
+    // SAFETY: as above, the event queue's memory and buffers.
+    let (event_memory, event_buffers) = unsafe { (&mut *EVENT_QUEUE.0.get(), &mut *EVENTS.0.get()) };
+    let mut events = transport.setup_queue(1, event_memory, NO_VECTOR)?;
+    events.offer(event_buffers);
     transport.msix_route(QUEUE_MSIX_ENTRY, lapic::id(), COMPLETION_VECTOR);
     transport.driver_ok();
 
@@ -287,8 +306,16 @@ fn drive(acpi: &Acpi, ecam: Ecam, functions: &[Function], f: &Function, ops: u32
         .ok_or("no PCI function is behind the virtio-iommu")? as u32;
 
     let tsc_khz = time::tsc_khz().ok_or("the TSC rate is unknown (no hypervisor timing leaf, no ACPI PM timer)")?;
-    let mut driver =
-        Viommu { transport, queue, tsc_khz, interrupts_ok: true, first_domain: domain, ranges, range_count: count };
+    let mut driver = Viommu {
+        transport,
+        queue,
+        events,
+        tsc_khz,
+        interrupts_ok: true,
+        first_domain: domain,
+        ranges,
+        range_count: count,
+    };
     exercise(&mut driver, domain, endpoint, probe_size, ops)?;
     Ok(driver)
 }
@@ -340,6 +367,7 @@ fn exercise(driver: &mut Viommu, domain: u32, endpoint: u32, probe_size: usize, 
     let (null_median, null_p99) = (percentile(null, 50), percentile(null, 99));
     let msix = driver.transport.has_msix();
     let interrupts_ok = driver.interrupts_ok;
+    let fault_events = driver.events.used();
     let mut by_size = [[(0u64, 0u64); 2]; 2];
     for (kind, row) in by_size.iter_mut().enumerate() {
         for (size, cell) in row.iter_mut().enumerate() {
@@ -377,7 +405,8 @@ fn exercise(driver: &mut Viommu, domain: u32, endpoint: u32, probe_size: usize, 
             .u64("null_ns_median", null_median)
             .u64("null_ns_p99", null_p99)
             .bool("msix", msix)
-            .str("completion", if msix { "msix" } else { "polled" });
+            .str("completion", if msix { "msix" } else { "polled" })
+            .u64("fault_events", fault_events as u64);
     });
     if !msi_window {
         report::fail("PROBE did not report the MSI window as reserved");

@@ -1,9 +1,11 @@
 //! A minimal driver for the virtio 1.x modern PCI transport: capability discovery, feature
-//! negotiation, one split virtqueue with one request in flight, MSI-X when the function has it
+//! negotiation, split virtqueues with one request in flight (or a set of device-writable
+//! buffers the device fills when it has something to say), MSI-X when the function has it
 //! (QEMU's virtio-iommu-pci does not: its completions are then polled).
 
 use crate::mmio;
 use crate::pci::{Ecam, Function};
+use crate::time;
 
 /// VIRTIO_F_VERSION_1.
 pub const F_VERSION_1: u64 = 1 << 32;
@@ -11,7 +13,10 @@ const STATUS_ACKNOWLEDGE: u8 = 1;
 const STATUS_DRIVER: u8 = 2;
 const STATUS_DRIVER_OK: u8 = 4;
 const STATUS_FEATURES_OK: u8 = 8;
-const NO_VECTOR: u16 = 0xffff;
+/// The MSI-X vector number that means none (the queue interrupts nobody).
+pub const NO_VECTOR: u16 = 0xffff;
+/// How long a device may take to finish a reset (status reads 0 again).
+const RESET_TIMEOUT_US: u64 = 100_000;
 const CAP_VENDOR: u8 = 0x09;
 const CAP_MSIX: u8 = 0x11;
 const DESC_F_NEXT: u16 = 1;
@@ -113,6 +118,10 @@ impl VirtioPci {
     /// VERSION_1 and `required`); returns the accepted features.
     pub fn negotiate(&self, wanted: u64, required: u64) -> Result<u64, &'static str> {
         self.set_status(0);
+        // The reset is done when the status reads 0 again (virtio 1.2, 4.1.4.3.2).
+        if !time::wait_until(time::deadline_after_micros(RESET_TIMEOUT_US), || self.status() == 0) {
+            return Err("the device did not finish its reset");
+        }
         self.set_status(STATUS_ACKNOWLEDGE);
         self.set_status(STATUS_ACKNOWLEDGE | STATUS_DRIVER);
         let mut offered = 0u64;
@@ -217,6 +226,28 @@ impl Virtqueue {
     /// Whether the device has returned a request not yet taken with [`Virtqueue::poll`].
     pub fn ready(&self) -> bool {
         mmio::read::<u16>(self.base + 0x2000 + 2) != self.used_idx
+    }
+
+    /// Makes each of `buffers` available to the device as one device-writable descriptor (a
+    /// queue the device fills on its own, such as the virtio-iommu's event queue).
+    pub fn offer(&mut self, buffers: &mut [[u8; 64]]) {
+        let avail = self.base + 0x1000;
+        for (i, buffer) in buffers.iter_mut().enumerate().take(QUEUE_SIZE as usize) {
+            let desc = self.base + i as u64 * 16;
+            mmio::write(desc, buffer.as_mut_ptr() as u64);
+            mmio::write(desc + 8, buffer.len() as u32);
+            mmio::write(desc + 12, DESC_F_WRITE);
+            mmio::write(desc + 14, 0u16);
+            mmio::write(avail + 4 + (self.avail_idx % QUEUE_SIZE) as u64 * 2, i as u16);
+            self.avail_idx = self.avail_idx.wrapping_add(1);
+        }
+        core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+        mmio::write(avail + 2, self.avail_idx);
+    }
+
+    /// How many buffers the device has returned in all (for a queue it fills on its own).
+    pub fn used(&self) -> u16 {
+        mmio::read(self.base + 0x2000 + 2)
     }
 
     /// If the device returned the request, its used length.

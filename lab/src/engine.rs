@@ -140,7 +140,7 @@ pub struct Booted {
 }
 
 impl Booted {
-    fn failed(ending: Ending) -> Booted {
+    pub(crate) fn failed(ending: Ending) -> Booted {
         Booted {
             ending,
             exit: None,

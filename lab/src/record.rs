@@ -191,6 +191,19 @@ pub struct Record {
     pub serial_log: Option<String>,
     /// A crash seen in the serial log.
     pub crash: Option<Crash>,
+    /// Earlier attempts of this repetition that the host spoiled (its virtualization lost the
+    /// VM's state): each was run again, and this record is the attempt that counts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retried: Vec<Attempt>,
+}
+
+/// An attempt of a repetition that was run again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// Why it did not count (its reason, ERROR).
+    pub reason: String,
+    /// Its artifacts (serial log, VMM log, ...), relative to the artifacts folder.
+    pub artifacts: Option<String>,
 }
 
 impl Record {
@@ -223,7 +236,14 @@ impl Record {
             error: None,
             serial_log: None,
             crash: None,
+            retried: Vec::new(),
         }
+    }
+
+    /// Whether the host spoiled this repetition (its virtualization lost the VM's state), so
+    /// that running it again says something about the guest where this attempt could not.
+    pub fn spoiled_by_host(&self) -> bool {
+        self.status == Status::Error && self.exit.as_ref().is_some_and(|e| e.vcpu_state_lost.is_some())
     }
 
     /// The maps per packet a report's table and the progress lines show: the side the workload

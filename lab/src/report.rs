@@ -119,6 +119,18 @@ pub struct RunRecords<'a> {
     pub records: &'a [Record],
 }
 
+/// One note per attempt the host spoiled and the lab ran again: why, and where its artifacts are.
+fn retried_notes(records: &[&Record]) -> Vec<String> {
+    records
+        .iter()
+        .flat_map(|r| r.retried.iter().map(move |a| (r.repetition, a)))
+        .map(|(rep, a)| {
+            let kept = a.artifacts.as_ref().map(|p| format!(" (its artifacts: {p})")).unwrap_or_default();
+            format!("rep {} was run again after an attempt that did not count: {}{kept}", rep + 1, a.reason)
+        })
+        .collect()
+}
+
 fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
     let mut status: BTreeMap<&'static str, usize> = Status::ALL.iter().map(|s| (s.name(), 0)).collect();
     let mut reasons: Vec<String> = Vec::new();
@@ -167,7 +179,7 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         against: None,
         reasons,
         crashes,
-        notes: Vec::new(),
+        notes: retried_notes(records),
         bus_link: records.iter().find_map(|r| r.bus.as_ref().map(|b| b.link.clone())),
         bus_profile: records.iter().find_map(|r| r.bus.as_ref().and_then(|b| b.profile.clone())),
     }

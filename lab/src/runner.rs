@@ -74,11 +74,31 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
     words.join(" ")
 }
 
+/// The artifacts folder of repetition `repetition` of `cell`.
+fn rep_dir(ctx: &RunContext, cell: &Cell, repetition: u32) -> PathBuf {
+    ctx.artifacts.join(&cell.id).join(format!("rep{repetition}"))
+}
+
+/// Moves the artifacts of an attempt of a repetition that is run again to
+/// `CELL/repN.attempt{attempt}`, so that the next attempt starts afresh and the spoiled one stays
+/// readable; the new folder relative to the artifacts folder, if the move worked.
+pub fn set_attempt_aside(ctx: &RunContext, cell: &Cell, repetition: u32, attempt: usize) -> Option<String> {
+    let from = rep_dir(ctx, cell, repetition);
+    let to = ctx.artifacts.join(&cell.id).join(format!("rep{repetition}.attempt{attempt}"));
+    match std::fs::rename(&from, &to) {
+        Ok(()) => to.strip_prefix(&ctx.artifacts).ok().map(|p| p.display().to_string()),
+        Err(e) => {
+            tracing::warn!("setting {} aside: {e}", from.display());
+            None
+        }
+    }
+}
+
 /// Runs repetition `repetition` of `cell`.
 pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Record {
     let started_at = now_rfc3339();
     let start = Instant::now();
-    let rep_dir = ctx.artifacts.join(&cell.id).join(format!("rep{repetition}"));
+    let rep_dir = rep_dir(ctx, cell, repetition);
     let mut record = Record::not_run(&ctx.run, cell, repetition, Status::Error, "");
     record.started_at = started_at;
     let fail = |mut record: Record, status: Status, reason: String| {
@@ -381,6 +401,9 @@ fn page_reuse(frames: &crate::agent::Frames) -> Option<f64> {
     (refills > 0).then(|| (flips + reuses) as f64 / refills as f64)
 }
 
+/// How the reason of a repetition whose VM's state the host lost begins.
+pub const HOST_LOST_STATE: &str = "the host's virtualization lost the VM's state";
+
 /// The status and its reason.
 fn judge(
     booted: &Booted,
@@ -399,6 +422,10 @@ fn judge(
         Ending::Unexplained(why) => return (Status::Error, Some(why.clone())),
         Ending::Stopped { reason, detail } => (reason.as_str(), detail.clone().unwrap_or_default()),
     };
+    // A vCPU found in a state no guest reaches: the host lost it, whatever the guest was doing.
+    if let Some(lost) = booted.exit.as_ref().and_then(|e| e.vcpu_state_lost.as_ref()) {
+        return (Status::Error, Some(format!("{HOST_LOST_STATE}: {lost}")));
+    }
     if let Some(silence) = booted.silent_for {
         // Where it stopped: the console's last line, when it printed one.
         let last = serial.lines().rev().map(str::trim).find(|l| !l.is_empty()).map(|l| {
@@ -507,6 +534,35 @@ mod tests {
             device: "aq".into(),
         };
         Record::not_run("r", &cell, 0, Status::Pass, "")
+    }
+
+    #[test]
+    fn a_hang_whose_vcpu_state_was_lost_is_the_host_s_error_and_a_plain_hang_the_guest_s_failure() {
+        let exit = |lost: Option<&str>| vm_spec::ExitSummary {
+            vcpu_state_lost: lost.map(String::from),
+            ..serde_json::from_str(
+                r#"{"vmm":"exit","reason":"shutdown","exit_code":7,"entry":"pvh","vcpus":1,"memory_mib":512,
+                    "setup_ms":1,"run_ms":9,"serial_bytes":0,"exits":{"io":0,"mmio":0,"unclaimed":0}}"#,
+            )
+            .unwrap()
+        };
+        let hung = |lost: Option<&str>| Booted {
+            ending: Ending::Stopped {
+                reason: "shutdown".into(),
+                detail: Some("vCPU 0 at rip 0x1 (not mapped)".into()),
+            },
+            exit: Some(exit(lost)),
+            silent_for: Some(Duration::from_secs(150)),
+            ..Booted::failed(Ending::Killed)
+        };
+        let record = passed("iperf-rx");
+        let (status, reason) = judge(&hung(None), "[ 1.0] last line\n", &record, 600.0, None);
+        assert_eq!(status, Status::Fail);
+        assert!(reason.unwrap().starts_with("hung: no serial output for 150 s after \"[ 1.0] last line\"; vCPU 0"));
+        let lost = "vCPU 0: it is at kernel address 0xffffffffc0413c60, which its own page tables do not map";
+        let (status, reason) = judge(&hung(Some(lost)), "", &record, 600.0, None);
+        assert_eq!(status, Status::Error);
+        assert_eq!(reason.unwrap(), format!("{HOST_LOST_STATE}: {lost}"));
     }
 
     #[test]

@@ -18,12 +18,15 @@ use guest_images::store::ImageStore;
 use crate::health;
 use crate::matrix::{Cell, DeviceKind, Engine, Plan, Workload};
 use crate::qemu::Accel;
-use crate::record::{Record, Status};
+use crate::record::{Attempt, Record, Status};
 use crate::runner::{self, RunContext};
 use crate::store::{RunState, Store, StoreError};
 
 /// How often a worker asks again for a device another run holds.
 const LEASE_POLL: Duration = Duration::from_secs(2);
+
+/// How many times a repetition the host spoiled ([`Record::spoiled_by_host`]) is run again.
+const HOST_FAULT_RETRIES: usize = 1;
 
 /// Errors running a matrix.
 #[derive(Debug, thiserror::Error)]
@@ -225,6 +228,27 @@ pub fn execute(
     Ok(Outcome { counts: crate::store::status_counts(&records), cancelled })
 }
 
+/// Runs a repetition by `attempt`, and again, up to [`HOST_FAULT_RETRIES`] times, while the host
+/// spoils it ([`Record::spoiled_by_host`]): each spoiled attempt is set aside (`set_aside(n)`
+/// keeps the `n`th attempt's artifacts and says where), told (`note`) and listed in the record
+/// that counts.
+fn with_retries(
+    mut attempt: impl FnMut() -> Record,
+    mut set_aside: impl FnMut(usize) -> Option<String>,
+    note: impl Fn(&str),
+) -> Record {
+    let mut record = attempt();
+    let mut retried = Vec::new();
+    while record.spoiled_by_host() && retried.len() < HOST_FAULT_RETRIES {
+        let reason = record.reason.clone().unwrap_or_default();
+        note(&reason);
+        retried.push(Attempt { reason, artifacts: set_aside(retried.len() + 1) });
+        record = attempt();
+    }
+    record.retried = retried;
+    record
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -297,7 +321,11 @@ impl Worker<'_> {
                     return self.give_up(&pending[i..], Status::Error, &why);
                 }
             }
-            let record = runner::run(self.ctx, self.plan, cell, rep);
+            let record = with_retries(
+                || runner::run(self.ctx, self.plan, cell, rep),
+                |attempt| runner::set_attempt_aside(self.ctx, cell, rep, attempt),
+                |reason| self.progress.note(&format!("{} rep {}: {reason}; running it again", cell.id, rep + 1)),
+            );
             // A repetition that did not pass may have left the device broken: check it again
             // before the next one.
             healthy = record.status == Status::Pass;
@@ -376,6 +404,53 @@ mod tests {
     fn host(hardware: bool, vfio: bool, root: bool, ssh: bool) -> Host {
         let virt = if hardware { Virtualization::Hardware("svm") } else { Virtualization::Pvm };
         Host { virt, vfio, root, ssh, qemu: None }
+    }
+
+    #[test]
+    fn a_repetition_the_host_spoils_is_run_again_once_and_the_spoiled_attempt_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan(dir.path(), "model = \"aqc100\"");
+        let cell = &plan.cells[0];
+        let spoiled = || {
+            let mut r = Record::not_run("r", cell, 0, Status::Error, "the host's virtualization lost ...");
+            let line = r#"{"vmm":"exit","reason":"shutdown","exit_code":7,"entry":"pvh","vcpus":1,"memory_mib":512,
+                "setup_ms":1,"run_ms":9,"serial_bytes":0,"exits":{"io":0,"mmio":0,"unclaimed":0},
+                "vcpu_state_lost":"vCPU 0: its page tables (cr3 0x123000) are outside guest memory"}"#;
+            r.exit = Some(serde_json::from_str(&line.replace('\n', "")).unwrap());
+            r
+        };
+        let passed = || Record::not_run("r", cell, 0, Status::Pass, "");
+        let notes = std::cell::RefCell::new(Vec::new());
+        let note = |n: &str| notes.borrow_mut().push(n.to_string());
+
+        // Spoiled, then passed: the pass counts and lists the spoiled attempt.
+        let mut attempts = vec![passed(), spoiled()];
+        let record = with_retries(|| attempts.pop().unwrap(), |n| Some(format!("c01/rep0.attempt{n}")), note);
+        assert_eq!(record.status, Status::Pass);
+        assert_eq!(record.retried.len(), 1);
+        assert_eq!(record.retried[0].artifacts.as_deref(), Some("c01/rep0.attempt1"));
+        assert!(record.retried[0].reason.starts_with("the host's virtualization lost"));
+        assert_eq!(notes.borrow().len(), 1);
+
+        // Spoiled twice: run again once only, and the second spoiled attempt is the record.
+        let mut attempts = vec![spoiled(), spoiled(), passed()];
+        let record = with_retries(|| attempts.remove(0), |_| None, |_| {});
+        assert!(record.spoiled_by_host() && record.retried.len() == 1);
+        assert_eq!(attempts.len(), 1, "the third attempt did not run");
+
+        // A guest's own failure (no lost state) is never run again.
+        let mut failed = Record::not_run("r", cell, 0, Status::Fail, "hung: no serial output for 150 s");
+        failed.exit = spoiled().exit.map(|e| vm_spec::ExitSummary { vcpu_state_lost: None, ..e });
+        let mut runs = 0;
+        let record = with_retries(
+            || {
+                runs += 1;
+                failed.clone()
+            },
+            |_| None,
+            |_| {},
+        );
+        assert_eq!((runs, record.retried.len()), (1, 0));
     }
 
     #[test]

@@ -144,6 +144,12 @@ pub struct ExitSummary {
     /// How the VMM process was confined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confinement: Option<crate::confinement::Confinement>,
+    /// For a VM stopped from outside (timeout, shutdown): why the state a vCPU was found in is
+    /// one no guest can reach, when it is ("vCPU 0: its page tables (cr3 0x...) are outside
+    /// guest memory"). The host's virtualization lost that vCPU's state: an infrastructure
+    /// fault, not the guest's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpu_state_lost: Option<String>,
 }
 
 /// The VMM's set-up, phase by phase, in milliseconds (they add up to `setup_ms`).
@@ -274,6 +280,7 @@ mod tests {
                 reset_ok: true,
             }],
             confinement: None,
+            vcpu_state_lost: None,
         };
         let line = summary.to_json();
         assert!(line.starts_with(r#"{"vmm":"exit","reason":"poweroff","exit_code":0,"#), "{line}");

@@ -11,7 +11,7 @@ use jail::seccomp::BpfProgram;
 use kvm_bindings::{CpuId, kvm_fpu, kvm_run};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_device::bus::{Access, Bus};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
 use crate::boot::BootEntry;
@@ -274,11 +274,15 @@ impl Vcpu {
     }
 
     /// Where the vCPU stopped: its rip and, where the guest's page tables map it, the
-    /// guest-physical address and the code there.
+    /// guest-physical address and the code there; its paging state.
     fn final_place(&self) -> Option<FinalPlace> {
         let rip = self.fd.get_regs().ok()?.rip;
         let code = self.code_at(rip);
-        Some(FinalPlace { rip, code })
+        let paging = self.fd.get_sregs().ok().filter(|s| s.cr0 & CR0_PG != 0).map(|s| {
+            let root = GuestAddress(s.cr3 & CR3_ROOT_MASK);
+            Paging { cr3: s.cr3, root_in_memory: self.memory.address_in_range(root) }
+        });
+        Some(FinalPlace { rip, code, paging })
     }
 
     /// The guest-physical address of `rip` (through the vCPU's page tables) and the
@@ -309,6 +313,21 @@ impl Vcpu {
 
 /// How many bytes of code at a stopped vCPU's rip a report shows.
 pub const CODE_BYTES: usize = 16;
+/// CR0.PG.
+const CR0_PG: u64 = 1 << 31;
+/// The page-table root's address bits in CR3 (without PCID and the flag bits).
+const CR3_ROOT_MASK: u64 = 0x000f_ffff_ffff_f000;
+/// The lowest address of the upper half of a 48- or 57-bit address space (the kernel's).
+const UPPER_HALF: u64 = 0xff00_0000_0000_0000;
+
+/// A stopped vCPU's paging: where its page tables are.
+#[derive(Debug, Clone, Copy)]
+pub struct Paging {
+    /// CR3.
+    pub cr3: u64,
+    /// Whether CR3's page-table root lies in guest memory.
+    pub root_in_memory: bool,
+}
 
 /// Where a vCPU stopped, for a hang's report.
 #[derive(Debug, Clone, Copy)]
@@ -318,14 +337,39 @@ pub struct FinalPlace {
     /// The guest-physical address of rip and the code there, where the guest's page tables map
     /// rip (a hang that ran into unmapped or garbage code shows which).
     pub code: Option<(u64, [u8; CODE_BYTES])>,
+    /// Its paging, when paging is on.
+    pub paging: Option<Paging>,
+}
+
+impl FinalPlace {
+    /// Why no guest can be in this state, if none can: a running vCPU whose page tables lie
+    /// outside guest memory, or that sits at a kernel address its own page tables do not map
+    /// (it would have faulted, and the kernel would have said so), was not left there by its
+    /// guest. The host's virtualization lost its state (a hypervisor below the VMM's KVM, as in
+    /// a nested lab box under QEMU TCG, is where this has been seen).
+    pub fn impossible(&self) -> Option<String> {
+        let paging = self.paging?;
+        if !paging.root_in_memory {
+            return Some(format!("its page tables (cr3 {:#x}) are outside guest memory", paging.cr3));
+        }
+        if self.code.is_none() && self.rip >= UPPER_HALF {
+            return Some(format!("it is at kernel address {:#x}, which its own page tables do not map", self.rip));
+        }
+        None
+    }
 }
 
 impl std::fmt::Display for FinalPlace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "rip {:#x}", self.rip)?;
         match &self.code {
-            Some((gpa, code)) => write!(f, " (gpa {gpa:#x}, code {})", hex_bytes(code)),
-            None => write!(f, " (not mapped)"),
+            Some((gpa, code)) => write!(f, " (gpa {gpa:#x}, code {})", hex_bytes(code))?,
+            None => write!(f, " (not mapped)")?,
+        }
+        match &self.paging {
+            Some(p) if p.root_in_memory => write!(f, ", cr3 {:#x}", p.cr3),
+            Some(p) => write!(f, ", cr3 {:#x} (outside guest memory)", p.cr3),
+            None => write!(f, ", paging off"),
         }
     }
 }
@@ -352,5 +396,34 @@ fn tally(access: Access, claimed: &mut u64, unclaimed: &mut u64, kind: &str, add
         tracing::trace!("unclaimed {kind} at {addr:#x} {written:02x?}");
     } else {
         *claimed += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(rip: u64, mapped: bool, paging: Option<(u64, bool)>) -> FinalPlace {
+        FinalPlace {
+            rip,
+            code: mapped.then_some((0x1000, [0x90; CODE_BYTES])),
+            paging: paging.map(|(cr3, root_in_memory)| Paging { cr3, root_in_memory }),
+        }
+    }
+
+    #[test]
+    fn only_states_no_guest_can_reach_are_called_lost() {
+        // A kernel spinning in its own mapped code, a user address not mapped (it may be paged
+        // out), a vCPU that never turned paging on (a secondary CPU waiting for SIPI): the guest's.
+        assert_eq!(place(0xffff_ffff_8100_0000, true, Some((0x10_0000, true))).impossible(), None);
+        assert_eq!(place(0x40_0000, false, Some((0x10_0000, true))).impossible(), None);
+        assert_eq!(place(0, false, None).impossible(), None);
+        // A kernel address its own page tables do not map, page tables outside guest memory.
+        let unmapped = place(0xffff_ffff_c041_3c60, false, Some((0x10_0000, true)));
+        assert!(unmapped.impossible().unwrap().contains("kernel address 0xffffffffc0413c60"), "{unmapped}");
+        let outside = place(0xffff_ffff_8100_0000, true, Some((0x1_2345_6000, false)));
+        assert!(outside.impossible().unwrap().contains("cr3 0x123456000"), "{outside}");
+        assert!(outside.to_string().ends_with("cr3 0x123456000 (outside guest memory)"), "{outside}");
+        assert!(place(0x10_0000, true, None).to_string().ends_with(", paging off"));
     }
 }

@@ -170,11 +170,12 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     let stopped = Instant::now();
     control.set_state(VmState::Stopping);
     stop_vcpus(threads);
-    let detail = match &reason {
+    let (detail, vcpu_state_lost) = match &reason {
         ExitReason::Timeout | ExitReason::Shutdown => {
-            Some(describe_rips(&shared.final_rips.lock().unwrap_or_else(|p| p.into_inner())))
+            let places = shared.final_rips.lock().unwrap_or_else(|p| p.into_inner());
+            (Some(describe_rips(&places)), state_lost(&places))
         }
-        other => other.detail(),
+        other => (other.detail(), None),
     };
     lock(&platform.serial).flush();
     if let Some((com2, _)) = &platform.com2 {
@@ -200,6 +201,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         devices,
         exits: counters.counts(),
         confinement: Some(confinement),
+        vcpu_state_lost,
     })
 }
 
@@ -244,6 +246,12 @@ fn describe_rips(rips: &[Option<crate::vcpu::FinalPlace>]) -> String {
         })
         .collect();
     parts.join("; ")
+}
+
+/// "vCPU 0: its page tables (...) are outside guest memory": the first vCPU found in a state no
+/// guest can reach.
+fn state_lost(places: &[Option<crate::vcpu::FinalPlace>]) -> Option<String> {
+    places.iter().enumerate().find_map(|(id, place)| Some(format!("vCPU {id}: {}", place.as_ref()?.impossible()?)))
 }
 
 fn ms(d: Duration) -> f64 {

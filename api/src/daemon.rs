@@ -36,6 +36,8 @@ pub struct Daemon {
     pub builds: Mutex<()>,
     /// One device health check at a time: each is a VM.
     pub checks: Mutex<()>,
+    /// One benchmark at a time: its figures are worth little beside another.
+    pub benches: Mutex<()>,
     /// Event and serial streams open now.
     streams: Arc<AtomicUsize>,
 }
@@ -63,6 +65,7 @@ impl Daemon {
             vms,
             builds: Mutex::new(()),
             checks: Mutex::new(()),
+            benches: Mutex::new(()),
             streams: Arc::new(AtomicUsize::new(0)),
         })
     }

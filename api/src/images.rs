@@ -15,14 +15,10 @@ use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
 use crate::types::{BuildInitramfs, BuildKernel, BuildModule, ImageSummary};
 
-/// Whether `id` is an image ID (`kernel-…`, `module-…`, `initramfs-…`: a kind and hex digits),
-/// so that it can name nothing but a folder of the store.
+/// Whether `id` is an image ID (`kernel-…`, `module-…`, `initramfs-…`: a kind and 16 hex
+/// digits), so that it can name nothing but a folder of the store.
 pub fn is_image_id(id: &str) -> bool {
-    ["kernel", "module", "initramfs"].iter().any(|kind| {
-        id.strip_prefix(kind)
-            .and_then(|r| r.strip_prefix('-'))
-            .is_some_and(|h| !h.is_empty() && h.len() <= 64 && h.chars().all(|c| c.is_ascii_hexdigit()))
-    })
+    guest_images::store::is_image_id(id)
 }
 
 fn summary(id: String, manifest: serde_json::Value) -> ImageSummary {

@@ -7,6 +7,7 @@
 //! and modules are images in its store, devices are registered.
 
 pub mod auth;
+pub mod bench;
 pub mod client;
 pub mod daemon;
 pub mod devices;

@@ -17,7 +17,7 @@ use crate::daemon::Daemon;
 use crate::listeners;
 use crate::problem::Problem;
 use crate::types::{HostInfo, Version};
-use crate::{devices, images, results, runs, vms};
+use crate::{bench, devices, images, results, runs, vms};
 
 /// The API's OpenAPI 3.1 document, made from the handlers and their types.
 #[derive(OpenApi)]
@@ -31,6 +31,7 @@ use crate::{devices, images, results, runs, vms};
         runs::submit, runs::list, runs::show, runs::cancel, runs::resume, runs::events, runs::report,
         results::list, results::database,
         vms::start, vms::list, vms::show, vms::counters, vms::stop, vms::remove, vms::serial,
+        bench::boot,
     ),
     components(schemas(results::StatusParam, results::FormatParam)),
     modifiers(&TokenOverTcp),
@@ -41,6 +42,7 @@ use crate::{devices, images, results, runs, vms};
         (name = "runs", description = "Matrix runs, their progress and reports"),
         (name = "results", description = "The records of runs"),
         (name = "vms", description = "One-off VMs"),
+        (name = "bench", description = "Benchmarks of this box: one at a time"),
     )
 )]
 pub struct ApiDoc;
@@ -118,6 +120,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/v1/runs/{id}/report", get(runs::report))
         .route("/v1/results", get(results::list))
         .route("/v1/database", get(results::database))
+        .route("/v1/bench/boot", post(bench::boot))
         .route("/v1/vms", get(vms::list).post(vms::start))
         .route("/v1/vms/{id}", get(vms::show).delete(vms::remove))
         .route("/v1/vms/{id}/counters", get(vms::counters))

@@ -141,6 +141,47 @@ pub struct ImageSummary {
     pub manifest: serde_json::Value,
 }
 
+/// `POST /v1/bench/boot`: a kernel of the image store booted under each engine, interleaved
+/// (`driverlab bench boot --linux`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchBoot {
+    /// The kernel image (`kernel-…`): its ELF vmlinux boots under every engine, with an
+    /// initramfs whose `/init` prints a line and powers off.
+    pub kernel: String,
+    /// Boots per engine, 1 to 30.
+    #[serde(default = "default_bench_runs")]
+    #[schema(default = 10, minimum = 1, maximum = 30)]
+    pub runs: u32,
+    /// QEMU `-M microvm` with KVM beside driverlab (the daemon's QEMU engine).
+    #[serde(default = "default_true")]
+    #[schema(default = true)]
+    pub qemu: bool,
+    /// QEMU `-M q35` with KVM as well.
+    #[serde(default)]
+    pub q35: bool,
+}
+
+fn default_bench_runs() -> u32 {
+    10
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// What `POST /v1/bench/boot` measured.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BenchBootResult {
+    /// The measurements: each engine's times from spawning it to the init's line
+    /// (`to_init_ms`) and to its exit (`to_exit_ms`), one per boot, and driverlab's exit census
+    /// (docs/benchmarks.md).
+    #[schema(value_type = Object)]
+    pub bench: serde_json::Value,
+    /// The table `driverlab bench boot --linux` prints for them.
+    pub table: String,
+}
+
 /// `POST /v1/images/kernel`: Debian's kernel package, fetched with `apt-get download`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

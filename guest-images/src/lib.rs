@@ -5,6 +5,7 @@
 //! - [`kernel`]: taking kernels apart, e.g. the ELF vmlinux (with its PVH note) out of a
 //!   distribution bzImage.
 
+pub mod boot_initramfs;
 pub mod box_image;
 pub mod initramfs;
 pub mod initramfs_build;

@@ -26,11 +26,9 @@ pub struct Resolved {
     pub manifest: Option<KernelManifest>,
 }
 
-/// Whether `name` names a store image of `kind` (`kind-` and hex digits) rather than a file.
+/// Whether `name` names a store image of `kind` (`kind-` and 16 hex digits) rather than a file.
 pub fn is_id(name: &str, kind: &str) -> bool {
-    name.strip_prefix(kind)
-        .and_then(|r| r.strip_prefix('-'))
-        .is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
+    guest_images::store::is_image_id_of(name, kind)
 }
 
 /// Resolves a Linux image of `plan` (not the probe), building what its recipe asks for.
@@ -201,6 +199,9 @@ mod tests {
         assert!(is_id("kernel-b4ecf741a5956628", "kernel"));
         assert!(!is_id("kernel-", "kernel"));
         assert!(!is_id("./kernel-b4ec", "kernel"));
+        assert!(!is_id("kernel-b4ec", "kernel"), "16 digits, as the store makes them");
+        assert!(!is_id("kernel-B4ECF741A5956628", "kernel"));
+        assert!(!is_id("kernel-b4ecf741a59566280", "kernel"));
         assert!(!is_id("/boot/vmlinuz", "kernel"));
         assert!(is_id("initramfs-0146cab9f2596029", "initramfs"));
     }

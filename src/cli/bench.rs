@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Subcommand;
-use lab::bench::{self, BootBenchConfig};
+use lab::bench::{self, BootBenchConfig, linux_boot};
 use lab::stats::Summary;
 
 /// Benchmarks.
@@ -12,23 +12,43 @@ use lab::stats::Summary;
 pub enum BenchCommand {
     /// Boot-to-poweroff of the probe guest, many runs, side by side with QEMU
     /// (`-M microvm -accel kvm`) and, with --vs, Cloud Hypervisor booting the same ELF in the same
-    /// run, interleaved.
+    /// run, interleaved. With --linux: a Linux kernel and an initramfs whose /init prints a line
+    /// and powers off, from spawning each engine to that line and to its exit, with driverlab's
+    /// exit census (needs KVM that boots Linux: a lab box, the nested box).
     Boot {
-        /// Runs per engine.
-        #[arg(long, default_value_t = 30)]
-        runs: usize,
+        /// Runs per engine [probe: 30, --linux: 10].
+        #[arg(long)]
+        runs: Option<usize>,
         /// Guest memory in MiB.
         #[arg(long, default_value_t = 256)]
         memory: u64,
-        /// The QEMU binary to compare with.
-        #[arg(long, default_value = "qemu-system-x86_64")]
-        qemu: PathBuf,
+        /// The QEMU binary to compare with [probe: qemu-system-x86_64; --linux: the QEMU
+        /// engine's chroot, `driverlab engine setup qemu`].
+        #[arg(long, value_name = "PATH")]
+        qemu: Option<PathBuf>,
         /// Leave QEMU out.
         #[arg(long)]
         no_qemu: bool,
         /// A `cloud-hypervisor` binary to compare with as well (built from its source).
         #[arg(long, value_name = "PATH")]
         vs: Option<PathBuf>,
+        /// Boot this Linux kernel instead of the probe: an ELF vmlinux or a bzImage, or a kernel
+        /// image of the store (`kernel-…`, its vmlinux; the only form a daemon takes).
+        #[arg(long, value_name = "KERNEL")]
+        linux: Option<String>,
+        /// The initramfs for --linux [one whose /init prints `driverlab-boot: init` and powers
+        /// off, built here].
+        #[arg(long, value_name = "PATH", requires = "linux")]
+        initrd: Option<PathBuf>,
+        /// QEMU's q35 machine as well as microvm (--linux).
+        #[arg(long, requires = "linux")]
+        q35: bool,
+        /// Print the measurements as JSON after the table (--linux).
+        #[arg(long, requires = "linux")]
+        json: bool,
+        /// Run it on a daemon's box instead (--linux with a kernel image's ID).
+        #[command(flatten)]
+        daemon: super::lab_remote::DaemonArgs,
     },
     /// virtio-iommu MAP and UNMAP round trips as the probe guest sees them (notify to MSI-X
     /// completion), at 4 KiB and 2 MiB, next to a null request (the transport alone).
@@ -77,9 +97,16 @@ impl BenchCommand {
     /// Runs the benchmark and prints its figures.
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
-            BenchCommand::Boot { runs, memory, qemu, no_qemu, vs } => {
-                boot(runs, memory, (!no_qemu).then_some(qemu), vs)
-            }
+            BenchCommand::Boot { runs, memory, qemu, no_qemu, vs, linux, initrd, q35, json, daemon } => match linux {
+                Some(kernel) => {
+                    let linux = LinuxArgs { kernel, initrd, runs: runs.unwrap_or(10), memory, qemu, no_qemu, vs, q35 };
+                    linux_boot(linux, json, &daemon)
+                }
+                None => {
+                    let qemu = qemu.unwrap_or_else(|| PathBuf::from("qemu-system-x86_64"));
+                    boot(runs.unwrap_or(30), memory, (!no_qemu).then_some(qemu), vs)
+                }
+            },
             BenchCommand::Viommu { ops } => viommu(ops),
             BenchCommand::ModelRx { frames, size, rounds } => model_rx(frames, size, rounds),
             BenchCommand::Nic { frames, strategies } => nic(frames, &strategies),
@@ -134,6 +161,86 @@ fn boot(runs: usize, memory: u64, qemu: Option<PathBuf>, cloud_hypervisor: Optio
         println!("driverlab / cloud-hypervisor (medians): {ratio:.3}   goal: at most 1.0");
     }
     Ok(0)
+}
+
+/// What `bench boot --linux` was given.
+struct LinuxArgs {
+    kernel: String,
+    initrd: Option<PathBuf>,
+    runs: usize,
+    memory: u64,
+    qemu: Option<PathBuf>,
+    no_qemu: bool,
+    vs: Option<PathBuf>,
+    q35: bool,
+}
+
+fn linux_boot(args: LinuxArgs, json: bool, daemon: &super::lab_remote::DaemonArgs) -> anyhow::Result<u8> {
+    let bench = match daemon.client()? {
+        Some(client) => remote_linux_boot(&client, &args)?,
+        None => local_linux_boot(&args)?,
+    };
+    print!("{}", linux_boot::table(&bench));
+    if json {
+        println!("{}", serde_json::to_string(&bench)?);
+    }
+    Ok(0)
+}
+
+fn local_linux_boot(args: &LinuxArgs) -> anyhow::Result<linux_boot::LinuxBootBench> {
+    let kernel = if guest_images::store::is_image_id(&args.kernel) {
+        let store = guest_images::store::ImageStore::new(guest_images::store::default_root());
+        let manifest: guest_images::kernel_image::KernelManifest = store.manifest(&args.kernel)?;
+        store.dir(&manifest.id).join(&manifest.vmlinux)
+    } else {
+        PathBuf::from(&args.kernel)
+    };
+    if !kernel.is_file() {
+        anyhow::bail!("--linux {}: no such kernel file or image", args.kernel);
+    }
+    let qemu = match (&args.qemu, args.no_qemu) {
+        (_, true) => None,
+        (Some(path), false) => Some(linux_boot::QemuBinary::Binary(path.clone())),
+        (None, false) => Some(linux_boot::QemuBinary::Chroot(lab::qemu::Qemu::find(&lab::qemu::default_root())?)),
+    };
+    let scratch = tempfile::tempdir().context("a scratch folder")?;
+    let config = linux_boot::LinuxBootConfig {
+        driverlab: std::env::current_exe().context("locating the driverlab binary")?,
+        kernel,
+        initrd: linux_boot::initramfs_in(scratch.path(), args.initrd.as_deref())?,
+        qemu,
+        q35: args.q35,
+        cloud_hypervisor: args.vs.clone(),
+        runs: args.runs,
+        memory_mib: args.memory,
+    };
+    Ok(linux_boot::run(&config, &|line| eprintln!("{line}"))?)
+}
+
+fn remote_linux_boot(client: &api::client::Client, args: &LinuxArgs) -> anyhow::Result<linux_boot::LinuxBootBench> {
+    if args.initrd.is_some() || args.vs.is_some() || args.qemu.is_some() || args.memory != 256 {
+        anyhow::bail!("through a daemon, --linux takes a kernel image's ID and --runs, --no-qemu, --q35 only");
+    }
+    let request = api::types::BenchBoot {
+        kernel: args.kernel.clone(),
+        runs: u32::try_from(args.runs).unwrap_or(u32::MAX),
+        qemu: !args.no_qemu,
+        q35: args.q35,
+    };
+    eprintln!("booting {} under each engine on the daemon's box, {} runs each", args.kernel, args.runs);
+    let runtime = super::lab_remote::runtime()?;
+    let body = serde_json::to_vec(&request)?;
+    let answer = runtime.block_on(client.call(
+        "POST",
+        "/v1/bench/boot",
+        &[("content-type", "application/json")],
+        Some(body),
+    ))?;
+    if answer.status != 200 {
+        return Err(super::lab_remote::refused(answer.status, &answer.body));
+    }
+    let result: api::types::BenchBootResult = serde_json::from_slice(&answer.body)?;
+    Ok(serde_json::from_value(result.bench)?)
 }
 
 fn viommu(ops: u32) -> anyhow::Result<u8> {

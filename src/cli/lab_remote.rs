@@ -71,12 +71,12 @@ impl DaemonArgs {
     }
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(super) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
 }
 
 /// An error answer as the CLI's error: 2 for the user's mistakes, 1 otherwise.
-fn refused(status: u16, body: &[u8]) -> anyhow::Error {
+pub(super) fn refused(status: u16, body: &[u8]) -> anyhow::Error {
     let message = serde_json::from_slice::<ErrorBody>(body)
         .map(|e| e.message)
         .unwrap_or_else(|_| String::from_utf8_lossy(body).into_owned());

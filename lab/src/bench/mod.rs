@@ -3,6 +3,7 @@
 //! trips; and the NIC ([`nic`]).
 
 pub mod lab_cost;
+pub mod linux_boot;
 pub mod nic;
 
 use std::path::{Path, PathBuf};
@@ -35,6 +36,9 @@ pub enum BenchError {
         /// What happened.
         detail: String,
     },
+    /// An input of the benchmark is missing or unusable.
+    #[error("{0}")]
+    Input(String),
     /// Another VMM could not be started.
     #[error("cannot run {engine} ({binary}): {source} (scripts/bench-boot.sh installs qemu-system-x86)", binary = binary.display())]
     Engine {

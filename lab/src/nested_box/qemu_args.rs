@@ -5,7 +5,8 @@ use super::{BOX_PORT, BoxDir, BoxPlan};
 /// QEMU's arguments for the box of `plan` in `dir`: q35 under TCG with the `max` CPU (SVM with
 /// nested paging), RAM from a shared memfd (vfio-user hands it to the models), a virtio-iommu,
 /// each card as a `vfio-user-pci` device, virtio-net with the daemon's port forwarded to the
-/// host's loopback, the image store and the box's share over 9p (read-only), the box's disk,
+/// host's loopback, the image store, the box's share and the QEMU engine's chroot over 9p
+/// (read-only), the box's disk,
 /// COM1 into the console file; `-no-reboot`, so that the box's poweroff ends QEMU.
 pub fn box_args(plan: &BoxPlan, dir: &BoxDir) -> Vec<String> {
     let o = &plan.options;
@@ -36,7 +37,9 @@ pub fn box_args(plan: &BoxPlan, dir: &BoxDir) -> Vec<String> {
     push(&["-netdev", &format!("user,id=net0,hostfwd=tcp:127.0.0.1:{}-:{BOX_PORT}", plan.port)]);
     // No option ROM: the kernel is booted directly, nothing boots from the network.
     push(&["-device", "virtio-net-pci,netdev=net0,romfile="]);
-    for (tag, path) in [("images", plan.images.clone()), ("box", dir.share())] {
+    // The QEMU engine's chroot too, so that the box can run QEMU with KVM beside driverlab
+    // (`POST /v1/bench/boot`).
+    for (tag, path) in [("images", plan.images.clone()), ("box", dir.share()), ("qemu", plan.qemu_root.clone())] {
         let fsdev = format!("local,id={tag},path={},security_model=none,readonly=on", path.display());
         push(&["-fsdev", &fsdev, "-device", &format!("virtio-9p-pci,fsdev={tag},mount_tag={tag}")]);
     }

@@ -1,0 +1,442 @@
+//! The Linux boot benchmark: one kernel and one initramfs (whose `/init` prints a line and powers
+//! off at once, [`guest_images::boot_initramfs`]) booted under driverlab, QEMU with KVM
+//! (`-M microvm`, and `q35` if asked) and Cloud Hypervisor if given, interleaved run by run; for
+//! each boot the time from spawning the engine to the init's line on the console and to the
+//! engine's exit, and driverlab's exit census.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use guest_images::boot_initramfs::INIT_LINE;
+use serde::{Deserialize, Serialize};
+use vm_spec::{ExitCounts, ExitSummary};
+
+use super::BenchError;
+use crate::qemu::Qemu;
+use crate::stats::Summary;
+
+/// The command line every engine gives the kernel: the console on the first serial port, as
+/// every engine has one there, and no messages beyond the kernel's warnings.
+pub const CMDLINE: &str = "console=ttyS0 panic=-1 quiet";
+/// The longest one boot may take before the run is given up.
+const BOOT_LIMIT: Duration = Duration::from_secs(300);
+
+/// An engine of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LinuxEngine {
+    /// `driverlab vm run`.
+    Driverlab,
+    /// QEMU `-M microvm -accel kvm`.
+    QemuMicrovm,
+    /// QEMU `-M q35 -accel kvm` (SeaBIOS first).
+    QemuQ35,
+    /// Cloud Hypervisor.
+    CloudHypervisor,
+}
+
+impl LinuxEngine {
+    /// Its name in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinuxEngine::Driverlab => "driverlab",
+            LinuxEngine::QemuMicrovm => "qemu -M microvm",
+            LinuxEngine::QemuQ35 => "qemu -M q35",
+            LinuxEngine::CloudHypervisor => "cloud-hypervisor",
+        }
+    }
+}
+
+/// QEMU as the benchmark runs it: the QEMU engine's chroot, or a binary on this host.
+#[derive(Debug, Clone)]
+pub enum QemuBinary {
+    /// The QEMU engine's forky chroot.
+    Chroot(Qemu),
+    /// A `qemu-system-x86_64` binary.
+    Binary(PathBuf),
+}
+
+impl QemuBinary {
+    fn command(&self, args: &[String]) -> Command {
+        match self {
+            QemuBinary::Chroot(qemu) => qemu.command(args),
+            QemuBinary::Binary(path) => {
+                let mut command = Command::new(path);
+                command.args(args);
+                command
+            }
+        }
+    }
+}
+
+/// What to boot, how often and under what.
+#[derive(Debug, Clone)]
+pub struct LinuxBootConfig {
+    /// The driverlab binary.
+    pub driverlab: PathBuf,
+    /// The kernel (an ELF vmlinux with its PVH note, or a bzImage), the same for every engine.
+    pub kernel: PathBuf,
+    /// The initramfs.
+    pub initrd: PathBuf,
+    /// QEMU, if it runs alongside.
+    pub qemu: Option<QemuBinary>,
+    /// QEMU's q35 machine as well as microvm.
+    pub q35: bool,
+    /// A `cloud-hypervisor` binary, if it runs alongside.
+    pub cloud_hypervisor: Option<PathBuf>,
+    /// Boots per engine.
+    pub runs: usize,
+    /// Guest memory in MiB.
+    pub memory_mib: u64,
+}
+
+impl LinuxBootConfig {
+    /// The engines, in the order each round runs them.
+    pub fn engines(&self) -> Vec<LinuxEngine> {
+        let mut engines = vec![LinuxEngine::Driverlab];
+        if self.qemu.is_some() {
+            engines.push(LinuxEngine::QemuMicrovm);
+            if self.q35 {
+                engines.push(LinuxEngine::QemuQ35);
+            }
+        }
+        if self.cloud_hypervisor.is_some() {
+            engines.push(LinuxEngine::CloudHypervisor);
+        }
+        engines
+    }
+
+    fn command(&self, engine: LinuxEngine) -> Command {
+        let memory = self.memory_mib.to_string();
+        let (kernel, initrd) = (self.kernel.display().to_string(), self.initrd.display().to_string());
+        match engine {
+            LinuxEngine::Driverlab => {
+                let mut command = Command::new(&self.driverlab);
+                command.args(["vm", "run", "--kernel", &kernel, "--initrd", &initrd, "--cmdline", CMDLINE]);
+                command.args(["--memory", &memory]);
+                command
+            }
+            LinuxEngine::QemuMicrovm | LinuxEngine::QemuQ35 => {
+                let machine = if engine == LinuxEngine::QemuQ35 { "q35" } else { "microvm" };
+                let args: Vec<String> = [
+                    "-M", machine, "-accel", "kvm", "-cpu", "host", "-m", &memory, "-smp", "1", "-nodefaults",
+                    "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot", "-kernel", &kernel,
+                    "-initrd", &initrd, "-append", CMDLINE,
+                ]
+                .map(String::from)
+                .into();
+                self.qemu.as_ref().expect("QEMU runs only when given").command(&args)
+            }
+            LinuxEngine::CloudHypervisor => {
+                let mut command = Command::new(self.cloud_hypervisor.as_ref().expect("given"));
+                command.args(["--kernel", &kernel, "--initramfs", &initrd, "--cmdline", CMDLINE]);
+                command.args(["--cpus", "boot=1", "--memory", &format!("size={memory}M")]);
+                command.args(["--serial", "tty", "--console", "off"]);
+                command
+            }
+        }
+    }
+}
+
+/// One engine's boots.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineBoots {
+    /// The engine.
+    pub engine: LinuxEngine,
+    /// Spawn to the init's line, ms, one per boot.
+    pub to_init_ms: Vec<f64>,
+    /// Spawn to the engine's exit, ms, one per boot.
+    pub to_exit_ms: Vec<f64>,
+}
+
+impl EngineBoots {
+    /// Medians and spread of the time to init.
+    pub fn to_init(&self) -> Option<Summary> {
+        Summary::of(&self.to_init_ms)
+    }
+
+    /// Medians and spread of the time to exit.
+    pub fn to_exit(&self) -> Option<Summary> {
+        Summary::of(&self.to_exit_ms)
+    }
+}
+
+/// What the benchmark measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinuxBootBench {
+    /// The kernel command line every engine gave.
+    pub cmdline: String,
+    /// Boots per engine.
+    pub runs: usize,
+    /// Guest memory in MiB.
+    pub memory_mib: u64,
+    /// Each engine's boots, in the order each round ran them.
+    pub engines: Vec<EngineBoots>,
+    /// driverlab's exit census of its last boot: exits by kind and the busiest ports.
+    pub census: Option<ExitCounts>,
+}
+
+impl LinuxBootBench {
+    /// An engine's boots.
+    pub fn engine(&self, engine: LinuxEngine) -> Option<&EngineBoots> {
+        self.engines.iter().find(|e| e.engine == engine)
+    }
+
+    /// driverlab's median time to init over `other`'s.
+    pub fn ratio_to_init(&self, other: LinuxEngine) -> Option<f64> {
+        let median = |e: LinuxEngine| Some(self.engine(e)?.to_init()?.median);
+        Some(median(LinuxEngine::Driverlab)? / median(other)?)
+    }
+}
+
+/// One boot: spawn to the init's line and to the exit, and the engine's stderr.
+struct Boot {
+    to_init: Duration,
+    to_exit: Duration,
+    stderr: String,
+}
+
+/// Boots `config.runs` times under each engine, interleaved (driverlab, QEMU microvm, QEMU q35,
+/// Cloud Hypervisor, driverlab, ...). `progress` hears of each boot.
+pub fn run(config: &LinuxBootConfig, progress: &dyn Fn(&str)) -> Result<LinuxBootBench, BenchError> {
+    let engines = config.engines();
+    let mut result = LinuxBootBench {
+        cmdline: CMDLINE.into(),
+        runs: config.runs,
+        memory_mib: config.memory_mib,
+        engines: engines
+            .iter()
+            .map(|&engine| EngineBoots { engine, to_init_ms: Vec::new(), to_exit_ms: Vec::new() })
+            .collect(),
+        census: None,
+    };
+    for run in 0..config.runs {
+        for (i, &engine) in engines.iter().enumerate() {
+            let boot = boot_once(config.command(engine), engine, run)?;
+            let boots = &mut result.engines[i];
+            boots.to_init_ms.push(ms(boot.to_init));
+            boots.to_exit_ms.push(ms(boot.to_exit));
+            if engine == LinuxEngine::Driverlab {
+                let exit = ExitSummary::find_in(&boot.stderr).filter(|e| e.reason == "poweroff");
+                let Some(exit) = exit else {
+                    return Err(bad_run(engine, run, "it did not end with a poweroff exit line", &boot.stderr));
+                };
+                result.census = Some(exit.exits);
+            }
+            progress(&format!(
+                "run {}/{} {}: init {:.1} ms, exit {:.1} ms",
+                run + 1,
+                config.runs,
+                engine.name(),
+                ms(boot.to_init),
+                ms(boot.to_exit)
+            ));
+        }
+    }
+    Ok(result)
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn bad_run(engine: LinuxEngine, run: usize, what: &str, stderr: &str) -> BenchError {
+    let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
+    let last: String = last.chars().take(300).collect();
+    BenchError::BadRun { engine: engine.name(), run, detail: format!("{what}; its last words: {last}") }
+}
+
+/// Spawns `command`, notes when the init's line reaches its stdout and when it exits.
+fn boot_once(mut command: Command, engine: LinuxEngine, run: usize) -> Result<Boot, BenchError> {
+    let start = Instant::now();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| BenchError::Engine { engine: engine.name(), binary: command.get_program().into(), source })?;
+    let (stdout, mut stderr) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
+    let (seen, init_seen) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).split(b'\n').map_while(Result::ok) {
+            if String::from_utf8_lossy(&line).trim_end() == INIT_LINE {
+                let _ = seen.send(start.elapsed());
+            }
+        }
+    });
+    let errors = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = stderr.read_to_end(&mut text);
+        String::from_utf8_lossy(&text).into_owned()
+    });
+    let to_exit = loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break start.elapsed(),
+            Ok(None) if start.elapsed() > BOOT_LIMIT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = reader.join();
+                let stderr = errors.join().unwrap_or_default();
+                return Err(bad_run(engine, run, &format!("still running after {BOOT_LIMIT:?}"), &stderr));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_micros(500)),
+            Err(e) => return Err(bad_run(engine, run, &format!("waiting for it: {e}"), "")),
+        }
+    };
+    let _ = reader.join();
+    let stderr = errors.join().unwrap_or_default();
+    match init_seen.try_recv() {
+        Ok(to_init) => Ok(Boot { to_init, to_exit, stderr }),
+        Err(_) => Err(bad_run(engine, run, &format!("its console never showed {INIT_LINE:?}"), &stderr)),
+    }
+}
+
+/// The table `driverlab bench boot --linux` prints.
+pub fn table(bench: &LinuxBootBench) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Linux boot to init and to exit, {} MiB, {} runs per engine, interleaved; ms from spawning the engine \
+         (kernel command line {:?})",
+        bench.memory_mib, bench.runs, bench.cmdline
+    );
+    let _ = writeln!(
+        out,
+        "{:<20} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "engine", "n", "init p10", "init med", "init p90", "exit med", "exit p90"
+    );
+    for boots in &bench.engines {
+        if let (Some(init), Some(exit)) = (boots.to_init(), boots.to_exit()) {
+            let _ = writeln!(
+                out,
+                "{:<20} {:>4} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+                boots.engine.name(),
+                init.n,
+                init.p10,
+                init.median,
+                init.p90,
+                exit.median,
+                exit.p90
+            );
+        }
+    }
+    for other in [LinuxEngine::QemuMicrovm, LinuxEngine::QemuQ35, LinuxEngine::CloudHypervisor] {
+        if let Some(ratio) = bench.ratio_to_init(other) {
+            let _ = writeln!(out, "driverlab / {} (median time to init): {ratio:.3}", other.name());
+        }
+    }
+    if let Some(census) = &bench.census {
+        let _ = writeln!(
+            out,
+            "driverlab's exit census (last boot): {} port exits, {} MMIO exits, {} unclaimed",
+            census.io, census.mmio, census.unclaimed
+        );
+        let ports: Vec<String> =
+            census.top_ports.iter().map(|p| format!("{} {}+{}", p.addr, p.claimed, p.unclaimed)).collect();
+        if !ports.is_empty() {
+            let _ = writeln!(out, "busiest ports (claimed+unclaimed): {}", ports.join(", "));
+        }
+    }
+    out
+}
+
+/// Where the benchmark's inputs are: the kernel given, and the initramfs given or built into
+/// `scratch`.
+pub fn initramfs_in(scratch: &Path, given: Option<&Path>) -> Result<PathBuf, BenchError> {
+    if let Some(path) = given {
+        return Ok(path.to_path_buf());
+    }
+    let archive = guest_images::boot_initramfs::build().map_err(|e| BenchError::Input(e.to_string()))?;
+    let path = scratch.join("boot-initramfs.cpio.gz");
+    std::fs::write(&path, archive).map_err(|e| BenchError::Input(format!("{}: {e}", path.display())))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(qemu: bool, q35: bool, ch: bool) -> LinuxBootConfig {
+        LinuxBootConfig {
+            driverlab: "/d/driverlab".into(),
+            kernel: "/k/vmlinux".into(),
+            initrd: "/k/init.cpio.gz".into(),
+            qemu: qemu.then(|| QemuBinary::Binary("/q/qemu-system-x86_64".into())),
+            q35,
+            cloud_hypervisor: ch.then(|| PathBuf::from("/c/cloud-hypervisor")),
+            runs: 10,
+            memory_mib: 256,
+        }
+    }
+
+    fn args(command: &Command) -> String {
+        command.get_args().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn every_engine_boots_the_same_kernel_initramfs_and_command_line() {
+        let all = config(true, true, true);
+        use LinuxEngine::*;
+        assert_eq!(all.engines(), [Driverlab, QemuMicrovm, QemuQ35, CloudHypervisor]);
+        assert_eq!(config(true, true, false).engines(), [Driverlab, QemuMicrovm, QemuQ35]);
+        assert_eq!(config(false, true, false).engines(), [Driverlab], "q35 is QEMU's");
+        for engine in all.engines() {
+            let a = args(&all.command(engine));
+            assert!(a.contains("/k/vmlinux") && a.contains("/k/init.cpio.gz") && a.contains(CMDLINE), "{a}");
+        }
+        assert!(args(&all.command(QemuMicrovm)).starts_with("-M microvm -accel kvm -cpu host -m 256 -smp 1"));
+        assert!(args(&all.command(QemuQ35)).starts_with("-M q35 -accel kvm"));
+        assert!(args(&all.command(Driverlab)).starts_with("vm run --kernel /k/vmlinux --initrd /k/init.cpio.gz"));
+        assert!(args(&all.command(CloudHypervisor)).contains("--memory size=256M"));
+    }
+
+    #[test]
+    fn a_boot_is_timed_to_the_init_line_and_one_that_never_shows_it_is_refused() {
+        let mut shell = Command::new("sh");
+        shell.args(["-c", &format!("echo kernel says hello; sleep 0.05; echo '{INIT_LINE}'; sleep 0.05")]);
+        let boot = boot_once(shell, LinuxEngine::Driverlab, 0).unwrap();
+        assert!(boot.to_init >= Duration::from_millis(50) && boot.to_exit >= boot.to_init + Duration::from_millis(50));
+        let mut silent = Command::new("sh");
+        silent.args(["-c", "echo panic >&2"]);
+        let e = boot_once(silent, LinuxEngine::QemuMicrovm, 3).err().unwrap().to_string();
+        assert!(e.contains("qemu -M microvm run 3") && e.contains("never showed") && e.contains("panic"), "{e}");
+        let mut missing = Command::new("/nonexistent/qemu");
+        missing.arg("-M");
+        assert!(boot_once(missing, LinuxEngine::QemuQ35, 0).is_err());
+    }
+
+    #[test]
+    fn the_table_gives_medians_ratios_and_the_census() {
+        let boots = |engine, init: &[f64]| EngineBoots {
+            engine,
+            to_init_ms: init.to_vec(),
+            to_exit_ms: init.iter().map(|t| t + 10.0).collect(),
+        };
+        let census: ExitCounts = serde_json::from_str(
+            r#"{"io":900,"mmio":40,"unclaimed":3,"top_ports":[{"addr":"0x3f8","claimed":800,"unclaimed":0}]}"#,
+        )
+        .unwrap();
+        let bench = LinuxBootBench {
+            cmdline: CMDLINE.into(),
+            runs: 3,
+            memory_mib: 256,
+            engines: vec![
+                boots(LinuxEngine::Driverlab, &[100.0, 110.0, 120.0]),
+                boots(LinuxEngine::QemuMicrovm, &[200.0, 220.0, 240.0]),
+            ],
+            census: Some(census),
+        };
+        assert_eq!(bench.ratio_to_init(LinuxEngine::QemuMicrovm), Some(0.5));
+        assert_eq!(bench.ratio_to_init(LinuxEngine::CloudHypervisor), None);
+        let table = table(&bench);
+        assert!(table.contains("driverlab / qemu -M microvm (median time to init): 0.500"), "{table}");
+        assert!(table.contains("900 port exits, 40 MMIO exits, 3 unclaimed"), "{table}");
+        assert!(table.contains("0x3f8 800+0"), "{table}");
+        let back: LinuxBootBench = serde_json::from_str(&serde_json::to_string(&bench).unwrap()).unwrap();
+        assert_eq!(back, bench);
+    }
+}

@@ -58,8 +58,7 @@ pub async fn boot(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Result
             false => None,
         };
         let scratch = tempfile::tempdir().map_err(|e| Problem::internal(format!("a scratch folder: {e}")))?;
-        let initrd =
-            linux_boot::initramfs_in(scratch.path(), None).map_err(|e| Problem::internal(e.to_string()))?;
+        let initrd = linux_boot::initramfs_in(scratch.path(), None).map_err(|e| Problem::internal(e.to_string()))?;
         let config = LinuxBootConfig {
             driverlab: daemon.config.driverlab.clone(),
             kernel: store.dir(&kernel.id).join(&kernel.vmlinux),

@@ -11,12 +11,21 @@ use crate::store::{ImageError, read};
 /// The line `/init` prints first: a boot has reached user space when the console shows it.
 pub const INIT_LINE: &str = "driverlab-boot: init";
 
-/// `/init`: one line on the console, then power off without any shutdown work.
+/// `/init`: one line on the console, then power off without any shutdown work. The line goes
+/// through the kernel's log at alert level (`/dev/kmsg`), which writes it to the console at once
+/// and past `quiet`: a line written to the console's tty would wait in its buffer for the UART's
+/// interrupts, and the poweroff right after could beat it.
 fn init_script() -> String {
-    format!("#!/bin/busybox sh\n/bin/busybox echo {INIT_LINE}\n/bin/busybox poweroff -f\n")
+    format!("#!/bin/busybox sh\n/bin/busybox echo '<1>{INIT_LINE}' >/dev/kmsg\n/bin/busybox poweroff -f\n")
 }
 
-/// The archive (gzip-compressed newc cpio): `/init`, `/bin/busybox`, `/dev/console`. The same
+/// Whether a console line is the init's line (the kernel's log puts its timestamp first).
+pub fn is_init_line(line: &str) -> bool {
+    line.trim_end().ends_with(INIT_LINE)
+}
+
+/// The archive (gzip-compressed newc cpio): `/init`, `/bin/busybox`, `/dev/console`,
+/// `/dev/kmsg`. The same
 /// busybox gives the same bytes.
 pub fn build() -> Result<Vec<u8>, ImageError> {
     let busybox = read(Path::new(BUSYBOX))
@@ -27,6 +36,7 @@ pub fn build() -> Result<Vec<u8>, ImageError> {
 fn archive(busybox: Vec<u8>) -> Vec<u8> {
     let mut tree = Tree::new();
     tree.add("dev/console", Node::CharDevice { major: 5, minor: 1 });
+    tree.add("dev/kmsg", Node::CharDevice { major: 1, minor: 11 });
     tree.add("proc", Node::Dir);
     tree.file("init", 0o755, init_script().into_bytes());
     tree.file("bin/busybox", 0o755, busybox);
@@ -41,13 +51,18 @@ mod tests {
     fn init_prints_its_line_then_powers_off_and_the_archive_is_reproducible() {
         let script = init_script();
         let lines: Vec<&str> = script.lines().collect();
-        assert_eq!(lines, ["#!/bin/busybox sh", "/bin/busybox echo driverlab-boot: init", "/bin/busybox poweroff -f"]);
+        assert_eq!(
+            lines,
+            ["#!/bin/busybox sh", "/bin/busybox echo '<1>driverlab-boot: init' >/dev/kmsg", "/bin/busybox poweroff -f"]
+        );
+        assert!(is_init_line("[    1.234567] driverlab-boot: init") && is_init_line("driverlab-boot: init\r"));
+        assert!(!is_init_line("driverlab-boot: init done"));
         let a = archive(b"\x7fELF busybox".to_vec());
         assert_eq!(a, archive(b"\x7fELF busybox".to_vec()), "same inputs, same bytes");
         assert_eq!(&a[..2], &[0x1f, 0x8b], "gzip");
         let mut cpio = Vec::new();
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&a[..]), &mut cpio).unwrap();
-        for name in ["init", "bin/busybox", "dev/console"] {
+        for name in ["init", "bin/busybox", "dev/console", "dev/kmsg"] {
             assert!(cpio.windows(name.len() + 1).any(|w| w[..name.len()] == *name.as_bytes() && w[name.len()] == 0));
         }
     }

@@ -90,9 +90,9 @@ const ID_DIGITS: usize = 16;
 /// Whether `id` is an ID of an image of `kind` as [`image_id`] makes them: `KIND-` and 16
 /// lowercase hex digits, so that it can name nothing but a folder of the store.
 pub fn is_image_id_of(id: &str, kind: &str) -> bool {
-    id.strip_prefix(kind).and_then(|r| r.strip_prefix('-')).is_some_and(|h| {
-        h.len() == ID_DIGITS && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
-    })
+    id.strip_prefix(kind)
+        .and_then(|r| r.strip_prefix('-'))
+        .is_some_and(|h| h.len() == ID_DIGITS && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)))
 }
 
 /// Whether `id` is an image ID of any kind ([`IMAGE_KINDS`]).
@@ -237,7 +237,8 @@ mod tests {
         assert_ne!(a, image_id("module", &[b"a", b"bc"]));
         assert_eq!(a, image_id("module", &[b"ab", b"c"]));
         assert!(is_image_id(&a) && is_image_id_of(&a, "module") && !is_image_id_of(&a, "kernel"));
-        for bad in ["module-", "module-0", "module-../../etc/x", "modules-0123456789abcdef", "kernel-0123456789ABCDEF"] {
+        for bad in ["module-", "module-0", "module-../../etc/x", "modules-0123456789abcdef", "kernel-0123456789ABCDEF"]
+        {
             assert!(!is_image_id(bad), "{bad}");
         }
         assert_eq!(sha256(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");

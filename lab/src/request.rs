@@ -133,7 +133,10 @@ mod tests {
         for (text, field) in [
             (PROBE.replace("kernel = \"probe\"", "kernel = \"/etc/shadow\""), "image[0].kernel"),
             (PROBE.replace("kernel = \"probe\"", "kernel = \"kernel-xyz\""), "image[0].kernel"),
-            (PROBE.replace("kernel = \"probe\"", "kernel = \"kernel-0123456789abcdef\"\ninitrd = \"../x\""), "image[0].initrd"),
+            (
+                PROBE.replace("kernel = \"probe\"", "kernel = \"kernel-0123456789abcdef\"\ninitrd = \"../x\""),
+                "image[0].initrd",
+            ),
             (PROBE.replace("model = \"aqc100\"", "model = \"aqc100\"\ntap = \"eth0\""), "device[0].tap"),
             (PROBE.replace("model = \"aqc100\"", "bdf = \"0000:63:00.0\""), "device[0].bdf"),
             (PROBE.replace("model = \"aqc100\"", "model = \"aqc100\"\npeer = \"root@x\""), "device[0].peer"),

@@ -56,6 +56,13 @@ pub enum BenchCommand {
         /// MAP/UNMAP pairs (alternating 4 KiB and 2 MiB).
         #[arg(long, default_value_t = 4000)]
         ops: u32,
+        /// A `cloud-hypervisor` binary: the same probe drives its virtio-iommu (a virtio-rng
+        /// behind it) in the same run, alternating with driverlab round by round.
+        #[arg(long, value_name = "PATH")]
+        vs: Option<PathBuf>,
+        /// Rounds per engine with --vs.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// The AQC100 model's receive path on this host alone: frames per second one core writes
     /// into mapped guest memory (descriptor read, copy, checksum check, write-back), next to bare
@@ -107,7 +114,10 @@ impl BenchCommand {
                     boot(runs.unwrap_or(30), memory, (!no_qemu).then_some(qemu), vs)
                 }
             },
-            BenchCommand::Viommu { ops } => viommu(ops),
+            BenchCommand::Viommu { ops, vs, rounds } => match vs {
+                Some(ch) => viommu_vs(ops, &ch, rounds.max(1)),
+                None => viommu(ops),
+            },
             BenchCommand::ModelRx { frames, size, rounds } => model_rx(frames, size, rounds),
             BenchCommand::Nic { frames, strategies } => nic(frames, &strategies),
             BenchCommand::Lab { cells, frames } => lab_cost(cells, frames),
@@ -230,12 +240,8 @@ fn remote_linux_boot(client: &api::client::Client, args: &LinuxArgs) -> anyhow::
     eprintln!("booting {} under each engine on the daemon's box, {} runs each", args.kernel, args.runs);
     let runtime = super::lab_remote::runtime()?;
     let body = serde_json::to_vec(&request)?;
-    let answer = runtime.block_on(client.call(
-        "POST",
-        "/v1/bench/boot",
-        &[("content-type", "application/json")],
-        Some(body),
-    ))?;
+    let answer =
+        runtime.block_on(client.call("POST", "/v1/bench/boot", &[("content-type", "application/json")], Some(body)))?;
     if answer.status != 200 {
         return Err(super::lab_remote::refused(answer.status, &answer.body));
     }
@@ -250,13 +256,7 @@ fn viommu(ops: u32) -> anyhow::Result<u8> {
     let value = |key: &str| g[key].as_u64().unwrap_or(0);
     println!("virtio-iommu round trip as the probe guest sees it (notify to MSI-X completion), {ops} pairs");
     println!("{:<34} {:>12} {:>12} {:>10}", "request", "median ns", "p99 ns", "ops/s");
-    for (name, key) in [
-        ("MAP 4 KiB", "map_4k"),
-        ("UNMAP 4 KiB", "unmap_4k"),
-        ("MAP 2 MiB", "map_2m"),
-        ("UNMAP 2 MiB", "unmap_2m"),
-        ("null request (transport only)", "null"),
-    ] {
+    for (name, key) in VIOMMU_ROWS {
         let median = value(&format!("{key}_ns_median"));
         let ops_per_s = if median > 0 { 1e9 / median as f64 } else { 0.0 };
         println!("{name:<34} {median:>12} {:>12} {ops_per_s:>10.0}", value(&format!("{key}_ns_p99")));
@@ -267,6 +267,48 @@ fn viommu(ops: u32) -> anyhow::Result<u8> {
             device.request_ns_p50, device.request_ns_p99, device.maps, device.unmaps
         );
     }
+    Ok(0)
+}
+
+/// The rows the virtio-iommu benchmarks compare: name and the probe's key.
+const VIOMMU_ROWS: [(&str, &str); 5] = [
+    ("MAP 4 KiB", "map_4k"),
+    ("UNMAP 4 KiB", "unmap_4k"),
+    ("MAP 2 MiB", "map_2m"),
+    ("UNMAP 2 MiB", "unmap_2m"),
+    ("null request (transport only)", "null"),
+];
+
+fn viommu_vs(ops: u32, ch: &std::path::Path, rounds: usize) -> anyhow::Result<u8> {
+    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
+    let dir = tempfile::tempdir().context("a scratch folder")?;
+    let probe = dir.path().join("probe.elf");
+    std::fs::write(&probe, guest_images::PROBE_ELF)?;
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        ours.push(bench::viommu(&driverlab, ops)?.guest);
+        theirs.push(bench::viommu_cloud_hypervisor(ch, &probe, ops)?);
+        eprintln!("round {}/{rounds} done", round + 1);
+    }
+    // Each row: the median over the rounds of each round's median.
+    let median = |sections: &[serde_json::Value], key: &str| {
+        let values: Vec<f64> =
+            sections.iter().filter_map(|s| s[format!("{key}_ns_median")].as_u64()).map(|v| v as f64).collect();
+        Summary::of(&values).map(|s| s.median)
+    };
+    println!(
+        "virtio-iommu round trips as the probe sees them (notify to completion), {ops} pairs, {rounds} rounds          per engine alternating, median of the rounds' medians in ns"
+    );
+    println!("{:<34} {:>12} {:>18} {:>10}", "request", "driverlab", "cloud-hypervisor", "ratio");
+    for (name, key) in VIOMMU_ROWS {
+        let (a, b) = (median(&ours, key), median(&theirs, key));
+        let ratio = a.zip(b).map_or(f64::NAN, |(a, b)| a / b);
+        let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+        println!("{name:<34} {:>12} {:>18} {ratio:>10.3}", show(a), show(b));
+    }
+    let completion =
+        |s: &[serde_json::Value]| s.first().and_then(|s| s["completion"].as_str()).unwrap_or("?").to_string();
+    println!("completions: driverlab {}, cloud-hypervisor {}", completion(&ours), completion(&theirs));
     Ok(0)
 }
 

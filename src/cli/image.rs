@@ -52,6 +52,13 @@ pub enum ImageCommand {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+    /// Write the boot benchmark's initramfs (static busybox; an /init that prints
+    /// `driverlab-boot: init` and powers off at once) to a file, to time a boot under any VMM.
+    BootInitramfs {
+        /// Where to write it.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
     /// Extract the ELF vmlinux (with its PVH note) from a bzImage such as Debian's
     /// /boot/vmlinuz-*.
     Vmlinux {
@@ -254,6 +261,11 @@ impl ImageCommand {
             ImageCommand::Probe { out } => {
                 std::fs::write(&out, guest_images::PROBE_ELF).with_context(|| format!("writing {}", out.display()))?;
                 println!("{}: probe guest, {} bytes", out.display(), guest_images::PROBE_ELF.len());
+            }
+            ImageCommand::BootInitramfs { out } => {
+                let archive = guest_images::boot_initramfs::build()?;
+                std::fs::write(&out, &archive).with_context(|| format!("writing {}", out.display()))?;
+                println!("{}: boot benchmark initramfs, {} bytes", out.display(), archive.len());
             }
             ImageCommand::Vmlinux { from, out } => {
                 let bzimage = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;

@@ -68,8 +68,11 @@ pub struct UpArgs {
     #[arg(long, value_name = "MODEL", default_value = "max")]
     pub cpu: String,
     /// Whether the box's KVM uses nested paging for its VMs (`off`: shadow page tables).
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub nested_paging: bool,
+    /// How TCG runs the box's vCPUs: `multi` (a host thread each) or `single` (one thread for all).
+    #[arg(long, value_name = "multi|single", default_value = "multi", value_parser = parse_threads, action = clap::ArgAction::Set)]
+    pub tcg_threads: bool,
     /// The box's folder.
     #[command(flatten)]
     pub dir: DirArgs,
@@ -91,6 +94,15 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
         "on" => Ok(true),
         "off" => Ok(false),
         _ => Err(format!("{s:?}: say on or off")),
+    }
+}
+
+/// `single` is true.
+fn parse_threads(s: &str) -> Result<bool, String> {
+    match s {
+        "single" => Ok(true),
+        "multi" => Ok(false),
+        _ => Err(format!("{s:?}: say multi or single")),
     }
 }
 
@@ -120,6 +132,7 @@ impl NestedBoxCommand {
                     boot_timeout_s: args.timeout,
                     cpu: args.cpu,
                     nested_paging: args.nested_paging,
+                    tcg_single_thread: args.tcg_threads,
                 };
                 let driverlab = std::env::current_exe()?;
                 let note = |line: &str| eprintln!("{line}");

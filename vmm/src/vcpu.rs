@@ -276,13 +276,52 @@ impl Vcpu {
     /// Where the vCPU stopped: its rip and, where the guest's page tables map it, the
     /// guest-physical address and the code there; its paging state.
     fn final_place(&self) -> Option<FinalPlace> {
-        let rip = self.fd.get_regs().ok()?.rip;
+        let regs = self.fd.get_regs().ok()?;
+        let rip = regs.rip;
         let code = self.code_at(rip);
-        let paging = self.fd.get_sregs().ok().filter(|s| s.cr0 & CR0_PG != 0).map(|s| {
+        let sregs = self.fd.get_sregs().ok();
+        let paging = sregs.filter(|s| s.cr0 & CR0_PG != 0).map(|s| {
             let root = GuestAddress(s.cr3 & CR3_ROOT_MASK);
             Paging { cr3: s.cr3, root_in_memory: self.memory.address_in_range(root) }
         });
-        Some(FinalPlace { rip, code, paging })
+        let mut registers = format!(
+            "rax {:#x} rbx {:#x} rcx {:#x} rdx {:#x} rsi {:#x} rdi {:#x} rbp {:#x} rsp {:#x} r8 {:#x} r9 {:#x} \
+             r10 {:#x} r11 {:#x} r12 {:#x} r13 {:#x} r14 {:#x} r15 {:#x} rip {:#x} rflags {:#x}",
+            regs.rax,
+            regs.rbx,
+            regs.rcx,
+            regs.rdx,
+            regs.rsi,
+            regs.rdi,
+            regs.rbp,
+            regs.rsp,
+            regs.r8,
+            regs.r9,
+            regs.r10,
+            regs.r11,
+            regs.r12,
+            regs.r13,
+            regs.r14,
+            regs.r15,
+            regs.rip,
+            regs.rflags
+        );
+        if let Some(s) = sregs {
+            registers.push_str(&format!(
+                " cr0 {:#x} cr2 {:#x} cr3 {:#x} cr4 {:#x} efer {:#x}",
+                s.cr0, s.cr2, s.cr3, s.cr4, s.efer
+            ));
+        }
+        // The top of the stack: return addresses show how the vCPU got where it is.
+        let stack: Vec<String> = (0..STACK_WORDS)
+            .map_while(|i| {
+                let t = self.fd.translate_gva(regs.rsp.checked_add(i * 8)?).ok().filter(|t| t.valid != 0)?;
+                self.memory.read_obj::<u64>(GuestAddress(t.physical_address)).ok()
+            })
+            .map(|word| format!("{word:#x}"))
+            .collect();
+        registers.push_str(&format!("; stack {}", stack.join(" ")));
+        Some(FinalPlace { rip, code, paging, registers })
     }
 
     /// The guest-physical address of `rip` (through the vCPU's page tables) and the
@@ -315,6 +354,8 @@ impl Vcpu {
 pub const CODE_BYTES: usize = 16;
 /// CR0.PG.
 const CR0_PG: u64 = 1 << 31;
+/// How many quadwords at a stopped vCPU's stack pointer its register dump shows.
+const STACK_WORDS: u64 = 32;
 /// The page-table root's address bits in CR3 (without PCID and the flag bits).
 const CR3_ROOT_MASK: u64 = 0x000f_ffff_ffff_f000;
 /// The lowest address of the upper half of a 48- or 57-bit address space (the kernel's).
@@ -330,7 +371,7 @@ pub struct Paging {
 }
 
 /// Where a vCPU stopped, for a hang's report.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct FinalPlace {
     /// Its rip.
     pub rip: u64,
@@ -339,6 +380,8 @@ pub struct FinalPlace {
     pub code: Option<(u64, [u8; CODE_BYTES])>,
     /// Its paging, when paging is on.
     pub paging: Option<Paging>,
+    /// Its registers and the top of its stack, for the VMM's log.
+    pub registers: String,
 }
 
 impl FinalPlace {
@@ -408,6 +451,7 @@ mod tests {
             rip,
             code: mapped.then_some((0x1000, [0x90; CODE_BYTES])),
             paging: paging.map(|(cr3, root_in_memory)| Paging { cr3, root_in_memory }),
+            registers: String::new(),
         }
     }
 

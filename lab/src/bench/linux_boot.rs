@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use guest_images::boot_initramfs::INIT_LINE;
+use guest_images::boot_initramfs::{INIT_LINE, is_init_line};
 use serde::{Deserialize, Serialize};
 use vm_spec::{ExitCounts, ExitSummary};
 
@@ -21,6 +21,8 @@ use crate::stats::Summary;
 /// The command line every engine gives the kernel: the console on the first serial port, as
 /// every engine has one there, and no messages beyond the kernel's warnings.
 pub const CMDLINE: &str = "console=ttyS0 panic=-1 quiet";
+/// How many of its console's last lines a failed boot's error quotes.
+const CONSOLE_TAIL: usize = 6;
 /// The longest one boot may take before the run is given up.
 const BOOT_LIMIT: Duration = Duration::from_secs(300);
 
@@ -122,9 +124,29 @@ impl LinuxBootConfig {
             LinuxEngine::QemuMicrovm | LinuxEngine::QemuQ35 => {
                 let machine = if engine == LinuxEngine::QemuQ35 { "q35" } else { "microvm" };
                 let args: Vec<String> = [
-                    "-M", machine, "-accel", "kvm", "-cpu", "host", "-m", &memory, "-smp", "1", "-nodefaults",
-                    "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot", "-kernel", &kernel,
-                    "-initrd", &initrd, "-append", CMDLINE,
+                    "-M",
+                    machine,
+                    "-accel",
+                    "kvm",
+                    "-cpu",
+                    "host",
+                    "-m",
+                    &memory,
+                    "-smp",
+                    "1",
+                    "-nodefaults",
+                    "-no-user-config",
+                    "-display",
+                    "none",
+                    "-serial",
+                    "stdio",
+                    "-no-reboot",
+                    "-kernel",
+                    &kernel,
+                    "-initrd",
+                    &initrd,
+                    "-append",
+                    CMDLINE,
                 ]
                 .map(String::from)
                 .into();
@@ -252,20 +274,28 @@ fn bad_run(engine: LinuxEngine, run: usize, what: &str, stderr: &str) -> BenchEr
 /// Spawns `command`, notes when the init's line reaches its stdout and when it exits.
 fn boot_once(mut command: Command, engine: LinuxEngine, run: usize) -> Result<Boot, BenchError> {
     let start = Instant::now();
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| BenchError::Engine { engine: engine.name(), binary: command.get_program().into(), source })?;
+    let mut child =
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|source| {
+            BenchError::Engine { engine: engine.name(), binary: command.get_program().into(), source }
+        })?;
     let (stdout, mut stderr) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
     let (seen, init_seen) = mpsc::channel();
+    // The console's lines are read as they come; the last one is kept for a boot that fails.
     let reader = std::thread::spawn(move || {
+        let mut last: std::collections::VecDeque<String> = std::collections::VecDeque::new();
         for line in BufReader::new(stdout).split(b'\n').map_while(Result::ok) {
-            if String::from_utf8_lossy(&line).trim_end() == INIT_LINE {
+            let line = String::from_utf8_lossy(&line).trim_end().to_string();
+            if is_init_line(&line) {
                 let _ = seen.send(start.elapsed());
             }
+            if !line.trim().is_empty() {
+                if last.len() == CONSOLE_TAIL {
+                    last.pop_front();
+                }
+                last.push_back(line);
+            }
         }
+        Vec::from(last).join(" | ")
     });
     let errors = std::thread::spawn(move || {
         let mut text = Vec::new();
@@ -278,19 +308,23 @@ fn boot_once(mut command: Command, engine: LinuxEngine, run: usize) -> Result<Bo
             Ok(None) if start.elapsed() > BOOT_LIMIT => {
                 let _ = child.kill();
                 let _ = child.wait();
-                let _ = reader.join();
+                let console = reader.join().unwrap_or_default();
                 let stderr = errors.join().unwrap_or_default();
-                return Err(bad_run(engine, run, &format!("still running after {BOOT_LIMIT:?}"), &stderr));
+                let what = format!("still running after {BOOT_LIMIT:?}; its console's last lines: {console:?}");
+                return Err(bad_run(engine, run, &what, &stderr));
             }
             Ok(None) => std::thread::sleep(Duration::from_micros(500)),
             Err(e) => return Err(bad_run(engine, run, &format!("waiting for it: {e}"), "")),
         }
     };
-    let _ = reader.join();
+    let console = reader.join().unwrap_or_default();
     let stderr = errors.join().unwrap_or_default();
     match init_seen.try_recv() {
         Ok(to_init) => Ok(Boot { to_init, to_exit, stderr }),
-        Err(_) => Err(bad_run(engine, run, &format!("its console never showed {INIT_LINE:?}"), &stderr)),
+        Err(_) => {
+            let what = format!("its console never showed {INIT_LINE:?} (its last lines: {console:?})");
+            Err(bad_run(engine, run, &what, &stderr))
+        }
     }
 }
 

@@ -27,7 +27,7 @@ pub enum BenchError {
     #[error(transparent)]
     Model(#[from] crate::model_process::ModelError),
     /// A run did not end with the probe's `done` line and a poweroff.
-    #[error("{engine} run {run} did not complete the probe: {detail}")]
+    #[error("{engine} run {run}: {detail}")]
     BadRun {
         /// Which engine.
         engine: &'static str,
@@ -117,7 +117,7 @@ pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
         let out = ours.run()?;
         let done = ProbeReport::parse(&out.serial).done();
         if out.code() != Some(0) || !done.is_some_and(|d| d.ok) {
-            return Err(BenchError::BadRun { engine: "driverlab", run, detail: out.stderr });
+            return Err(BenchError::BadRun { engine: "driverlab", run, detail: probe_unfinished(&out.stderr) });
         }
         result.driverlab.push(out.wall);
         if let Some(exit) = out.exit {
@@ -125,7 +125,8 @@ pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
         }
         let out = ours_unjailed.run()?;
         if out.code() != Some(0) {
-            return Err(BenchError::BadRun { engine: "driverlab --no-jail", run, detail: out.stderr });
+            let detail = probe_unfinished(&out.stderr);
+            return Err(BenchError::BadRun { engine: "driverlab --no-jail", run, detail });
         }
         result.driverlab_unjailed.push(out.wall);
         if let Some(qemu) = config.qemu {
@@ -162,9 +163,18 @@ fn timed_boot(engine: &'static str, mut command: Command, run: usize) -> Result<
     let wall = start.elapsed();
     let serial = String::from_utf8_lossy(&out.stdout);
     if ProbeReport::parse(&serial).done().is_none() {
-        return Err(BenchError::BadRun { engine, run, detail: String::from_utf8_lossy(&out.stderr).into_owned() });
+        return Err(BenchError::BadRun {
+            engine,
+            run,
+            detail: probe_unfinished(&String::from_utf8_lossy(&out.stderr)),
+        });
     }
     Ok(wall)
+}
+
+/// A run's detail when the probe did not finish its report.
+fn probe_unfinished(stderr: &str) -> String {
+    format!("the probe did not complete its report: {}", stderr.trim())
 }
 
 /// What the virtio-iommu benchmark measured: the probe's `viommu` section and the VMM's counts.
@@ -174,6 +184,39 @@ pub struct ViommuBench {
     pub guest: serde_json::Value,
     /// The exit line's `viommu` counts.
     pub device: Option<IommuCounts>,
+}
+
+/// Boots the probe under Cloud Hypervisor (`ch`, its ELF at `probe_elf`) with a virtio-rng
+/// behind its virtio-iommu and `probe.viommu_ops=ops`; returns the probe's `viommu` section. The
+/// probe's own verdict on Cloud Hypervisor's platform does not matter here, only that it drove
+/// the virtio-iommu.
+pub fn viommu_cloud_hypervisor(ch: &Path, probe_elf: &Path, ops: u32) -> Result<serde_json::Value, BenchError> {
+    let engine = "cloud-hypervisor";
+    let mut command = Command::new(ch);
+    command
+        .arg("--kernel")
+        .arg(probe_elf)
+        .args(["--cpus", "boot=1", "--memory", "size=256M", "--serial", "tty", "--console", "off"])
+        .args(["--rng", "src=/dev/urandom,iommu=on", "--cmdline", &format!("probe.viommu_ops={ops}")]);
+    let out = command.stdin(Stdio::null()).output().map_err(|source| BenchError::Engine {
+        engine,
+        binary: ch.to_path_buf(),
+        source,
+    })?;
+    let serial = String::from_utf8_lossy(&out.stdout);
+    let report = ProbeReport::parse(&serial);
+    match report.section("viommu") {
+        Some(section) if section["attached"] == true => Ok(section.clone()),
+        other => Err(BenchError::BadRun {
+            engine,
+            run: 0,
+            detail: format!(
+                "the probe's viommu section: {}; stderr: {}",
+                other.map_or("none".to_string(), |s| s.to_string()),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }),
+    }
 }
 
 /// Boots the probe with `--iommu` and `probe.viommu_ops=ops`; returns its measurements.

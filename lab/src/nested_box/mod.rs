@@ -115,6 +115,10 @@ pub struct BoxOptions {
     /// page tables instead.
     #[serde(default = "default_nested_paging")]
     pub nested_paging: bool,
+    /// Whether TCG runs the box's vCPUs on one host thread (`-accel tcg,thread=single`) rather
+    /// than one thread each.
+    #[serde(default)]
+    pub tcg_single_thread: bool,
 }
 
 fn default_nested_paging() -> bool {
@@ -136,6 +140,7 @@ impl Default for BoxOptions {
             boot_timeout_s: 600,
             cpu: default_cpu(),
             nested_paging: default_nested_paging(),
+            tcg_single_thread: false,
         }
     }
 }

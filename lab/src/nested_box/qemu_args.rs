@@ -12,7 +12,8 @@ pub fn box_args(plan: &BoxPlan, dir: &BoxDir) -> Vec<String> {
     let o = &plan.options;
     let mut args: Vec<String> = Vec::new();
     let mut push = |a: &[&str]| args.extend(a.iter().map(|s| s.to_string()));
-    push(&["-machine", "q35,memory-backend=mem", "-accel", "tcg", "-cpu", &o.cpu]);
+    let accel = if o.tcg_single_thread { "tcg,thread=single" } else { "tcg" };
+    push(&["-machine", "q35,memory-backend=mem", "-accel", accel, "-cpu", &o.cpu]);
     push(&["-object", &format!("memory-backend-memfd,id=mem,size={}M,share=on", o.memory_mib)]);
     push(&["-m", &format!("{}M", o.memory_mib), "-smp", &o.cpus.to_string()]);
     push(&["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-no-reboot"]);

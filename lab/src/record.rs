@@ -240,10 +240,15 @@ impl Record {
         }
     }
 
-    /// Whether the host spoiled this repetition (its virtualization lost the VM's state), so
-    /// that running it again says something about the guest where this attempt could not.
-    pub fn spoiled_by_host(&self) -> bool {
-        self.status == Status::Error && self.exit.as_ref().is_some_and(|e| e.vcpu_state_lost.is_some())
+    /// Whether the host spoiled this repetition, so that running it again says something about
+    /// the guest where this attempt could not: its virtualization lost the VM's state, or, on a
+    /// host whose own CPU QEMU's TCG emulates (`emulated_host`: the nested lab box, whose emulated
+    /// SVM has been seen to deliver an interrupt to a guest that had them masked), the guest
+    /// hung.
+    pub fn spoiled_by_host(&self, emulated_host: bool) -> bool {
+        let lost = self.status == Status::Error && self.exit.as_ref().is_some_and(|e| e.vcpu_state_lost.is_some());
+        let hung = self.status == Status::Fail && self.reason.as_deref().is_some_and(|r| r.starts_with("hung: "));
+        lost || (emulated_host && hung)
     }
 
     /// The maps per packet a report's table and the progress lines show: the side the workload

@@ -200,6 +200,7 @@ pub fn execute(
     let ctx = RunContext { driverlab: driverlab.to_path_buf(), run: run.to_string(), artifacts };
     let devices: Vec<String> = plan.matrix.devices.iter().map(|d| d.get_ref().name.clone()).collect();
     let errors: Mutex<Vec<LabError>> = Mutex::new(Vec::new());
+    let emulated_host = vm_spec::host::emulated_by_tcg();
     std::thread::scope(|scope| {
         for device in &devices {
             let pending: Vec<(u32, &Cell)> = (0..plan.matrix.repetitions)
@@ -211,7 +212,7 @@ pub fn execute(
             }
             let (store, ctx, recorded, errors) = (&store, &ctx, &recorded, &errors);
             scope.spawn(move || {
-                let worker = Worker { store, ctx, plan, device, progress, cancel, recorded, total };
+                let worker = Worker { store, ctx, plan, device, progress, cancel, recorded, total, emulated_host };
                 if let Err(e) = worker.run(pending) {
                     lock(errors).push(e);
                 }
@@ -229,17 +230,19 @@ pub fn execute(
 }
 
 /// Runs a repetition by `attempt`, and again, up to [`HOST_FAULT_RETRIES`] times, while the host
-/// spoils it ([`Record::spoiled_by_host`]): each spoiled attempt is set aside (`set_aside(n)`
+/// (`emulated_host`: one whose CPU TCG emulates) spoils it ([`Record::spoiled_by_host`]): each
+/// spoiled attempt is set aside (`set_aside(n)`
 /// keeps the `n`th attempt's artifacts and says where), told (`note`) and listed in the record
 /// that counts.
 fn with_retries(
+    emulated_host: bool,
     mut attempt: impl FnMut() -> Record,
     mut set_aside: impl FnMut(usize) -> Option<String>,
     note: impl Fn(&str),
 ) -> Record {
     let mut record = attempt();
     let mut retried = Vec::new();
-    while record.spoiled_by_host() && retried.len() < HOST_FAULT_RETRIES {
+    while record.spoiled_by_host(emulated_host) && retried.len() < HOST_FAULT_RETRIES {
         let reason = record.reason.clone().unwrap_or_default();
         note(&reason);
         retried.push(Attempt { reason, artifacts: set_aside(retried.len() + 1) });
@@ -263,6 +266,8 @@ struct Worker<'a> {
     cancel: &'a AtomicBool,
     recorded: &'a Mutex<usize>,
     total: usize,
+    /// Whether this host's CPU is emulated by TCG ([`vm_spec::host::emulated_by_tcg`]).
+    emulated_host: bool,
 }
 
 impl Worker<'_> {
@@ -322,6 +327,7 @@ impl Worker<'_> {
                 }
             }
             let record = with_retries(
+                self.emulated_host,
                 || runner::run(self.ctx, self.plan, cell, rep),
                 |attempt| runner::set_attempt_aside(self.ctx, cell, rep, attempt),
                 |reason| self.progress.note(&format!("{} rep {}: {reason}; running it again", cell.id, rep + 1)),
@@ -425,7 +431,7 @@ mod tests {
 
         // Spoiled, then passed: the pass counts and lists the spoiled attempt.
         let mut attempts = vec![passed(), spoiled()];
-        let record = with_retries(|| attempts.pop().unwrap(), |n| Some(format!("c01/rep0.attempt{n}")), note);
+        let record = with_retries(false, || attempts.pop().unwrap(), |n| Some(format!("c01/rep0.attempt{n}")), note);
         assert_eq!(record.status, Status::Pass);
         assert_eq!(record.retried.len(), 1);
         assert_eq!(record.retried[0].artifacts.as_deref(), Some("c01/rep0.attempt1"));
@@ -434,23 +440,28 @@ mod tests {
 
         // Spoiled twice: run again once only, and the second spoiled attempt is the record.
         let mut attempts = vec![spoiled(), spoiled(), passed()];
-        let record = with_retries(|| attempts.remove(0), |_| None, |_| {});
-        assert!(record.spoiled_by_host() && record.retried.len() == 1);
+        let record = with_retries(false, || attempts.remove(0), |_| None, |_| {});
+        assert!(record.spoiled_by_host(false) && record.retried.len() == 1);
         assert_eq!(attempts.len(), 1, "the third attempt did not run");
 
-        // A guest's own failure (no lost state) is never run again.
-        let mut failed = Record::not_run("r", cell, 0, Status::Fail, "hung: no serial output for 150 s");
-        failed.exit = spoiled().exit.map(|e| vm_spec::ExitSummary { vcpu_state_lost: None, ..e });
-        let mut runs = 0;
-        let record = with_retries(
-            || {
-                runs += 1;
-                failed.clone()
-            },
-            |_| None,
-            |_| {},
-        );
-        assert_eq!((runs, record.retried.len()), (1, 0));
+        // A guest's own hang (no lost state) is run again only on a host TCG emulates; other
+        // failures never are.
+        let mut hung = Record::not_run("r", cell, 0, Status::Fail, "hung: no serial output for 150 s");
+        hung.exit = spoiled().exit.map(|e| vm_spec::ExitSummary { vcpu_state_lost: None, ..e });
+        let crashed = Record::not_run("r", cell, 0, Status::Fail, "oops: BUG: unable to handle page fault");
+        for (failed, emulated, runs_wanted) in [(&hung, false, 1), (&hung, true, 2), (&crashed, true, 1)] {
+            let mut runs = 0;
+            let record = with_retries(
+                emulated,
+                || {
+                    runs += 1;
+                    failed.clone()
+                },
+                |_| None,
+                |_| {},
+            );
+            assert_eq!((runs, record.retried.len()), (runs_wanted, runs_wanted - 1), "{:?} {emulated}", failed.reason);
+        }
     }
 
     #[test]

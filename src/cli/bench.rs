@@ -223,6 +223,7 @@ fn local_linux_boot(args: &LinuxArgs) -> anyhow::Result<linux_boot::LinuxBootBen
         cloud_hypervisor: args.vs.clone(),
         runs: args.runs,
         memory_mib: args.memory,
+        rerun_hung: vm_spec::host::emulated_by_tcg(),
     };
     Ok(linux_boot::run(&config, &|line| eprintln!("{line}"))?)
 }

@@ -42,6 +42,35 @@ pub fn virtualization() -> Virtualization {
     classify(&cpuinfo, Path::new("/sys/module/kvm_pvm").exists())
 }
 
+/// The hypervisor this host runs under, by the vendor ID of CPUID leaf 0x40000000
+/// (`KVMKVMKVM`, `TCGTCGTCGTCG`, `Microsoft Hv`, ...), when the CPU says it runs under one.
+pub fn hypervisor_vendor() -> Option<String> {
+    // CPUID is safe to call on x86-64 (the intrinsic is safe in this edition).
+    let leaf1 = std::arch::x86_64::__cpuid(1);
+    if leaf1.ecx & (1 << 31) == 0 {
+        return None;
+    }
+    // The hypervisor range exists when the hypervisor bit is set.
+    let leaf = std::arch::x86_64::__cpuid(0x4000_0000);
+    Some(vendor_name(leaf.ebx, leaf.ecx, leaf.edx))
+}
+
+/// The vendor ID in EBX, ECX, EDX (twelve bytes, NULs trimmed).
+fn vendor_name(ebx: u32, ecx: u32, edx: u32) -> String {
+    let bytes: Vec<u8> = [ebx, ecx, edx].iter().flat_map(|r| r.to_le_bytes()).collect();
+    String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string()
+}
+
+/// Whether this host's CPU is emulated by QEMU's TCG (the nested lab box): its KVM is then
+/// nested virtualization that TCG emulates, which has been seen to lose or corrupt a guest's
+/// state (docs/nested-box.md), so the lab runs a hung repetition once more here.
+pub fn emulated_by_tcg() -> bool {
+    hypervisor_vendor().as_deref() == Some(TCG_VENDOR)
+}
+
+/// QEMU's TCG's hypervisor vendor ID.
+pub const TCG_VENDOR: &str = "TCGTCGTCGTCG";
+
 fn classify(cpuinfo: &str, pvm_loaded: bool) -> Virtualization {
     let flags = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or_default();
     let has = |flag: &str| flags.split_whitespace().any(|f| f == flag);
@@ -67,5 +96,16 @@ mod tests {
         assert_eq!(classify("flags\t: fpu hypervisor vmxnet\n", true), Virtualization::Pvm);
         assert_eq!(classify("flags\t: fpu\n", false), Virtualization::Unknown);
         assert!(!Virtualization::Pvm.boots_linux());
+    }
+
+    #[test]
+    fn hypervisor_vendors_read_from_their_registers() {
+        // "TCGT" "CGTC" "GTCG" and "KVMK" "VMKV" "M\0\0\0", as CPUID gives them.
+        let tcg = vendor_name(u32::from_le_bytes(*b"TCGT"), u32::from_le_bytes(*b"CGTC"), u32::from_le_bytes(*b"GTCG"));
+        assert_eq!(tcg, TCG_VENDOR);
+        let kvm = vendor_name(u32::from_le_bytes(*b"KVMK"), u32::from_le_bytes(*b"VMKV"), u32::from_le_bytes(*b"M\0\0\0"));
+        assert_eq!(kvm, "KVMKVMKVM");
+        // This host (a PVM guest or bare metal) is not TCG's.
+        assert!(!emulated_by_tcg() || hypervisor_vendor().as_deref() == Some(TCG_VENDOR));
     }
 }

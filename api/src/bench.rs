@@ -68,7 +68,7 @@ pub async fn boot(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Result
             cloud_hypervisor: None,
             runs: request.runs as usize,
             memory_mib: MEMORY_MIB,
-            rerun_hung: vm_spec::host::emulated_by_tcg(),
+            rerun_failed: vm_spec::host::emulated_by_tcg(),
         };
         let bench = linux_boot::run(&config, &|line| tracing::info!("bench boot: {line}"))
             .map_err(|e| Problem::internal(e.to_string()))?;

@@ -223,7 +223,7 @@ fn local_linux_boot(args: &LinuxArgs) -> anyhow::Result<linux_boot::LinuxBootBen
         cloud_hypervisor: args.vs.clone(),
         runs: args.runs,
         memory_mib: args.memory,
-        rerun_hung: vm_spec::host::emulated_by_tcg(),
+        rerun_failed: vm_spec::host::emulated_by_tcg(),
     };
     Ok(linux_boot::run(&config, &|line| eprintln!("{line}"))?)
 }
@@ -298,7 +298,7 @@ fn viommu_vs(ops: u32, ch: &std::path::Path, rounds: usize) -> anyhow::Result<u8
         Summary::of(&values).map(|s| s.median)
     };
     println!(
-        "virtio-iommu round trips as the probe sees them (notify to completion), {ops} pairs, {rounds} rounds          per engine alternating, median of the rounds' medians in ns"
+        "virtio-iommu round trips as the probe sees them (notify to completion), {ops} pairs, {rounds} rounds per engine alternating, median of the rounds' medians in ns"
     );
     println!("{:<34} {:>12} {:>18} {:>10}", "request", "driverlab", "cloud-hypervisor", "ratio");
     for (name, key) in VIOMMU_ROWS {

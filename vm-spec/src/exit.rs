@@ -155,9 +155,11 @@ pub struct ExitSummary {
 /// The VMM's set-up, phase by phase, in milliseconds (they add up to `setup_ms`).
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 pub struct SetupPhases {
-    /// Checking the spec and the host, binding the control socket, reading the kernel image.
+    /// Checking the spec and the host, binding the control socket, opening the kernel image and
+    /// reading its headers.
     pub image_ms: f64,
-    /// Creating guest RAM and loading the kernel, initrd and boot tables into it.
+    /// Creating guest RAM and loading the kernel (its segments read from the file straight into
+    /// guest memory), initrd and boot tables into it.
     pub load_ms: f64,
     /// The KVM VM: memory slots, the in-kernel irqchip.
     pub kvm_ms: f64,

@@ -103,7 +103,8 @@ mod tests {
         // "TCGT" "CGTC" "GTCG" and "KVMK" "VMKV" "M\0\0\0", as CPUID gives them.
         let tcg = vendor_name(u32::from_le_bytes(*b"TCGT"), u32::from_le_bytes(*b"CGTC"), u32::from_le_bytes(*b"GTCG"));
         assert_eq!(tcg, TCG_VENDOR);
-        let kvm = vendor_name(u32::from_le_bytes(*b"KVMK"), u32::from_le_bytes(*b"VMKV"), u32::from_le_bytes(*b"M\0\0\0"));
+        let kvm =
+            vendor_name(u32::from_le_bytes(*b"KVMK"), u32::from_le_bytes(*b"VMKV"), u32::from_le_bytes(*b"M\0\0\0"));
         assert_eq!(kvm, "KVMKVMKVM");
         // This host (a PVM guest or bare metal) is not TCG's.
         assert!(!emulated_by_tcg() || hypervisor_vendor().as_deref() == Some(TCG_VENDOR));

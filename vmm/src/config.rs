@@ -1,7 +1,6 @@
 //! A [`VmSpec`] checked against this host, and what it names opened: the kernel image and the
 //! serial ports' outputs. All of it happens before any KVM object exists.
 
-use std::borrow::Cow;
 use std::fs::File;
 use std::io::{LineWriter, Write};
 use std::os::unix::fs::FileTypeExt;
@@ -11,6 +10,7 @@ use std::time::Duration;
 
 use vm_spec::{Kernel, SerialOutput, VmSpec};
 
+use crate::boot::KernelSource;
 use crate::memory::{MIB, host_memory};
 
 /// How long a serial write to a Unix socket may block the vCPU before the output is given up.
@@ -55,13 +55,13 @@ pub fn check_host(spec: &VmSpec) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// The kernel image's bytes: `probe_image` for the probe, the file otherwise.
-pub fn read_kernel(kernel: &Kernel, probe_image: &'static [u8]) -> Result<Cow<'static, [u8]>, ConfigError> {
+/// The kernel image: `probe_image` for the probe, the file (open, its headers read) otherwise.
+pub fn open_kernel(kernel: &Kernel, probe_image: &'static [u8]) -> Result<KernelSource<'static>, ConfigError> {
     match kernel {
-        Kernel::Probe => Ok(Cow::Borrowed(probe_image)),
-        Kernel::Path(path) => std::fs::read(path)
-            .map(Cow::Owned)
-            .map_err(|e| ConfigError::Kernel { path: path.clone(), reason: e.to_string() }),
+        Kernel::Probe => Ok(KernelSource::Bytes(probe_image)),
+        Kernel::Path(path) => {
+            KernelSource::open(path).map_err(|e| ConfigError::Kernel { path: path.clone(), reason: e.to_string() })
+        }
     }
 }
 
@@ -103,9 +103,9 @@ mod tests {
 
     #[test]
     fn unreadable_files_name_their_path() {
-        let err = read_kernel(&Kernel::Path("/nonexistent/vmlinux".into()), b"").unwrap_err();
+        let err = open_kernel(&Kernel::Path("/nonexistent/vmlinux".into()), b"").err().unwrap();
         assert!(err.to_string().starts_with("kernel image /nonexistent/vmlinux: "), "{err}");
-        assert_eq!(read_kernel(&Kernel::Probe, b"ELF").unwrap().as_ref(), b"ELF");
+        assert!(matches!(open_kernel(&Kernel::Probe, b"ELF").unwrap(), KernelSource::Bytes(b"ELF")));
         let err = open_serial(&SerialOutput::Unix("/nonexistent/agent.sock".into())).err().unwrap();
         assert!(err.to_string().starts_with("serial output /nonexistent/agent.sock: "), "{err}");
         let dir = tempfile::tempdir().unwrap();

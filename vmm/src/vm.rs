@@ -56,7 +56,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     // Bound now, served once the process is jailed (the thread would escape the jail).
     let control_socket = options.control_socket.as_deref().map(ControlSocket::bind).transpose()?;
 
-    let kernel = config::read_kernel(&spec.kernel, options.probe_image)?;
+    let kernel = config::open_kernel(&spec.kernel, options.probe_image)?;
     let mut phases = SetupPhases { image_ms: ms(setup_start.elapsed()), ..SetupPhases::default() };
     let mut lap = Instant::now();
     let mut next = |phase: &mut f64| {
@@ -72,7 +72,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     let kernel_name = spec.kernel.name();
     let request = BootRequest {
         kernel_name: &kernel_name,
-        kernel: &kernel,
+        kernel,
         initrd: spec.initrd.as_deref(),
         cmdline: &spec.cmdline,
         protocol: spec.entry,
@@ -80,7 +80,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     };
     let entry = boot::load(&request, &ram.memory, &ram.layout, &e820)?;
     boot_cpu::write_tables(&ram.memory, &entry).map_err(|e| Error::GuestMemory(e.to_string()))?;
-    drop(kernel);
+    drop(request);
     control.set_entry(entry.name());
     next(&mut phases.load_ms);
 

@@ -26,7 +26,7 @@ const CONSOLE_TAIL: usize = 6;
 /// The longest one boot may take before it counts as hung (a nested box's take about ten
 /// seconds; hardware's well under one).
 const BOOT_LIMIT: Duration = Duration::from_secs(120);
-/// Most hung boots a benchmark runs again on a host TCG emulates.
+/// Most failed boots a benchmark runs again on a host TCG emulates.
 const MAX_RERUNS: usize = 3;
 
 /// An engine of the benchmark.
@@ -96,9 +96,10 @@ pub struct LinuxBootConfig {
     pub runs: usize,
     /// Guest memory in MiB.
     pub memory_mib: u64,
-    /// Run a boot that hung once more instead of giving up (a host whose CPU TCG emulates, where
-    /// a hang may be the emulator's: docs/nested-box.md); each such boot is listed in the result.
-    pub rerun_hung: bool,
+    /// Run a boot that failed (hung, or ended without the init's line) once more instead of
+    /// giving up: on a host whose CPU TCG emulates, where that may be the emulator's doing
+    /// (docs/nested-box.md); each such boot is listed in the result.
+    pub rerun_failed: bool,
 }
 
 impl LinuxBootConfig {
@@ -209,7 +210,7 @@ pub struct LinuxBootBench {
     pub engines: Vec<EngineBoots>,
     /// driverlab's exit census of its last boot: exits by kind and the busiest ports.
     pub census: Option<ExitCounts>,
-    /// Boots that hung and were run again (only on a host TCG emulates), each with why.
+    /// Boots that failed and were run again (only on a host TCG emulates), each with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rerun: Vec<String>,
 }
@@ -253,12 +254,12 @@ pub fn run(config: &LinuxBootConfig, progress: &dyn Fn(&str)) -> Result<LinuxBoo
         for (i, &engine) in engines.iter().enumerate() {
             let boot = match boot_once(config.command(engine), engine, run) {
                 Ok(boot) => boot,
-                Err(Failed::Hung(e)) if config.rerun_hung && result.rerun.len() < MAX_RERUNS => {
+                Err(e) if config.rerun_failed && result.rerun.len() < MAX_RERUNS => {
                     progress(&format!("{e}; booting it again"));
                     result.rerun.push(e.to_string());
-                    boot_once(config.command(engine), engine, run).map_err(Failed::into_error)?
+                    boot_once(config.command(engine), engine, run)?
                 }
-                Err(failed) => return Err(failed.into_error()),
+                Err(e) => return Err(e),
             };
             let boots = &mut result.engines[i];
             boots.to_init_ms.push(ms(boot.to_init));
@@ -294,29 +295,8 @@ fn bad_run(engine: LinuxEngine, run: usize, what: &str, stderr: &str) -> BenchEr
     BenchError::BadRun { engine: engine.name(), run, detail: format!("{what}; its last words: {last}") }
 }
 
-/// How a boot failed: it hung (still running at [`BOOT_LIMIT`]), or otherwise.
-#[derive(Debug)]
-enum Failed {
-    Hung(BenchError),
-    Other(BenchError),
-}
-
-impl Failed {
-    fn into_error(self) -> BenchError {
-        match self {
-            Failed::Hung(e) | Failed::Other(e) => e,
-        }
-    }
-}
-
-impl From<BenchError> for Failed {
-    fn from(e: BenchError) -> Failed {
-        Failed::Other(e)
-    }
-}
-
 /// Spawns `command`, notes when the init's line reaches its stdout and when it exits.
-fn boot_once(mut command: Command, engine: LinuxEngine, run: usize) -> Result<Boot, Failed> {
+fn boot_once(mut command: Command, engine: LinuxEngine, run: usize) -> Result<Boot, BenchError> {
     let start = Instant::now();
     let mut child =
         command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().map_err(|source| {
@@ -355,10 +335,10 @@ fn boot_once(mut command: Command, engine: LinuxEngine, run: usize) -> Result<Bo
                 let console = reader.join().unwrap_or_default();
                 let stderr = errors.join().unwrap_or_default();
                 let what = format!("still running after {BOOT_LIMIT:?}; its console's last lines: {console:?}");
-                return Err(Failed::Hung(bad_run(engine, run, &what, &stderr)));
+                return Err(bad_run(engine, run, &what, &stderr));
             }
             Ok(None) => std::thread::sleep(Duration::from_micros(500)),
-            Err(e) => return Err(bad_run(engine, run, &format!("waiting for it: {e}"), "").into()),
+            Err(e) => return Err(bad_run(engine, run, &format!("waiting for it: {e}"), "")),
         }
     };
     let console = reader.join().unwrap_or_default();
@@ -367,7 +347,7 @@ fn boot_once(mut command: Command, engine: LinuxEngine, run: usize) -> Result<Bo
         Ok(to_init) => Ok(Boot { to_init, to_exit, stderr }),
         Err(_) => {
             let what = format!("its console never showed {INIT_LINE:?} (its last lines: {console:?})");
-            Err(bad_run(engine, run, &what, &stderr).into())
+            Err(bad_run(engine, run, &what, &stderr))
         }
     }
 }
@@ -415,7 +395,7 @@ pub fn table(bench: &LinuxBootBench) -> String {
         }
     }
     for rerun in &bench.rerun {
-        let _ = writeln!(out, "run again after it hung (a host TCG emulates): {rerun}");
+        let _ = writeln!(out, "run again after it failed (a host TCG emulates): {rerun}");
     }
     if let Some(census) = &bench.census {
         let _ = writeln!(
@@ -458,7 +438,7 @@ mod tests {
             cloud_hypervisor: ch.then(|| PathBuf::from("/c/cloud-hypervisor")),
             runs: 10,
             memory_mib: 256,
-            rerun_hung: false,
+            rerun_failed: false,
         }
     }
 
@@ -491,7 +471,7 @@ mod tests {
         assert!(boot.to_init >= Duration::from_millis(50) && boot.to_exit >= boot.to_init + Duration::from_millis(50));
         let mut silent = Command::new("sh");
         silent.args(["-c", "echo panic >&2"]);
-        let e = boot_once(silent, LinuxEngine::QemuMicrovm, 3).err().unwrap().into_error().to_string();
+        let e = boot_once(silent, LinuxEngine::QemuMicrovm, 3).err().unwrap().to_string();
         assert!(e.contains("qemu -M microvm run 3") && e.contains("never showed") && e.contains("panic"), "{e}");
         let mut missing = Command::new("/nonexistent/qemu");
         missing.arg("-M");
@@ -528,7 +508,7 @@ mod tests {
         assert!(table.contains("900 port exits, 40 MMIO exits, 3 unclaimed"), "{table}");
         assert!(table.contains("  of which set-up       3       22.0       30.0       38.0"), "{table}");
         assert!(table.contains("0x3f8 800+0"), "{table}");
-        assert!(table.contains("run again after it hung (a host TCG emulates): qemu -M microvm run 2"), "{table}");
+        assert!(table.contains("run again after it failed (a host TCG emulates): qemu -M microvm run 2"), "{table}");
         let back: LinuxBootBench = serde_json::from_str(&serde_json::to_string(&bench).unwrap()).unwrap();
         assert_eq!(back, bench);
     }

@@ -79,11 +79,16 @@ pub struct BzImageInfo {
 impl KernelImage {
     /// Recognises `data` and checks that it fits in `ram`.
     pub fn parse(data: &[u8], ram: &RamLayout) -> Result<KernelImage, ImageError> {
+        KernelImage::parse_head(data, data.len() as u64, ram)
+    }
+
+    /// The same from the first bytes of an image of `len` bytes: its headers must lie in them.
+    pub fn parse_head(data: &[u8], len: u64, ram: &RamLayout) -> Result<KernelImage, ImageError> {
         if data.starts_with(&ELF_MAGIC) {
-            return parse_elf(data, ram).map(KernelImage::Elf);
+            return parse_elf(data, len, ram).map(KernelImage::Elf);
         }
         if read_u32(data, SETUP_HEADER_OFFSET + 0x11) == Some(SETUP_MAGIC) {
-            return parse_bzimage(data, ram).map(KernelImage::BzImage);
+            return parse_bzimage(data, len, ram).map(KernelImage::BzImage);
         }
         let head: Vec<String> = data.iter().take(8).map(|b| format!("{b:02x}")).collect();
         Err(ImageError::UnknownFormat(if head.is_empty() {
@@ -106,9 +111,9 @@ fn read_u64(data: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?))
 }
 
-fn parse_elf(data: &[u8], ram: &RamLayout) -> Result<ElfInfo, ImageError> {
+fn parse_elf(data: &[u8], len: u64, ram: &RamLayout) -> Result<ElfInfo, ImageError> {
     if data.len() < ELF64_EHDR_SIZE {
-        return Err(ImageError::TruncatedElf(format!("{} bytes, shorter than an ELF header", data.len())));
+        return Err(ImageError::TruncatedElf(format!("{len} bytes, shorter than an ELF header")));
     }
     if data[4] != ELFCLASS64 {
         return Err(ImageError::UnsupportedElf("not a 64-bit ELF"));
@@ -130,11 +135,13 @@ fn parse_elf(data: &[u8], ram: &RamLayout) -> Result<ElfInfo, ImageError> {
         return Err(ImageError::UnsupportedElf("program headers overlap the ELF header"));
     }
     let table_end = phnum.checked_mul(ELF64_PHDR_SIZE as u64).and_then(|n| n.checked_add(phoff));
-    if table_end.is_none_or(|end| end > data.len() as u64) {
+    if table_end.is_none_or(|end| end > len) {
         return Err(ImageError::TruncatedElf(format!(
-            "{phnum} program headers at offset {phoff:#x}, file is {} bytes",
-            data.len()
+            "{phnum} program headers at offset {phoff:#x}, file is {len} bytes"
         )));
+    }
+    if table_end.is_none_or(|end| end > data.len() as u64) {
+        return Err(ImageError::UnsupportedElf("program headers beyond the file's first 64 KiB"));
     }
     let mut end = 0;
     let mut loads = 0;
@@ -151,11 +158,10 @@ fn parse_elf(data: &[u8], ram: &RamLayout) -> Result<ElfInfo, ImageError> {
             continue;
         }
         loads += 1;
-        if offset.checked_add(filesz).is_none_or(|e| e > data.len() as u64) {
+        if offset.checked_add(filesz).is_none_or(|e| e > len) {
             return Err(ImageError::TruncatedElf(format!(
-                "segment {i} needs bytes {offset:#x}..{:#x}, file is {} bytes",
+                "segment {i} needs bytes {offset:#x}..{:#x}, file is {len} bytes",
                 offset.saturating_add(filesz),
-                data.len()
             )));
         }
         let size = memsz.max(filesz);
@@ -177,7 +183,7 @@ fn parse_elf(data: &[u8], ram: &RamLayout) -> Result<ElfInfo, ImageError> {
     Ok(ElfInfo { entry, end })
 }
 
-fn parse_bzimage(data: &[u8], ram: &RamLayout) -> Result<BzImageInfo, ImageError> {
+fn parse_bzimage(data: &[u8], len: u64, ram: &RamLayout) -> Result<BzImageInfo, ImageError> {
     let protocol = read_u16(data, 0x206).unwrap_or(0);
     if protocol < MIN_BOOT_PROTOCOL {
         return Err(ImageError::UnsupportedBzImage(format!(
@@ -199,8 +205,8 @@ fn parse_bzimage(data: &[u8], ram: &RamLayout) -> Result<BzImageInfo, ImageError
         n => n as u64,
     };
     let setup_size = (setup_sects + 1) * 512;
-    let payload = (data.len() as u64).checked_sub(setup_size).filter(|&p| p > 0).ok_or_else(|| {
-        ImageError::UnsupportedBzImage(format!("{} bytes, but its setup code alone takes {setup_size}", data.len()))
+    let payload = len.checked_sub(setup_size).filter(|&p| p > 0).ok_or_else(|| {
+        ImageError::UnsupportedBzImage(format!("{len} bytes, but its setup code alone takes {setup_size}"))
     })?;
     let init_size = read_u32(data, 0x260).unwrap_or(0);
     let needed = payload.max(init_size as u64);

@@ -29,6 +29,55 @@ const PAGE_SIZE: u64 = 4096;
 
 pub use vm_spec::Entry as EntryProtocol;
 
+/// How much of a kernel file is read before it is loaded: its headers (ELF header and program
+/// headers, a bzImage's setup header) lie in it.
+pub const KERNEL_HEAD_BYTES: usize = 64 * 1024;
+
+/// A kernel image to load: bytes in memory (the embedded probe), or a file whose headers were
+/// read and whose segments go straight from the file into guest memory, without a copy of the
+/// whole image in between (a distribution's vmlinux is tens of MiB).
+pub enum KernelSource<'a> {
+    /// The image's bytes.
+    Bytes(&'a [u8]),
+    /// An open kernel file.
+    File {
+        /// The file.
+        file: File,
+        /// Its first [`KERNEL_HEAD_BYTES`] bytes (all of it, if shorter).
+        head: Vec<u8>,
+        /// Its length.
+        len: u64,
+    },
+}
+
+impl KernelSource<'_> {
+    /// Opens `path`, reading its head.
+    pub fn open(path: &Path) -> std::io::Result<KernelSource<'static>> {
+        use std::io::Read;
+        let file = File::open(path)?;
+        let len = file.metadata()?.len();
+        let mut head = Vec::with_capacity(KERNEL_HEAD_BYTES.min(len as usize));
+        (&file).take(KERNEL_HEAD_BYTES as u64).read_to_end(&mut head)?;
+        Ok(KernelSource::File { file, head, len })
+    }
+
+    /// The bytes the headers are read from.
+    fn head(&self) -> &[u8] {
+        match self {
+            KernelSource::Bytes(bytes) => bytes,
+            KernelSource::File { head, .. } => head,
+        }
+    }
+
+    /// The image's length.
+    fn len(&self) -> u64 {
+        match self {
+            KernelSource::Bytes(bytes) => bytes.len() as u64,
+            KernelSource::File { len, .. } => *len,
+        }
+    }
+}
+
 /// Where and how the boot vCPU starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BootEntry {
@@ -121,7 +170,7 @@ pub struct BootRequest<'a> {
     /// Name of the kernel for messages (a path, or "probe").
     pub kernel_name: &'a str,
     /// The kernel image.
-    pub kernel: &'a [u8],
+    pub kernel: KernelSource<'a>,
     /// An initrd to load, if any.
     pub initrd: Option<&'a Path>,
     /// The command line.
@@ -140,17 +189,20 @@ pub fn load(
     ram: &RamLayout,
     e820: &[E820Entry],
 ) -> Result<BootEntry, BootError> {
-    let image = KernelImage::parse(request.kernel, ram)
+    let image = KernelImage::parse_head(request.kernel.head(), request.kernel.len(), ram)
         .map_err(|source| BootError::Image { path: request.kernel_name.to_string(), source })?;
     let load_error = |e: linux_loader::loader::Error| BootError::Load {
         path: request.kernel_name.to_string(),
         reason: e.to_string(),
     };
-    let mut reader = Cursor::new(request.kernel);
     let highmem = Some(GuestAddress(HIGH_MEMORY_START));
     match &image {
         KernelImage::Elf(elf) => {
-            let loaded = Elf::load(mem, None, &mut reader, highmem).map_err(load_error)?;
+            let loaded = match &request.kernel {
+                KernelSource::Bytes(bytes) => Elf::load(mem, None, &mut Cursor::new(bytes), highmem),
+                KernelSource::File { file, .. } => Elf::load(mem, None, &mut &*file, highmem),
+            }
+            .map_err(load_error)?;
             let pvh = match loaded.pvh_boot_cap {
                 PvhBootCapability::PvhEntryPresent(addr) => Some(addr.0),
                 _ => None,
@@ -179,7 +231,11 @@ pub fn load(
             if request.protocol == EntryProtocol::Pvh {
                 return Err(BootError::NoPvhNote(request.kernel_name.to_string()));
             }
-            let loaded = BzImage::load(mem, None, &mut reader, highmem).map_err(load_error)?;
+            let loaded = match &request.kernel {
+                KernelSource::Bytes(bytes) => BzImage::load(mem, None, &mut Cursor::new(bytes), highmem),
+                KernelSource::File { file, .. } => BzImage::load(mem, None, &mut &*file, highmem),
+            }
+            .map_err(load_error)?;
             write_cmdline(mem, request.cmdline, bz.cmdline_max as usize)?;
             let kernel_end = loaded.kernel_load.0 + bz.payload.max(bz.init_size as u64);
             let initrd = load_initrd(mem, ram, request.initrd, kernel_end, bz.initrd_addr_max as u64)?;
@@ -256,7 +312,38 @@ mod tests {
     }
 
     fn request<'a>(kernel: &'a [u8], cmdline: &'a str, protocol: EntryProtocol) -> BootRequest<'a> {
+        let kernel = KernelSource::Bytes(kernel);
         BootRequest { kernel_name: "test", kernel, initrd: None, cmdline, protocol, rsdp: Some(0xe0000) }
+    }
+
+    #[test]
+    fn a_kernel_file_loads_straight_into_guest_memory_as_its_bytes_would() {
+        let mut kernel = image::tests::elf(0x20_0000, 0x3000, 0x3000);
+        for (i, byte) in kernel[0x1000..].iter_mut().enumerate() {
+            *byte = (i % 251) as u8;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vmlinux");
+        std::fs::write(&path, &kernel).unwrap();
+        let (from_bytes, from_file) = (guest(16), guest(16));
+        let e820 = from_bytes.layout.e820();
+        let a = load(&request(&kernel, "x", EntryProtocol::Auto), &from_bytes.memory, &from_bytes.layout, &e820);
+        let source = KernelSource::open(&path).unwrap();
+        assert!(matches!(&source, KernelSource::File { len: 0x4000, head, .. } if head.len() == 0x4000));
+        let file_request = BootRequest { kernel: source, ..request(&kernel, "x", EntryProtocol::Auto) };
+        let b = load(&file_request, &from_file.memory, &from_file.layout, &e820);
+        assert_eq!(a.unwrap(), b.unwrap());
+        let (mut x, mut y) = (vec![0u8; 0x3000], vec![0u8; 0x3000]);
+        from_bytes.memory.read_slice(&mut x, GuestAddress(0x20_0000)).unwrap();
+        from_file.memory.read_slice(&mut y, GuestAddress(0x20_0000)).unwrap();
+        assert!(x == y && x == kernel[0x1000..], "the segment, byte for byte");
+
+        // A file cut short after its headers is refused from its length, before any load.
+        std::fs::write(&path, &kernel[..0x2000]).unwrap();
+        let cut =
+            BootRequest { kernel: KernelSource::open(&path).unwrap(), ..request(&kernel, "x", EntryProtocol::Auto) };
+        let err = load(&cut, &from_file.memory, &from_file.layout, &e820).unwrap_err();
+        assert!(err.to_string().contains("file is 8192 bytes"), "{err}");
     }
 
     #[test]

@@ -163,7 +163,8 @@ fn assemble(
     mkdir(&image_dir.join("lib/modules"))?;
     let bz = read(bzimage)?;
     let config_text = read(config)?;
-    let vmlinux = crate::kernel::extract_vmlinux(&bz)?;
+    let mut vmlinux = crate::kernel::extract_vmlinux(&bz)?;
+    crate::kernel::trim_segment_zeros(&mut vmlinux);
     write(&image_dir.join("bzImage"), &bz)?;
     write(&image_dir.join("vmlinux"), &vmlinux)?;
     write(&image_dir.join("config"), &config_text)?;

@@ -243,12 +243,19 @@ impl Record {
     /// Whether the host spoiled this repetition, so that running it again says something about
     /// the guest where this attempt could not: its virtualization lost the VM's state, or, on a
     /// host whose own CPU QEMU's TCG emulates (`emulated_host`: the nested lab box, whose emulated
-    /// SVM has been seen to deliver an interrupt to a guest that had them masked), the guest
-    /// hung.
+    /// SVM has been seen to deliver an interrupt to a guest that had them masked and to hand a
+    /// guest its host's state), the guest died ([`Record::guest_died`]).
     pub fn spoiled_by_host(&self, emulated_host: bool) -> bool {
         let lost = self.status == Status::Error && self.exit.as_ref().is_some_and(|e| e.vcpu_state_lost.is_some());
-        let hung = self.status == Status::Fail && self.reason.as_deref().is_some_and(|r| r.starts_with("hung: "));
-        lost || (emulated_host && hung)
+        lost || (emulated_host && self.guest_died())
+    }
+
+    /// Whether the guest died rather than ran to a verdict: it hung, reset or triple-faulted, or
+    /// its log shows a crash (panic, oops, BUG, WARNING).
+    pub fn guest_died(&self) -> bool {
+        let reason = self.reason.as_deref().unwrap_or_default();
+        self.status == Status::Fail
+            && (reason.starts_with("hung: ") || reason.starts_with("the guest ended with ") || self.crash.is_some())
     }
 
     /// The maps per packet a report's table and the progress lines show: the side the workload

@@ -444,12 +444,27 @@ mod tests {
         assert!(record.spoiled_by_host(false) && record.retried.len() == 1);
         assert_eq!(attempts.len(), 1, "the third attempt did not run");
 
-        // A guest's own hang (no lost state) is run again only on a host TCG emulates; other
-        // failures never are.
+        // A guest that died on its own (no lost state: a hang, a triple fault, a crash in its
+        // log) is run again only on a host TCG emulates; a workload's verdict never is.
         let mut hung = Record::not_run("r", cell, 0, Status::Fail, "hung: no serial output for 150 s");
         hung.exit = spoiled().exit.map(|e| vm_spec::ExitSummary { vcpu_state_lost: None, ..e });
-        let crashed = Record::not_run("r", cell, 0, Status::Fail, "oops: BUG: unable to handle page fault");
-        for (failed, emulated, runs_wanted) in [(&hung, false, 1), (&hung, true, 2), (&crashed, true, 1)] {
+        let faulted = Record::not_run("r", cell, 0, Status::Fail, "the guest ended with triple-fault");
+        let mut oops = Record::not_run("r", cell, 0, Status::Fail, "oops: BUG: unable to handle page fault");
+        oops.crash = Some(crate::record::Crash {
+            kind: "oops".into(),
+            line: "BUG: unable to handle page fault".into(),
+            frames: Vec::new(),
+            fingerprint: "0123456789abcdef".into(),
+        });
+        let verdict = Record::not_run("r", cell, 0, Status::Fail, "iperf3 ended with exit code 1");
+        for (failed, emulated, runs_wanted) in [
+            (&hung, false, 1),
+            (&hung, true, 2),
+            (&faulted, false, 1),
+            (&faulted, true, 2),
+            (&oops, true, 2),
+            (&verdict, true, 1),
+        ] {
             let mut runs = 0;
             let record = with_retries(
                 emulated,

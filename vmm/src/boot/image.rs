@@ -154,7 +154,8 @@ fn parse_elf(data: &[u8], len: u64, ram: &RamLayout) -> Result<ElfInfo, ImageErr
         let paddr = read_u64(data, ph + 24).unwrap_or(0);
         let filesz = read_u64(data, ph + 32).unwrap_or(0);
         let memsz = read_u64(data, ph + 40).unwrap_or(0);
-        if filesz == 0 {
+        // A segment with nothing in the file (all `.bss`) still takes its memory.
+        if filesz == 0 && memsz == 0 {
             continue;
         }
         loads += 1;

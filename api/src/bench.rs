@@ -61,7 +61,7 @@ pub async fn boot(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Result
         let initrd = linux_boot::initramfs_in(scratch.path(), None).map_err(|e| Problem::internal(e.to_string()))?;
         let config = LinuxBootConfig {
             driverlab: daemon.config.driverlab.clone(),
-            kernel: store.dir(&kernel.id).join(&kernel.vmlinux),
+            kernel: kernel.vmlinux_path(&store),
             initrd,
             qemu,
             q35: request.q35,

@@ -135,7 +135,7 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
         "probe" => Kernel::Probe,
         id if id.starts_with("kernel-") && crate::images::is_image_id(id) => {
             let manifest: guest_images::kernel_image::KernelManifest = images.manifest(id)?;
-            Kernel::Path(images.dir(id).join(&manifest.vmlinux))
+            Kernel::Path(manifest.vmlinux_path(&images))
         }
         other => {
             return Err(Problem::unprocessable(format!(

@@ -248,6 +248,11 @@ impl KernelManifest {
     pub fn modules_dir(&self, store: &ImageStore) -> PathBuf {
         store.dir(&self.id).join(&self.modules)
     }
+
+    /// The image's ELF vmlinux on disk (what driverlab and the boot benchmark boot).
+    pub fn vmlinux_path(&self, store: &ImageStore) -> PathBuf {
+        store.dir(&self.id).join(&self.vmlinux)
+    }
 }
 
 #[cfg(test)]

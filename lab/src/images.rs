@@ -38,7 +38,7 @@ pub fn resolve(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Resolve
     let (kernel, manifest) = if is_id(&kernel_name, "kernel") {
         let manifest: KernelManifest =
             store.manifest(&kernel_name).map_err(|e| format!("image {:?}: {e}", image.name))?;
-        (store.dir(&manifest.id).join(&manifest.vmlinux), Some(manifest))
+        (manifest.vmlinux_path(store), Some(manifest))
     } else {
         (plan.resolve(Path::new(&image.kernel)), None)
     };

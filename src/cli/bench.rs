@@ -201,7 +201,7 @@ fn local_linux_boot(args: &LinuxArgs) -> anyhow::Result<linux_boot::LinuxBootBen
     let kernel = if guest_images::store::is_image_id(&args.kernel) {
         let store = guest_images::store::ImageStore::new(guest_images::store::default_root());
         let manifest: guest_images::kernel_image::KernelManifest = store.manifest(&args.kernel)?;
-        store.dir(&manifest.id).join(&manifest.vmlinux)
+        manifest.vmlinux_path(&store)
     } else {
         PathBuf::from(&args.kernel)
     };

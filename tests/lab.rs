@@ -167,12 +167,19 @@ fn a_lab_killed_mid_run_loses_nothing_and_resumes_without_duplicates() {
     assert_eq!(before["run"]["state"], "interrupted");
     let kept = before["records"].as_array().unwrap().len();
     assert!((2..8).contains(&kept), "{kept} records kept");
-    std::thread::sleep(Duration::from_millis(300));
-    let orphans = Command::new("pgrep")
-        .args(["-f", &format!("driverlab-model-{}", child.id())])
-        .output()
-        .expect("pgrep (procps) runs");
-    assert!(stdout(&orphans).trim().is_empty(), "a model outlived its lab");
+    // Its models die with it (their parent-death signal): wait for that, not for a fixed time.
+    let orphans = || {
+        let out = Command::new("pgrep")
+            .args(["-f", &format!("driverlab-model-{}", child.id())])
+            .output()
+            .expect("pgrep (procps) runs");
+        stdout(&out).trim().to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !orphans().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(orphans(), "", "a model outlived its lab");
 
     let resumed = lab.run(&["resume", &run]);
     let text = stdout(&resumed);

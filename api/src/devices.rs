@@ -15,65 +15,25 @@ use crate::auth::Transport;
 use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
-use crate::types::{DeviceDefinition, DeviceState, HealthResult, Lease, Quarantine, QuarantineRequest};
+use crate::types::{DeviceState, HealthResult, Lease, Quarantine, QuarantineRequest};
 
-impl DeviceDefinition {
-    /// The lab's device, checked: its name, its fields, and what this transport may register.
-    fn to_device(&self, transport: Transport) -> Result<Device, Problem> {
-        let name_ok = !self.name.is_empty()
-            && self.name.len() <= 64
-            && self.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
-        if !name_ok {
-            return Err(Problem::unprocessable(format!(
-                "name {:?}: 1 to 64 letters, digits, '.', '-' or '_'",
-                self.name
-            )));
-        }
-        if transport == Transport::Tcp && (self.bdf.is_some() || self.tap.is_some() || self.peer.is_some()) {
-            return Err(Problem::forbidden(
-                "bdf, tap and peer name host resources: register such a device over the daemon's Unix socket",
-            ));
-        }
-        let bdf = match &self.bdf {
-            Some(text) => {
-                Some(text.parse().map_err(|e: vm_spec::bdf::BdfError| Problem::unprocessable(e.to_string()))?)
-            }
-            None => None,
-        };
-        let device = Device {
-            name: self.name.clone(),
-            model: self.model.clone(),
-            generate: self.generate.clone(),
-            tap: self.tap.clone(),
-            bdf,
-            driver: self.driver.clone(),
-            peer: self.peer.clone(),
-            peer_ip: self.peer_ip.clone(),
-            guest_ip: self.guest_ip.clone(),
-            peer_ip6: self.peer_ip6.clone(),
-            guest_ip6: self.guest_ip6.clone(),
-            peer_counters: self.peer_counters,
-        };
-        device.check().map_err(|(field, message)| Problem::unprocessable(format!("device{field}: {message}")))?;
-        Ok(device)
+/// Checks a device to register: its name, its fields, and what this transport may register.
+fn check(device: &Device, transport: Transport) -> Result<(), Problem> {
+    let name_ok = !device.name.is_empty()
+        && device.name.len() <= 64
+        && device.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+    if !name_ok {
+        return Err(Problem::unprocessable(format!(
+            "name {:?}: 1 to 64 letters, digits, '.', '-' or '_'",
+            device.name
+        )));
     }
-
-    fn from_device(d: &Device) -> DeviceDefinition {
-        DeviceDefinition {
-            name: d.name.clone(),
-            model: d.model.clone(),
-            generate: d.generate.clone(),
-            tap: d.tap.clone(),
-            bdf: d.bdf.map(|b| b.to_string()),
-            driver: d.driver.clone(),
-            peer: d.peer.clone(),
-            peer_ip: d.peer_ip.clone(),
-            guest_ip: d.guest_ip.clone(),
-            peer_ip6: d.peer_ip6.clone(),
-            guest_ip6: d.guest_ip6.clone(),
-            peer_counters: d.peer_counters,
-        }
+    if transport == Transport::Tcp && (device.bdf.is_some() || device.tap.is_some() || device.peer.is_some()) {
+        return Err(Problem::forbidden(
+            "bdf, tap and peer name host resources: register such a device over the daemon's Unix socket",
+        ));
     }
+    device.check().map_err(|(field, message)| Problem::unprocessable(format!("device{field}: {message}")))
 }
 
 fn state(store: &Store, device: &Device, registered_at: String) -> Result<DeviceState, Problem> {
@@ -95,16 +55,11 @@ fn state(store: &Store, device: &Device, registered_at: String) -> Result<Device
         None => None,
     };
     let kind = match device.kind() {
-        DeviceKind::Host(_) => "host",
-        DeviceKind::Model { .. } => "model",
+        Some(DeviceKind::Host(_)) => "host",
+        Some(DeviceKind::Model { .. }) => "model",
+        None => "none",
     };
-    Ok(DeviceState {
-        device: DeviceDefinition::from_device(device),
-        kind: kind.into(),
-        registered_at,
-        lease,
-        quarantine,
-    })
+    Ok(DeviceState { device: device.clone(), kind: kind.into(), registered_at, lease, quarantine })
 }
 
 fn find(store: &Store, name: &str) -> Result<(Device, String), Problem> {
@@ -116,7 +71,7 @@ fn find(store: &Store, name: &str) -> Result<(Device, String), Problem> {
 }
 
 /// `POST /v1/devices`.
-#[utoipa::path(post, path = "/v1/devices", tag = "devices", request_body = DeviceDefinition,
+#[utoipa::path(post, path = "/v1/devices", tag = "devices", request_body = Device,
     responses(
         (status = 201, description = "Registered", body = DeviceState),
         (status = 400, description = "A malformed body", body = crate::types::ErrorBody),
@@ -133,8 +88,8 @@ pub async fn register(
 ) -> Response {
     let transport = transport.map_or(Transport::Tcp, |Extension(t)| t);
     let result = async {
-        let definition: DeviceDefinition = payload.json()?;
-        let device = definition.to_device(transport)?;
+        let device: Device = payload.json()?;
+        check(&device, transport)?;
         blocking(move || {
             let store = daemon.store()?;
             if !store.register_device(&device)? {

@@ -141,9 +141,9 @@ pub async fn build_module(State(daemon): State<Arc<Daemon>>, payload: Payload) -
                     patches.push(path);
                 }
                 let build = module_build::ModuleRequest {
-                    driver: request.driver.clone().unwrap_or_else(|| "drivers/net/ethernet/aquantia/atlantic".into()),
+                    driver: request.driver.clone().unwrap_or_else(|| module_build::DEFAULT_DRIVER_FOLDER.into()),
                     patches,
-                    source: module_build::SourceSpec::Package("linux-source-6.12".into()),
+                    source: module_build::SourceSpec::default(),
                     kernel: request.kernel.clone(),
                     headers: None,
                     only: request.only.clone(),

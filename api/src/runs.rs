@@ -310,7 +310,7 @@ fn matrix_problem(e: lab::matrix::MatrixError) -> Problem {
 }
 
 /// The matrix in a request body: TOML (`application/toml`, `text/toml`, `text/plain`) or JSON.
-fn matrix_table(payload: &Payload) -> Result<toml::Table, Problem> {
+fn matrix_request(payload: &Payload) -> Result<lab::request::Request, Problem> {
     let refuse = matrix_problem;
     match payload.content_type.as_str() {
         "application/toml" | "text/toml" | "text/plain" => {
@@ -344,14 +344,14 @@ fn matrix_table(payload: &Payload) -> Result<toml::Table, Problem> {
 pub async fn submit(State(daemon): State<Arc<Daemon>>, RawQuery(raw): RawQuery, payload: Payload) -> Response {
     let result = async {
         let skip_unrunnable = flag(&query(raw), "skip_unrunnable")?;
-        let table = matrix_table(&payload)?;
+        let request = matrix_request(&payload)?;
         let daemon = daemon.clone();
         blocking(move || {
             // The place first: a run that could not be queued is never created.
             let place = daemon.runs.reserve()?;
             let mut store = daemon.store()?;
             let registered = |name: &str| store.device(name).ok().flatten();
-            let plan = lab::request::plan(table, &registered).map_err(matrix_problem)?;
+            let plan = lab::request::plan(request, &registered).map_err(matrix_problem)?;
             let options = RunOptions { driverlab: daemon.config.driverlab.clone(), skip_unrunnable };
             let run = lab::run::create(&mut store, &plan, &options)?;
             daemon.runs.enqueue(place, &run, plan)?;

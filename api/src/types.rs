@@ -33,47 +33,6 @@ pub struct HostInfo {
     pub boots_linux: bool,
 }
 
-/// A device as registered: the fields of a matrix's `[[device]]` (`docs/lab.md`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DeviceDefinition {
-    /// Its name, which matrices give alone to use it.
-    pub name: String,
-    /// A driverlab model (`aqc100`), a fresh process per VM.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// The model's frame generator, e.g. `size=1514`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub generate: Option<String>,
-    /// The model's host TAP interface (Unix socket only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tap: Option<String>,
-    /// A host PCI device bound to vfio-pci, `0000:63:00.0` (Unix socket only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bdf: Option<String>,
-    /// The Linux driver in Linux images (default `atlantic`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver: Option<String>,
-    /// A host device's iperf3 peer, an SSH destination (Unix socket only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peer: Option<String>,
-    /// The peer's IPv4 address on the wire.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peer_ip: Option<String>,
-    /// The guest's IPv4 address and prefix on the wire.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub guest_ip: Option<String>,
-    /// The peer's IPv6 address on the wire.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peer_ip6: Option<String>,
-    /// The guest's IPv6 address and prefix on the wire.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub guest_ip6: Option<String>,
-    /// The peer also serves the device's model counters over SSH (a nested lab box's card).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub peer_counters: bool,
-}
-
 /// Who holds a device's lease.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Lease {
@@ -97,8 +56,8 @@ pub struct Quarantine {
 /// A registered device and its state.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct DeviceState {
-    /// The definition.
-    pub device: DeviceDefinition,
+    /// The definition: the fields of a matrix's `[[device]]` (`docs/lab.md`).
+    pub device: lab::matrix::Device,
     /// `model` or `host`.
     pub kind: String,
     /// When it was registered (RFC 3339).

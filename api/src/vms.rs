@@ -27,9 +27,9 @@ use crate::types::{Created, VmRequest, VmStatus};
 pub const MAX_LIVE: usize = 4;
 /// Finished VMs kept (with their serial logs) before the oldest are forgotten.
 const KEEP_FINISHED: usize = 64;
-/// Most guest memory one VM may have.
+/// Most guest memory one VM may have: the daemon's own bound, below vm-spec's (a shared box).
 const MAX_MEMORY_MIB: u64 = 16 * 1024;
-/// The run time of a request that gives none, and the most one may ask.
+/// The run time of a request that gives none, and the most one may ask (below vm-spec's).
 const DEFAULT_TIMEOUT_S: f64 = 60.0;
 const MAX_TIMEOUT_S: f64 = 24.0 * 3600.0;
 
@@ -126,7 +126,7 @@ impl VmTable {
 /// devices from the registry; models are started by the VM's thread.
 struct Prepared {
     spec: VmSpec,
-    models: Vec<(String, Vec<String>)>,
+    models: Vec<(vm_spec::NicKind, Vec<String>)>,
 }
 
 fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
@@ -157,7 +157,7 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
     if !(timeout > 0.0 && timeout <= MAX_TIMEOUT_S) {
         return Err(Problem::unprocessable(format!("timeout_s: more than 0 and at most {MAX_TIMEOUT_S}")));
     }
-    let memory_mib = request.memory_mib.unwrap_or(256);
+    let memory_mib = request.memory_mib.unwrap_or(vm_spec::spec::DEFAULT_MEMORY_MIB);
     if memory_mib > MAX_MEMORY_MIB {
         return Err(Problem::unprocessable(format!("memory_mib: at most {MAX_MEMORY_MIB} per VM")));
     }
@@ -169,19 +169,21 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
             Problem::unprocessable(format!("devices: no device is registered as {name:?} (GET /v1/devices)"))
         })?;
         match device.kind() {
-            DeviceKind::Host(bdf) => devices.push(DeviceSpec::Vfio(bdf)),
-            DeviceKind::Model { kind, args } => models.push((kind, args)),
+            Some(DeviceKind::Host(bdf)) => devices.push(DeviceSpec::Vfio(bdf)),
+            Some(DeviceKind::Model { nic, args }) => models.push((nic, args)),
+            None => return Err(Problem::unprocessable(format!("devices: {name:?} names neither a model nor a BDF"))),
         }
     }
+    let defaults = VmSpec::new(kernel);
     let spec = VmSpec {
         initrd,
         cmdline: request.cmdline.clone(),
         memory_mib,
-        vcpus: request.vcpus.unwrap_or(1),
+        vcpus: request.vcpus.unwrap_or(defaults.vcpus),
         iommu: request.iommu.then(IommuSpec::default),
         devices,
         timeout_s: Some(timeout),
-        ..VmSpec::new(kernel)
+        ..defaults
     };
     // Models' sockets are added when they run; check the rest now.
     spec.validate().map_err(|e| Problem::unprocessable(e.to_string()))?;
@@ -192,15 +194,15 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
 fn run(daemon: Arc<Daemon>, vm: Arc<Vm>, prepared: Prepared) {
     let Prepared { mut spec, models } = prepared;
     let mut running_models = Vec::new();
-    for (kind, args) in &models {
+    for (nic, args) in &models {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        match ModelProcess::start(&daemon.config.driverlab, kind, &args) {
+        match ModelProcess::start(&daemon.config.driverlab, nic.name(), &args) {
             Ok(model) => {
                 spec.devices.push(model.device_spec());
                 running_models.push(model);
             }
             Err(e) => {
-                *vm.phase() = Phase::Failed(format!("starting the {kind} model: {e}"));
+                *vm.phase() = Phase::Failed(format!("starting the {nic} model: {e}"));
                 return;
             }
         }

@@ -13,14 +13,26 @@ use crate::modules::{ModInfo, ModuleTree, modinfo};
 use crate::patches::{self, Patch};
 use crate::store::{ImageError, ImageStore, cache_dir, image_id, mkdir, read, run_tool, sha256, write, write_manifest};
 
+/// The driver folder a module build takes when none is named: the AQC100's `atlantic`.
+pub const DEFAULT_DRIVER_FOLDER: &str = "drivers/net/ethernet/aquantia/atlantic";
+
+/// The Debian source package a module build takes when no sources are named.
+pub const DEFAULT_SOURCE_PACKAGE: &str = "linux-source-6.12";
+
 /// Where the driver's sources come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceSpec {
     /// A Debian source package with the kernel tree as a tarball in /usr/src
-    /// (`linux-source-6.12`).
+    /// ([`DEFAULT_SOURCE_PACKAGE`]).
     Package(String),
     /// A kernel tree.
     Tree(PathBuf),
+}
+
+impl Default for SourceSpec {
+    fn default() -> SourceSpec {
+        SourceSpec::Package(DEFAULT_SOURCE_PACKAGE.into())
+    }
 }
 
 /// What to build.

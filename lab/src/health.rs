@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, VmSpec};
+use vm_spec::{DeviceSpec, IommuSpec, Kernel, NicKind, SerialOutput, VmSpec};
 
 use crate::probe_report::ProbeReport;
 use crate::vm_process::{ProcessError, VmProcess};
@@ -71,16 +71,16 @@ impl Health {
 /// Checks `device`; `frames` is how many frames to receive (0 when no traffic can arrive, e.g. a
 /// host NIC without a peer sending).
 pub fn check(driverlab: &Path, device: &DeviceSpec, frames: u32) -> Result<Health, ProcessError> {
-    check_nic(driverlab, device, frames, Some("aqc100"))
+    check_nic(driverlab, device, frames, Some(NicKind::Aqc100))
 }
 
-/// The same for a NIC the probe drives as `nic` (`aqc100`), or, with `None`, a device the probe
+/// The same for a NIC the probe drives, or, with `None`, a device the probe
 /// only finds and passes through (its platform checks, the virtio-iommu, the reset).
 pub fn check_nic(
     driverlab: &Path,
     device: &DeviceSpec,
     frames: u32,
-    nic: Option<&str>,
+    nic: Option<NicKind>,
 ) -> Result<Health, ProcessError> {
     let nic_words = nic.map(|n| format!(" probe.nic={n} probe.frames={frames}")).unwrap_or_default();
     let spec = VmSpec {
@@ -129,18 +129,14 @@ pub fn check_nic(
 /// device itself otherwise. The error is why the check could not run at all.
 pub fn check_device(driverlab: &Path, device: &crate::matrix::Device) -> Result<Health, String> {
     let (spec, frames, _model) = match device.kind() {
-        crate::matrix::DeviceKind::Host(bdf) => (DeviceSpec::Vfio(bdf), 0, None),
-        crate::matrix::DeviceKind::Model { kind, args } => {
+        Some(crate::matrix::DeviceKind::Host(bdf)) => (DeviceSpec::Vfio(bdf), 0, None),
+        Some(crate::matrix::DeviceKind::Model { nic, args }) => {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let model = crate::ModelProcess::start(driverlab, &kind, &args).map_err(|e| e.to_string())?;
+            let model = crate::ModelProcess::start(driverlab, nic.name(), &args).map_err(|e| e.to_string())?;
             (model.device_spec(), FRAMES_MODEL, Some(model))
         }
+        None => return Err("the device names neither a model nor a BDF".into()),
     };
-    // The probe drives the AQC100 and the LAN7430; other NICs it only finds.
-    let nic = match device.linux_driver().as_str() {
-        "atlantic" => Some("aqc100"),
-        "lan743x" => Some("lan743x"),
-        _ => None,
-    };
-    check_nic(driverlab, &spec, frames, nic).map_err(|e| e.to_string())
+    // The probe drives the NICs driverlab knows; other NICs it only finds.
+    check_nic(driverlab, &spec, frames, device.nic()).map_err(|e| e.to_string())
 }

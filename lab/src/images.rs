@@ -140,7 +140,7 @@ fn build_recipe(
             let request = guest_images::module_build::ModuleRequest {
                 driver: image.driver.clone(),
                 patches: patches.clone(),
-                source: guest_images::module_build::SourceSpec::Package("linux-source-6.12".into()),
+                source: guest_images::module_build::SourceSpec::default(),
                 kernel: kernel.clone(),
                 headers: None,
                 // The folder's own module builds as the folder; another one alone.

@@ -44,8 +44,6 @@ pub const MAX_RESULTS: usize = 100_000;
 pub const MAX_REPETITIONS: u32 = 1000;
 /// Most cells one matrix may expand into.
 pub const MAX_CELLS: usize = 10_000;
-/// Device models the lab can start.
-pub const MODELS: &[&str] = &["aqc100", "lan743x"];
 
 /// A matrix that does not check out, with the file, line and field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,7 +60,7 @@ pub struct MatrixError {
 }
 
 /// The matrix as written.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Matrix {
     /// A name for reports.
@@ -74,7 +72,7 @@ pub struct Matrix {
     #[serde(default = "one")]
     pub repetitions: u32,
     /// The variant the others are compared against.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<Spanned<String>>,
     /// Seconds one repetition may take before its VM is stopped.
     #[serde(default = "default_timeout")]
@@ -96,6 +94,24 @@ pub struct Matrix {
     pub workloads: Vec<Spanned<Workload>>,
 }
 
+impl Matrix {
+    /// Parses a matrix's TOML `text`, read from `file`: its syntax and its types, not yet what
+    /// [`Plan::from_matrix`] checks.
+    pub fn from_toml(file: &Path, text: &str) -> Result<Matrix, MatrixError> {
+        toml::from_str(text).map_err(|e| MatrixError {
+            file: file.to_path_buf(),
+            line: e.span().map(|s| line_of(text, s)),
+            field: "syntax".into(),
+            message: e.message().to_string(),
+        })
+    }
+
+    /// The matrix as TOML text, which parses into the same matrix.
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
+    }
+}
+
 fn one() -> u32 {
     1
 }
@@ -113,29 +129,34 @@ fn yes() -> bool {
 }
 
 /// A device the cells run on: a driverlab model (a fresh process per VM) or a host PCI device.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+///
+/// One type serves the matrix's TOML, the results store and the HTTP API (`POST /v1/devices`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Device {
     /// Its name in the matrix and in results.
     pub name: String,
-    /// A driverlab model (`aqc100`).
+    /// A driverlab model (`aqc100` or `lan743x`), a fresh process per VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
+    pub model: Option<vm_spec::NicKind>,
     /// The model's frame generator (`driverlab model aqc100 --generate`), e.g. `size=1514`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generate: Option<String>,
-    /// The model's TAP interface (`--tap`), instead of the generator.
+    /// The model's TAP interface (`--tap`), instead of the generator (a host resource: the
+    /// daemon registers it only over its Unix socket).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tap: Option<String>,
-    /// A host PCI device bound to vfio-pci.
+    /// A host PCI device bound to vfio-pci, `0000:63:00.0` (registered over the Unix socket only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "0000:63:00.0")]
     pub bdf: Option<Bdf>,
-    /// The Linux driver that drives it in Linux images [default: `lan743x` for the LAN7430
-    /// model, else `atlantic`].
+    /// The Linux driver that drives it in Linux images [default: the model's (`atlantic` for the
+    /// AQC100, `lan743x` for the LAN7430); for a host device, `atlantic`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
     /// A host device's traffic peer for iperf3: an SSH destination (`[user@]host`, key login)
-    /// on the NIC's wire that has iperf3. A model's peer is a namespace the lab makes.
+    /// on the NIC's wire that has iperf3 (registered over the Unix socket only). A model's peer is
+    /// a namespace the lab makes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<String>,
     /// The peer's IPv4 address on the wire [default: 10.77.0.1].
@@ -174,8 +195,8 @@ pub fn interface_name(name: &str) -> Result<(), String> {
 pub enum DeviceKind {
     /// A driverlab model with its arguments after `driverlab model KIND`.
     Model {
-        /// `aqc100`.
-        kind: String,
+        /// The NIC it models.
+        nic: vm_spec::NicKind,
         /// `--generate ...` or `--tap ...`.
         args: Vec<String>,
     },
@@ -187,10 +208,7 @@ impl Device {
     /// The NIC it is, where the lab knows it: the model's kind, or the chip its Linux driver
     /// drives.
     pub fn nic(&self) -> Option<vm_spec::NicKind> {
-        match &self.model {
-            Some(model) => model.parse().ok(),
-            None => self.driver.as_deref().and_then(vm_spec::NicKind::from_linux_driver),
-        }
+        self.model.or_else(|| vm_spec::NicKind::from_linux_driver(&self.linux_driver()))
     }
 
     /// Checks the device on its own; the error is the field (after `device[i]`) and what is
@@ -199,9 +217,6 @@ impl Device {
         let fail = |field: &str, message: String| Err((field.to_string(), message));
         match (&self.model, &self.bdf) {
             (Some(_), Some(_)) | (None, None) => return fail("", "give either model or bdf".into()),
-            (Some(model), None) if !MODELS.contains(&model.as_str()) => {
-                return fail(".model", format!("{model:?} is not a driverlab model; there is {}", MODELS.join(", ")));
-            }
             (None, Some(_)) if self.generate.is_some() || self.tap.is_some() => {
                 return fail("", "generate and tap are for models".into());
             }
@@ -258,9 +273,9 @@ impl Device {
     /// What leases and quarantines a host device: `vfio=BDF`. Models have none (a fresh
     /// process per VM holds nothing).
     pub fn lease_key(&self) -> Option<String> {
-        match self.kind() {
-            DeviceKind::Host(bdf) => Some(vm_spec::DeviceSpec::Vfio(bdf).to_string()),
-            DeviceKind::Model { .. } => None,
+        match (self.model, self.bdf) {
+            (None, Some(bdf)) => Some(vm_spec::DeviceSpec::Vfio(bdf).to_string()),
+            _ => None,
         }
     }
 
@@ -276,25 +291,29 @@ impl Device {
         }
     }
 
-    /// The Linux driver of the device.
+    /// The Linux driver of the device: the one named, else the model's, else `atlantic`.
     pub fn linux_driver(&self) -> String {
-        let default = if self.model.as_deref() == Some("lan743x") { "lan743x" } else { "atlantic" };
-        self.driver.clone().unwrap_or_else(|| default.into())
+        match (&self.driver, self.model) {
+            (Some(driver), _) => driver.clone(),
+            (None, Some(nic)) => nic.linux_driver().into(),
+            (None, None) => vm_spec::NicKind::Aqc100.linux_driver().into(),
+        }
     }
 
-    /// What the device is.
-    pub fn kind(&self) -> DeviceKind {
-        match (&self.model, self.bdf) {
-            (Some(kind), _) => {
+    /// What the device is; `None` for a device that names neither a model nor a BDF (which
+    /// [`Device::check`] refuses).
+    pub fn kind(&self) -> Option<DeviceKind> {
+        match (self.model, self.bdf) {
+            (Some(nic), _) => {
                 let args = match (&self.generate, &self.tap) {
                     (_, Some(tap)) => vec!["--tap".into(), tap.clone()],
                     (Some(generate), None) => vec!["--generate".into(), generate.clone()],
                     (None, None) => vec!["--generate".into(), "size=1514".into()],
                 };
-                DeviceKind::Model { kind: kind.clone(), args }
+                Some(DeviceKind::Model { nic, args })
             }
-            (None, Some(bdf)) => DeviceKind::Host(bdf),
-            (None, None) => DeviceKind::Model { kind: String::new(), args: Vec::new() },
+            (None, Some(bdf)) => Some(DeviceKind::Host(bdf)),
+            (None, None) => None,
         }
     }
 }
@@ -317,7 +336,7 @@ fn with_prefix<A: std::str::FromStr>(text: &str, max: u8) -> bool {
 /// A guest image: the probe, a kernel (and initrd) on this host or in the image store, or a
 /// recipe the lab builds into the store before the run (`kernel = "debian"`, `initrd = "agent"`,
 /// `patches = [...]`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Image {
     /// Its name.
@@ -328,7 +347,7 @@ pub struct Image {
     pub kernel: String,
     /// An initrd path; an initramfs image's ID; or `agent`: the initramfs `driverlab image
     /// initramfs` builds for the kernel, with the driver built from `patches` when there are any.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd: Option<PathBuf>,
     /// Patches to the driver (`initrd = "agent"` only): the variant's module is built with them.
     #[serde(default)]
@@ -338,7 +357,7 @@ pub struct Image {
     pub driver: String,
     /// The driver module the agent's initramfs carries (`initrd = "agent"`) [default: the
     /// driver folder's last part, e.g. `atlantic`; `lan743x` for `drivers/net/ethernet/microchip`].
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module: Option<String>,
     /// What runs it: `driverlab` (this project's VMM) or `qemu` (the reference engine).
     #[serde(default)]
@@ -361,7 +380,7 @@ pub struct Image {
 }
 
 fn default_driver_folder() -> String {
-    "drivers/net/ethernet/aquantia/atlantic".into()
+    guest_images::module_build::DEFAULT_DRIVER_FOLDER.into()
 }
 
 /// What runs an image's VMs.
@@ -411,7 +430,7 @@ impl Image {
 }
 
 /// A driver variant: module parameters and command-line words on one image.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Variant {
     /// Its name.
@@ -428,7 +447,7 @@ pub struct Variant {
 }
 
 /// One parameter's value, or the values to try.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum ParamValues {
     /// One value.
@@ -438,7 +457,7 @@ pub enum ParamValues {
 }
 
 /// A parameter value as TOML gives it.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum ParamValue {
     /// A boolean (written 1 or 0, as the kernel takes it for module parameters, `Y`/`N`).
@@ -460,7 +479,7 @@ impl fmt::Display for ParamValue {
 }
 
 /// What runs in the guest once it is up.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Workload {
     /// The probe guest's RX test: it receives `frames` frames from the device's wire with the RX
@@ -518,7 +537,7 @@ fn default_mtu() -> u32 {
 }
 
 /// Traffic direction, seen from the guest.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     /// The guest receives.
@@ -531,7 +550,7 @@ pub enum Direction {
 }
 
 /// Transport protocol.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// TCP.
@@ -611,13 +630,14 @@ impl Plan {
 
     /// Checks and expands `text`, read from `file`.
     pub fn parse(file: &Path, text: &str) -> Result<Plan, MatrixError> {
-        let matrix: Matrix = toml::from_str(text).map_err(|e| MatrixError {
-            file: file.to_path_buf(),
-            line: e.span().map(|s| line_of(text, s)),
-            field: "syntax".into(),
-            message: e.message().to_string(),
-        })?;
-        let checker = Checker { file, text };
+        let matrix = Matrix::from_toml(file, text)?;
+        Plan::from_matrix(file, matrix, text.to_string(), Some(text))
+    }
+
+    /// Checks and expands `matrix`, from `file`; `text` is what the run stores (TOML that parses
+    /// into `matrix`), `spans_in` the text its spans point into, for the lines of errors.
+    pub fn from_matrix(file: &Path, matrix: Matrix, text: String, spans_in: Option<&str>) -> Result<Plan, MatrixError> {
+        let checker = Checker { file, text: spans_in };
         checker.check(&matrix)?;
         // Counted from the matrix's shape before anything is expanded: twelve parameters of
         // ten values are 10^12 cells, which must be refused, not built.
@@ -637,7 +657,7 @@ impl Plan {
             ));
         }
         let cells = expand(&matrix);
-        Ok(Plan { file: file.to_path_buf(), text: text.to_string(), matrix, cells })
+        Ok(Plan { file: file.to_path_buf(), text, matrix, cells })
     }
 
     /// The image named `name`.
@@ -680,14 +700,15 @@ fn line_of(text: &str, span: Range<usize>) -> usize {
 
 struct Checker<'a> {
     file: &'a Path,
-    text: &'a str,
+    /// The text the matrix's spans point into, when errors can give lines.
+    text: Option<&'a str>,
 }
 
 impl Checker<'_> {
     fn error(&self, span: Option<Range<usize>>, field: impl Into<String>, message: impl Into<String>) -> MatrixError {
         MatrixError {
             file: self.file.to_path_buf(),
-            line: span.map(|s| line_of(self.text, s)),
+            line: span.zip(self.text).map(|(s, text)| line_of(text, s)),
             field: field.into(),
             message: message.into(),
         }
@@ -851,6 +872,22 @@ impl Checker<'_> {
                     format!("its image {:?} needs {wanted}, and the matrix has none", v.image.get_ref()),
                 ));
             }
+        }
+        // The probe drives only the NICs driverlab knows, and a probe-rx cell runs on every device.
+        let probe_cells = m.variants.iter().any(|v| {
+            m.images.iter().any(|i| i.get_ref().name == *v.get_ref().image.get_ref() && i.get_ref().is_probe())
+        });
+        if probe_cells && let Some((i, d)) = m.devices.iter().enumerate().find(|(_, d)| d.get_ref().nic().is_none()) {
+            return Err(self.error(
+                Some(d.span()),
+                format!("device[{i}].driver"),
+                format!(
+                    "the probe guest drives {} ({}), not a {:?} device: run Linux images on it",
+                    vm_spec::NicKind::names(),
+                    vm_spec::NicKind::ALL.map(vm_spec::NicKind::linux_driver).join(", "),
+                    d.get_ref().linux_driver()
+                ),
+            ));
         }
         Ok(())
     }
@@ -1027,7 +1064,13 @@ ip = 6
                 "no image is called \"linx\"",
             ),
             (GOOD.replace("baseline = \"stock\"", "baseline = \"stok\""), 4, "baseline", "no variant"),
-            (GOOD.replace("model = \"aqc100\"", "model = \"e1000\""), 6, "device[0].model", "not a driverlab model"),
+            (GOOD.replace("model = \"aqc100\"", "model = \"e1000\""), 8, "syntax", "unknown variant `e1000`"),
+            (
+                GOOD.replace("model = \"aqc100\"", "bdf = \"0000:63:00.0\"\ndriver = \"igb\""),
+                6,
+                "device[0].driver",
+                "the probe guest drives aqc100, lan743x (atlantic, lan743x), not a \"igb\" device",
+            ),
             (GOOD.replace("repetitions = 3", "repetitions = 0"), 0, "repetitions", "between 1"),
             (GOOD.replace("ip = 6", "ip = 5"), 33, "workload[1].ip", "4 or 6"),
             (GOOD.replace("frames = 1000", "frames = 0"), 28, "workload[0].frames", "at least one"),

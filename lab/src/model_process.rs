@@ -98,11 +98,11 @@ impl ModelProcess {
             }
         }
         command.args(["model", kind, "--once", "--socket"]).arg(&socket).args(args);
-        // The AQC100's control socket, for its live counters: the caller's, or one of ours.
+        // A NIC model's control socket, for its live counters: the caller's, or one of ours.
         let given = args.iter().position(|a| *a == "--control").and_then(|i| args.get(i + 1)).map(PathBuf::from);
         let control = match given {
             Some(path) => Some(path),
-            None if kind == "aqc100" || kind == "lan743x" => {
+            None if kind.parse::<vm_spec::NicKind>().is_ok() => {
                 let path = dir.join("control.sock");
                 command.arg("--control").arg(&path);
                 Some(path)

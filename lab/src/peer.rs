@@ -394,10 +394,17 @@ mod tests {
         let addrs = Command::new("ip").args(["-n", &netns, "addr", "show", TAP]).output().unwrap();
         let addrs = String::from_utf8_lossy(&addrs.stdout);
         assert!(addrs.contains("10.77.0.1/24") && addrs.contains("fd77::1/64"), "{addrs}");
-        std::thread::sleep(Duration::from_millis(200));
+        // Waits for the listening socket itself.
+        let listens = || {
+            let out = Command::new("ip").args(["netns", "exec", &netns, "ss", "-ltn"]).output().unwrap();
+            String::from_utf8_lossy(&out.stdout).contains(":5201")
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !listens() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(peer.serving(), "iperf3 -s runs");
-        let listening = Command::new("ip").args(["netns", "exec", &netns, "ss", "-ltn"]).output().unwrap();
-        assert!(String::from_utf8_lossy(&listening.stdout).contains(":5201"), "iperf3 listens in the namespace");
+        assert!(listens(), "iperf3 listens in the namespace");
         assert!(peer.cmdline().contains("driverlab.peer=10.77.0.1"));
         drop(peer);
         let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
@@ -431,7 +438,11 @@ mod tests {
         // It really listens: one client test, and then the one-off server is done.
         let client = Command::new("iperf3").args(["-c", "127.0.0.1", "-t", "1", "--json"]).output().unwrap();
         assert!(client.status.success(), "{}", String::from_utf8_lossy(&client.stdout));
-        std::thread::sleep(Duration::from_millis(300));
+        // Waits for the one-off server to end (or 10 s).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while peer.serving() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(!peer.serving(), "iperf3 -s -1 ended after its test");
         drop(peer);
 

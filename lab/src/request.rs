@@ -3,33 +3,36 @@
 //! with its frame generator or a device registered with the daemon, named alone. The registered
 //! definitions are written into the matrix, so the run stores (and resumes from) the matrix as
 //! it ran.
+//!
+//! Both forms parse into the typed [`Matrix`]; the API's rules are checked on its fields.
 
 use std::path::Path;
 
-use crate::matrix::{Device, MatrixError, Plan};
+use crate::matrix::{Device, Matrix, MatrixError, Plan};
 
 /// The name a matrix from the API has in errors and in the run.
 pub const REQUEST_FILE: &str = "request.toml";
-
-/// Device fields a matrix from the API may give inline: a model on its generator.
-const INLINE_DEVICE_FIELDS: &[&str] = &["name", "model", "generate", "driver"];
 
 fn error(field: impl Into<String>, message: impl Into<String>) -> MatrixError {
     MatrixError { file: REQUEST_FILE.into(), line: None, field: field.into(), message: message.into() }
 }
 
-/// A matrix in TOML, as a table.
-pub fn from_toml(text: &str) -> Result<toml::Table, MatrixError> {
-    toml::from_str(text).map_err(|e| MatrixError {
-        file: REQUEST_FILE.into(),
-        line: e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1),
-        field: "syntax".into(),
-        message: e.message().to_string(),
-    })
+/// A matrix from a request, parsed, not yet checked.
+#[derive(Debug, Clone)]
+pub struct Request {
+    matrix: Matrix,
+    /// The TOML text as sent, whose lines errors give; none for JSON.
+    text: Option<String>,
 }
 
-/// A matrix in JSON (the TOML's tables and arrays as objects and arrays), as a table.
-pub fn from_json(value: serde_json::Value) -> Result<toml::Table, MatrixError> {
+/// A matrix in TOML.
+pub fn from_toml(text: &str) -> Result<Request, MatrixError> {
+    let matrix = Matrix::from_toml(Path::new(REQUEST_FILE), text)?;
+    Ok(Request { matrix, text: Some(text.to_string()) })
+}
+
+/// A matrix in JSON (the TOML's tables and arrays as objects and arrays).
+pub fn from_json(value: serde_json::Value) -> Result<Request, MatrixError> {
     if !value.is_object() {
         return Err(error("matrix", "a JSON matrix is an object"));
     }
@@ -43,65 +46,95 @@ pub fn from_json(value: serde_json::Value) -> Result<toml::Table, MatrixError> {
             other => other,
         }
     }
-    toml::Table::try_from(strip_nulls(value)).map_err(|e| error("matrix", format!("not a matrix: {e}")))
+    // Through TOML's own parser, which gives the matrix's spans (of text nobody sent, so errors
+    // give fields, not lines).
+    let text = toml::Table::try_from(strip_nulls(value))
+        .and_then(|table| toml::to_string(&table))
+        .map_err(|e| error("matrix", format!("not a matrix: {e}")))?;
+    let matrix = Matrix::from_toml(Path::new(REQUEST_FILE), &text).map_err(|e| MatrixError { line: None, ..e })?;
+    Ok(Request { matrix, text: None })
 }
 
-/// Checks that `matrix` names no host resource, fills in its registered devices (`registered`
-/// gives a device by name), and checks and expands it.
-pub fn plan(mut matrix: toml::Table, registered: &dyn Fn(&str) -> Option<Device>) -> Result<Plan, MatrixError> {
-    if let Some(images) = matrix.get("image").and_then(toml::Value::as_array) {
-        for (i, image) in images.iter().enumerate() {
-            let kernel = image.get("kernel").and_then(toml::Value::as_str).unwrap_or_default();
-            if kernel != "probe" && !crate::images::is_id(kernel, "kernel") {
-                return Err(error(
-                    format!("image[{i}].kernel"),
-                    format!(
-                        "{kernel:?}: over the API a kernel is `probe` or a kernel image's ID (GET /v1/images); \
-                         the server's owner adds images with `driverlab image kernel`"
-                    ),
-                ));
-            }
-            if image.get("patches").is_some() {
-                return Err(error(
-                    format!("image[{i}].patches"),
-                    "patches are files on the server: build the variant with POST /v1/images/module and \
-                     /v1/images/initramfs, and give the initramfs image's ID as initrd",
-                ));
-            }
-            if let Some(initrd) = image.get("initrd") {
-                let initrd = initrd.as_str().unwrap_or_default();
-                if !crate::images::is_id(initrd, "initramfs") {
-                    return Err(error(
-                        format!("image[{i}].initrd"),
-                        format!("{initrd:?}: over the API an initrd is an initramfs image's ID (GET /v1/images)"),
-                    ));
-                }
-            }
+/// Whether `device` is a name alone: a registered device.
+fn name_alone(device: &Device) -> bool {
+    *device == Device { name: device.name.clone(), ..Device::default() }
+}
+
+/// The field of `device` that names a host resource, if one does: what only a registered
+/// device may have.
+fn host_field(device: &Device) -> Option<&'static str> {
+    [
+        ("tap", device.tap.is_some()),
+        ("bdf", device.bdf.is_some()),
+        ("peer", device.peer.is_some()),
+        ("peer_ip", device.peer_ip.is_some()),
+        ("guest_ip", device.guest_ip.is_some()),
+        ("peer_ip6", device.peer_ip6.is_some()),
+        ("guest_ip6", device.guest_ip6.is_some()),
+        ("peer_counters", device.peer_counters),
+    ]
+    .into_iter()
+    .find_map(|(field, given)| given.then_some(field))
+}
+
+/// Checks that the request names no host resource, fills in its registered devices
+/// (`registered` gives a device by name), and checks and expands it.
+pub fn plan(request: Request, registered: &dyn Fn(&str) -> Option<Device>) -> Result<Plan, MatrixError> {
+    let Request { mut matrix, text } = request;
+    for (i, image) in matrix.images.iter().map(|i| i.get_ref()).enumerate() {
+        if !image.is_probe() && !crate::images::is_id(&image.kernel, "kernel") {
+            return Err(error(
+                format!("image[{i}].kernel"),
+                format!(
+                    "{:?}: over the API a kernel is `probe` or a kernel image's ID (GET /v1/images); \
+                     the server's owner adds images with `driverlab image kernel`",
+                    image.kernel
+                ),
+            ));
+        }
+        if !image.patches.is_empty() {
+            return Err(error(
+                format!("image[{i}].patches"),
+                "patches are files on the server: build the variant with POST /v1/images/module and \
+                 /v1/images/initramfs, and give the initramfs image's ID as initrd",
+            ));
+        }
+        if let Some(initrd) = &image.initrd
+            && !initrd.to_str().is_some_and(|id| crate::images::is_id(id, "initramfs"))
+        {
+            return Err(error(
+                format!("image[{i}].initrd"),
+                format!("{initrd:?}: over the API an initrd is an initramfs image's ID (GET /v1/images)"),
+            ));
         }
     }
-    if let Some(devices) = matrix.get_mut("device").and_then(toml::Value::as_array_mut) {
-        for (i, device) in devices.iter_mut().enumerate() {
-            let Some(table) = device.as_table() else { continue };
-            let name = table.get("name").and_then(toml::Value::as_str).unwrap_or_default().to_string();
-            if table.len() == 1 && !name.is_empty() {
-                let found = registered(&name).ok_or_else(|| {
-                    error(format!("device[{i}].name"), format!("no device is registered as {name:?} (GET /v1/devices)"))
-                })?;
-                *device = toml::Value::try_from(&found).expect("a device is a table");
-                continue;
-            }
-            if let Some(field) = table.keys().find(|k| !INLINE_DEVICE_FIELDS.contains(&k.as_str())) {
-                return Err(error(
-                    format!("device[{i}].{field}"),
-                    "names a host resource: register the device (POST /v1/devices, over the server's Unix socket) \
-                     and give only its name here",
-                ));
-            }
+    let mut filled = false;
+    for (i, device) in matrix.devices.iter_mut().enumerate() {
+        let span = device.span();
+        let inline = device.get_mut();
+        if name_alone(inline) && !inline.name.is_empty() {
+            let found = registered(&inline.name).ok_or_else(|| {
+                error(
+                    format!("device[{i}].name"),
+                    format!("no device is registered as {:?} (GET /v1/devices)", inline.name),
+                )
+            })?;
+            *device = toml::Spanned::new(span, found);
+            filled = true;
+        } else if let Some(field) = host_field(inline) {
+            return Err(error(
+                format!("device[{i}].{field}"),
+                "names a host resource: register the device (POST /v1/devices, over the server's Unix socket) \
+                 and give only its name here",
+            ));
         }
     }
-    let text = toml::to_string(&matrix).map_err(|e| error("matrix", format!("not a matrix: {e}")))?;
-    // Lines would point into the matrix as rewritten; the fields say where.
-    Plan::parse(Path::new(REQUEST_FILE), &text).map_err(|e| MatrixError { line: None, ..e })
+    // The run stores the matrix as it runs: as sent, or with the registered devices written in.
+    let stored = match (&text, filled) {
+        (Some(text), false) => text.clone(),
+        _ => matrix.to_toml().map_err(|e| error("matrix", format!("not a matrix: {e}")))?,
+    };
+    Plan::from_matrix(Path::new(REQUEST_FILE), matrix, stored, text.as_deref())
 }
 
 #[cfg(test)]
@@ -119,7 +152,7 @@ mod tests {
     #[test]
     fn a_probe_matrix_in_toml_or_json_gives_the_same_cells() {
         let from_text = plan(from_toml(PROBE).unwrap(), &none).unwrap();
-        let json = serde_json::to_value(from_toml(PROBE).unwrap()).unwrap();
+        let json = serde_json::to_value(toml::from_str::<toml::Table>(PROBE).unwrap()).unwrap();
         let from_json = plan(from_json(json).unwrap(), &none).unwrap();
         assert_eq!(from_text.cells, from_json.cells);
         assert_eq!(from_text.cells[0].key(), "probe/flip[probe.rx=flip]/rx/aq");
@@ -160,9 +193,31 @@ mod tests {
     }
 
     #[test]
+    fn a_toml_request_keeps_its_lines_and_a_filled_in_matrix_parses_back() {
+        let wrong = PROBE.replace("image = \"probe\"", "image = \"prob\"");
+        let err = plan(from_toml(&wrong).unwrap(), &none).unwrap_err();
+        assert_eq!((err.field.as_str(), err.line), ("variant[0].image", Some(10)), "{err}");
+        let json = serde_json::to_value(toml::from_str::<toml::Table>(&wrong).unwrap()).unwrap();
+        let err = plan(from_json(json).unwrap(), &none).unwrap_err();
+        assert_eq!((err.field.as_str(), err.line), ("variant[0].image", None), "JSON has no lines: {err}");
+        // A registered device written in: the stored text is the matrix as it ran, and parses
+        // back into the same cells and device.
+        let named = PROBE.replace("name = \"aq\"\nmodel = \"aqc100\"", "name = \"lan\"");
+        let lan = Device {
+            name: "lan".into(),
+            model: Some(vm_spec::NicKind::Lan743x),
+            generate: Some("size=60".into()),
+            ..Device::default()
+        };
+        let planned = plan(from_toml(&named).unwrap(), &|n: &str| (n == "lan").then(|| lan.clone())).unwrap();
+        let again = Plan::parse(Path::new(REQUEST_FILE), &planned.text).unwrap();
+        assert_eq!((&again.cells, again.device("lan")), (&planned.cells, Some(&lan)));
+    }
+
+    #[test]
     fn json_that_is_no_matrix_is_refused_with_a_reason() {
         assert_eq!(from_json(serde_json::json!([1, 2])).unwrap_err().field, "matrix");
-        let err = plan(from_json(serde_json::json!({"name": "m", "repetitions": "x"})).unwrap(), &none).unwrap_err();
-        assert_eq!(err.field, "syntax", "{err}");
+        let err = from_json(serde_json::json!({"name": "m", "repetitions": "x"})).unwrap_err();
+        assert_eq!((err.field.as_str(), err.line), ("syntax", None), "{err}");
     }
 }

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use vm_spec::counters::{IommuCounts, ModelCounters};
-use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, SerialSpec, VmSpec};
+use vm_spec::{DeviceSpec, IommuSpec, Kernel, NicKind, SerialOutput, SerialSpec, VmSpec};
 
 use crate::crash;
 use crate::engine::{self, Booted, Ending, QemuBoot, Snapshot, Watch};
-use crate::matrix::{Cell, DeviceKind, Engine, Plan, Workload};
+use crate::matrix::{Cell, Device, DeviceKind, Engine, Plan, Workload};
 use crate::model_process::ModelProcess;
 use crate::peer::Peer;
 use crate::probe_report::ProbeReport;
@@ -43,16 +43,15 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
     words.extend(cell.params.iter().map(|(k, v)| format!("{k}={v}")));
     match plan.workload(&cell.workload) {
         Some(Workload::ProbeRx { frames, .. }) => {
-            // The probe drives the AQC100 and the LAN7430.
-            let nic = match plan.device(&cell.device).map(|d| d.linux_driver()) {
-                Some(driver) if driver == "lan743x" => "lan743x",
-                _ => "aqc100",
-            };
+            // The probe drives the NICs driverlab knows (the matrix's check refuses a probe-rx
+            // workload on any other).
+            let nic = plan.device(&cell.device).and_then(Device::nic).unwrap_or(NicKind::Aqc100);
             words.extend(["probe.viommu_ops=0".into(), format!("probe.nic={nic}"), format!("probe.frames={frames}")]);
         }
         Some(Workload::Iperf3 { direction, duration_s, ip, mtu, streams, protocol, bitrate_mbit, .. }) => {
             // The agent's words (guest-images/agent/init): its driver, the workload, the MTU.
-            let driver = plan.device(&cell.device).map_or("atlantic".into(), |d| d.linux_driver());
+            let driver =
+                plan.device(&cell.device).map_or_else(|| NicKind::Aqc100.linux_driver().into(), Device::linux_driver);
             let direction = format!("{direction:?}").to_lowercase();
             let protocol = format!("{protocol:?}").to_lowercase();
             words.extend([
@@ -127,7 +126,10 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
         None
     };
     let iperf = matches!(plan.workload(&cell.workload), Some(Workload::Iperf3 { .. }));
-    let peer = match (iperf, device.kind(), &device.peer) {
+    let Some(kind) = device.kind() else {
+        return fail(record, Status::Error, format!("device {:?} names neither a model nor a BDF", device.name));
+    };
+    let peer = match (iperf, &kind, &device.peer) {
         (true, DeviceKind::Model { .. }, _) => Some(Peer::namespace()),
         (true, DeviceKind::Host(_), Some(destination)) => {
             let limit = Duration::from_secs_f64(plan.matrix.timeout_s);
@@ -158,9 +160,9 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
     // The device: a fresh model for this VM (its wire the peer's TAP, with a peer), or the
     // host device.
     let mut model = None;
-    let device_spec = match device.kind() {
+    let device_spec = match kind {
         DeviceKind::Host(bdf) => DeviceSpec::Vfio(bdf),
-        DeviceKind::Model { kind, args } => {
+        DeviceKind::Model { nic, args } => {
             let model_start = Instant::now();
             let args: Vec<&str> = match &peer {
                 Some(_) => vec!["--tap", crate::peer::TAP],
@@ -169,7 +171,7 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
             // Its log is an artifact of the repetition (`model.log`).
             let log = rep_dir.join("model.log");
             let netns = peer.as_ref().and_then(Peer::netns);
-            match ModelProcess::start_logged(&ctx.driverlab, &kind, &args, netns, Some(&log)) {
+            match ModelProcess::start_logged(&ctx.driverlab, nic.name(), &args, netns, Some(&log)) {
                 Ok(m) => {
                     record.timings.model_start_ms = Some(ms(model_start.elapsed()));
                     record.model_confinement = m.confinement();

@@ -106,7 +106,7 @@ pub struct KernelArgs {
 #[derive(Args)]
 pub struct ModuleArgs {
     /// The driver's folder in the kernel tree.
-    #[arg(long, value_name = "PATH", default_value = "drivers/net/ethernet/aquantia/atlantic")]
+    #[arg(long, value_name = "PATH", default_value = module_build::DEFAULT_DRIVER_FOLDER)]
     pub driver: String,
     /// Patch files (git format-patch output, mails or mboxes), applied in order without fuzz.
     #[arg(long = "patch", value_name = "FILE")]
@@ -181,9 +181,8 @@ impl ImageCommand {
                     patches: args.patches,
                     source: match (args.tree, args.source) {
                         (Some(tree), _) => module_build::SourceSpec::Tree(tree),
-                        (None, source) => {
-                            module_build::SourceSpec::Package(source.unwrap_or_else(|| "linux-source-6.12".into()))
-                        }
+                        (None, Some(source)) => module_build::SourceSpec::Package(source),
+                        (None, None) => module_build::SourceSpec::default(),
                     },
                     kernel: args.kernel,
                     headers: args.headers,

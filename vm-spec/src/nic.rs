@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 /// A NIC driverlab models and drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(rename_all = "lowercase"))]
 pub enum NicKind {
     /// Aquantia (Marvell) AQC100 10G, driven by Linux's `atlantic`.
     Aqc100,

@@ -100,6 +100,46 @@ pub fn is_image_id(id: &str) -> bool {
     IMAGE_KINDS.iter().any(|kind| is_image_id_of(id, kind))
 }
 
+/// An image's ID, checked: `KIND-` and 16 lowercase hex digits ([`is_image_id`]), so that it
+/// names nothing but a folder of the store.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ImageId(String);
+
+impl ImageId {
+    /// `text` as the ID of an image of `kind`, if it is one.
+    pub fn of_kind(text: &str, kind: &str) -> Option<ImageId> {
+        is_image_id_of(text, kind).then(|| ImageId(text.to_string()))
+    }
+
+    /// Its kind: `kernel`, `module` or `initramfs`.
+    pub fn kind(&self) -> &str {
+        self.0.split_once('-').map_or("", |(kind, _)| kind)
+    }
+
+    /// The ID as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for ImageId {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ImageId, String> {
+        IMAGE_KINDS.iter().find_map(|kind| ImageId::of_kind(text, kind)).ok_or_else(|| {
+            format!(
+                "{text:?} is no image ID: give KIND- and {ID_DIGITS} lowercase hex digits, KIND one of {IMAGE_KINDS:?}"
+            )
+        })
+    }
+}
+
+impl std::fmt::Display for ImageId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// An ID from the parts that identify an image: `KIND-` and 16 hex digits.
 pub fn image_id(kind: &str, parts: &[&[u8]]) -> String {
     let mut hasher = Sha256::new();
@@ -229,6 +269,16 @@ pub fn run_tool(command: &mut std::process::Command, what: &str) -> Result<std::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_id_is_checked_once_and_knows_its_kind() {
+        let id: ImageId = "initramfs-0146cab9f2596029".parse().unwrap();
+        assert_eq!((id.kind(), id.as_str()), ("initramfs", "initramfs-0146cab9f2596029"));
+        assert_eq!(ImageId::of_kind("initramfs-0146cab9f2596029", "kernel"), None);
+        for bad in ["kernel-", "kernel-0146CAB9F2596029", "kernel-0146cab9f25960290", "../kernel-0146cab9f2596029"] {
+            assert!(bad.parse::<ImageId>().unwrap_err().contains("no image ID"), "{bad}");
+        }
+    }
 
     #[test]
     fn ids_depend_on_every_part_and_its_boundaries() {

@@ -11,7 +11,7 @@ use guest_images::initramfs_build::InitramfsManifest;
 use guest_images::kernel_image::KernelManifest;
 use guest_images::store::ImageStore;
 
-use crate::matrix::{Image, Plan};
+use crate::matrix::{Image, InitrdRef, KernelRef, Plan};
 
 /// An image's files, resolved.
 #[derive(Debug, Clone)]
@@ -26,44 +26,37 @@ pub struct Resolved {
     pub manifest: Option<KernelManifest>,
 }
 
-/// Whether `name` names a store image of `kind` (`kind-` and 16 hex digits) rather than a file.
-pub fn is_id(name: &str, kind: &str) -> bool {
-    guest_images::store::is_image_id_of(name, kind)
-}
-
 /// Resolves a Linux image of `plan` (not the probe), building what its recipe asks for.
 pub fn resolve(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Resolved, String> {
-    let built = build_recipe(&|p| plan.resolve(p), image, store)?;
-    let kernel_name = built.as_ref().map_or(image.kernel.clone(), |b| b.0.clone());
-    let (kernel, manifest) = if is_id(&kernel_name, "kernel") {
-        let manifest: KernelManifest =
-            store.manifest(&kernel_name).map_err(|e| format!("image {:?}: {e}", image.name))?;
-        (manifest.vmlinux_path(store), Some(manifest))
-    } else {
-        (plan.resolve(Path::new(&image.kernel)), None)
-    };
-    let initrd_name = built.as_ref().and_then(|b| b.1.clone()).or_else(|| image.initrd.clone());
-    let initrd = match &initrd_name {
-        None => None,
-        Some(initrd) => {
-            let name = initrd.to_string_lossy();
-            if is_id(&name, "initramfs") {
-                let manifest: InitramfsManifest =
-                    store.manifest(&name).map_err(|e| format!("image {:?}: {e}", image.name))?;
-                if let Some(kernel) = &manifest_kernel(&manifest)
-                    && is_id(&kernel_name, "kernel")
-                    && *kernel != kernel_name
-                {
-                    return Err(format!(
-                        "image {:?}: initrd {} was built for {kernel}, not {kernel_name}",
-                        image.name, manifest.id
-                    ));
-                }
-                Some(manifest.archive_path(store))
-            } else {
-                Some(plan.resolve(initrd))
-            }
+    let (kernel_ref, initrd_ref) = build_recipe(&|p| plan.resolve(p), image, store)?;
+    let (kernel, manifest) = match &kernel_ref {
+        KernelRef::Store(id) => {
+            let manifest: KernelManifest =
+                store.manifest(id.as_str()).map_err(|e| format!("image {:?}: {e}", image.name))?;
+            (manifest.vmlinux_path(store), Some(manifest))
         }
+        KernelRef::Path(path) => (plan.resolve(path), None),
+        KernelRef::Probe | KernelRef::Debian { .. } => {
+            return Err(format!("image {:?}: kernel {kernel_ref} is no Linux kernel file", image.name));
+        }
+    };
+    let initrd = match &initrd_ref {
+        None => None,
+        Some(InitrdRef::Store(id)) => {
+            let manifest: InitramfsManifest =
+                store.manifest(id.as_str()).map_err(|e| format!("image {:?}: {e}", image.name))?;
+            if let (Some(built_for), KernelRef::Store(kernel_id)) = (manifest_kernel(&manifest), &kernel_ref)
+                && built_for != kernel_id.as_str()
+            {
+                return Err(format!(
+                    "image {:?}: initrd {} was built for {built_for}, not {kernel_id}",
+                    image.name, manifest.id
+                ));
+            }
+            Some(manifest.archive_path(store))
+        }
+        Some(InitrdRef::Path(path)) => Some(plan.resolve(path)),
+        Some(InitrdRef::Agent) => return Err(format!("image {:?}: the agent's initramfs was not built", image.name)),
     };
     for path in std::iter::once(&kernel).chain(initrd.as_ref()) {
         if !path.exists() {
@@ -86,52 +79,54 @@ pub fn prepare(plan: &Plan, store: &ImageStore, note: &dyn Fn(&str)) -> Result<(
             n => format!(", {} built with {n} patch(es)", image.driver.rsplit('/').next().unwrap_or_default()),
         };
         note(&format!("image {}: kernel {}, initrd {}{what}", image.name, image.kernel, initrd_name(image)));
-        if let Some((kernel, initrd)) = build_recipe(&|p| plan.resolve(p), image, store)? {
-            let initrd = initrd.map(|i| format!(", {}", i.display())).unwrap_or_default();
-            note(&format!("image {}: {kernel}{initrd}", image.name));
-        }
+        let (kernel, initrd) = build_recipe(&|p| plan.resolve(p), image, store)?;
+        let initrd = initrd.map(|i| format!(", {i}")).unwrap_or_default();
+        note(&format!("image {}: {kernel}{initrd}", image.name));
     }
     Ok(())
 }
 
 fn initrd_name(image: &Image) -> String {
-    image.initrd.as_ref().map_or("none".into(), |i| i.display().to_string())
+    image.initrd.as_ref().map_or("none".into(), InitrdRef::to_string)
 }
 
 /// Whether the lab builds `image` (a `debian` kernel or the `agent` initramfs).
 pub fn is_recipe(image: &Image) -> bool {
-    image.is_debian_kernel() || image.initrd.as_deref() == Some(Path::new("agent"))
+    image.is_debian_kernel() || image.is_agent_initrd()
 }
 
-/// Builds an image's recipe, once per process and inputs: the kernel image's ID and the
-/// initramfs image's ID, or `None` for an image that is no recipe. `resolve` turns the
-/// matrix's relative paths (patches) into paths.
+/// Builds an image's recipe, once per process and inputs: the image's kernel and initrd with a
+/// recipe replaced by the ID of what it built (the image's own for one that is no recipe).
+/// `resolve` turns the matrix's relative paths (patches) into paths.
 fn build_recipe(
     resolve: &dyn Fn(&Path) -> PathBuf,
     image: &Image,
     store: &ImageStore,
-) -> Result<Option<(String, Option<PathBuf>)>, String> {
-    static BUILT: Mutex<BTreeMap<String, (String, Option<PathBuf>)>> = Mutex::new(BTreeMap::new());
+) -> Result<(KernelRef, Option<InitrdRef>), String> {
+    static BUILT: Mutex<BTreeMap<String, (KernelRef, Option<InitrdRef>)>> = Mutex::new(BTreeMap::new());
     if !is_recipe(image) {
-        return Ok(None);
+        return Ok((image.kernel.clone(), image.initrd.clone()));
     }
-    let debian = image.is_debian_kernel();
-    let agent = image.initrd.as_deref() == Some(Path::new("agent"));
+    let agent = image.is_agent_initrd();
     let patches: Vec<PathBuf> = image.patches.iter().map(|p| resolve(p)).collect();
     let module = image.module_name();
     let key = format!("{}|{}|{}|{module}|{:?}|{agent}", store.root().display(), image.kernel, image.driver, patches);
     // One build at a time: two workers wanting the same image wait for the first.
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(done) = built.get(&key) {
-        return Ok(Some(done.clone()));
+        return Ok(done.clone());
     }
     let what = |e: guest_images::store::ImageError| format!("image {:?}: {e}", image.name);
-    let kernel = if debian {
-        let package = image.kernel.strip_prefix("debian:");
-        tracing::info!("image {:?}: the Debian kernel {}", image.name, package.unwrap_or("(newest 6.12)"));
-        guest_images::kernel_image::from_package(store, package).map_err(what)?.id
-    } else {
-        image.kernel.clone()
+    let kernel = match &image.kernel {
+        KernelRef::Debian { package } => {
+            let package = package.as_deref();
+            tracing::info!("image {:?}: the Debian kernel {}", image.name, package.unwrap_or("(newest 6.12)"));
+            guest_images::kernel_image::from_package(store, package).map_err(what)?.id
+        }
+        KernelRef::Store(id) => id.to_string(),
+        other => {
+            return Err(format!("image {:?}: initrd = \"agent\" is built for a kernel image, not {other}", image.name));
+        }
     };
     let initrd = if agent {
         let mut modules = Vec::new();
@@ -150,12 +145,14 @@ fn build_recipe(
         }
         let drivers = if modules.is_empty() { vec![module.clone()] } else { Vec::new() };
         let request = guest_images::initramfs_build::InitramfsRequest { kernel: kernel.clone(), modules, drivers };
-        Some(PathBuf::from(guest_images::initramfs_build::build(store, &request).map_err(what)?.id))
+        let id = guest_images::initramfs_build::build(store, &request).map_err(what)?.id;
+        Some(InitrdRef::Store(id.parse().map_err(|e| format!("image {:?}: {e}", image.name))?))
     } else {
         image.initrd.clone()
     };
+    let kernel = KernelRef::Store(kernel.parse().map_err(|e| format!("image {:?}: {e}", image.name))?);
     built.insert(key, (kernel.clone(), initrd.clone()));
-    Ok(Some((kernel, initrd)))
+    Ok((kernel, initrd))
 }
 
 /// The matrix `text` (read from `file`) with every recipe image built here, into `store`, and
@@ -170,17 +167,20 @@ pub fn pin_recipes(file: &Path, text: &str, store: &ImageStore, note: &dyn Fn(&s
     let Some(toml::Value::Array(images)) = table.get_mut("image") else { return Ok(text.to_string()) };
     for entry in images.iter_mut() {
         let image: Image = entry.clone().try_into().map_err(|e| format!("{}: image: {e}", file.display()))?;
-        let Some((kernel, initrd)) = build_recipe(&resolve, &image, store)? else { continue };
+        if !is_recipe(&image) {
+            continue;
+        }
+        let (kernel, initrd) = build_recipe(&resolve, &image, store)?;
         let toml::Value::Table(fields) = entry else { continue };
-        fields.insert("kernel".into(), toml::Value::String(kernel.clone()));
+        fields.insert("kernel".into(), toml::Value::String(kernel.to_string()));
         match &initrd {
-            Some(initrd) => fields.insert("initrd".into(), toml::Value::String(initrd.display().to_string())),
+            Some(initrd) => fields.insert("initrd".into(), toml::Value::String(initrd.to_string())),
             None => fields.remove("initrd"),
         };
         for key in ["patches", "driver", "module"] {
             fields.remove(key);
         }
-        let initrd = initrd.map(|i| format!(", initrd {}", i.display())).unwrap_or_default();
+        let initrd = initrd.map(|i| format!(", initrd {i}")).unwrap_or_default();
         note(&format!("image {}: built here: kernel {kernel}{initrd}", image.name));
     }
     toml::to_string(&table).map_err(|e| e.to_string())
@@ -188,21 +188,4 @@ pub fn pin_recipes(file: &Path, text: &str, store: &ImageStore, note: &dyn Fn(&s
 
 fn manifest_kernel(manifest: &InitramfsManifest) -> Option<String> {
     Some(manifest.kernel.clone()).filter(|k| !k.is_empty())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_told_from_paths() {
-        assert!(is_id("kernel-b4ecf741a5956628", "kernel"));
-        assert!(!is_id("kernel-", "kernel"));
-        assert!(!is_id("./kernel-b4ec", "kernel"));
-        assert!(!is_id("kernel-b4ec", "kernel"), "16 digits, as the store makes them");
-        assert!(!is_id("kernel-B4ECF741A5956628", "kernel"));
-        assert!(!is_id("kernel-b4ecf741a59566280", "kernel"));
-        assert!(!is_id("/boot/vmlinuz", "kernel"));
-        assert!(is_id("initramfs-0146cab9f2596029", "initramfs"));
-    }
 }

@@ -15,6 +15,7 @@ pub mod chart;
 pub mod crash;
 pub mod engine;
 pub mod health;
+pub mod image_ref;
 pub mod images;
 pub mod kcidb;
 pub mod matrix;

@@ -38,6 +38,8 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 use vm_spec::Bdf;
 
+pub use crate::image_ref::{InitrdRef, KernelRef};
+
 /// Most results (cells x repetitions) one run may have.
 pub const MAX_RESULTS: usize = 100_000;
 /// Most repetitions of one cell.
@@ -344,11 +346,11 @@ pub struct Image {
     /// `probe`; a kernel path (relative paths from the matrix file's folder); a kernel image's ID;
     /// `debian` (the newest Debian 6.12 kernel package, as `driverlab image kernel` makes it) or
     /// `debian:PACKAGE`.
-    pub kernel: String,
+    pub kernel: KernelRef,
     /// An initrd path; an initramfs image's ID; or `agent`: the initramfs `driverlab image
     /// initramfs` builds for the kernel, with the driver built from `patches` when there are any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initrd: Option<PathBuf>,
+    pub initrd: Option<InitrdRef>,
     /// Patches to the driver (`initrd = "agent"` only): the variant's module is built with them.
     #[serde(default)]
     pub patches: Vec<PathBuf>,
@@ -411,7 +413,12 @@ fn default_memory() -> u64 {
 impl Image {
     /// Whether the kernel is the recipe `debian` or `debian:PACKAGE`.
     pub fn is_debian_kernel(&self) -> bool {
-        self.kernel == "debian" || self.kernel.starts_with("debian:")
+        matches!(self.kernel, KernelRef::Debian { .. })
+    }
+
+    /// Whether the initrd is the recipe `agent`.
+    pub fn is_agent_initrd(&self) -> bool {
+        self.initrd == Some(InitrdRef::Agent)
     }
 
     /// The driver module of the agent's initramfs.
@@ -425,7 +432,7 @@ impl Image {
 
     /// Whether this is the embedded probe guest.
     pub fn is_probe(&self) -> bool {
-        self.kernel == "probe"
+        self.kernel == KernelRef::Probe
     }
 }
 
@@ -775,13 +782,10 @@ impl Checker<'_> {
             if let Err(e) = probe.validate() {
                 return Err(self.error(Some(span), format!("image[{i}]"), e.to_string()));
             }
-            if image.kernel.is_empty() {
-                return Err(self.error(Some(span), format!("image[{i}].kernel"), "give `probe` or a kernel path"));
-            }
             if image.is_probe() && image.initrd.is_some() {
                 return Err(self.error(Some(span), format!("image[{i}].initrd"), "the probe takes no initrd"));
             }
-            let agent = image.initrd.as_deref() == Some(Path::new("agent"));
+            let agent = image.is_agent_initrd();
             if !image.patches.is_empty() && !agent {
                 return Err(self.error(
                     Some(span),
@@ -789,7 +793,7 @@ impl Checker<'_> {
                     "patches build the driver into the initramfs the lab makes: give initrd = \"agent\"",
                 ));
             }
-            if agent && !(image.is_debian_kernel() || crate::images::is_id(&image.kernel, "kernel")) {
+            if agent && !matches!(image.kernel, KernelRef::Debian { .. } | KernelRef::Store(_)) {
                 return Err(self.error(
                     Some(span),
                     format!("image[{i}].initrd"),

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use crate::matrix::{Device, Matrix, MatrixError, Plan};
+use crate::matrix::{Device, InitrdRef, KernelRef, Matrix, MatrixError, Plan};
 
 /// The name a matrix from the API has in errors and in the run.
 pub const REQUEST_FILE: &str = "request.toml";
@@ -82,13 +82,13 @@ fn host_field(device: &Device) -> Option<&'static str> {
 pub fn plan(request: Request, registered: &dyn Fn(&str) -> Option<Device>) -> Result<Plan, MatrixError> {
     let Request { mut matrix, text } = request;
     for (i, image) in matrix.images.iter().map(|i| i.get_ref()).enumerate() {
-        if !image.is_probe() && !crate::images::is_id(&image.kernel, "kernel") {
+        if !matches!(image.kernel, KernelRef::Probe | KernelRef::Store(_)) {
             return Err(error(
                 format!("image[{i}].kernel"),
                 format!(
                     "{:?}: over the API a kernel is `probe` or a kernel image's ID (GET /v1/images); \
                      the server's owner adds images with `driverlab image kernel`",
-                    image.kernel
+                    image.kernel.to_string()
                 ),
             ));
         }
@@ -100,11 +100,11 @@ pub fn plan(request: Request, registered: &dyn Fn(&str) -> Option<Device>) -> Re
             ));
         }
         if let Some(initrd) = &image.initrd
-            && !initrd.to_str().is_some_and(|id| crate::images::is_id(id, "initramfs"))
+            && !matches!(initrd, InitrdRef::Store(_))
         {
             return Err(error(
                 format!("image[{i}].initrd"),
-                format!("{initrd:?}: over the API an initrd is an initramfs image's ID (GET /v1/images)"),
+                format!("{:?}: over the API an initrd is an initramfs image's ID (GET /v1/images)", initrd.to_string()),
             ));
         }
     }

@@ -180,18 +180,16 @@ fn starts_flr(devctl: usize, offset: usize, data: &[u8]) -> bool {
 
 /// A NIC's register block and data path, as the shell drives it.
 pub trait NicCore: Send + 'static {
-    /// The model's name (`aqc100`).
-    const NAME: &'static str;
+    /// The NIC it is: its name, PCI vendor and device ID, and bus profile come from there.
+    const KIND: vm_spec::NicKind;
     /// BAR 0's size.
     const BAR0_SIZE: u64;
     /// MSI-X vectors.
     const VECTORS: u32;
-    /// Its link and DMA engine, for the bus ledger.
-    fn bus_profile() -> vm_spec::bus::BusProfile;
     /// A NIC with permanent address `mac` sending to `sink`.
     fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self;
-    /// Its PCI identity.
-    fn ids() -> PciIds;
+    /// Its subsystem IDs and revision; vendor and device are the kind's.
+    fn subsystem() -> (u16, u16, u8);
     /// A register read (it may have side effects, e.g. read-to-clear).
     fn read_register(&mut self, reg: u32) -> u32;
     /// A register write.
@@ -208,6 +206,13 @@ pub trait NicCore: Send + 'static {
     fn reset(&mut self);
     /// Its status.
     fn status(&self) -> NicStatus;
+}
+
+/// The PCI identity of `N`: the kind's vendor and device, the NIC's subsystem and revision.
+fn ids<N: NicCore>() -> PciIds {
+    let (vendor, device) = N::KIND.pci_id();
+    let (subsystem_vendor, subsystem, revision) = N::subsystem();
+    PciIds { vendor, device, subsystem_vendor, subsystem, class: [0x02, 0x00, 0x00], revision }
 }
 
 struct Shared<N> {
@@ -304,7 +309,7 @@ impl<N: NicCore> NicModel<N> {
         let Backend { source, sink, description } = backend;
         let shared = Arc::new(Shared {
             nic: Mutex::new(N::create(mac.0, sink)),
-            dma: Arc::new(DmaSpace::with_bus(N::bus_profile())),
+            dma: Arc::new(DmaSpace::with_bus(N::KIND.bus_profile())),
             vectors: Arc::new(MsixVectors::default()),
             wake: EventFd::new(EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
@@ -317,14 +322,15 @@ impl<N: NicCore> NicModel<N> {
     pub fn start(&mut self) -> std::io::Result<()> {
         let Some(source) = self.source.take() else { return Ok(()) };
         let shared = self.shared.clone();
-        let thread =
-            std::thread::Builder::new().name(format!("{}-rx", N::NAME)).spawn(move || data_path(&shared, source))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("{}-rx", N::KIND.name()))
+            .spawn(move || data_path(&shared, source))?;
         self.data_path = Some(thread);
         Ok(())
     }
 
     fn power_on_config() -> (PciConfiguration, usize) {
-        config_space(N::ids(), N::BAR0_SIZE, N::VECTORS as u16, &N::bus_profile())
+        config_space(ids::<N>(), N::BAR0_SIZE, N::VECTORS as u16, &N::KIND.bus_profile())
     }
 
     /// A handle for control from other threads.
@@ -419,7 +425,7 @@ fn data_path<N: NicCore>(shared: &Shared<N>, mut source: Box<dyn FrameSource>) {
 
 impl<N: NicCore> Model for NicModel<N> {
     fn name(&self) -> &'static str {
-        N::NAME
+        N::KIND.name()
     }
 
     fn config(&mut self) -> &mut PciConfiguration {
@@ -483,7 +489,7 @@ impl<N: NicCore> Model for NicModel<N> {
         if starts_flr(self.devctl, offset as usize, data) {
             // A Function Level Reset: the function's state back to power-on; what the client set
             // up (its DMA maps and interrupt eventfds) is the client's and stays.
-            tracing::debug!("{}: function level reset", N::NAME);
+            tracing::debug!("{}: function level reset", N::KIND.name());
             self.reset();
         }
     }

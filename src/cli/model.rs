@@ -236,12 +236,12 @@ fn serve_nic<N: NicCore>(socket: &Path, wire: Wire, options: Serving, what: &str
     let Serving { control, once, jail } = options;
     let backend = backend(wire.tap.as_deref(), wire.generate.as_deref(), wire.mac)?;
     let files: Vec<PathBuf> = [Some(socket.to_path_buf()), control.clone()].into_iter().flatten().collect();
-    let jailed = Jailed::enter(N::NAME, &files, jail)?;
+    let jailed = Jailed::enter(N::KIND.name(), &files, jail)?;
     let mut model = NicModel::<N>::unstarted(wire.mac, backend).with_context(|| format!("starting {what}"))?;
-    eprintln!("{} {} on {}", N::NAME, wire.mac, model.backend_description());
+    eprintln!("{} {} on {}", N::KIND.name(), wire.mac, model.backend_description());
     let listener = control.as_deref().map(bind_control).transpose()?;
     let bound = bind(socket, &model)?;
-    let confinement = std::sync::Arc::new(jailed.confine(N::NAME));
+    let confinement = std::sync::Arc::new(jailed.confine(N::KIND.name()));
     let handle = model.handle();
     let report = handle.clone();
     let confined = confinement.clone();
@@ -264,7 +264,7 @@ fn serve_nic<N: NicCore>(socket: &Path, wire: Wire, options: Serving, what: &str
 /// `{"model": ..., "status": ..., "counters": ..., "confinement": ...}` (docs/model.md).
 fn status_json<N: NicCore>(handle: &NicHandle<N>, confinement: &jail::Confinement) -> serde_json::Value {
     serde_json::json!({
-        "model": N::NAME,
+        "model": N::KIND.name(),
         "status": handle.status(),
         "counters": handle.counters(),
         "confinement": confinement,

@@ -44,7 +44,7 @@ impl NicKind {
     }
 
     /// PCI vendor and device ID.
-    pub fn pci_id(self) -> (u16, u16) {
+    pub const fn pci_id(self) -> (u16, u16) {
         match self {
             NicKind::Aqc100 => (0x1d6a, 0x00b1),
             NicKind::Lan743x => (0x1055, 0x7430),

@@ -26,12 +26,11 @@ use crate::dma::DmaSpace;
 use crate::nic_model::{Effects, NicCore, NicHandle, NicModel};
 pub use crate::nic_model::{MacAddress, NicStatus};
 use crate::wire::backend::FrameSink;
-use devices::pci::PciIds;
 
 /// Aquantia's vendor ID.
-pub const VENDOR: u16 = 0x1d6a;
+pub const VENDOR: u16 = vm_spec::NicKind::Aqc100.pci_id().0;
 /// The AQC100's device ID.
-pub const DEVICE: u16 = 0x00b1;
+pub const DEVICE: u16 = vm_spec::NicKind::Aqc100.pci_id().1;
 /// The MAC address used when none is given: locally administered, stable.
 pub const DEFAULT_MAC: [u8; 6] = [0x02, 0x1d, 0x6a, 0x00, 0x00, 0x01];
 /// MSI-X vectors.
@@ -44,27 +43,16 @@ pub type Aqc100 = NicModel<Nic>;
 pub type Aqc100Handle = NicHandle<Nic>;
 
 impl NicCore for Nic {
-    const NAME: &'static str = "aqc100";
+    const KIND: vm_spec::NicKind = vm_spec::NicKind::Aqc100;
     const BAR0_SIZE: u64 = BAR0_SIZE;
     const VECTORS: u32 = MSIX_VECTORS as u32;
-
-    fn bus_profile() -> vm_spec::bus::BusProfile {
-        vm_spec::bus::BusProfile::aqc100()
-    }
 
     fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self {
         Nic::new(mac, sink)
     }
 
-    fn ids() -> PciIds {
-        PciIds {
-            vendor: VENDOR,
-            device: DEVICE,
-            subsystem_vendor: VENDOR,
-            subsystem: 0x0001,
-            class: [0x02, 0x00, 0x00],
-            revision: 0x02,
-        }
+    fn subsystem() -> (u16, u16, u8) {
+        (VENDOR, 0x0001, 0x02)
     }
 
     fn read_register(&mut self, reg: u32) -> u32 {

@@ -31,6 +31,50 @@ pub enum RxOutcome {
     DmaError,
 }
 
+/// An RX check in the AQC100's write-back bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WriteBackBits {
+    /// Packet type (bits 11:4 of the first word, unshifted): bits 1:0 the L3 type (0 IPv4,
+    /// 1 IPv6, 2 other), bits 4:2 the L4 type (0 TCP, 1 UDP, 3 other), bit 5 a VLAN tag.
+    packet_type: u32,
+    /// Checksum-checked bits (0: IPv4 header, 1: L4), unshifted.
+    checked: u32,
+    /// rx_stat bits for the status word (already shifted into place).
+    status: u16,
+}
+
+impl WriteBackBits {
+    fn of(check: &offload::RxCheck) -> WriteBackBits {
+        use offload::{Checksum, L3, L4};
+        let l3 = match check.l3 {
+            L3::Ipv4 => 0,
+            L3::Ipv6 => 1,
+            L3::Other => 2,
+        };
+        let l4 = match check.l4 {
+            L4::Tcp => 0,
+            L4::Udp => 1,
+            L4::Other => 3,
+        };
+        let vlan = if check.vlan { regs::RXD_PACKET_TYPE_VLAN } else { 0 };
+        let checked = |c: Checksum| u32::from(c != Checksum::Unchecked);
+        let mut status = 0;
+        if check.ip_checksum == Checksum::Bad {
+            status |= regs::RXD_STAT_IP_ERROR;
+        }
+        status |= match check.l4_checksum {
+            Checksum::Unchecked => 0,
+            Checksum::Good => regs::RXD_STAT_L4_VALID,
+            Checksum::Bad => regs::RXD_STAT_L4_ERROR,
+        };
+        WriteBackBits {
+            packet_type: l3 | l4 << 2 | vlan,
+            checked: checked(check.ip_checksum) | checked(check.l4_checksum) << 1,
+            status,
+        }
+    }
+}
+
 impl Nic {
     /// Whether reception is on at all (link up, RX enabled, ring 0 enabled).
     fn receiving(&self) -> bool {
@@ -92,9 +136,8 @@ impl Nic {
         let checks = self.stored(regs::RX_CHECKSUM_CONTROL);
         let mut check =
             offload::check_rx(frame, checks & regs::RX_CHECKSUM_IPV4 != 0, checks & regs::RX_CHECKSUM_L4 != 0);
-        if vlan.is_some() {
-            check.packet_type |= regs::RXD_PACKET_TYPE_VLAN;
-        }
+        check.vlan |= vlan.is_some();
+        let bits = WriteBackBits::of(&check);
         let buffer = ring.buffer_bytes();
         let pieces = frame.len().div_ceil(buffer).max(1);
         let mut failed = false;
@@ -112,7 +155,7 @@ impl Nic {
             failed |= !ok;
         }
         let mut type_word =
-            check.packet_type << regs::RXD_PACKET_TYPE_SHIFT | check.checked << regs::RXD_CHECKSUM_CHECKED_SHIFT;
+            bits.packet_type << regs::RXD_PACKET_TYPE_SHIFT | bits.checked << regs::RXD_CHECKSUM_CHECKED_SHIFT;
         if failed {
             type_word |= TYPE_DMA_ERROR;
         }
@@ -120,7 +163,7 @@ impl Nic {
             let last = i + 1 == pieces;
             let mut status = regs::RXD_DD;
             if last {
-                status |= regs::RXD_EOP | check.status;
+                status |= regs::RXD_EOP | bits.status;
             }
             let mut tail = [0u8; 8];
             tail[0..2].copy_from_slice(&status.to_le_bytes());
@@ -147,5 +190,42 @@ impl Nic {
         };
         effects.vectors = self.raise_ring(RingEvent::Rx(RX_RING));
         (outcome, effects)
+    }
+}
+
+#[cfg(test)]
+mod write_back_tests {
+    use super::*;
+    use offload::{Checksum, L3, L4, RxCheck};
+
+    #[test]
+    fn a_check_becomes_the_aqc100s_bits() {
+        let udp4 = RxCheck {
+            l3: L3::Ipv4,
+            l4: L4::Udp,
+            vlan: false,
+            ip_checksum: Checksum::Good,
+            l4_checksum: Checksum::Good,
+        };
+        assert_eq!(
+            WriteBackBits::of(&udp4),
+            WriteBackBits { packet_type: 1 << 2, checked: 3, status: regs::RXD_STAT_L4_VALID }
+        );
+        let bad = RxCheck { ip_checksum: Checksum::Bad, l4_checksum: Checksum::Bad, vlan: true, ..udp4 };
+        assert_eq!(
+            WriteBackBits::of(&bad),
+            WriteBackBits {
+                packet_type: 1 << 2 | regs::RXD_PACKET_TYPE_VLAN,
+                checked: 3,
+                status: regs::RXD_STAT_IP_ERROR | regs::RXD_STAT_L4_ERROR
+            }
+        );
+        let other = RxCheck::default();
+        assert_eq!(WriteBackBits::of(&other), WriteBackBits { packet_type: 2 | 3 << 2, checked: 0, status: 0 });
+        let tcp6 = RxCheck { l3: L3::Ipv6, l4: L4::Tcp, l4_checksum: Checksum::Good, ..RxCheck::default() };
+        assert_eq!(
+            WriteBackBits::of(&tcp6),
+            WriteBackBits { packet_type: 1, checked: 2, status: regs::RXD_STAT_L4_VALID }
+        );
     }
 }

@@ -21,12 +21,11 @@ use self::nic::{BAR0_SIZE, Nic};
 use crate::dma::DmaSpace;
 use crate::nic_model::{Effects, MacAddress, NicCore, NicHandle, NicModel, NicStatus};
 use crate::wire::backend::FrameSink;
-use devices::pci::PciIds;
 
 /// Microchip's (SMSC's) vendor ID.
-pub const VENDOR: u16 = 0x1055;
+pub const VENDOR: u16 = vm_spec::NicKind::Lan743x.pci_id().0;
 /// The LAN7430's device ID.
-pub const DEVICE: u16 = 0x7430;
+pub const DEVICE: u16 = vm_spec::NicKind::Lan743x.pci_id().1;
 /// The MAC address used when none is given: locally administered, stable.
 pub const DEFAULT_MAC: [u8; 6] = [0x02, 0x10, 0x55, 0x74, 0x30, 0x01];
 
@@ -36,27 +35,16 @@ pub type Lan743x = NicModel<Nic>;
 pub type Lan743xHandle = NicHandle<Nic>;
 
 impl NicCore for Nic {
-    const NAME: &'static str = "lan743x";
+    const KIND: vm_spec::NicKind = vm_spec::NicKind::Lan743x;
     const BAR0_SIZE: u64 = BAR0_SIZE;
     const VECTORS: u32 = nic::VECTORS as u32;
-
-    fn bus_profile() -> vm_spec::bus::BusProfile {
-        vm_spec::bus::BusProfile::lan743x()
-    }
 
     fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self {
         Nic::new(mac, sink)
     }
 
-    fn ids() -> PciIds {
-        PciIds {
-            vendor: VENDOR,
-            device: DEVICE,
-            subsystem_vendor: VENDOR,
-            subsystem: 0x0001,
-            class: [0x02, 0x00, 0x00],
-            revision: 0x00,
-        }
+    fn subsystem() -> (u16, u16, u8) {
+        (VENDOR, 0x0001, 0x00)
     }
 
     fn read_register(&mut self, reg: u32) -> u32 {

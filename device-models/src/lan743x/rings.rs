@@ -193,22 +193,22 @@ impl Nic {
         (true, effects)
     }
 
-    /// The write-back's checksum status word (data1) for `frame`.
+    /// The write-back's checksum status word (data1) for `frame`: an error bit per bad
+    /// checksum, else "checksum not computed" unless the L4 checksum was checked good.
     fn checksum_status(&self, frame: &[u8]) -> u32 {
-        use crate::aqc100::regs::{RXD_STAT_IP_ERROR, RXD_STAT_L4_ERROR, RXD_STAT_L4_VALID};
         let (ip, l4) = self.rx_checksums();
         if !ip && !l4 {
             return RX_DESC_DATA1_STATUS_ICSM;
         }
         let check = offload::check_rx(frame, ip, l4);
         let mut status = 0;
-        if check.status & RXD_STAT_IP_ERROR != 0 {
+        if check.ip_checksum == offload::Checksum::Bad {
             status |= RX_DESC_DATA1_STATUS_ICE;
         }
-        if check.status & RXD_STAT_L4_ERROR != 0 {
+        if check.l4_checksum == offload::Checksum::Bad {
             status |= RX_DESC_DATA1_STATUS_TCE;
         }
-        if check.status & RXD_STAT_L4_VALID == 0 && status == 0 {
+        if check.l4_checksum != offload::Checksum::Good && status == 0 {
             status |= RX_DESC_DATA1_STATUS_ICSM;
         }
         status

@@ -245,51 +245,86 @@ pub fn segment(frame: &[u8], seg: &Segmentation, mut emit: impl FnMut(&[u8])) ->
     Ok(())
 }
 
-/// What RX checking found, in the write-back's terms.
+/// A received frame's network layer, as a NIC's parser classifies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum L3 {
+    /// IPv4.
+    Ipv4,
+    /// IPv6.
+    Ipv6,
+    /// Anything else.
+    #[default]
+    Other,
+}
+
+/// A received frame's transport layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum L4 {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// Anything else (or none).
+    #[default]
+    Other,
+}
+
+/// What checking one checksum found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Checksum {
+    /// Not checked: checking is off, or the frame has no such checksum.
+    #[default]
+    Unchecked,
+    /// Checked and right (a UDP datagram without a checksum counts as right).
+    Good,
+    /// Checked and wrong.
+    Bad,
+}
+
+/// What RX checking found, independent of any NIC: each NIC encodes it into its own write-back
+/// bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RxCheck {
-    /// Packet type field (bits 11:4 of the write-back's first word, unshifted).
-    pub packet_type: u32,
-    /// Checksum-checked bits (19: IPv4 header, 20: L4).
-    pub checked: u32,
-    /// rx_stat bits for the status word (already shifted into place).
-    pub status: u16,
+    /// The network layer.
+    pub l3: L3,
+    /// The transport layer.
+    pub l4: L4,
+    /// Whether the frame (still) carries an 802.1Q tag.
+    pub vlan: bool,
+    /// The IPv4 header checksum.
+    pub ip_checksum: Checksum,
+    /// The TCP or UDP checksum.
+    pub l4_checksum: Checksum,
 }
 
 /// Classifies a received frame and verifies the checksums the driver enabled checking for.
-/// Packet type bits 1:0 are the L3 type (0 IPv4, 1 IPv6, 2 other), bits 4:2 the L4 type
-/// (0 TCP, 1 UDP, 3 other), bit 5 a VLAN tag.
 pub fn check_rx(frame: &[u8], check_ip: bool, check_l4: bool) -> RxCheck {
-    use crate::aqc100::regs;
     let layers = parse(frame);
-    let l3_type = match layers.ipv4 {
-        Some(true) => 0,
-        Some(false) => 1,
-        None => 2,
+    let mut result = RxCheck {
+        l3: match layers.ipv4 {
+            Some(true) => L3::Ipv4,
+            Some(false) => L3::Ipv6,
+            None => L3::Other,
+        },
+        l4: match layers.proto {
+            Some(PROTO_TCP) => L4::Tcp,
+            Some(PROTO_UDP) => L4::Udp,
+            _ => L4::Other,
+        },
+        vlan: layers.vlan,
+        ..RxCheck::default()
     };
-    let l4_type = match layers.proto {
-        Some(PROTO_TCP) => 0,
-        Some(PROTO_UDP) => 1,
-        _ => 3,
-    };
-    let mut result = RxCheck { packet_type: l3_type | l4_type << 2, ..Default::default() };
-    if layers.vlan {
-        result.packet_type |= regs::RXD_PACKET_TYPE_VLAN;
-    }
     if check_ip && layers.ipv4 == Some(true) {
         let ihl = (frame[layers.l3] & 0xf) as usize * 4;
-        result.checked |= 1;
-        if frame.len() < layers.l3 + ihl || fold(sum16(&frame[layers.l3..layers.l3 + ihl], 0)) != 0 {
-            result.status |= regs::RXD_STAT_IP_ERROR;
-        }
+        let bad = frame.len() < layers.l3 + ihl || fold(sum16(&frame[layers.l3..layers.l3 + ihl], 0)) != 0;
+        result.ip_checksum = if bad { Checksum::Bad } else { Checksum::Good };
     }
     if let (true, Some(l4), Some(proto)) = (check_l4, layers.l4, layers.proto) {
-        result.checked |= 2;
         let len = l4_length(frame, &layers, l4);
         let udp_without_checksum = proto == PROTO_UDP && be16(frame, l4 + 6) == 0;
         let good =
             udp_without_checksum || fold(sum16(&frame[l4..l4 + len], pseudo_header(frame, &layers, proto, len))) == 0;
-        result.status |= if good { regs::RXD_STAT_L4_VALID } else { regs::RXD_STAT_L4_ERROR };
+        result.l4_checksum = if good { Checksum::Good } else { Checksum::Bad };
     }
     result
 }
@@ -356,18 +391,20 @@ pub(crate) mod tests {
     fn checksums_verify_and_detect_damage() {
         let f = udp4(b"hello, world");
         let check = check_rx(&f, true, true);
-        assert_eq!(check.packet_type, 1 << 2, "IPv4 UDP");
-        assert_eq!(check.checked, 3);
-        assert_eq!(check.status, crate::aqc100::regs::RXD_STAT_L4_VALID);
+        assert_eq!((check.l3, check.l4, check.vlan), (L3::Ipv4, L4::Udp, false), "IPv4 UDP");
+        assert_eq!((check.ip_checksum, check.l4_checksum), (Checksum::Good, Checksum::Good));
         let mut bad = f.clone();
         *bad.last_mut().unwrap() ^= 0xff;
-        assert_eq!(check_rx(&bad, true, true).status, crate::aqc100::regs::RXD_STAT_L4_ERROR);
+        assert_eq!(check_rx(&bad, true, true).l4_checksum, Checksum::Bad);
         bad[24] ^= 1;
-        assert_ne!(check_rx(&bad, true, true).status & crate::aqc100::regs::RXD_STAT_IP_ERROR, 0);
-        assert_eq!(check_rx(&f, false, false).checked, 0, "checking off: nothing claimed");
-        assert_eq!(check_rx(&[0u8; 60], true, true).packet_type, 2 | 3 << 2, "not IP");
-        assert_eq!(check_rx(&tcp6(b"x"), true, true).packet_type, 1, "IPv6 TCP");
-        assert_eq!(check_rx(&tcp6(b"xyz"), true, true).status, crate::aqc100::regs::RXD_STAT_L4_VALID);
+        assert_eq!(check_rx(&bad, true, true).ip_checksum, Checksum::Bad);
+        let off = check_rx(&f, false, false);
+        assert_eq!((off.ip_checksum, off.l4_checksum), (Checksum::Unchecked, Checksum::Unchecked), "checking off");
+        let other = check_rx(&[0u8; 60], true, true);
+        assert_eq!((other.l3, other.l4, other.l4_checksum), (L3::Other, L4::Other, Checksum::Unchecked), "not IP");
+        let v6 = check_rx(&tcp6(b"x"), true, true);
+        assert_eq!((v6.l3, v6.l4, v6.ip_checksum), (L3::Ipv6, L4::Tcp, Checksum::Unchecked), "IPv6 TCP");
+        assert_eq!(check_rx(&tcp6(b"xyz"), true, true).l4_checksum, Checksum::Good);
     }
 
     #[test]
@@ -384,7 +421,7 @@ pub(crate) mod tests {
             assert_eq!(be16(s, 18) as usize, 20 + want, "IPv6 payload length");
             assert_eq!(u32::from_be_bytes(s[58..62].try_into().unwrap()), 1000 + 1000 * i as u32, "sequence");
             assert_eq!(&s[74..], &payload[i * 1000..i * 1000 + want]);
-            assert_eq!(check_rx(s, true, true).status, crate::aqc100::regs::RXD_STAT_L4_VALID);
+            assert_eq!(check_rx(s, true, true).l4_checksum, Checksum::Good);
         }
         assert_eq!(out[0][67] & 0x09, 0, "no FIN/PSH on the first segment");
         assert_eq!(out[2][67] & 0x09, 0x09, "FIN/PSH on the last");
@@ -397,7 +434,7 @@ pub(crate) mod tests {
         let seg = Segmentation { l2: 14, l3: 20, l4: 8, mss: 1472, tcp: false, flag_masks: [0xfff; 3] };
         let mut sizes = Vec::new();
         segment(&frame, &seg, |s| {
-            assert_eq!(check_rx(s, true, true).status, crate::aqc100::regs::RXD_STAT_L4_VALID);
+            assert_eq!(check_rx(s, true, true).l4_checksum, Checksum::Good);
             assert_eq!(be16(s, 16) as usize, s.len() - 14, "IPv4 total length");
             sizes.push(s.len());
         })
@@ -406,7 +443,7 @@ pub(crate) mod tests {
         assert!(segment(&frame, &Segmentation { l3: 40, ..seg }, |_| {}).is_err(), "headers disagree");
         assert!(segment(&frame[..20], &seg, |_| {}).is_err());
         let tagged = insert_vlan(&frame, 0x0123);
-        assert_eq!(check_rx(&tagged, true, true).packet_type & crate::aqc100::regs::RXD_PACKET_TYPE_VLAN, 1 << 5);
+        assert!(check_rx(&tagged, true, true).vlan);
         assert_eq!(parse(&tagged).l3, 18);
     }
 }

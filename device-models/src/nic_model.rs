@@ -44,67 +44,7 @@ impl Effects {
     }
 }
 
-/// What the model reports about itself.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct NicStatus {
-    /// Link speed (0: down).
-    pub link_mbps: u32,
-    /// The permanent MAC address.
-    pub mac: MacAddress,
-    /// Frames the guest received (written into its memory).
-    pub rx_frames: u64,
-    /// Bytes the guest received.
-    pub rx_bytes: u64,
-    /// Frames dropped: no descriptors, RX off, or link down.
-    pub rx_dropped: u64,
-    /// Frames no filter took.
-    pub rx_filtered: u64,
-    /// Frames lost to refused DMA.
-    pub rx_errors: u64,
-    /// Frames the guest transmitted.
-    pub tx_frames: u64,
-    /// Bytes the guest transmitted.
-    pub tx_bytes: u64,
-    /// Transmits that failed (refused DMA, malformed descriptors, backend errors).
-    pub tx_errors: u64,
-}
-
-/// A MAC address, printed the usual way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MacAddress(pub [u8; 6]);
-
-impl std::fmt::Display for MacAddress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let m = self.0;
-        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
-    }
-}
-
-impl std::str::FromStr for MacAddress {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let parts: Vec<&str> = s.split([':', '-']).collect();
-        let bad = || format!("`{s}` is not a MAC address (six hex bytes, e.g. 02:1d:6a:00:00:01)");
-        if parts.len() != 6 {
-            return Err(bad());
-        }
-        let mut mac = [0u8; 6];
-        for (byte, part) in mac.iter_mut().zip(parts) {
-            *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
-        }
-        if mac[0] & 1 == 1 {
-            return Err(format!("`{s}` is a group address; a NIC needs a unicast one"));
-        }
-        Ok(MacAddress(mac))
-    }
-}
-
-impl serde::Serialize for MacAddress {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
+pub use vm_spec::model_control::{MacAddress, NicStatus};
 
 /// PCI Express capability ID.
 const PCIE_CAPABILITY_ID: u8 = 0x10;

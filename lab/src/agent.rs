@@ -12,6 +12,7 @@
 
 use serde::Serialize;
 use serde_json::Value;
+use vm_spec::model_control::ModelReport;
 
 /// The header line's marker.
 pub const BEGIN: &str = "@@DL ";
@@ -261,7 +262,7 @@ pub struct LinuxCheck {
     /// iperf3 per direction (`tx`, `rx`, `bidir`).
     pub iperf: Vec<(String, IperfFigures)>,
     /// The model's last counters line.
-    pub model_counters: Option<Value>,
+    pub model_counters: Option<ModelReport>,
     /// QEMU's trace events counted by name (`virtio_iommu_map`, `vfio_user_dma_map`, ...).
     pub trace: std::collections::BTreeMap<String, u64>,
 }
@@ -287,17 +288,14 @@ pub fn linux_check(dir: &std::path::Path) -> std::io::Result<LinuxCheck> {
         }
     }
     let model_counters = read("model.log").ok().and_then(|log| {
-        String::from_utf8_lossy(&log).lines().rev().find_map(|l| {
-            let value: Value = serde_json::from_str(l.get(l.find("{\"model\"")?..)?).ok()?;
-            value.get("counters").is_some().then_some(value)
-        })
+        String::from_utf8_lossy(&log).lines().rev().find_map(|l| ModelReport::parse(l.get(l.find("{\"model\"")?..)?))
     });
     if let Ok(log) = read("model.log") {
         match &model_counters {
             None if !log.is_empty() => verdict.problems.push("the model printed no counters line (model.log)".into()),
-            Some(line) if line["counters"]["dma_faults"].as_u64().unwrap_or(0) > 0 => verdict.problems.push(format!(
+            Some(report) if report.counters.dma_faults > 0 => verdict.problems.push(format!(
                 "the model refused {} DMA accesses outside the guest's mappings (IOMMU faults; model.log)",
-                line["counters"]["dma_faults"]
+                report.counters.dma_faults
             )),
             _ => {}
         }
@@ -360,8 +358,8 @@ impl LinuxCheck {
             let counts: Vec<String> = self.trace.iter().map(|(k, v)| format!("{k}={v}")).collect();
             out.push_str(&format!("QEMU trace: {}\n", counts.join(" ")));
         }
-        if let Some(line) = &self.model_counters {
-            out.push_str(&format!("model counters: {line}\n"));
+        if let Some(report) = &self.model_counters {
+            out.push_str(&format!("model counters: {}\n", serde_json::to_string(report).unwrap_or_default()));
         }
         if self.verdict.faults.is_empty() {
             out.push_str("kernel faults: none\n");

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use vm_spec::control::{LiveCounters, ShutdownRequest};
 use vm_spec::counters::{IommuCounts, ModelCounters};
+use vm_spec::model_control::ModelReport;
 use vm_spec::{ErrorLine, ExitSummary, Kernel, SerialOutput, VmSpec};
 
 use crate::model_process::ModelProcess;
@@ -520,10 +521,7 @@ fn read_more(path: &Path, from: u64, trace: &mut Trace) -> u64 {
 
 /// The last counters a model printed on its stdout.
 fn final_counters(stdout: &str) -> Option<ModelCounters> {
-    stdout.lines().rev().find_map(|line| {
-        let value: serde_json::Value = serde_json::from_str(line).ok()?;
-        serde_json::from_value(value.get("counters")?.clone()).ok()
-    })
+    stdout.lines().rev().find_map(ModelReport::parse).map(|report| report.counters)
 }
 
 #[cfg(test)]

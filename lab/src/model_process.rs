@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use vm_spec::model_control::{self, ModelReport, ModelRequest};
 
 /// How long a model may take to start serving.
 const START_TIMEOUT: Duration = Duration::from_secs(5);
@@ -162,26 +163,21 @@ impl ModelProcess {
 
     /// The model's status line over its control socket (the NIC models; `None` for models
     /// without one, or when it does not answer within a second).
-    fn status(&self) -> Option<serde_json::Value> {
-        use std::io::{BufRead, Write};
-        let mut stream = std::os::unix::net::UnixStream::connect(self.control.as_ref()?).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-        stream.write_all(b"status\n").ok()?;
-        let mut line = String::new();
-        std::io::BufReader::new(stream).read_line(&mut line).ok()?;
-        serde_json::from_str(&line).ok()
+    fn status(&self) -> Option<ModelReport> {
+        let line = model_control::ask(self.control.as_ref()?, ModelRequest::Status, Duration::from_secs(1)).ok()?;
+        ModelReport::parse(&line)
     }
 
     /// What the model has counted so far, over its control socket (the NIC models; `None` for
     /// models without one, or when it does not answer within a second).
     pub fn counters(&self) -> Option<vm_spec::counters::ModelCounters> {
-        serde_json::from_value(self.status()?.get("counters")?.clone()).ok()
+        Some(self.status()?.counters)
     }
 
     /// How the model process is confined (its jail's steps), over its control socket: final
     /// once it answers, since it answers only after its jail.
     pub fn confinement(&self) -> Option<vm_spec::confinement::Confinement> {
-        serde_json::from_value(self.status()?.get("confinement")?.clone()).ok()
+        self.status()?.confinement
     }
 
     /// If the model has ended other than by finishing its one client's session (a signal, an

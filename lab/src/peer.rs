@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
+use vm_spec::model_control::ModelReport;
 
 /// The TAP device's name inside the namespace.
 pub const TAP: &str = "dltap0";
@@ -272,14 +273,15 @@ impl RemoteCounters {
         });
         let mut remote = RemoteCounters { child, stdin, lines, confinement: None };
         let first = remote.look();
-        remote.confinement = first.as_ref().and_then(|v| serde_json::from_value(v.get("confinement")?.clone()).ok());
-        if first.as_ref().is_none_or(|v| v.get("counters").is_none()) {
+        let report = first.as_deref().and_then(ModelReport::parse);
+        remote.confinement = report.as_ref().and_then(|r| r.confinement.clone());
+        if report.is_none() {
             let _ = remote.child.kill();
             let _ = remote.child.wait();
             let mut text = String::new();
             let _ = stderr.read_to_string(&mut text);
             let said = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().trim().to_string();
-            let got = first.map(|v| v.to_string()).unwrap_or_else(|| "no answer".into());
+            let got = first.unwrap_or_else(|| "no answer".into());
             return Err(PeerError::Command {
                 what,
                 detail: if said.is_empty() { got } else { format!("{got}: {said}") },
@@ -292,17 +294,17 @@ impl RemoteCounters {
         Ok(remote)
     }
 
-    fn look(&mut self) -> Option<serde_json::Value> {
+    /// The model's answer line, or `None` when the peer does not answer in time.
+    fn look(&mut self) -> Option<String> {
         use std::io::Write;
         self.stdin.write_all(b"\n").ok()?;
         self.stdin.flush().ok()?;
-        let line = self.lines.recv_timeout(REMOTE_LOOK).ok()?;
-        serde_json::from_str(&line).ok()
+        self.lines.recv_timeout(REMOTE_LOOK).ok()
     }
 
     /// What the model has counted so far, or `None` when the peer does not answer in time.
     pub fn counters(&mut self) -> Option<vm_spec::counters::ModelCounters> {
-        serde_json::from_value(self.look()?.get("counters")?.clone()).ok()
+        ModelReport::parse(&self.look()?).map(|report| report.counters)
     }
 
     /// How the model behind the peer is confined, from its first answer.

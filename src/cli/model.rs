@@ -1,7 +1,7 @@
 //! `driverlab model ...`: device models served over vfio-user, and the AQC100's control socket.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -12,6 +12,10 @@ use device_models::testdev::TestDevice;
 use device_models::wire::backend::{Backend, unplugged};
 use device_models::wire::generator::{GeneratorConfig, generator};
 use device_models::wire::tap;
+use vm_spec::model_control::{self, ModelRefusal, ModelReport, ModelRequest, NicStatus};
+
+/// How long `driverlab model control` waits for the model's answer.
+const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Device models.
 #[derive(Subcommand)]
@@ -115,11 +119,11 @@ pub enum ControlCommand {
 }
 
 impl ControlCommand {
-    fn wire(self) -> &'static str {
+    fn request(self) -> ModelRequest {
         match self {
-            ControlCommand::Status => "status",
-            ControlCommand::LinkDown => "link down",
-            ControlCommand::LinkUp => "link up",
+            ControlCommand::Status => ModelRequest::Status,
+            ControlCommand::LinkDown => ModelRequest::Link { up: false },
+            ControlCommand::LinkUp => ModelRequest::Link { up: true },
         }
     }
 }
@@ -136,7 +140,14 @@ impl ModelCommand {
                 jailed.confine("testdev");
                 let dma = model.dma();
                 let own = if no_jail { files } else { Vec::new() };
-                exit_on_signal(own, move || serde_json::json!({"model": "testdev", "counters": dma.counters()}))?;
+                exit_on_signal(own, move || ModelReport {
+                    model: "testdev".into(),
+                    client: None,
+                    status: None,
+                    counters: dma.counters(),
+                    confinement: None,
+                    exit: None,
+                })?;
                 serve(&socket, bound, &mut model, once, None, !no_jail)
             }
             ModelCommand::Aqc100 { socket, tap, generate, mac, control, once, no_jail } => {
@@ -150,15 +161,17 @@ impl ModelCommand {
                 serve_nic::<device_models::lan743x::nic::Nic>(&socket, wire, options, "the LAN7430 model")
             }
             ModelCommand::Control { socket, command } => {
-                let mut stream = UnixStream::connect(&socket).with_context(|| {
+                let reply = model_control::ask(&socket, command.request(), CONTROL_TIMEOUT).with_context(|| {
                     format!("{}: is `driverlab model aqc100|lan743x --control` running there?", socket.display())
                 })?;
-                writeln!(stream, "{}", command.wire())?;
-                let mut reply = String::new();
-                BufReader::new(stream).read_line(&mut reply)?;
                 print!("{reply}");
-                let value: serde_json::Value = serde_json::from_str(&reply).context("reply is not JSON")?;
-                Ok(if value.get("error").is_some() { 1 } else { 0 })
+                if ModelReport::parse(&reply).is_some() {
+                    Ok(0)
+                } else if serde_json::from_str::<ModelRefusal>(&reply).is_ok() {
+                    Ok(1)
+                } else {
+                    bail!("the model's answer is neither a report nor a refusal")
+                }
             }
         }
     }
@@ -247,12 +260,12 @@ fn serve_nic<N: NicCore>(socket: &Path, wire: Wire, options: Serving, what: &str
     let confined = confinement.clone();
     // The sockets this process removes itself: none when jailed (its supervisor does).
     let own_files = if jail { Vec::new() } else { files };
-    exit_on_signal(own_files, move || status_json(&report, &confined))?;
+    exit_on_signal(own_files, move || nic_report(&report, &confined))?;
     model.start().with_context(|| format!("starting {what}'s data path"))?;
     if let Some(listener) = listener {
         serve_control(listener, handle.clone(), confinement)?;
     }
-    let status = move || serde_json::to_value(handle.status()).unwrap_or_default();
+    let status = move || handle.status();
     let result = serve(socket, bound, &mut model, once, Some(&status), jail);
     // A jailed model's supervisor removes its sockets; this one would not be allowed to.
     if let Some(path) = control.as_ref().filter(|_| !jail) {
@@ -261,14 +274,16 @@ fn serve_nic<N: NicCore>(socket: &Path, wire: Wire, options: Serving, what: &str
     result
 }
 
-/// `{"model": ..., "status": ..., "counters": ..., "confinement": ...}` (docs/model.md).
-fn status_json<N: NicCore>(handle: &NicHandle<N>, confinement: &jail::Confinement) -> serde_json::Value {
-    serde_json::json!({
-        "model": N::KIND.name(),
-        "status": handle.status(),
-        "counters": handle.counters(),
-        "confinement": confinement,
-    })
+/// A NIC model's report: its status, counters and confinement (docs/model.md).
+fn nic_report<N: NicCore>(handle: &NicHandle<N>, confinement: &jail::Confinement) -> ModelReport {
+    ModelReport {
+        model: N::KIND.name().into(),
+        client: None,
+        status: Some(handle.status()),
+        counters: handle.counters(),
+        confinement: Some(confinement.clone()),
+        exit: None,
+    }
 }
 
 /// Binds the control socket at `path`.
@@ -286,24 +301,22 @@ fn serve_control<N: NicCore>(
     handle: NicHandle<N>,
     confinement: std::sync::Arc<jail::Confinement>,
 ) -> anyhow::Result<()> {
-    std::thread::Builder::new().name("aqc100-control".into()).spawn(move || {
+    std::thread::Builder::new().name(format!("{}-control", N::KIND.name())).spawn(move || {
         for stream in listener.incoming().flatten() {
             let mut line = String::new();
             let Ok(mut writer) = stream.try_clone() else { continue };
             if BufReader::new(stream).read_line(&mut line).is_err() {
                 continue;
             }
-            let reply = match line.trim() {
-                "status" => status_json(&handle, &confinement),
-                "link down" | "link up" => {
-                    handle.set_link(line.trim() == "link up");
-                    status_json(&handle, &confinement)
+            let reply = match line.parse::<ModelRequest>() {
+                Ok(ModelRequest::Status) => serde_json::to_string(&nic_report(&handle, &confinement)),
+                Ok(ModelRequest::Link { up }) => {
+                    handle.set_link(up);
+                    serde_json::to_string(&nic_report(&handle, &confinement))
                 }
-                other => {
-                    serde_json::json!({"error": format!("unknown command `{other}`; use status, link up, link down")})
-                }
+                Err(refusal) => serde_json::to_string(&refusal),
             };
-            let _ = writeln!(writer, "{reply}");
+            let _ = writeln!(writer, "{}", reply.unwrap_or_default());
         }
     })?;
     Ok(())
@@ -323,18 +336,15 @@ fn block_termination_signals() -> anyhow::Result<()> {
 /// Waits for SIGINT or SIGTERM (blocked since [`Jailed::enter`]) in a thread of its own: on
 /// either, prints `report()` (the final counters), removes `files` (the sockets of a model
 /// without the jail; a jailed model's supervisor removes them) and ends the process.
-fn exit_on_signal(
-    files: Vec<PathBuf>,
-    report: impl FnOnce() -> serde_json::Value + Send + 'static,
-) -> anyhow::Result<()> {
+fn exit_on_signal(files: Vec<PathBuf>, report: impl FnOnce() -> ModelReport + Send + 'static) -> anyhow::Result<()> {
     let set = jail::termination_signals();
     std::thread::Builder::new().name("signals".into()).spawn(move || {
         let mut signal = 0;
         // SAFETY: `set` is initialised and outlives the call; `signal` receives the number.
         unsafe { libc::sigwait(&set, &mut signal) };
-        let mut line = report();
-        if line.is_object() {
-            line["exit"] = serde_json::json!(if signal == libc::SIGINT { "SIGINT" } else { "SIGTERM" });
+        let report =
+            ModelReport { exit: Some(if signal == libc::SIGINT { "SIGINT" } else { "SIGTERM" }.into()), ..report() };
+        if let Ok(line) = serde_json::to_string(&report) {
             println!("{line}");
         }
         for file in &files {
@@ -358,7 +368,7 @@ fn serve(
     bound: server::Bound,
     model: &mut dyn Model,
     once: bool,
-    nic: Option<&dyn Fn() -> serde_json::Value>,
+    nic: Option<&dyn Fn() -> NicStatus>,
     jailed: bool,
 ) -> anyhow::Result<u8> {
     device_models::seccomp::install(!jailed).with_context(|| format!("{}: seccomp", model.name()))?;
@@ -366,11 +376,17 @@ fn serve(
     let mut clients = 0u64;
     bound.run(model, once, |model| {
         clients += 1;
-        let mut line = serde_json::json!({"model": model.name(), "client": clients, "counters": model.counters()});
-        if let Some(status) = nic {
-            line["status"] = status();
+        let report = ModelReport {
+            model: model.name().into(),
+            client: Some(clients),
+            status: nic.map(|status| status()),
+            counters: model.counters(),
+            confinement: None,
+            exit: None,
+        };
+        if let Ok(line) = serde_json::to_string(&report) {
+            println!("{line}");
         }
-        println!("{line}");
     });
     if jailed {
         // Its socket is outside the empty root and its filter allows no stat or unlink of it:

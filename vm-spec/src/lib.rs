@@ -26,6 +26,7 @@ pub mod control;
 pub mod counters;
 pub mod exit;
 pub mod host;
+pub mod model_control;
 pub mod nic;
 pub mod spec;
 

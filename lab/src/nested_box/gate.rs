@@ -58,7 +58,9 @@ pub fn run(netns: &str, control: &Path) -> i32 {
                 if line.is_err() {
                     break;
                 }
-                let answer = status(control).unwrap_or_else(|e| serde_json::json!({"error": e}).to_string());
+                let answer = status(control).unwrap_or_else(|error| {
+                    serde_json::to_string(&vm_spec::model_control::ModelRefusal { error }).unwrap_or_default()
+                });
                 if writeln!(stdout, "{}", answer.trim_end()).and_then(|()| stdout.flush()).is_err() {
                     break;
                 }
@@ -110,13 +112,9 @@ fn iperf3_server(netns: &str, limit_s: u64, pidfile: &Path) -> i32 {
 
 /// The model's status line from its control socket.
 fn status(control: &Path) -> Result<String, String> {
-    let mut stream =
-        std::os::unix::net::UnixStream::connect(control).map_err(|e| format!("{}: {e}", control.display()))?;
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(2))).map_err(|e| e.to_string())?;
-    stream.write_all(b"status\n").map_err(|e| e.to_string())?;
-    let mut line = String::new();
-    std::io::BufReader::new(stream).read_line(&mut line).map_err(|e| e.to_string())?;
-    Ok(line)
+    let request = vm_spec::model_control::ModelRequest::Status;
+    vm_spec::model_control::ask(control, request, std::time::Duration::from_secs(2))
+        .map_err(|e| format!("{}: {e}", control.display()))
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub mod bus;
 pub mod dma;
 pub mod lan743x;
 pub mod nic_model;
+pub mod process;
 pub mod seccomp;
 pub mod server;
 #[cfg(test)]

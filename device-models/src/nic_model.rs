@@ -15,8 +15,8 @@ use crate::bus::Side;
 use crate::dma::DmaSpace;
 use crate::server::{Model, ModelBar, MsixVectors};
 use crate::wire::backend::{Backend, FrameSink, FrameSource, Readiness};
-use devices::pci::config::BarKind;
-use devices::pci::{PciConfiguration, PciIds, msix};
+use pci::config::BarKind;
+use pci::{PciConfiguration, PciIds, msix};
 use vm_spec::bus::BusProfile;
 use vm_spec::counters::ModelCounters;
 

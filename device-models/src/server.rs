@@ -15,7 +15,7 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, IrqInfo, Server, ServerBackend, ServerRegion, SparseArea};
 
 use super::dma::DmaSpace;
-use devices::pci::PciConfiguration;
+use pci::PciConfiguration;
 use vm_spec::counters::{COUNTERS_REGION, COUNTERS_SIZE, ModelCounters};
 
 /// VFIO region index of configuration space.

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use super::dma::DmaSpace;
 use super::server::{Model, ModelBar, MsixVectors};
-use devices::pci::config::BarKind;
-use devices::pci::{PciConfiguration, PciIds, msix};
+use pci::config::BarKind;
+use pci::{PciConfiguration, PciIds, msix};
 
 /// Vendor ID of the test device.
 pub const VENDOR: u16 = 0xd1ab;

@@ -4,9 +4,9 @@
 //! leave them through EventFds that the VMM wires to irqfds ([`vm_device::interrupt`]), and guest
 //! requests that end the VM (power-off, reset, panic) leave through a
 //! [`vm_device::guest_event::GuestEventSink`]. The device models served over vfio-user live in
-//! their own crate, `device-models`.
+//! their own crate, `device-models`; PCI (configuration space, MSI, MSI-X, the root complex) is the
+//! `pci` crate, shared with passthrough and the models.
 
-pub mod pci;
 pub mod power;
 pub mod rtc;
 pub mod serial;

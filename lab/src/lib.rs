@@ -5,7 +5,7 @@
 //! bounds it in time and collects its serial output and exit line, and [`vm_control`] talks to
 //! its control socket while it runs; [`model_process`] runs a device
 //! model for it to pass through; [`probe_report`] reads what
-//! the probe guest reported on the serial port; [`bench`] holds the benchmarks and [`stats`]
+//! the probe guest reported on the serial port; [`mod@bench`] holds the benchmarks and [`stats`]
 //! their summaries.
 
 pub mod agent;

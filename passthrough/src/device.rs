@@ -10,11 +10,11 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use devices::pci::PciError;
-use devices::pci::config::{BarKind, NUM_BARS, PciConfiguration, PciIds};
-use devices::pci::device::{BarMapping, PciDevice, decoded_bars};
-use devices::pci::msi::{self, MsiConfig};
-use devices::pci::msix::{self, MsixConfig};
+use pci::PciError;
+use pci::config::{BarKind, NUM_BARS, PciConfiguration, PciIds};
+use pci::device::{BarMapping, PciDevice, decoded_bars};
+use pci::msi::{self, MsiConfig};
+use pci::msix::{self, MsixConfig};
 use vm_device::interrupt::MsiInterrupts;
 
 use crate::backend::{BackendError, VfioBackend, irq, region};
@@ -28,7 +28,7 @@ pub fn lock(backend: &SharedBackend) -> MutexGuard<'_, Box<dyn VfioBackend>> {
     backend.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-use devices::pci::regs::{
+use pci::regs::{
     BAR0, CAPABILITIES_POINTER as CAP_POINTER, CLASS_BASE, CLASS_PROG_IF, CLASS_SUB, COMMAND, DEVICE_ID, HEADER_END,
     HEADER_TYPE, INTERRUPT_PIN, REVISION, STATUS, STATUS_CAPABILITIES, SUBSYSTEM_ID, SUBSYSTEM_VENDOR_ID, VENDOR_ID,
 };
@@ -568,7 +568,7 @@ mod tests {
     use super::*;
     use crate::backend::RegionInfo;
     use crate::slots::SlotError;
-    use devices::pci::regs::BAR_END;
+    use pci::regs::BAR_END;
     use vm_device::interrupt::{InterruptError, MsiMessage};
     use vmm_sys_util::eventfd::EventFd;
 

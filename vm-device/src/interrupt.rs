@@ -45,3 +45,38 @@ pub trait MsiInterrupts: Send + Sync {
     /// Stops delivering `gsi` from `fd`; signals then stay pending in `fd`.
     fn unregister_irqfd(&self, gsi: u32, fd: &EventFd) -> Result<(), InterruptError>;
 }
+
+/// [`MsiInterrupts`] without a hypervisor: records routes and irqfds as KVM would hold them, for
+/// the unit tests of devices that raise MSIs (PCI's MSI and MSI-X, virtio).
+#[derive(Debug, Default)]
+pub struct RecordingInterrupts {
+    next_gsi: std::sync::Mutex<u32>,
+    /// Each GSI's route.
+    pub routes: std::sync::Mutex<std::collections::BTreeMap<u32, MsiMessage>>,
+    /// Each GSI's irqfd (its file descriptor number).
+    pub irqfds: std::sync::Mutex<std::collections::BTreeMap<u32, i32>>,
+}
+
+impl MsiInterrupts for RecordingInterrupts {
+    fn allocate_gsi(&self) -> Result<u32, InterruptError> {
+        let mut next = self.next_gsi.lock().unwrap_or_else(|p| p.into_inner());
+        *next += 1;
+        Ok(23 + *next)
+    }
+
+    fn set_route(&self, gsi: u32, message: MsiMessage) -> Result<(), InterruptError> {
+        self.routes.lock().unwrap_or_else(|p| p.into_inner()).insert(gsi, message);
+        Ok(())
+    }
+
+    fn register_irqfd(&self, gsi: u32, fd: &EventFd) -> Result<(), InterruptError> {
+        use std::os::fd::AsRawFd;
+        self.irqfds.lock().unwrap_or_else(|p| p.into_inner()).insert(gsi, fd.as_raw_fd());
+        Ok(())
+    }
+
+    fn unregister_irqfd(&self, gsi: u32, _fd: &EventFd) -> Result<(), InterruptError> {
+        self.irqfds.lock().unwrap_or_else(|p| p.into_inner()).remove(&gsi);
+        Ok(())
+    }
+}

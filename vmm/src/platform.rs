@@ -5,8 +5,6 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use devices::pci::root::{CONFIG_IO_BASE, CONFIG_IO_LEN};
-use devices::pci::{PciConfigIo, PciConfigMmio, PciRoot};
 use devices::power::{
     ACPI_PM_BASE, ACPI_PM_LEN, AcpiPower, I8042, I8042_BASE, I8042_LEN, PVPANIC_PORT, PostCode, PvPanic,
 };
@@ -15,15 +13,17 @@ use devices::serial::{COM1_BASE, COM1_IRQ, COM2_BASE, COM2_IRQ, SerialPort, Seri
 use devices::virtio::iommu::{self, IommuHandle, VirtioIommu};
 use devices::virtio::pci::{BAR_SIZE as VIRTIO_BAR_SIZE, VirtioPciDevice};
 use kvm_ioctls::VmFd;
+use pci::root::{CONFIG_IO_BASE, CONFIG_IO_LEN};
+use pci::{PciConfigIo, PciConfigMmio, PciRoot};
 use vm_allocator::{AddressAllocator, AllocPolicy};
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use devices::pci::{BarKind, PciError};
 use passthrough::backend::{BackendError, VfioBackend};
 use passthrough::device::{PciPassthroughDevice, SharedBackend};
 use passthrough::dma::DmaMirror;
 use passthrough::kernel_vfio::KernelVfio;
 use passthrough::vfio_user::{self, VfioUserClient};
+use pci::{BarKind, PciError};
 
 use vm_device::bus::Bus;
 use vm_device::guest_event::GuestEventSink;

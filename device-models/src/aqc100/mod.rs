@@ -3,9 +3,9 @@
 //!
 //! - BAR 0 (64 KiB, 64-bit): the registers ([`nic`]): the firmware interface ([`firmware`]), the
 //!   interrupt block ([`interrupts`]), 32 RX and 32 TX rings ([`rings`], [`rx`], [`tx`]) with the
-//!   B0 descriptor formats and offloads ([`offload`]), statistics ([`stats`]).
+//!   B0 descriptor formats and offloads ([`crate::wire::offload`]), statistics ([`stats`]).
 //! - BAR 2 (4 KiB, 64-bit): the MSI-X table and pending bits (32 vectors), emulated by the VMM.
-//! - A data-path thread takes frames from the backend ([`tap`] or [`generator`]) into RX ring 0
+//! - A data-path thread takes frames from the backend ([`crate::wire::tap`] or [`crate::wire::generator`]) into RX ring 0
 //!   while the vfio-user thread serves register accesses; transmits happen on the TX tail write.
 //!   The backends and the frame offloads are the wire's ([`crate::wire`]).
 //!

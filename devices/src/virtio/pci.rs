@@ -18,9 +18,9 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 use super::{F_VERSION_1, VirtioDevice, status};
-use crate::pci::device::{BarMapping, PciDevice, decoded_bars};
-use crate::pci::msix::{self, MsixConfig};
-use crate::pci::{BarKind, PciConfiguration, PciError, PciIds};
+use pci::device::{BarMapping, PciDevice, decoded_bars};
+use pci::msix::{self, MsixConfig};
+use pci::{BarKind, PciConfiguration, PciError, PciIds};
 use vm_device::interrupt::MsiInterrupts;
 
 /// Virtio's PCI vendor ID.

@@ -9,8 +9,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use super::iommu::{self, VirtioIommu};
 use super::pci::VirtioPciDevice;
 use super::status;
-use crate::pci::PciDevice;
-use crate::pci::msix::tests::FakeInterrupts;
+use pci::PciDevice;
+use vm_device::interrupt::RecordingInterrupts as FakeInterrupts;
 
 const MEM: usize = 1 << 20;
 const DESC: u64 = 0x1_0000;

@@ -1,8 +1,10 @@
-//! PCI: configuration space, the device trait, the root complex with its two configuration
-//! mechanisms (0xCF8/0xCFC and ECAM), MSI and MSI-X.
+//! PCI for driverlab: configuration space, the device trait, the root complex with its two
+//! configuration mechanisms (0xCF8/0xCFC and ECAM), MSI and MSI-X.
 //!
-//! Emulated devices (virtio) and, later, passed-through devices implement [`PciDevice`]; the
-//! [`PciRoot`] maps their BARs onto the MMIO bus wherever the guest programs them.
+//! Its own crate, as Cloud Hypervisor keeps `pci` apart from `devices`: the VMM's emulated
+//! devices (virtio) and passed-through devices implement [`PciDevice`], the [`PciRoot`] maps their
+//! BARs onto the MMIO bus wherever the guest programs them, and the device models (in their own
+//! processes) build their configuration space with it, without linking the VMM's devices.
 
 pub mod config;
 pub mod device;

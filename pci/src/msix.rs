@@ -176,40 +176,9 @@ impl MsixConfig {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use std::collections::BTreeMap;
-    use std::sync::Mutex;
-    use vm_device::interrupt::InterruptError;
-
-    /// Records routes and irqfds like KVM would hold them.
-    #[derive(Default)]
-    pub struct FakeInterrupts {
-        next_gsi: Mutex<u32>,
-        pub routes: Mutex<BTreeMap<u32, MsiMessage>>,
-        pub irqfds: Mutex<BTreeMap<u32, i32>>,
-    }
-
-    impl MsiInterrupts for FakeInterrupts {
-        fn allocate_gsi(&self) -> Result<u32, InterruptError> {
-            let mut next = self.next_gsi.lock().unwrap();
-            *next += 1;
-            Ok(23 + *next)
-        }
-        fn set_route(&self, gsi: u32, message: MsiMessage) -> Result<(), InterruptError> {
-            self.routes.lock().unwrap().insert(gsi, message);
-            Ok(())
-        }
-        fn register_irqfd(&self, gsi: u32, fd: &EventFd) -> Result<(), InterruptError> {
-            use std::os::fd::AsRawFd;
-            self.irqfds.lock().unwrap().insert(gsi, fd.as_raw_fd());
-            Ok(())
-        }
-        fn unregister_irqfd(&self, gsi: u32, _fd: &EventFd) -> Result<(), InterruptError> {
-            self.irqfds.lock().unwrap().remove(&gsi);
-            Ok(())
-        }
-    }
+    use vm_device::interrupt::RecordingInterrupts as FakeInterrupts;
 
     fn program(msix: &mut MsixConfig, vector: u64, address: u64, data: u32, masked: bool) {
         let base = vector * ENTRY_SIZE;

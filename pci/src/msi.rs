@@ -1,5 +1,5 @@
 //! The MSI capability: message control, address, data, and (where the function has them) the
-//! per-vector mask and pending bits. Each of the vectors the guest enables is a [`MsiVector`]
+//! per-vector mask and pending bits. Each of the vectors the guest enables is a `MsiVector`
 //! whose route carries the capability's message with the vector number in the low data bits.
 
 use std::sync::Arc;
@@ -183,7 +183,7 @@ impl MsiConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pci::msix::tests::FakeInterrupts;
+    use vm_device::interrupt::RecordingInterrupts as FakeInterrupts;
 
     fn read32(msi: &MsiConfig, at: usize) -> u32 {
         let mut b = [0u8; 4];

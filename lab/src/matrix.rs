@@ -225,7 +225,7 @@ impl Device {
             _ => {}
         }
         if let Some(generate) = &self.generate
-            && let Err(e) = generate.parse::<device_models::wire::generator::GeneratorConfig>()
+            && let Err(e) = generate.parse::<vm_spec::model_control::GeneratorConfig>()
         {
             return fail(".generate", format!("{generate:?}: {e}"));
         }

@@ -314,11 +314,12 @@ fn viommu_vs(ops: u32, ch: &std::path::Path, rounds: usize) -> anyhow::Result<u8
 }
 
 fn model_rx(frames: u64, size: usize, rounds: usize) -> anyhow::Result<u8> {
-    if !(60..=16_384).contains(&size) {
-        anyhow::bail!("--size {size}: frames are 60 to 16384 bytes");
+    use vm_spec::model_control::{MAX_FRAME, MIN_FRAME};
+    if !(MIN_FRAME..=MAX_FRAME).contains(&size) {
+        anyhow::bail!("--size {size}: frames are {MIN_FRAME} to {MAX_FRAME} bytes");
     }
-    let result = lab::bench::nic::model_rx(frames, size, rounds)?;
-    let target = 2.0 * lab::bench::nic::LINE_RATE_1514;
+    let result = device_models::aqc100::rx_bench::model_rx(frames, size, rounds)?;
+    let target = 2.0 * device_models::aqc100::rx_bench::LINE_RATE_1514;
     let gbps = |pps: f64| pps * size as f64 * 8.0 / 1e9;
     println!("AQC100 model receive path, one core, {rounds} rounds of {frames} frames of {size} bytes");
     println!("{:<34} {:>14} {:>14} {:>12}", "", "median fr/s", "best fr/s", "best Gbit/s");

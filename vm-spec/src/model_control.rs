@@ -1,7 +1,9 @@
 //! A device model process's control protocol (`driverlab model aqc100|lan743x --control PATH`,
 //! docs/model.md): one request line in ([`ModelRequest`]), one JSON line out ([`ModelReport`], or
 //! [`ModelRefusal`]). The same [`ModelReport`] is the line a model prints on its stdout after each
-//! client and when it is stopped. Both ends (the model and the lab) use these types.
+//! client and when it is stopped. Both ends (the model and the lab) use these types, and the
+//! NIC models' frame generator's options ([`GeneratorConfig`], `--generate`), which the lab
+//! checks in a matrix before it starts a model.
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,6 +12,64 @@ use serde::{Deserialize, Serialize};
 
 use crate::confinement::Confinement;
 use crate::counters::ModelCounters;
+
+/// Smallest frame a NIC model's generator makes (Ethernet minimum without FCS).
+pub const MIN_FRAME: usize = 60;
+/// Largest frame a NIC model's generator makes.
+pub const MAX_FRAME: usize = 16_384;
+
+/// Generator settings, as `pps=N,size=B,count=N` (all optional).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GeneratorConfig {
+    /// Frames per second; `None` (or 0): as fast as the guest takes them, never dropping.
+    pub pps: Option<u64>,
+    /// Frame size in bytes, FCS excluded.
+    pub size: usize,
+    /// Stop after this many frames.
+    pub count: Option<u64>,
+}
+
+impl Default for GeneratorConfig {
+    fn default() -> Self {
+        GeneratorConfig { pps: None, size: 1514, count: None }
+    }
+}
+
+impl FromStr for GeneratorConfig {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut config = GeneratorConfig::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, value) = item.split_once('=').ok_or_else(|| format!("`{item}`: expected key=value"))?;
+            let number: u64 = value.parse().map_err(|_| format!("`{item}`: {value} is not a whole number"))?;
+            match key {
+                "pps" => config.pps = (number > 0).then_some(number),
+                "size" => config.size = number as usize,
+                "count" => config.count = Some(number),
+                _ => return Err(format!("`{key}`: unknown; use pps=N, size=B and count=N")),
+            }
+        }
+        if !(MIN_FRAME..=MAX_FRAME).contains(&config.size) {
+            return Err(format!("size={}: frames are {MIN_FRAME} to {MAX_FRAME} bytes", config.size));
+        }
+        Ok(config)
+    }
+}
+
+impl std::fmt::Display for GeneratorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "generator {} B ", self.size)?;
+        match self.pps {
+            Some(pps) => write!(f, "at {pps} frames/s")?,
+            None => write!(f, "flat out")?,
+        }
+        if let Some(count) = self.count {
+            write!(f, ", {count} frames")?;
+        }
+        Ok(())
+    }
+}
 
 /// A request on a model's control socket, one line each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

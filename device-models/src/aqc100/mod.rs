@@ -18,6 +18,7 @@ pub mod nic;
 pub mod regs;
 pub mod rings;
 pub mod rx;
+pub mod rx_bench;
 pub mod stats;
 pub mod tx;
 

@@ -4,7 +4,6 @@
 //! dropped, as on a wire). Its sink counts what the guest transmits.
 
 use std::io;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -12,67 +11,13 @@ use std::time::{Duration, Instant};
 use crate::wire::backend::{Backend, FrameSink, FrameSource, Readiness};
 use crate::wire::offload;
 
-/// Smallest frame (Ethernet minimum without FCS).
-pub const MIN_SIZE: usize = 60;
-/// Largest frame.
-pub const MAX_SIZE: usize = 16_384;
+pub use vm_spec::model_control::{MAX_FRAME as MAX_SIZE, MIN_FRAME as MIN_SIZE};
 /// Where the sequence number sits in each frame (start of the UDP payload).
 pub const SEQUENCE_OFFSET: usize = 42;
 /// The generator's own MAC address (the "peer").
 pub const PEER_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0x01];
 
-/// Generator settings, as `pps=N,size=B,count=N` (all optional).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GeneratorConfig {
-    /// Frames per second; `None` (or 0): as fast as the guest takes them, never dropping.
-    pub pps: Option<u64>,
-    /// Frame size in bytes, FCS excluded.
-    pub size: usize,
-    /// Stop after this many frames.
-    pub count: Option<u64>,
-}
-
-impl Default for GeneratorConfig {
-    fn default() -> Self {
-        GeneratorConfig { pps: None, size: 1514, count: None }
-    }
-}
-
-impl FromStr for GeneratorConfig {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let mut config = GeneratorConfig::default();
-        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let (key, value) = item.split_once('=').ok_or_else(|| format!("`{item}`: expected key=value"))?;
-            let number: u64 = value.parse().map_err(|_| format!("`{item}`: {value} is not a whole number"))?;
-            match key {
-                "pps" => config.pps = (number > 0).then_some(number),
-                "size" => config.size = number as usize,
-                "count" => config.count = Some(number),
-                _ => return Err(format!("`{key}`: unknown; use pps=N, size=B and count=N")),
-            }
-        }
-        if !(MIN_SIZE..=MAX_SIZE).contains(&config.size) {
-            return Err(format!("size={}: frames are {MIN_SIZE} to {MAX_SIZE} bytes", config.size));
-        }
-        Ok(config)
-    }
-}
-
-impl std::fmt::Display for GeneratorConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "generator {} B ", self.size)?;
-        match self.pps {
-            Some(pps) => write!(f, "at {pps} frames/s")?,
-            None => write!(f, "flat out")?,
-        }
-        if let Some(count) = self.count {
-            write!(f, ", {count} frames")?;
-        }
-        Ok(())
-    }
-}
+pub use vm_spec::model_control::GeneratorConfig;
 
 /// What the guest transmitted into the generator.
 #[derive(Debug, Default)]

@@ -7,16 +7,6 @@ cd "$(dirname "$0")/.."
 apt_install build-essential curl ca-certificates xz-utils busybox-static python3 python3-pip python3-venv \
     patch dwarves shellcheck iperf3 ethtool iproute2 linux-source-6.12 chromium jq \
     openssh-client openssh-server e2fsprogs kmod procps
-# The headers of the kernel the image tests build driver variants against: the newest Debian
-# 6.12 generic kernel, the one `driverlab image kernel` picks.
-kernel_pkg=$(apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb[0-9]+-amd64-unsigned$' | awk '{print $1}' | sort -V | tail -n 1)
-if [ -n "$kernel_pkg" ]; then
-    release=${kernel_pkg#linux-image-}
-    apt_install "linux-headers-${release%-unsigned}"
-    export DRIVERLAB_IMAGE_TESTS=1
-else
-    echo "apt knows no Debian 6.12 kernel: the image tests will skip" >&2
-fi
 ensure_rust
 # kcidb-io (PyPI) carries the KCIDB schema the KCIDB export is checked against.
 python3 -c 'import kcidb_io' 2>/dev/null || python3 -m pip install --quiet kcidb-io >&2 \
@@ -28,23 +18,30 @@ DRIVERLAB_SCHEMATHESIS="$(scripts/fetch-schemathesis.sh)" || {
     DRIVERLAB_SCHEMATHESIS=""
 }
 export DRIVERLAB_SCHEMATHESIS
-DRIVERLAB_TEST_BZIMAGE="$(scripts/fetch-debian-kernel.sh 6.12)"
 DRIVERLAB_IASL="$(scripts/fetch-iasl.sh)"
 DRIVERLAB_ATLANTIC_SOURCE="$(scripts/fetch-atlantic-source.sh)"
-DRIVERLAB_TEST_MODULES="$(scripts/fetch-debian-kernel.sh --modules 6.12)"
 DRIVERLAB_LAN743X_SOURCE="$(dirname "$(dirname "$DRIVERLAB_ATLANTIC_SOURCE")")/microchip"
-export DRIVERLAB_TEST_BZIMAGE DRIVERLAB_IASL DRIVERLAB_ATLANTIC_SOURCE DRIVERLAB_LAN743X_SOURCE DRIVERLAB_TEST_MODULES
+export DRIVERLAB_IASL DRIVERLAB_ATLANTIC_SOURCE DRIVERLAB_LAN743X_SOURCE
 # The release binary: the nested box carries it (and runs it under TCG, where a debug build's
-# cost shows); it also puts Debian's kernel into the image store before the tests, so that no
-# test's request waits for that download.
+# cost shows).
 cargo build --release --locked
 DRIVERLAB_RELEASE_BIN="$PWD/target/release/driverlab"
 export DRIVERLAB_RELEASE_BIN
-"$DRIVERLAB_RELEASE_BIN" image kernel >/dev/null
+# The test kernel: the newest Debian 6.12 kernel, put into the image store as the lab's
+# `kernel = "debian"` images get it (`driverlab image kernel`; before the tests, so that no test's
+# request waits for the download). The tests boot its bzImage and take modules from its tree; the
+# image tests build driver variants against its headers.
+kernel=$("$DRIVERLAB_RELEASE_BIN" image kernel)
+manifest=$("$DRIVERLAB_RELEASE_BIN" image show "$kernel")
+kernel_dir=$("$DRIVERLAB_RELEASE_BIN" image path "$kernel")
+apt_install "linux-headers-$(jq -r .release <<<"$manifest")"
+DRIVERLAB_TEST_BZIMAGE="$kernel_dir/$(jq -r .bzimage <<<"$manifest")"
+DRIVERLAB_TEST_MODULES="$kernel_dir/$(jq -r .modules <<<"$manifest")"
+export DRIVERLAB_IMAGE_TESTS=1 DRIVERLAB_TEST_BZIMAGE DRIVERLAB_TEST_MODULES
 # The Linux check (tests/atlantic_linux.rs) and the nested box (tests/nested_box.rs) need root
 # and QEMU 11.1 from a forky chroot (about 75 s and 410 MB the first time, cached after).
 if [ "$(id -u)" -eq 0 ]; then
-    scripts/fetch-forky-qemu.sh >/dev/null
+    "$DRIVERLAB_RELEASE_BIN" engine setup qemu >/dev/null
     export DRIVERLAB_LINUX_CHECK=1 DRIVERLAB_NESTED_BOX=1
 else
     echo "not root: the Linux check (stock atlantic under QEMU against the model) and the nested box will skip" >&2

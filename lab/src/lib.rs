@@ -24,6 +24,7 @@ pub mod nested_box;
 pub mod peer;
 pub mod probe_report;
 pub mod qemu;
+pub mod qemu_setup;
 pub mod record;
 pub mod report;
 pub mod request;

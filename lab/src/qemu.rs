@@ -15,9 +15,9 @@ use vm_spec::DeviceSpec;
 use vm_spec::counters::IommuCounts;
 
 /// What the chroot must hold; the marker file of a complete one says so.
-const PACKAGES: &str = "qemu-system-x86";
-/// The marker `scripts/fetch-forky-qemu.sh` writes when the chroot is complete.
-const MARKER: &str = ".driverlab-complete";
+pub(crate) const PACKAGES: &str = "qemu-system-x86";
+/// The marker [`crate::qemu_setup`] writes when the chroot is complete.
+pub(crate) const MARKER: &str = ".driverlab-complete";
 
 /// Errors finding or running QEMU.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +61,7 @@ pub struct Qemu {
 
 /// The chroot's default place: `$DRIVERLAB_QEMU_ROOT`, else `forky-qemu` in driverlab's cache
 /// (`$DRIVERLAB_CACHE`, else `$XDG_CACHE_HOME/driverlab`, else `~/.cache/driverlab`), where
-/// `scripts/fetch-forky-qemu.sh` puts it.
+/// `driverlab engine setup qemu` puts it.
 pub fn default_root() -> PathBuf {
     if let Some(root) = std::env::var_os("DRIVERLAB_QEMU_ROOT") {
         return PathBuf::from(root);

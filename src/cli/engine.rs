@@ -1,15 +1,7 @@
 //! `driverlab engine ...`: the engines a lab image can run under (`engine = "driverlab"`, the
 //! default, or `engine = "qemu"`), and setting QEMU up.
 
-use std::process::Command;
-
-use anyhow::Context;
 use clap::{Subcommand, ValueEnum};
-
-/// The script that makes the forky chroot, and the helpers it sources, embedded so that an
-/// installed binary can set QEMU up without the source tree.
-const FETCH_SCRIPT: &str = include_str!("../../scripts/fetch-forky-qemu.sh");
-const SCRIPT_LIB: &str = include_str!("../../scripts/lib.sh");
 
 /// Engine commands.
 #[derive(Subcommand)]
@@ -38,25 +30,11 @@ impl EngineCommand {
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
             EngineCommand::Setup { engine: EngineName::Qemu } => {
-                let dir = tempfile::tempdir().context("a folder for the set-up script")?;
-                std::fs::create_dir(dir.path().join("scripts"))?;
-                let script = dir.path().join("scripts/fetch-forky-qemu.sh");
-                std::fs::write(&script, FETCH_SCRIPT)?;
-                std::fs::write(dir.path().join("scripts/lib.sh"), SCRIPT_LIB)?;
-                // Its progress goes to stderr as it comes; the chroot's path is its last line.
-                let out = Command::new("bash")
-                    .arg(&script)
-                    .stderr(std::process::Stdio::inherit())
-                    .output()
-                    .context("running bash")?;
-                if !out.status.success() {
-                    eprintln!("setting QEMU up failed (the lines above say why)");
-                    return Ok(1);
-                }
-                let root = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().trim().to_string();
-                let qemu = lab::qemu::Qemu::find(std::path::Path::new(&root))?;
+                let root = lab::qemu::default_root();
+                // Progress on stderr as it comes; the chroot's path is the last line on stdout.
+                let qemu = lab::qemu_setup::set_up(&root, None, &|line| eprintln!("{line}"))?;
                 eprintln!("{}", qemu.version()?);
-                println!("{root}");
+                println!("{}", root.display());
                 Ok(0)
             }
             EngineCommand::Show => {

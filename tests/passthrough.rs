@@ -72,14 +72,34 @@ fn a_model_that_dies_mid_run_ends_the_devices_use_not_the_vm() {
     }
     let mut model = start_testdev();
     let device = model.device_arg();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vm.sock");
+    let socket_arg = socket.display().to_string();
     // The virtio-iommu exercise keeps the guest busy (without touching the model) while the model
     // is killed; the test device is driven afterwards.
-    let args = ["--kernel", "probe", "--iommu", "--device", &device, "--cmdline", "probe.viommu_ops=20000"];
+    let args = [
+        "--kernel",
+        "probe",
+        "--iommu",
+        "--device",
+        &device,
+        "--cmdline",
+        "probe.viommu_ops=20000",
+        "--control",
+        &socket_arg,
+    ];
     let run = std::thread::spawn({
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         move || vm_run(&args.iter().map(String::as_str).collect::<Vec<_>>())
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    // The model dies once the exercise is under way: the virtio-iommu has counted maps.
+    let control = lab::vm_control::ControlClient::new(&socket, Duration::from_secs(5));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let exercising = || control.counters().ok().and_then(|c| c.viommu).is_some_and(|v| v.maps > 0);
+    while !exercising() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(exercising(), "the virtio-iommu exercise started");
     model.kill();
     let out = run.join().unwrap();
     assert_eq!(out.code(), Some(0), "the VM went on: {}", out.stderr);

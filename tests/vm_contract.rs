@@ -80,12 +80,15 @@ fn the_control_socket_answers_while_the_guest_runs_and_stops_it() {
     }
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("vm.sock");
+    let console = dir.path().join("com1.log");
     let model = start_model("aqc100", &["--generate", "size=1514"]);
-    // flip maps every other frame: long enough (seconds) to watch the counters move.
+    // flip maps every other frame: long enough (seconds) to watch the counters move. The console
+    // goes to a file, read while the guest runs.
     let spec = VmSpec {
         cmdline: "probe.viommu_ops=0 probe.nic=aqc100 probe.rx=flip probe.frames=20000 probe.hold=60000".into(),
         iommu: Some(IommuSpec::default()),
         devices: vec![model.device_spec()],
+        serial: vm_spec::SerialSpec { com1: SerialOutput::File(console.clone()), com2: None },
         timeout_s: Some(120.0),
         ..VmSpec::new(Kernel::Probe)
     };
@@ -113,31 +116,23 @@ fn the_control_socket_answers_while_the_guest_runs_and_stops_it() {
     assert_eq!(seen.len(), 2, "two growing readings of the live counters");
 
     // The probe then reports and holds for the power button (its IOAPIC pin is programmed only
-    // then, so an earlier press would be lost, as on hardware): once every frame is in and the
-    // console has been quiet, a shutdown presses the button and the guest powers off.
+    // then, so an earlier press would be lost, as on hardware): once it says it is holding, a
+    // shutdown presses the button and the guest powers off.
     let deadline = Instant::now() + Duration::from_secs(60);
-    // The console (which gets the `nic` line after the last frame) stays quiet for 300 ms.
-    let mut after_rx: Option<u64> = None;
-    while Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(300));
-        let counters = control.counters().unwrap();
-        let received = counters.devices[0].counters.map_or(0, |c| c.rx_frames);
-        let serial = counters.serial_bytes;
-        if after_rx == Some(serial) {
-            break;
-        }
-        if received >= 20_000 {
-            after_rx = Some(serial);
-        }
+    let holding = || std::fs::read_to_string(&console).unwrap_or_default().contains("{\"probe\":\"holding\"");
+    while !holding() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
     }
+    assert!(holding(), "the probe holds for the power button: {}", std::fs::read_to_string(&console).unwrap());
     let accepted = control.shutdown(ShutdownRequest::default()).unwrap();
     assert_eq!(accepted.state, VmState::Stopping);
     let out = vm.wait().unwrap();
     let exit = out.exit.clone().expect("an exit line");
     assert_eq!((exit.reason.as_str(), out.code()), ("poweroff", Some(0)), "{}", out.stderr);
-    let report = ProbeReport::parse(&out.serial);
+    let serial = std::fs::read_to_string(&console).unwrap();
+    let report = ProbeReport::parse(&serial);
     assert_eq!(report.section("hold").map(|h| h["power_button"].clone()), Some(serde_json::json!(true)));
-    assert!(report.done().is_some_and(|d| d.ok), "{}", out.serial);
+    assert!(report.done().is_some_and(|d| d.ok), "{serial}");
     assert!(!socket.exists(), "the VMM removes its socket");
     drop(model);
 }

@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use lab::matrix::{Device, DeviceKind};
+use lab::matrix::Device;
 use lab::store::Store;
 
 use crate::auth::Transport;
@@ -54,10 +54,9 @@ fn state(store: &Store, device: &Device, registered_at: String) -> Result<Device
             .map(|(_, reason, since)| Quarantine { reason, since }),
         None => None,
     };
-    let kind = match device.kind() {
-        Some(DeviceKind::Host(_)) => "host",
-        Some(DeviceKind::Model { .. }) => "model",
-        None => "none",
+    let kind = match (device.model, device.bdf) {
+        (Some(_), _) => "model",
+        (None, _) => "host",
     };
     Ok(DeviceState { device: device.clone(), kind: kind.into(), registered_at, lease, quarantine })
 }

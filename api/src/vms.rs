@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use lab::matrix::DeviceKind;
+use lab::matrix::DeviceSource;
 use lab::{ControlClient, ModelProcess, VmProcess};
 use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, SerialSpec, VmSpec};
 
@@ -168,10 +168,12 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
         let device = store.device(name)?.ok_or_else(|| {
             Problem::unprocessable(format!("devices: no device is registered as {name:?} (GET /v1/devices)"))
         })?;
-        match device.kind() {
-            Some(DeviceKind::Host(bdf)) => devices.push(DeviceSpec::Vfio(bdf)),
-            Some(DeviceKind::Model { nic, args }) => models.push((nic, args)),
-            None => return Err(Problem::unprocessable(format!("devices: {name:?} names neither a model nor a BDF"))),
+        match device.source() {
+            Ok(DeviceSource::Host { bdf, .. }) => devices.push(DeviceSpec::Vfio(bdf)),
+            Ok(DeviceSource::Model { nic, wire }) => models.push((nic, wire.model_args())),
+            Err((field, message)) => {
+                return Err(Problem::unprocessable(format!("devices: {name:?}: device{field}: {message}")));
+            }
         }
     }
     let defaults = VmSpec::new(kernel);

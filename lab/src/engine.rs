@@ -13,6 +13,7 @@ use vm_spec::counters::{IommuCounts, ModelCounters};
 use vm_spec::model_control::ModelReport;
 use vm_spec::{ErrorLine, ExitSummary, Kernel, SerialOutput, VmSpec};
 
+use crate::file_watch::{FileWatch, Waker, Woken};
 use crate::model_process::ModelProcess;
 use crate::qemu::{Accel, Machine, Qemu, Trace};
 use crate::vm_control::ControlClient;
@@ -171,20 +172,23 @@ pub struct Watch {
 /// Reads the agent's frames as they arrive, for the window's begin and end.
 #[derive(Default)]
 struct AgentFrames {
-    seen: usize,
+    /// Bytes of the log read up to the end of its last whole line.
+    seen: u64,
 }
 
 impl AgentFrames {
     /// The kinds of the frames that arrived since the last look. Only whole lines count: a
     /// header line the guest is still writing (COM2 moves a byte per exit) is read next time.
+    /// Reads only what is new.
     fn fresh(&mut self, log: Option<&Path>) -> Vec<String> {
-        let Some(data) = log.and_then(|l| std::fs::read(l).ok()) else { return Vec::new() };
-        if data.len() <= self.seen {
+        let Some(mut file) = log.and_then(|l| std::fs::File::open(l).ok()) else { return Vec::new() };
+        let mut data = Vec::new();
+        if file.seek(SeekFrom::Start(self.seen)).is_err() || file.read_to_end(&mut data).is_err() {
             return Vec::new();
         }
-        let Some(end) = data[self.seen..].iter().rposition(|&b| b == b'\n') else { return Vec::new() };
-        let fresh = String::from_utf8_lossy(&data[self.seen..self.seen + end + 1]).into_owned();
-        self.seen += end + 1;
+        let Some(end) = data.iter().rposition(|&b| b == b'\n') else { return Vec::new() };
+        let fresh = String::from_utf8_lossy(&data[..end + 1]).into_owned();
+        self.seen += end as u64 + 1;
         fresh
             .lines()
             .filter(|l| l.starts_with(crate::agent::BEGIN))
@@ -206,12 +210,17 @@ pub fn run_driverlab(
     model: Option<ModelProcess>,
     counters: Option<CounterSource>,
 ) -> Booted {
+    // The agent's log, watched for its frames from before the VMM opens it.
+    let (agent_watch, waker) = match FileWatch::new(watch.agent_log.as_deref()) {
+        Ok(watched) => watched,
+        Err(e) => return Booted::failed(Ending::Refused(format!("watching the guest agent's log: {e}"))),
+    };
     let spawned = Instant::now();
     let vm = match VmProcess::new(driverlab, spec, KILL_GRACE).with_control(socket).start() {
         Ok(vm) => vm,
         Err(e) => return Booted::failed(Ending::Refused(e.to_string())),
     };
-    let watchdog = Watchdog::start(socket, watch.clone(), spawned, counters.clone());
+    let watchdog = Watchdog::start(socket, watch.clone(), spawned, counters.clone(), agent_watch, waker);
     let outcome = vm.wait();
     let watched = watchdog.stop();
     let mut model = model;
@@ -280,28 +289,50 @@ fn model_counts(live: &LiveCounters, source: Option<&CounterSource>) -> Option<M
 }
 
 /// Reads the VMM's live counters while the VM runs; stops a guest whose serial ports stay silent.
+/// The agent's frames are read the moment they are written (the window's counters with them);
+/// the counters and the silence are looked at every [`WATCH_PERIOD`].
 struct Watchdog {
-    done: std::sync::mpsc::Sender<()>,
+    waker: Waker,
     thread: std::thread::JoinHandle<Watched>,
 }
 
 impl Watchdog {
-    fn start(socket: &Path, watch: Watch, spawned: Instant, source: Option<CounterSource>) -> Watchdog {
-        let (done, stop) = std::sync::mpsc::channel::<()>();
+    fn start(
+        socket: &Path,
+        watch: Watch,
+        spawned: Instant,
+        source: Option<CounterSource>,
+        agent_watch: FileWatch,
+        waker: Waker,
+    ) -> Watchdog {
         let client = ControlClient::new(socket, Duration::from_secs(2));
         let thread = std::thread::spawn(move || {
             let mut watched = Watched { answered_ms: None, last: None, silent_for: None, window: Window::default() };
             let mut bytes_seen = 0u64;
             let mut frames = AgentFrames::default();
             let mut quiet_since = Instant::now();
+            let mut looked = Instant::now();
             loop {
-                // Often until the socket answers (that is the VM's start time), then calmly; a
-                // word on `stop` (or its sender gone) ends the watch at once.
+                // Often until the socket answers (that is the VM's start time), then calmly; the
+                // waker ends the watch at once, a write to the agent's log wakes it at once.
                 let period = if watched.answered_ms.is_some() { WATCH_PERIOD } else { Duration::from_millis(2) };
-                match stop.recv_timeout(period) {
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                    _ => break,
+                match agent_watch.wait(period.saturating_sub(looked.elapsed())) {
+                    Woken::Stopped => break,
+                    Woken::Written if looked.elapsed() < period => {
+                        let kinds = frames.fresh(watch.agent_log.as_deref());
+                        if !kinds.is_empty() {
+                            watched.window.saw(
+                                &kinds,
+                                ms(spawned.elapsed()),
+                                || client.counters().ok().and_then(|c| c.viommu),
+                                || client.counters().ok().and_then(|c| model_counts(&c, source.as_ref())),
+                            );
+                        }
+                        continue;
+                    }
+                    Woken::Written | Woken::TimedOut => {}
                 }
+                looked = Instant::now();
                 let Ok(counters) = client.counters() else { continue };
                 watched.answered_ms.get_or_insert(ms(spawned.elapsed()));
                 let bytes = counters.serial_bytes + counters.com2_bytes.unwrap_or(0);
@@ -333,11 +364,11 @@ impl Watchdog {
             }
             watched
         });
-        Watchdog { done, thread }
+        Watchdog { waker, thread }
     }
 
     fn stop(self) -> Watched {
-        let _ = self.done.send(());
+        self.waker.wake();
         self.thread.join().unwrap_or(Watched {
             answered_ms: None,
             last: None,
@@ -404,6 +435,11 @@ pub fn run_qemu(boot: &QemuBoot<'_>, spec: &VmSpec, watch: &Watch, model: Option
         Ok(f) => f,
         Err(e) => return Booted::failed(Ending::Refused(format!("{}: {e}", stderr_path.display()))),
     };
+    // The agent's log, watched for its frames from before QEMU opens it.
+    let agent_watch = match FileWatch::new(watch.agent_log.as_deref()) {
+        Ok((watched, _)) => watched,
+        Err(e) => return Booted::failed(Ending::Refused(format!("watching the guest agent's log: {e}"))),
+    };
     let spawned = Instant::now();
     let mut child = match command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).spawn() {
         Ok(child) => child,
@@ -427,7 +463,9 @@ pub fn run_qemu(boot: &QemuBoot<'_>, spec: &VmSpec, watch: &Watch, model: Option
                 break None;
             }
         }
-        std::thread::sleep(WATCH_PERIOD);
+        // Every period, and at once when the agent writes: its frames' counts are then read
+        // from the trace as far as QEMU has written it.
+        agent_watch.wait(WATCH_PERIOD);
         trace_read += read_more(&trace_path, trace_read, &mut trace);
         let bytes: u64 = serial_files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
         let terminate = |child: &std::process::Child| {

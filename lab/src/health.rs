@@ -128,14 +128,15 @@ pub fn check_nic(
 /// Checks a matrix's `device`: a fresh model process for a model (on its generator), the host
 /// device itself otherwise. The error is why the check could not run at all.
 pub fn check_device(driverlab: &Path, device: &crate::matrix::Device) -> Result<Health, String> {
-    let (spec, frames, _model) = match device.kind() {
-        Some(crate::matrix::DeviceKind::Host(bdf)) => (DeviceSpec::Vfio(bdf), 0, None),
-        Some(crate::matrix::DeviceKind::Model { nic, args }) => {
+    let source = device.source().map_err(|(field, message)| format!("device{field}: {message}"))?;
+    let (spec, frames, _model) = match source {
+        crate::matrix::DeviceSource::Host { bdf, .. } => (DeviceSpec::Vfio(bdf), 0, None),
+        crate::matrix::DeviceSource::Model { nic, wire } => {
+            let args = wire.model_args();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let model = crate::ModelProcess::start(driverlab, nic.name(), &args).map_err(|e| e.to_string())?;
             (model.device_spec(), FRAMES_MODEL, Some(model))
         }
-        None => return Err("the device names neither a model nor a BDF".into()),
     };
     // The probe drives the NICs driverlab knows; other NICs it only finds.
     check_nic(driverlab, &spec, frames, device.nic()).map_err(|e| e.to_string())

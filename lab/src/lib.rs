@@ -14,6 +14,7 @@ pub mod bus;
 pub mod chart;
 pub mod crash;
 pub mod engine;
+pub mod file_watch;
 pub mod health;
 pub mod image_ref;
 pub mod images;

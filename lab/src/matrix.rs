@@ -192,18 +192,53 @@ pub fn interface_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// What a device is, once checked.
+/// A model's wire: its frame generator or a TAP interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeviceKind {
-    /// A driverlab model with its arguments after `driverlab model KIND`.
+pub enum Wire {
+    /// `--generate`: frames from the model's generator.
+    Generator(vm_spec::model_control::GeneratorConfig),
+    /// `--tap`: a host TAP interface.
+    Tap(String),
+}
+
+impl Wire {
+    /// Its arguments after `driverlab model KIND`.
+    pub fn model_args(&self) -> Vec<String> {
+        match self {
+            Wire::Generator(config) => vec!["--generate".into(), config.as_option()],
+            Wire::Tap(tap) => vec!["--tap".into(), tap.clone()],
+        }
+    }
+}
+
+/// A host device's traffic peer: an SSH destination on its wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPeer {
+    /// `[user@]host`.
+    pub destination: String,
+    /// The guest's and the peer's addresses on the wire.
+    pub addresses: crate::peer::Addresses,
+    /// The peer also serves the device's model counters (`driverlab model counters`).
+    pub counters: bool,
+}
+
+/// What a device is, checked: the typed form of a [`Device`]'s fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSource {
+    /// A driverlab model, a fresh process per VM.
     Model {
         /// The NIC it models.
         nic: vm_spec::NicKind,
-        /// `--generate ...` or `--tap ...`.
-        args: Vec<String>,
+        /// Its wire.
+        wire: Wire,
     },
-    /// A host device.
-    Host(Bdf),
+    /// A host PCI device bound to vfio-pci.
+    Host {
+        /// Its address.
+        bdf: Bdf,
+        /// Its traffic peer, when it has one.
+        peer: Option<HostPeer>,
+    },
 }
 
 impl Device {
@@ -216,46 +251,39 @@ impl Device {
     /// Checks the device on its own; the error is the field (after `device[i]`) and what is
     /// wrong.
     pub fn check(&self) -> Result<(), (String, String)> {
+        self.source().map(drop)
+    }
+
+    /// What the device is, from its fields, checked; the error is the field (after
+    /// `device[i]`) and what is wrong.
+    pub fn source(&self) -> Result<DeviceSource, (String, String)> {
         let fail = |field: &str, message: String| Err((field.to_string(), message));
-        match (&self.model, &self.bdf) {
-            (Some(_), Some(_)) | (None, None) => return fail("", "give either model or bdf".into()),
-            (None, Some(_)) if self.generate.is_some() || self.tap.is_some() => {
-                return fail("", "generate and tap are for models".into());
-            }
-            _ => {}
-        }
-        if let Some(generate) = &self.generate
-            && let Err(e) = generate.parse::<vm_spec::model_control::GeneratorConfig>()
-        {
-            return fail(".generate", format!("{generate:?}: {e}"));
-        }
-        if let Some(tap) = &self.tap
-            && let Err(e) = interface_name(tap)
-        {
-            return fail(".tap", format!("{tap:?}: {e}"));
-        }
-        if let Some(peer) = &self.peer {
-            if self.model.is_some() {
+        let peer = match &self.peer {
+            Some(_) if self.model.is_some() => {
                 return fail(
                     ".peer",
                     "a model's peer is a network namespace the lab makes; peer is for host devices".into(),
                 );
             }
-            if !ssh_destination(peer) {
+            Some(peer) if !ssh_destination(peer) => {
                 return fail(
                     ".peer",
                     format!("{peer:?} is not an SSH destination: give [user@]host (letters, digits, . - _)"),
                 );
             }
-        } else if self.peer_counters {
-            return fail(".peer_counters", "the counters come from the device's peer: give peer too".into());
-        } else if self.peer_ip.is_some()
-            || self.guest_ip.is_some()
-            || self.peer_ip6.is_some()
-            || self.guest_ip6.is_some()
-        {
-            return fail("", "addresses are for a device with a peer".into());
-        }
+            Some(peer) => Some(peer.clone()),
+            None if self.peer_counters => {
+                return fail(".peer_counters", "the counters come from the device's peer: give peer too".into());
+            }
+            None if self.peer_ip.is_some()
+                || self.guest_ip.is_some()
+                || self.peer_ip6.is_some()
+                || self.guest_ip6.is_some() =>
+            {
+                return fail("", "addresses are for a device with a peer".into());
+            }
+            None => None,
+        };
         let checks: [AddressCheck; 4] = [
             ("peer_ip", &self.peer_ip, |a| a.parse::<std::net::Ipv4Addr>().is_ok(), "an IPv4 address"),
             ("guest_ip", &self.guest_ip, |a| with_prefix::<std::net::Ipv4Addr>(a, 32), "IPv4/prefix"),
@@ -269,7 +297,34 @@ impl Device {
                 return fail(&format!(".{field}"), format!("{value:?}: give {what}"));
             }
         }
-        Ok(())
+        match (self.model, self.bdf) {
+            (Some(_), Some(_)) | (None, None) => fail("", "give either model or bdf".into()),
+            (None, Some(_)) if self.generate.is_some() || self.tap.is_some() => {
+                fail("", "generate and tap are for models".into())
+            }
+            (None, Some(bdf)) => Ok(DeviceSource::Host {
+                bdf,
+                peer: peer.map(|destination| HostPeer {
+                    destination,
+                    addresses: self.addresses(),
+                    counters: self.peer_counters,
+                }),
+            }),
+            (Some(nic), None) => {
+                let wire = match (&self.generate, &self.tap) {
+                    (Some(_), Some(_)) => return fail("", "give generate or tap, not both".into()),
+                    (None, Some(tap)) => match interface_name(tap) {
+                        Ok(()) => Wire::Tap(tap.clone()),
+                        Err(e) => return fail(".tap", format!("{tap:?}: {e}")),
+                    },
+                    (generate, None) => match generate.as_deref().unwrap_or_default().parse() {
+                        Ok(config) => Wire::Generator(config),
+                        Err(e) => return fail(".generate", format!("{:?}: {e}", generate.as_deref().unwrap_or(""))),
+                    },
+                };
+                Ok(DeviceSource::Model { nic, wire })
+            }
+        }
     }
 
     /// What leases and quarantines a host device: `vfio=BDF`. Models have none (a fresh
@@ -299,23 +354,6 @@ impl Device {
             (Some(driver), _) => driver.clone(),
             (None, Some(nic)) => nic.linux_driver().into(),
             (None, None) => vm_spec::NicKind::Aqc100.linux_driver().into(),
-        }
-    }
-
-    /// What the device is; `None` for a device that names neither a model nor a BDF (which
-    /// [`Device::check`] refuses).
-    pub fn kind(&self) -> Option<DeviceKind> {
-        match (self.model, self.bdf) {
-            (Some(nic), _) => {
-                let args = match (&self.generate, &self.tap) {
-                    (_, Some(tap)) => vec!["--tap".into(), tap.clone()],
-                    (Some(generate), None) => vec!["--generate".into(), generate.clone()],
-                    (None, None) => vec!["--generate".into(), "size=1514".into()],
-                };
-                Some(DeviceKind::Model { nic, args })
-            }
-            (None, Some(bdf)) => Some(DeviceKind::Host(bdf)),
-            (None, None) => None,
         }
     }
 }

@@ -11,7 +11,7 @@ use vm_spec::{DeviceSpec, IommuSpec, Kernel, NicKind, SerialOutput, SerialSpec, 
 
 use crate::crash;
 use crate::engine::{self, Booted, Ending, QemuBoot, Snapshot, Watch};
-use crate::matrix::{Cell, Device, DeviceKind, Engine, Plan, Workload};
+use crate::matrix::{Cell, Device, DeviceSource, Engine, HostPeer, Plan, Workload};
 use crate::model_process::ModelProcess;
 use crate::peer::Peer;
 use crate::probe_report::ProbeReport;
@@ -126,14 +126,21 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
         None
     };
     let iperf = matches!(plan.workload(&cell.workload), Some(Workload::Iperf3 { .. }));
-    let Some(kind) = device.kind() else {
-        return fail(record, Status::Error, format!("device {:?} names neither a model nor a BDF", device.name));
+    let source = match device.source() {
+        Ok(source) => source,
+        Err((field, message)) => {
+            return fail(record, Status::Error, format!("device {:?}{field}: {message}", device.name));
+        }
     };
-    let peer = match (iperf, &kind, &device.peer) {
-        (true, DeviceKind::Model { .. }, _) => Some(Peer::namespace()),
-        (true, DeviceKind::Host(_), Some(destination)) => {
+    let host_peer = match &source {
+        DeviceSource::Host { peer, .. } => peer.as_ref(),
+        DeviceSource::Model { .. } => None,
+    };
+    let peer = match (iperf, &source, host_peer) {
+        (true, DeviceSource::Model { .. }, _) => Some(Peer::namespace()),
+        (true, DeviceSource::Host { .. }, Some(host_peer)) => {
             let limit = Duration::from_secs_f64(plan.matrix.timeout_s);
-            Some(Peer::remote(destination, device.addresses(), limit))
+            Some(Peer::remote(&host_peer.destination, host_peer.addresses.clone(), limit))
         }
         _ => None,
     };
@@ -143,8 +150,8 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
     };
     // A host device that is a model behind its peer (a nested lab box's card): its counters
     // through the peer, for the cross-check against the virtio-iommu's.
-    let remote_counters = match (&device.peer, device.peer_counters) {
-        (Some(destination), true) => match crate::peer::RemoteCounters::open(destination) {
+    let remote_counters = match host_peer {
+        Some(HostPeer { destination, counters: true, .. }) => match crate::peer::RemoteCounters::open(destination) {
             Ok(remote) => {
                 record.model_confinement = remote.confinement();
                 let remote = std::sync::Mutex::new(remote);
@@ -160,13 +167,14 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
     // The device: a fresh model for this VM (its wire the peer's TAP, with a peer), or the
     // host device.
     let mut model = None;
-    let device_spec = match kind {
-        DeviceKind::Host(bdf) => DeviceSpec::Vfio(bdf),
-        DeviceKind::Model { nic, args } => {
+    let device_spec = match &source {
+        DeviceSource::Host { bdf, .. } => DeviceSpec::Vfio(*bdf),
+        DeviceSource::Model { nic, wire } => {
             let model_start = Instant::now();
+            let wire_args = wire.model_args();
             let args: Vec<&str> = match &peer {
                 Some(_) => vec!["--tap", crate::peer::TAP],
-                None => args.iter().map(String::as_str).collect(),
+                None => wire_args.iter().map(String::as_str).collect(),
             };
             // Its log is an artifact of the repetition (`model.log`).
             let log = rep_dir.join("model.log");

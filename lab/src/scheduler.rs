@@ -16,7 +16,7 @@ use vm_spec::host::virtualization;
 use guest_images::store::ImageStore;
 
 use crate::health;
-use crate::matrix::{Cell, DeviceKind, Engine, Plan, Workload};
+use crate::matrix::{Cell, DeviceSource, Engine, Plan, Workload};
 use crate::qemu::Accel;
 use crate::record::{Attempt, Record, Status};
 use crate::runner::{self, RunContext};
@@ -96,7 +96,7 @@ fn refusals_on(plan: &Plan, host: &Host) -> Result<Vec<(Cell, String)>, LabError
             Some(crate::images::resolve(plan, image, &store).map_err(LabError::Missing)?)
         };
         let iperf = matches!(plan.workload(&cell.workload), Some(Workload::Iperf3 { .. }));
-        let host_device = matches!(device.kind(), Some(DeviceKind::Host(_)));
+        let host_device = matches!(device.source(), Ok(DeviceSource::Host { .. }));
         let reason = if let Some(refusal) =
             resolved.as_ref().and_then(|r| r.manifest.as_ref()).and_then(|m| m.viommu_refusal()).filter(|_| image.iommu)
         {

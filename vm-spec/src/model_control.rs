@@ -57,6 +57,20 @@ impl FromStr for GeneratorConfig {
     }
 }
 
+impl GeneratorConfig {
+    /// The options as `--generate` takes them: `size=B` with `pps=N` and `count=N` when set.
+    pub fn as_option(&self) -> String {
+        let mut option = format!("size={}", self.size);
+        if let Some(pps) = self.pps {
+            option.push_str(&format!(",pps={pps}"));
+        }
+        if let Some(count) = self.count {
+            option.push_str(&format!(",count={count}"));
+        }
+        option
+    }
+}
+
 impl std::fmt::Display for GeneratorConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "generator {} B ", self.size)?;
@@ -258,5 +272,10 @@ mod tests {
         assert_eq!(ModelReport::parse(&line), Some(report));
         assert_eq!(ModelReport::parse("aqc100 serving vfio-user on /x"), None);
         assert!("01:00:5e:00:00:01".parse::<MacAddress>().unwrap_err().contains("group address"));
+        for option in ["size=1514", "size=60,pps=1000", "size=9000,count=20000", "size=128,pps=5,count=7"] {
+            let config: GeneratorConfig = option.parse().unwrap();
+            assert_eq!(config.as_option(), option);
+        }
+        assert_eq!("".parse::<GeneratorConfig>().unwrap().as_option(), "size=1514", "the default");
     }
 }

@@ -18,8 +18,8 @@ fn ioapic_write(base: u64, register: u32, value: u32) {
     mmio::write(base + IOWIN, value);
 }
 
-/// Waits up to `hold_ms` for the power button; reports `{"probe":"hold",...}` and returns whether
-/// it was pressed.
+/// Waits up to `hold_ms` for the power button; says `{"probe":"holding",...}` once a press would
+/// be seen, reports `{"probe":"hold",...}` and returns whether it was pressed.
 pub fn hold(acpi: Option<&Acpi>, hold_ms: u32) -> bool {
     let (Some(gsi), Some(ioapic)) = (acpi.and_then(|a| a.power_button_gsi), acpi.and_then(|a| a.ioapic)) else {
         report::fail("probe.hold: no power button (GED) or IOAPIC in the ACPI tables");
@@ -29,6 +29,11 @@ pub fn hold(acpi: Option<&Acpi>, hold_ms: u32) -> bool {
     ioapic_write(ioapic, IOREDTBL + 2 * gsi, VECTOR as u32);
     ioapic_write(ioapic, IOREDTBL + 2 * gsi + 1, lapic::id() << 24);
     let before = interrupts::count(VECTOR);
+    // From here a press is seen: the host may press now (an earlier press is lost, as on
+    // hardware before the OS routes the GED's interrupt).
+    json::section("holding", |o| {
+        o.u64("gsi", gsi as u64).u64("ms", hold_ms as u64);
+    });
     let start = time::tsc();
     let pressed =
         time::wait_until(time::deadline_after_micros(hold_ms as u64 * 1000), || interrupts::count(VECTOR) != before);

@@ -1,0 +1,138 @@
+//! Waiting for a file to be written to: how the engines' watchdogs see the guest agent's frames
+//! the moment they land in its log (inotify), instead of on their next periodic look, so that
+//! the counters of a workload's begin and end are read at the frame. A [`Waker`] ends a wait
+//! from another thread at once.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What ended a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woken {
+    /// The file was written to.
+    Written,
+    /// The [`Waker`] was used.
+    Stopped,
+    /// The time was up.
+    TimedOut,
+}
+
+/// A watch on one file's writes, with a waker.
+#[derive(Debug)]
+pub struct FileWatch {
+    inotify: Option<OwnedFd>,
+    stop: Arc<OwnedFd>,
+}
+
+/// Ends a [`FileWatch::wait`] from another thread, and every wait after it.
+#[derive(Debug, Clone)]
+pub struct Waker {
+    stop: Arc<OwnedFd>,
+}
+
+impl Waker {
+    /// Wakes the watch: its current and every later wait returns [`Woken::Stopped`].
+    pub fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd this struct owns.
+        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+fn owned(fd: libc::c_int) -> io::Result<OwnedFd> {
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl FileWatch {
+    /// A watch on writes to `file` (created empty if it is missing, so that the watch is on the
+    /// file the writer opens), or, with `None`, a watch that only times out or is woken.
+    pub fn new(file: Option<&Path>) -> io::Result<(FileWatch, Waker)> {
+        // SAFETY: eventfd(2) with valid flags; the result is checked by `owned`.
+        let stop = Arc::new(owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?);
+        let inotify = match file {
+            Some(file) => {
+                std::fs::OpenOptions::new().create(true).append(true).open(file)?;
+                // SAFETY: inotify_init1(2) with valid flags; the result is checked by `owned`.
+                let fd = owned(unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) })?;
+                let path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes())
+                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))?;
+                // SAFETY: `fd` is an inotify instance and `path` a NUL-terminated string.
+                if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), libc::IN_MODIFY) } < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Some(fd)
+            }
+            None => None,
+        };
+        let waker = Waker { stop: stop.clone() };
+        Ok((FileWatch { inotify, stop }, waker))
+    }
+
+    /// Waits up to `timeout` for a write to the file or the waker. Writes that came since the
+    /// last wait end this one at once; all of them count as one.
+    pub fn wait(&self, timeout: Duration) -> Woken {
+        let mut fds = vec![libc::pollfd { fd: self.stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        if let Some(inotify) = &self.inotify {
+            fds.push(libc::pollfd { fd: inotify.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a live array of `fds.len()` pollfd structures.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if ready <= 0 {
+            return Woken::TimedOut;
+        }
+        if fds[0].revents != 0 {
+            return Woken::Stopped;
+        }
+        if let Some(inotify) = &self.inotify {
+            // Drain the events: one wake stands for every write so far.
+            let mut buf = [0u8; 4096];
+            // SAFETY: reads at most `buf.len()` bytes into `buf` from a non-blocking fd we own.
+            while unsafe { libc::read(inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+        }
+        Woken::Written
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_write_wakes_the_watch_a_waker_stops_it_and_nothing_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.log");
+        let (watch, waker) = FileWatch::new(Some(&path)).unwrap();
+        assert!(path.exists(), "made empty for the writer");
+        assert_eq!(watch.wait(Duration::from_millis(10)), Woken::TimedOut);
+        let writer = std::thread::spawn({
+            let path = path.clone();
+            move || {
+                std::thread::sleep(Duration::from_millis(50));
+                let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+                file.write_all(b"a").unwrap();
+                file.write_all(b"b").unwrap();
+            }
+        });
+        assert_eq!(watch.wait(Duration::from_secs(30)), Woken::Written);
+        writer.join().unwrap();
+        // The second write may have come after the first wake; either way the watch then waits.
+        let _ = watch.wait(Duration::from_millis(1));
+        assert_eq!(watch.wait(Duration::from_millis(10)), Woken::TimedOut);
+        waker.wake();
+        assert_eq!(watch.wait(Duration::from_secs(30)), Woken::Stopped);
+        assert_eq!(watch.wait(Duration::from_secs(30)), Woken::Stopped, "and stays stopped");
+        let (plain, waker) = FileWatch::new(None).unwrap();
+        assert_eq!(plain.wait(Duration::from_millis(1)), Woken::TimedOut);
+        waker.wake();
+        assert_eq!(plain.wait(Duration::from_secs(30)), Woken::Stopped);
+    }
+}

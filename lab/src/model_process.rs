@@ -39,9 +39,12 @@ pub struct ModelProcess {
     kind: String,
     child: Child,
     socket: PathBuf,
-    /// The AQC100's control socket (`--control`), for its live counters.
+    /// A NIC model's control socket (`--control`), for its live counters.
     control: Option<PathBuf>,
     dir: PathBuf,
+    /// The caller's log file, which also gets the model's report lines (its stdout) at its end,
+    /// so that the log alone says what the model counted (`driverlab agent verdict`).
+    log: Option<PathBuf>,
 }
 
 impl ModelProcess {
@@ -121,7 +124,8 @@ impl ModelProcess {
                 return Err(start_error(e));
             }
         };
-        let model = ModelProcess { kind: kind.to_string(), child, socket, control, dir };
+        let model =
+            ModelProcess { kind: kind.to_string(), child, socket, control, dir, log: log.map(Path::to_path_buf) };
         let deadline = Instant::now() + START_TIMEOUT;
         let mut model = model;
         while !model.socket.exists() {
@@ -207,18 +211,39 @@ impl ModelProcess {
         // SAFETY: kill(2) on our own child's PID, which it stays until we wait for it.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let status = self.child.wait()?;
+        let out = self.take_stdout()?;
+        Ok((status.code(), out))
+    }
+
+    /// What the model printed on its stdout (its report lines), once it has ended; appended to
+    /// the caller's log too.
+    fn take_stdout(&mut self) -> std::io::Result<String> {
         let mut out = String::new();
         if let Some(mut stdout) = self.child.stdout.take() {
             std::io::Read::read_to_string(&mut stdout, &mut out)?;
         }
-        Ok((status.code(), out))
+        if let Some(log) = &self.log
+            && !out.is_empty()
+        {
+            use std::io::Write;
+            std::fs::OpenOptions::new().append(true).open(log)?.write_all(out.as_bytes())?;
+        }
+        Ok(out)
     }
 }
 
 impl Drop for ModelProcess {
     fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's PID, which it stays until we wait for it: SIGTERM
+        // first, so that a model still serving prints its final report line.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = self.take_stdout();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -118,32 +118,41 @@ fn starts_flr(devctl: usize, offset: usize, data: &[u8]) -> bool {
     high >= offset && high - offset < data.len() && data[high - offset] & (DEVCTL_FLR >> 8) as u8 != 0
 }
 
-/// A NIC's register block and data path, as the shell drives it.
-pub trait NicCore: Send + 'static {
+/// A NIC chip's registers and link, implemented where the chip's register file is (its
+/// `nic.rs`).
+pub trait NicRegisters: Sized {
+    /// A NIC with permanent address `mac` sending to `sink`, in its power-on state.
+    fn new(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self;
+    /// A register read (it may have side effects, e.g. read-to-clear).
+    fn read(&mut self, reg: u32) -> u32;
+    /// A register write, with whatever it sets off (DMA for transmits, interrupts).
+    fn write(&mut self, reg: u32, value: u32, dma: &DmaSpace) -> Effects;
+    /// Tells the NIC whether the wire has a carrier.
+    fn set_carrier(&mut self, carrier: bool) -> Effects;
+    /// Sets the link down or lets it come up (an operator's command).
+    fn set_admin_up(&mut self, up: bool) -> Effects;
+    /// Back to the power-on state (a PCI reset).
+    fn power_on_reset(&mut self);
+}
+
+/// A NIC chip's receive path, implemented where it is (its RX ring code).
+pub trait NicReceive {
+    /// Whether a frame of `len` bytes would find descriptors now.
+    fn rx_room(&self, len: usize) -> bool;
+    /// Receives one frame from the wire.
+    fn receive(&mut self, frame: &[u8], dma: &DmaSpace) -> Effects;
+}
+
+/// A NIC as the model's shell drives it: its identity, its registers and its receive path.
+pub trait NicCore: NicRegisters + NicReceive + Send + 'static {
     /// The NIC it is: its name, PCI vendor and device ID, and bus profile come from there.
     const KIND: vm_spec::NicKind;
     /// BAR 0's size.
     const BAR0_SIZE: u64;
     /// MSI-X vectors.
     const VECTORS: u32;
-    /// A NIC with permanent address `mac` sending to `sink`.
-    fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self;
     /// Its subsystem IDs and revision; vendor and device are the kind's.
     fn subsystem() -> (u16, u16, u8);
-    /// A register read (it may have side effects, e.g. read-to-clear).
-    fn read_register(&mut self, reg: u32) -> u32;
-    /// A register write.
-    fn write_register(&mut self, reg: u32, value: u32, dma: &DmaSpace) -> Effects;
-    /// The wire's carrier.
-    fn carrier(&mut self, carrier: bool) -> Effects;
-    /// The link administratively up or down.
-    fn admin(&mut self, up: bool) -> Effects;
-    /// Whether a frame of `len` bytes would find room now.
-    fn room(&self, len: usize) -> bool;
-    /// A frame from the wire.
-    fn take_frame(&mut self, frame: &[u8], dma: &DmaSpace) -> Effects;
-    /// Back to power-on.
-    fn reset(&mut self);
     /// Its status.
     fn status(&self) -> NicStatus;
 }
@@ -201,7 +210,7 @@ impl<N> Clone for NicHandle<N> {
 impl<N: NicCore> NicHandle<N> {
     /// Sets the link administratively up or down.
     pub fn set_link(&self, up: bool) {
-        let effects = self.0.nic().admin(up);
+        let effects = self.0.nic().set_admin_up(up);
         self.0.apply(effects, None);
     }
 
@@ -248,7 +257,7 @@ impl<N: NicCore> NicModel<N> {
     pub fn unstarted(mac: MacAddress, backend: Backend) -> std::io::Result<Self> {
         let Backend { source, sink, description } = backend;
         let shared = Arc::new(Shared {
-            nic: Mutex::new(N::create(mac.0, sink)),
+            nic: Mutex::new(N::new(mac.0, sink)),
             dma: Arc::new(DmaSpace::with_bus(N::KIND.bus_profile())),
             vectors: Arc::new(MsixVectors::default()),
             wake: EventFd::new(EFD_NONBLOCK)?,
@@ -319,15 +328,15 @@ fn data_path<N: NicCore>(shared: &Shared<N>, mut source: Box<dyn FrameSource>) {
         let mut idle = false;
         {
             let mut nic = shared.nic();
-            effects.merge(nic.carrier(carrier));
+            effects.merge(nic.set_carrier(carrier));
             while received < RX_BATCH {
-                if source.lossless() && !nic.room(source.max_frame()) {
+                if source.lossless() && !nic.rx_room(source.max_frame()) {
                     idle = true;
                     break;
                 }
                 match source.receive() {
                     Ok(Some(frame)) => {
-                        effects.merge(nic.take_frame(frame, &shared.dma));
+                        effects.merge(nic.receive(frame, &shared.dma));
                         received += 1;
                     }
                     Ok(None) => break,
@@ -392,7 +401,7 @@ impl<N: NicCore> Model for NicModel<N> {
         let mut nic = self.shared.nic();
         for (i, chunk) in data.chunks_mut(4).enumerate() {
             let at = offset + 4 * i as u64;
-            let word = nic.read_register((at & !3) as u32).to_le_bytes();
+            let word = nic.read((at & !3) as u32).to_le_bytes();
             let start = (at & 3) as usize;
             let n = chunk.len().min(4 - start);
             chunk[..n].copy_from_slice(&word[start..start + n]);
@@ -414,11 +423,11 @@ impl<N: NicCore> Model for NicModel<N> {
                 let value = if start == 0 && n == 4 {
                     u32::from_le_bytes(chunk.try_into().expect("4 bytes"))
                 } else {
-                    let mut word = nic.read_register(reg).to_le_bytes();
+                    let mut word = nic.read(reg).to_le_bytes();
                     word[start..start + n].copy_from_slice(&chunk[..n]);
                     u32::from_le_bytes(word)
                 };
-                effects.merge(nic.write_register(reg, value, &self.shared.dma));
+                effects.merge(nic.write(reg, value, &self.shared.dma));
             }
         }
         self.shared.apply(effects, Some(Side::Tx));
@@ -436,7 +445,7 @@ impl<N: NicCore> Model for NicModel<N> {
 
     fn reset(&mut self) {
         self.config = Self::power_on_config().0;
-        self.shared.nic().reset();
+        self.shared.nic().power_on_reset();
         self.shared.dma.bus(|bus| bus.forget_fetched());
         let _ = self.shared.wake.write(1);
     }

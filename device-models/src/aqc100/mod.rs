@@ -23,10 +23,8 @@ pub mod stats;
 pub mod tx;
 
 use self::nic::Nic;
-use crate::dma::DmaSpace;
-use crate::nic_model::{Effects, NicCore, NicHandle, NicModel};
 pub use crate::nic_model::{MacAddress, NicStatus};
-use crate::wire::backend::FrameSink;
+use crate::nic_model::{NicCore, NicHandle, NicModel};
 
 /// Aquantia's vendor ID.
 pub const VENDOR: u16 = vm_spec::NicKind::Aqc100.pci_id().0;
@@ -48,40 +46,8 @@ impl NicCore for Nic {
     const BAR0_SIZE: u64 = BAR0_SIZE;
     const VECTORS: u32 = MSIX_VECTORS as u32;
 
-    fn create(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self {
-        Nic::new(mac, sink)
-    }
-
     fn subsystem() -> (u16, u16, u8) {
         (VENDOR, 0x0001, 0x02)
-    }
-
-    fn read_register(&mut self, reg: u32) -> u32 {
-        self.read(reg)
-    }
-
-    fn write_register(&mut self, reg: u32, value: u32, dma: &DmaSpace) -> Effects {
-        self.write(reg, value, dma)
-    }
-
-    fn carrier(&mut self, carrier: bool) -> Effects {
-        self.set_carrier(carrier)
-    }
-
-    fn admin(&mut self, up: bool) -> Effects {
-        self.set_admin_up(up)
-    }
-
-    fn room(&self, len: usize) -> bool {
-        self.rx_room(len)
-    }
-
-    fn take_frame(&mut self, frame: &[u8], dma: &DmaSpace) -> Effects {
-        self.receive(frame, dma).1
-    }
-
-    fn reset(&mut self) {
-        self.power_on_reset()
     }
 
     fn status(&self) -> NicStatus {

@@ -7,6 +7,7 @@ use super::regs;
 use super::rings::Ring;
 use super::stats::MacStats;
 use crate::dma::DmaSpace;
+use crate::nic_model::NicRegisters;
 use crate::wire::backend::FrameSink;
 
 /// Words of register storage: all of the 64 KiB BAR.
@@ -35,36 +36,6 @@ pub struct Nic {
 }
 
 impl Nic {
-    /// A NIC with permanent address `mac` sending through `sink`, in its power-on state.
-    pub fn new(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self {
-        Nic {
-            storage: vec![0; STORAGE_WORDS].into_boxed_slice(),
-            fw: Firmware::new(mac),
-            irq: InterruptController::default(),
-            rx: [Ring::default(); regs::RINGS],
-            tx: [Ring::default(); regs::RINGS],
-            stats: MacStats::default(),
-            sink,
-            tx_buffer: Vec::new(),
-            global_control: 0,
-            admin_up: true,
-            carrier: true,
-            link_was_up: false,
-        }
-    }
-
-    /// Back to the power-on state (a PCI reset); the statistics and the link settings made
-    /// from outside (carrier, administrative state) stay.
-    pub fn power_on_reset(&mut self) {
-        self.storage.fill(0);
-        self.fw = Firmware::new(self.fw.mac());
-        self.irq = InterruptController::default();
-        self.rx = [Ring::default(); regs::RINGS];
-        self.tx = [Ring::default(); regs::RINGS];
-        self.global_control = 0;
-        self.link_was_up = false;
-    }
-
     /// The global soft reset: the data path and the interrupt block start over; the firmware
     /// reboots, so the link drops until the driver asks for it again.
     fn soft_reset(&mut self) -> Effects {
@@ -92,21 +63,6 @@ impl Nic {
     /// The statistics.
     pub fn stats(&self) -> MacStats {
         self.stats
-    }
-
-    /// Sets the link down or lets it come up (an operator's command).
-    pub fn set_admin_up(&mut self, up: bool) -> Effects {
-        self.admin_up = up;
-        self.link_changed()
-    }
-
-    /// Tells the NIC whether the backend has a carrier.
-    pub fn set_carrier(&mut self, carrier: bool) -> Effects {
-        if carrier == self.carrier {
-            return Effects::default();
-        }
-        self.carrier = carrier;
-        self.link_changed()
     }
 
     /// Raises the link interrupt if the link state changed.
@@ -147,8 +103,71 @@ impl Nic {
         Some(if high { (value >> 32) as u32 } else { value as u32 })
     }
 
+    /// A plain register's value.
+    pub(super) fn stored(&self, reg: u32) -> u32 {
+        self.storage.get((reg / 4) as usize).copied().unwrap_or(0)
+    }
+
+    fn store(&mut self, reg: u32, value: u32) {
+        if let Some(word) = self.storage.get_mut((reg / 4) as usize) {
+            *word = value;
+        }
+    }
+
+    /// Raises the interrupt a ring event is mapped to.
+    pub(super) fn raise_ring(&mut self, event: super::interrupts::RingEvent) -> u32 {
+        self.irq.ring_cause(event).map_or(0, |cause| self.irq.raise(cause))
+    }
+}
+
+impl NicRegisters for Nic {
+    /// A NIC with permanent address `mac` sending through `sink`, in its power-on state.
+    fn new(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Self {
+        Nic {
+            storage: vec![0; STORAGE_WORDS].into_boxed_slice(),
+            fw: Firmware::new(mac),
+            irq: InterruptController::default(),
+            rx: [Ring::default(); regs::RINGS],
+            tx: [Ring::default(); regs::RINGS],
+            stats: MacStats::default(),
+            sink,
+            tx_buffer: Vec::new(),
+            global_control: 0,
+            admin_up: true,
+            carrier: true,
+            link_was_up: false,
+        }
+    }
+
+    /// Back to the power-on state (a PCI reset); the statistics and the link settings made
+    /// from outside (carrier, administrative state) stay.
+    fn power_on_reset(&mut self) {
+        self.storage.fill(0);
+        self.fw = Firmware::new(self.fw.mac());
+        self.irq = InterruptController::default();
+        self.rx = [Ring::default(); regs::RINGS];
+        self.tx = [Ring::default(); regs::RINGS];
+        self.global_control = 0;
+        self.link_was_up = false;
+    }
+
+    /// Sets the link down or lets it come up (an operator's command).
+    fn set_admin_up(&mut self, up: bool) -> Effects {
+        self.admin_up = up;
+        self.link_changed()
+    }
+
+    /// Tells the NIC whether the backend has a carrier.
+    fn set_carrier(&mut self, carrier: bool) -> Effects {
+        if carrier == self.carrier {
+            return Effects::default();
+        }
+        self.carrier = carrier;
+        self.link_changed()
+    }
+
     /// A 32-bit register read.
-    pub fn read(&self, reg: u32) -> u32 {
+    fn read(&mut self, reg: u32) -> u32 {
         if let Some(value) = self.fw.read(reg, self.link_up()) {
             return value;
         }
@@ -172,7 +191,7 @@ impl Nic {
     }
 
     /// A 32-bit register write, with whatever it sets off (DMA for transmits, interrupts).
-    pub fn write(&mut self, reg: u32, value: u32, dma: &DmaSpace) -> Effects {
+    fn write(&mut self, reg: u32, value: u32, dma: &DmaSpace) -> Effects {
         let link_before = self.link_up();
         let mut effects = Effects::default();
         if self.fw.write(reg, value, &self.stats) {
@@ -226,22 +245,6 @@ impl Nic {
             }
         }
         effects
-    }
-
-    /// A plain register's value.
-    pub(super) fn stored(&self, reg: u32) -> u32 {
-        self.storage.get((reg / 4) as usize).copied().unwrap_or(0)
-    }
-
-    fn store(&mut self, reg: u32, value: u32) {
-        if let Some(word) = self.storage.get_mut((reg / 4) as usize) {
-            *word = value;
-        }
-    }
-
-    /// Raises the interrupt a ring event is mapped to.
-    pub(super) fn raise_ring(&mut self, event: super::interrupts::RingEvent) -> u32 {
-        self.irq.ring_cause(event).map_or(0, |cause| self.irq.raise(cause))
     }
 }
 

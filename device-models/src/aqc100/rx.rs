@@ -11,25 +11,13 @@ use super::regs;
 use super::stats::Destination;
 use crate::bus::{Side, WriteKind};
 use crate::dma::DmaSpace;
+use crate::nic_model::NicReceive;
 use crate::wire::offload;
 
 /// The ring every received frame goes to.
 const RX_RING: usize = 0;
 /// Write-back type word: a DMA error on this frame.
 const TYPE_DMA_ERROR: u32 = 0x1000;
-
-/// What became of a received frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RxOutcome {
-    /// Written into guest memory.
-    Delivered,
-    /// No filter takes it.
-    Filtered,
-    /// Reception is off, the link is down, or the ring lacks free descriptors.
-    Dropped,
-    /// Guest memory refused the DMA; the descriptors were written back with the error bit.
-    DmaError,
-}
 
 /// An RX check in the AQC100's write-back bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,12 +69,6 @@ impl Nic {
         self.link_up() && self.stored(regs::RX_BUFFER_ENABLE) & 1 != 0 && self.rx[RX_RING].enabled()
     }
 
-    /// Whether a frame of `len` bytes would find descriptors now.
-    pub fn rx_room(&self, len: usize) -> bool {
-        let ring = &self.rx[RX_RING];
-        self.receiving() && ring.owned() as usize >= len.div_ceil(ring.buffer_bytes()).max(1)
-    }
-
     /// Whether a unicast filter, promiscuous mode, or the group bit lets `frame` in.
     fn accepts(&self, frame: &[u8]) -> bool {
         if frame.len() < 14 {
@@ -104,21 +86,29 @@ impl Nic {
                 && self.stored(regs::UNICAST_FILTER_LO + 8 * f) == dst_lo
         })
     }
+}
+
+impl NicReceive for Nic {
+    /// Whether a frame of `len` bytes would find descriptors now.
+    fn rx_room(&self, len: usize) -> bool {
+        let ring = &self.rx[RX_RING];
+        self.receiving() && ring.owned() as usize >= len.div_ceil(ring.buffer_bytes()).max(1)
+    }
 
     /// Receives one frame from the wire.
-    pub fn receive(&mut self, frame: &[u8], dma: &DmaSpace) -> (RxOutcome, Effects) {
+    fn receive(&mut self, frame: &[u8], dma: &DmaSpace) -> Effects {
         let mut effects = Effects::default();
         if !self.link_up() {
             self.stats.rx_dropped += 1;
-            return (RxOutcome::Dropped, effects);
+            return effects;
         }
         if !self.accepts(frame) {
             self.stats.rx_filtered += 1;
-            return (RxOutcome::Filtered, effects);
+            return effects;
         }
         if !self.rx_room(frame.len()) {
             self.stats.rx_dropped += 1;
-            return (RxOutcome::Dropped, effects);
+            return effects;
         }
         let ring = self.rx[RX_RING];
         let stripped;
@@ -181,15 +171,13 @@ impl Nic {
         }
         drop(memory);
         self.rx[RX_RING].advance(pieces as u32);
-        let outcome = if failed {
+        if failed {
             self.stats.rx_errors += 1;
-            RxOutcome::DmaError
         } else {
             self.stats.rx.count(Destination::of(frame), frame.len());
-            RxOutcome::Delivered
-        };
+        }
         effects.vectors = self.raise_ring(RingEvent::Rx(RX_RING));
-        (outcome, effects)
+        effects
     }
 }
 

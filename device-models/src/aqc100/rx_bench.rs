@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::nic::Nic;
 use super::regs;
 use crate::dma::DmaSpace;
+use crate::nic_model::{NicReceive, NicRegisters};
 use crate::wire::generator::{GeneratorConfig, generator};
 
 /// Why the benchmark could not run.

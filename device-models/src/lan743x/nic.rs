@@ -7,6 +7,7 @@ use super::phy::{self, Phy};
 use super::regs::*;
 use super::rings::Channel;
 use crate::dma::DmaSpace;
+use crate::nic_model::NicRegisters;
 use crate::wire::backend::FrameSink;
 
 /// The register block's size.
@@ -76,33 +77,6 @@ pub struct Nic {
 }
 
 impl Nic {
-    /// A NIC with permanent address `mac` sending to `sink`.
-    pub fn new(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Nic {
-        let mut nic = Nic {
-            mac,
-            regs: vec![0; WORDS],
-            phy: Phy::default(),
-            sink,
-            carrier: true,
-            admin_up: true,
-            int_en: 0,
-            sw_interrupt: false,
-            vec_en: 0,
-            level: 0,
-            dmac_int_sts: 0,
-            dmac_int_en: 0,
-            rx: Default::default(),
-            tx: Default::default(),
-            fct_rx_en: 0,
-            fct_tx_en: 0,
-            ptp_enabled: false,
-            stats: [0; 64],
-            totals: Totals::default(),
-        };
-        nic.light_reset();
-        nic
-    }
-
     /// Power-on state of everything but the PHY, the wire and the totals (`HW_CFG.LRST`).
     fn light_reset(&mut self) {
         self.regs.fill(0);
@@ -123,12 +97,6 @@ impl Nic {
         self.fct_tx_en = 0;
         self.ptp_enabled = false;
         self.stats = [0; 64];
-    }
-
-    /// Back to the state of a NIC just powered on (the PHY too).
-    pub fn power_on_reset(&mut self) {
-        self.light_reset();
-        self.phy = Phy::default();
     }
 
     fn get(&self, reg: u32) -> u32 {
@@ -154,19 +122,6 @@ impl Nic {
     /// Link speed (0: down).
     pub fn link_mbps(&self) -> u32 {
         if self.link_up() { 1000 } else { 0 }
-    }
-
-    /// The wire's carrier.
-    pub fn set_carrier(&mut self, carrier: bool) -> Effects {
-        let changed = carrier != self.carrier;
-        self.carrier = carrier;
-        Effects { vectors: 0, rx_changed: changed }
-    }
-
-    /// The link administratively up or down (the control socket's `link down`).
-    pub fn set_admin_up(&mut self, up: bool) -> Effects {
-        self.admin_up = up;
-        Effects { vectors: 0, rx_changed: true }
     }
 
     /// Descriptor spacing in bytes (16 << `DMAC_CFG.MAX_DSPACE`).
@@ -241,134 +196,6 @@ impl Nic {
         if let Some(c) = self.stats.get_mut(((reg - STAT_RX_FCS_ERRORS) / 4) as usize) {
             *c = c.wrapping_add(n);
         }
-    }
-
-    /// Reads the register at `reg` (a read of `INT_STS_R2C` clears what it reports).
-    pub fn read(&mut self, reg: u32) -> u32 {
-        match reg {
-            ID_REV => ID_REV_LAN7430_B0,
-            FPGA_REV => 0,
-            PMT_CTL => self.get(reg) | PMT_CTL_READY,
-            DP_SEL => self.get(reg) | DP_SEL_DPRDY,
-            MAC_RX => self.get(reg) | if self.get(reg) & MAC_RX_RXEN == 0 { MAC_RX_RXD } else { 0 },
-            MAC_TX => self.get(reg) | if self.get(reg) & MAC_TX_TXEN == 0 { MAC_TX_TXD } else { 0 },
-            FCT_RX_CTL => self.fct_rx_en << 28,
-            FCT_TX_CTL => self.fct_tx_en << 28,
-            INT_STS => self.status(),
-            INT_STS_R2C => {
-                let status = self.status();
-                self.read_to_clear(status);
-                status
-            }
-            INT_EN_SET | INT_EN_CLR => self.int_en,
-            INT_VEC_EN_SET | INT_VEC_EN_CLR => self.vec_en,
-            PTP_CMD_CTL => {
-                if self.ptp_enabled {
-                    PTP_CMD_CTL_PTP_ENABLE
-                } else {
-                    0
-                }
-            }
-            DMAC_CMD => self.dmac_state(),
-            DMAC_INT_STS => self.dmac_int_sts,
-            DMAC_INT_EN_SET | DMAC_INT_EN_CLR => self.dmac_int_en,
-            STAT_RX_FCS_ERRORS..=STAT_TX_COUNTER_ROLLOVER_STATUS => {
-                self.stats[((reg - STAT_RX_FCS_ERRORS) / 4) as usize]
-            }
-            _ => match channel_of(reg) {
-                Some((rx, ch, CH_HEAD)) => self.channel(rx, ch).head,
-                _ => self.get(reg),
-            },
-        }
-    }
-
-    /// Writes `value` to the register at `reg`.
-    pub fn write(&mut self, reg: u32, value: u32, dma: &DmaSpace) -> Effects {
-        let mut effects = Effects::default();
-        match reg {
-            ID_REV | FPGA_REV => {}
-            HW_CFG if value & HW_CFG_LRST != 0 => {
-                self.light_reset();
-                self.set(HW_CFG, value & !HW_CFG_LRST);
-                effects.rx_changed = true;
-            }
-            PMT_CTL => {
-                if value & PMT_CTL_ETH_PHY_RST != 0 {
-                    self.phy = Phy::default();
-                    effects.rx_changed = true;
-                }
-                self.set(reg, value & !(PMT_CTL_ETH_PHY_RST | PMT_CTL_READY));
-            }
-            // No EEPROM: a command completes at once with a timeout.
-            E2P_CMD => {
-                let timeout = if value & E2P_CMD_EPC_BUSY != 0 { E2P_CMD_EPC_TIMEOUT } else { 0 };
-                self.set(reg, (value & !E2P_CMD_EPC_BUSY) | timeout);
-            }
-            MAC_CR => {
-                if value & MAC_CR_CNTR_RST != 0 {
-                    self.stats = [0; 64];
-                }
-                self.set(reg, value & !MAC_CR_CNTR_RST);
-            }
-            MAC_RX | MAC_TX => {
-                self.set(reg, value & !MAC_RX_RXD);
-                effects.rx_changed = true;
-            }
-            MAC_MII_ACC => self.mdio(value),
-            FCT_RX_CTL => {
-                for ch in 0..RX_CHANNELS {
-                    self.fct_rx_en = command(self.fct_rx_en, ch, value >> 28, value >> 24);
-                }
-                effects.rx_changed = true;
-            }
-            FCT_TX_CTL => self.fct_tx_en = command(self.fct_tx_en, 0, value >> 28, value >> 24),
-            INT_SET => self.sw_interrupt |= value & INT_BIT_SW_GP != 0,
-            INT_STS => {
-                if value & INT_BIT_SW_GP != 0 {
-                    self.sw_interrupt = false;
-                }
-            }
-            INT_EN_SET => self.int_en |= value,
-            INT_EN_CLR => self.int_en &= !value,
-            INT_VEC_EN_SET => self.vec_en |= value & 0xff,
-            INT_VEC_EN_CLR => self.vec_en &= !value,
-            PTP_CMD_CTL => {
-                if value & PTP_CMD_CTL_PTP_ENABLE != 0 {
-                    self.ptp_enabled = true;
-                }
-                if value & PTP_CMD_CTL_PTP_DISABLE != 0 {
-                    self.ptp_enabled = false;
-                }
-            }
-            DMAC_CMD => {
-                self.dmac_command(value);
-                effects.rx_changed = true;
-            }
-            DMAC_INT_STS => self.dmac_int_sts &= !value,
-            DMAC_INT_EN_SET => self.dmac_int_en |= value,
-            DMAC_INT_EN_CLR => self.dmac_int_en &= !value,
-            STAT_RX_FCS_ERRORS..=STAT_TX_COUNTER_ROLLOVER_STATUS => {}
-            _ => match channel_of(reg) {
-                Some((_, _, CH_HEAD)) => {}
-                Some((true, ch, CH_TAIL)) => {
-                    self.arm(value, true, ch);
-                    self.rx[ch].tail = value & 0xffff;
-                    effects.rx_changed = true;
-                }
-                Some((false, ch, CH_TAIL)) => {
-                    self.arm(value, false, ch);
-                    self.tx[ch].tail = value & 0xffff;
-                    effects.merge(self.transmit(ch, dma));
-                }
-                Some((rx, ch, offset)) => {
-                    self.channel_mut(rx, ch).set(offset, value);
-                    self.set(reg, value);
-                }
-                None => self.set(reg, value),
-            },
-        }
-        effects.vectors |= self.evaluate();
-        effects
     }
 
     fn channel(&self, rx: bool, ch: usize) -> &Channel {
@@ -603,5 +430,181 @@ fn run_command(state: RunState, start: u32, stop: u32) -> RunState {
         RunState { started: false, stopped: true }
     } else {
         state
+    }
+}
+
+impl NicRegisters for Nic {
+    /// A NIC with permanent address `mac` sending to `sink`.
+    fn new(mac: [u8; 6], sink: Box<dyn FrameSink>) -> Nic {
+        let mut nic = Nic {
+            mac,
+            regs: vec![0; WORDS],
+            phy: Phy::default(),
+            sink,
+            carrier: true,
+            admin_up: true,
+            int_en: 0,
+            sw_interrupt: false,
+            vec_en: 0,
+            level: 0,
+            dmac_int_sts: 0,
+            dmac_int_en: 0,
+            rx: Default::default(),
+            tx: Default::default(),
+            fct_rx_en: 0,
+            fct_tx_en: 0,
+            ptp_enabled: false,
+            stats: [0; 64],
+            totals: Totals::default(),
+        };
+        nic.light_reset();
+        nic
+    }
+
+    /// Back to the state of a NIC just powered on (the PHY too).
+    fn power_on_reset(&mut self) {
+        self.light_reset();
+        self.phy = Phy::default();
+    }
+
+    /// The wire's carrier.
+    fn set_carrier(&mut self, carrier: bool) -> Effects {
+        let changed = carrier != self.carrier;
+        self.carrier = carrier;
+        Effects { vectors: 0, rx_changed: changed }
+    }
+
+    /// The link administratively up or down (the control socket's `link down`).
+    fn set_admin_up(&mut self, up: bool) -> Effects {
+        self.admin_up = up;
+        Effects { vectors: 0, rx_changed: true }
+    }
+
+    /// Reads the register at `reg` (a read of `INT_STS_R2C` clears what it reports).
+    fn read(&mut self, reg: u32) -> u32 {
+        match reg {
+            ID_REV => ID_REV_LAN7430_B0,
+            FPGA_REV => 0,
+            PMT_CTL => self.get(reg) | PMT_CTL_READY,
+            DP_SEL => self.get(reg) | DP_SEL_DPRDY,
+            MAC_RX => self.get(reg) | if self.get(reg) & MAC_RX_RXEN == 0 { MAC_RX_RXD } else { 0 },
+            MAC_TX => self.get(reg) | if self.get(reg) & MAC_TX_TXEN == 0 { MAC_TX_TXD } else { 0 },
+            FCT_RX_CTL => self.fct_rx_en << 28,
+            FCT_TX_CTL => self.fct_tx_en << 28,
+            INT_STS => self.status(),
+            INT_STS_R2C => {
+                let status = self.status();
+                self.read_to_clear(status);
+                status
+            }
+            INT_EN_SET | INT_EN_CLR => self.int_en,
+            INT_VEC_EN_SET | INT_VEC_EN_CLR => self.vec_en,
+            PTP_CMD_CTL => {
+                if self.ptp_enabled {
+                    PTP_CMD_CTL_PTP_ENABLE
+                } else {
+                    0
+                }
+            }
+            DMAC_CMD => self.dmac_state(),
+            DMAC_INT_STS => self.dmac_int_sts,
+            DMAC_INT_EN_SET | DMAC_INT_EN_CLR => self.dmac_int_en,
+            STAT_RX_FCS_ERRORS..=STAT_TX_COUNTER_ROLLOVER_STATUS => {
+                self.stats[((reg - STAT_RX_FCS_ERRORS) / 4) as usize]
+            }
+            _ => match channel_of(reg) {
+                Some((rx, ch, CH_HEAD)) => self.channel(rx, ch).head,
+                _ => self.get(reg),
+            },
+        }
+    }
+
+    /// Writes `value` to the register at `reg`.
+    fn write(&mut self, reg: u32, value: u32, dma: &DmaSpace) -> Effects {
+        let mut effects = Effects::default();
+        match reg {
+            ID_REV | FPGA_REV => {}
+            HW_CFG if value & HW_CFG_LRST != 0 => {
+                self.light_reset();
+                self.set(HW_CFG, value & !HW_CFG_LRST);
+                effects.rx_changed = true;
+            }
+            PMT_CTL => {
+                if value & PMT_CTL_ETH_PHY_RST != 0 {
+                    self.phy = Phy::default();
+                    effects.rx_changed = true;
+                }
+                self.set(reg, value & !(PMT_CTL_ETH_PHY_RST | PMT_CTL_READY));
+            }
+            // No EEPROM: a command completes at once with a timeout.
+            E2P_CMD => {
+                let timeout = if value & E2P_CMD_EPC_BUSY != 0 { E2P_CMD_EPC_TIMEOUT } else { 0 };
+                self.set(reg, (value & !E2P_CMD_EPC_BUSY) | timeout);
+            }
+            MAC_CR => {
+                if value & MAC_CR_CNTR_RST != 0 {
+                    self.stats = [0; 64];
+                }
+                self.set(reg, value & !MAC_CR_CNTR_RST);
+            }
+            MAC_RX | MAC_TX => {
+                self.set(reg, value & !MAC_RX_RXD);
+                effects.rx_changed = true;
+            }
+            MAC_MII_ACC => self.mdio(value),
+            FCT_RX_CTL => {
+                for ch in 0..RX_CHANNELS {
+                    self.fct_rx_en = command(self.fct_rx_en, ch, value >> 28, value >> 24);
+                }
+                effects.rx_changed = true;
+            }
+            FCT_TX_CTL => self.fct_tx_en = command(self.fct_tx_en, 0, value >> 28, value >> 24),
+            INT_SET => self.sw_interrupt |= value & INT_BIT_SW_GP != 0,
+            INT_STS => {
+                if value & INT_BIT_SW_GP != 0 {
+                    self.sw_interrupt = false;
+                }
+            }
+            INT_EN_SET => self.int_en |= value,
+            INT_EN_CLR => self.int_en &= !value,
+            INT_VEC_EN_SET => self.vec_en |= value & 0xff,
+            INT_VEC_EN_CLR => self.vec_en &= !value,
+            PTP_CMD_CTL => {
+                if value & PTP_CMD_CTL_PTP_ENABLE != 0 {
+                    self.ptp_enabled = true;
+                }
+                if value & PTP_CMD_CTL_PTP_DISABLE != 0 {
+                    self.ptp_enabled = false;
+                }
+            }
+            DMAC_CMD => {
+                self.dmac_command(value);
+                effects.rx_changed = true;
+            }
+            DMAC_INT_STS => self.dmac_int_sts &= !value,
+            DMAC_INT_EN_SET => self.dmac_int_en |= value,
+            DMAC_INT_EN_CLR => self.dmac_int_en &= !value,
+            STAT_RX_FCS_ERRORS..=STAT_TX_COUNTER_ROLLOVER_STATUS => {}
+            _ => match channel_of(reg) {
+                Some((_, _, CH_HEAD)) => {}
+                Some((true, ch, CH_TAIL)) => {
+                    self.arm(value, true, ch);
+                    self.rx[ch].tail = value & 0xffff;
+                    effects.rx_changed = true;
+                }
+                Some((false, ch, CH_TAIL)) => {
+                    self.arm(value, false, ch);
+                    self.tx[ch].tail = value & 0xffff;
+                    effects.merge(self.transmit(ch, dma));
+                }
+                Some((rx, ch, offset)) => {
+                    self.channel_mut(rx, ch).set(offset, value);
+                    self.set(reg, value);
+                }
+                None => self.set(reg, value),
+            },
+        }
+        effects.vectors |= self.evaluate();
+        effects
     }
 }

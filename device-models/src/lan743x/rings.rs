@@ -9,6 +9,7 @@ use super::nic::{Effects, Nic, RunState};
 use super::regs::*;
 use crate::bus::{Side, WriteKind};
 use crate::dma::DmaSpace;
+use crate::nic_model::NicReceive;
 use crate::wire::offload::{self, Segmentation};
 
 /// The FCS the MAC appends to a received frame in guest memory (its value is not checked).
@@ -101,98 +102,6 @@ fn words(bytes: &[u8; 16]) -> [u32; 4] {
 }
 
 impl Nic {
-    /// Whether RX channel 0 could take a frame of `len` bytes now.
-    pub fn rx_room(&self, len: usize) -> bool {
-        let buffers = self.rx[0].owned();
-        self.link_up() && self.rx_enabled() && buffers > 0 && (len + FCS_LEN) <= buffers as usize * 0x3fff
-    }
-
-    /// A frame from the wire: filtered, then written into RX channel 0's buffers.
-    /// Returns whether it reached guest memory.
-    pub fn receive(&mut self, frame: &[u8], dma: &DmaSpace) -> (bool, Effects) {
-        let mut effects = Effects::default();
-        if !self.link_up() || !self.rx_enabled() {
-            self.totals.rx_dropped += 1;
-            return (false, effects);
-        }
-        if !self.accepts(frame) {
-            self.totals.rx_filtered += 1;
-            return (false, effects);
-        }
-        let spacing = self.descriptor_spacing();
-        let channel = self.rx[0];
-        let pad = if channel.cfg_b & RX_CFG_B_RX_PAD_MASK == 0x0200_0000 { 2 } else { 0 };
-        let mut data = vec![0u8; pad];
-        data.extend_from_slice(frame);
-        data.resize(pad + frame.len() + FCS_LEN, 0);
-        // The descriptors the frame needs, each still owned by the device.
-        let mut chain = Vec::new();
-        let mut room = 0usize;
-        let owned = channel.owned();
-        let len = channel.len();
-        while room < data.len() {
-            if chain.len() as u32 == owned {
-                self.totals.rx_dropped += 1;
-                self.bump(STAT_RX_DROPPED_FRAMES, 1);
-                return (false, effects);
-            }
-            let index = (channel.head + chain.len() as u32) % len;
-            let at = channel.descriptor(index, spacing);
-            let ahead = channel.ahead(index, owned - chain.len() as u32);
-            dma.bus(|bus| bus.fetch_descriptor(Side::Rx, 0, at, 16, spacing, ahead));
-            let mut raw = [0u8; 16];
-            if dma.read(at, &mut raw).is_err() {
-                self.totals.rx_errors += 1;
-                return (false, effects);
-            }
-            let d = words(&raw);
-            let size = (d[0] & RX_DESC_DATA0_BUF_LENGTH_MASK) as usize;
-            if d[0] & RX_DESC_DATA0_OWN == 0 || size == 0 {
-                self.totals.rx_dropped += 1;
-                self.bump(STAT_RX_DROPPED_FRAMES, 1);
-                return (false, effects);
-            }
-            chain.push((at, u64::from(d[1]) | u64::from(d[2]) << 32, size));
-            room += size;
-        }
-        let status = self.checksum_status(frame);
-        let mut offset = 0;
-        for (i, &(at, buffer, size)) in chain.iter().enumerate() {
-            let piece = &data[offset..(offset + size).min(data.len())];
-            offset += piece.len();
-            let last = i + 1 == chain.len();
-            let mut data0 = if i == 0 { RX_DESC_DATA0_FS } else { 0 };
-            if last {
-                data0 |= RX_DESC_DATA0_LS | ((frame.len() + FCS_LEN) as u32) << 16 & RX_DESC_DATA0_FRAME_LENGTH_MASK;
-            }
-            // The chip writes the data, then the whole descriptor back (the model writes its
-            // status before its ownership word, so that the driver never sees one without the
-            // other).
-            dma.bus(|bus| {
-                bus.write(Side::Rx, WriteKind::Buffer, buffer, piece.len());
-                bus.write(Side::Rx, WriteKind::Descriptor, at, 16);
-            });
-            let wrote = dma.write(buffer, piece).is_ok()
-                && dma.write(at + 4, &status.to_le_bytes()).is_ok()
-                && dma.write(at, &data0.to_le_bytes()).is_ok();
-            if !wrote {
-                self.totals.rx_errors += 1;
-                return (false, effects);
-            }
-        }
-        let rx = &mut self.rx[0];
-        rx.head = (rx.head + chain.len() as u32) % len;
-        if !rx.write_back(Side::Rx, dma) {
-            self.totals.rx_errors += 1;
-        }
-        self.dmac_int_sts |= dmac_int_bit_rxfrm(0);
-        self.totals.rx_frames += 1;
-        self.totals.rx_bytes += frame.len() as u64;
-        self.count(true, frame, frame.len() + FCS_LEN);
-        effects.vectors |= self.evaluate();
-        (true, effects)
-    }
-
     /// The write-back's checksum status word (data1) for `frame`: an error bit per bad
     /// checksum, else "checksum not computed" unless the L4 checksum was checked good.
     fn checksum_status(&self, frame: &[u8]) -> u32 {
@@ -396,4 +305,98 @@ enum Assembled {
     Frame { consumed: u32, frame: Vec<u8>, first: u32, lso: bool, interrupt: bool },
     /// A chain the device cannot use; skipped.
     Bad { consumed: u32, why: &'static str },
+}
+
+impl NicReceive for Nic {
+    /// Whether RX channel 0 could take a frame of `len` bytes now.
+    fn rx_room(&self, len: usize) -> bool {
+        let buffers = self.rx[0].owned();
+        self.link_up() && self.rx_enabled() && buffers > 0 && (len + FCS_LEN) <= buffers as usize * 0x3fff
+    }
+
+    /// A frame from the wire: filtered, then written into RX channel 0's buffers.
+    /// Returns whether it reached guest memory.
+    fn receive(&mut self, frame: &[u8], dma: &DmaSpace) -> Effects {
+        let mut effects = Effects::default();
+        if !self.link_up() || !self.rx_enabled() {
+            self.totals.rx_dropped += 1;
+            return effects;
+        }
+        if !self.accepts(frame) {
+            self.totals.rx_filtered += 1;
+            return effects;
+        }
+        let spacing = self.descriptor_spacing();
+        let channel = self.rx[0];
+        let pad = if channel.cfg_b & RX_CFG_B_RX_PAD_MASK == 0x0200_0000 { 2 } else { 0 };
+        let mut data = vec![0u8; pad];
+        data.extend_from_slice(frame);
+        data.resize(pad + frame.len() + FCS_LEN, 0);
+        // The descriptors the frame needs, each still owned by the device.
+        let mut chain = Vec::new();
+        let mut room = 0usize;
+        let owned = channel.owned();
+        let len = channel.len();
+        while room < data.len() {
+            if chain.len() as u32 == owned {
+                self.totals.rx_dropped += 1;
+                self.bump(STAT_RX_DROPPED_FRAMES, 1);
+                return effects;
+            }
+            let index = (channel.head + chain.len() as u32) % len;
+            let at = channel.descriptor(index, spacing);
+            let ahead = channel.ahead(index, owned - chain.len() as u32);
+            dma.bus(|bus| bus.fetch_descriptor(Side::Rx, 0, at, 16, spacing, ahead));
+            let mut raw = [0u8; 16];
+            if dma.read(at, &mut raw).is_err() {
+                self.totals.rx_errors += 1;
+                return effects;
+            }
+            let d = words(&raw);
+            let size = (d[0] & RX_DESC_DATA0_BUF_LENGTH_MASK) as usize;
+            if d[0] & RX_DESC_DATA0_OWN == 0 || size == 0 {
+                self.totals.rx_dropped += 1;
+                self.bump(STAT_RX_DROPPED_FRAMES, 1);
+                return effects;
+            }
+            chain.push((at, u64::from(d[1]) | u64::from(d[2]) << 32, size));
+            room += size;
+        }
+        let status = self.checksum_status(frame);
+        let mut offset = 0;
+        for (i, &(at, buffer, size)) in chain.iter().enumerate() {
+            let piece = &data[offset..(offset + size).min(data.len())];
+            offset += piece.len();
+            let last = i + 1 == chain.len();
+            let mut data0 = if i == 0 { RX_DESC_DATA0_FS } else { 0 };
+            if last {
+                data0 |= RX_DESC_DATA0_LS | ((frame.len() + FCS_LEN) as u32) << 16 & RX_DESC_DATA0_FRAME_LENGTH_MASK;
+            }
+            // The chip writes the data, then the whole descriptor back (the model writes its
+            // status before its ownership word, so that the driver never sees one without the
+            // other).
+            dma.bus(|bus| {
+                bus.write(Side::Rx, WriteKind::Buffer, buffer, piece.len());
+                bus.write(Side::Rx, WriteKind::Descriptor, at, 16);
+            });
+            let wrote = dma.write(buffer, piece).is_ok()
+                && dma.write(at + 4, &status.to_le_bytes()).is_ok()
+                && dma.write(at, &data0.to_le_bytes()).is_ok();
+            if !wrote {
+                self.totals.rx_errors += 1;
+                return effects;
+            }
+        }
+        let rx = &mut self.rx[0];
+        rx.head = (rx.head + chain.len() as u32) % len;
+        if !rx.write_back(Side::Rx, dma) {
+            self.totals.rx_errors += 1;
+        }
+        self.dmac_int_sts |= dmac_int_bit_rxfrm(0);
+        self.totals.rx_frames += 1;
+        self.totals.rx_bytes += frame.len() as u64;
+        self.count(true, frame, frame.len() + FCS_LEN);
+        effects.vectors |= self.evaluate();
+        effects
+    }
 }

@@ -253,10 +253,11 @@ fn frames_land_in_slots_sixty_four_bytes_apart_after_the_spacing_revert() {
 
 #[test]
 fn every_spacing_field_reads_back_as_its_spacing() {
+    use crate::nic_model::NicRegisters;
     let mut nic = Nic::new(DEFAULT_MAC, Box::new(Capture(Arc::default())));
     let dma = crate::dma::DmaSpace::new();
     for bytes in [16, 32, 64, 128] {
-        crate::nic_model::NicCore::write_register(&mut nic, DMAC_CFG, 0x0001_0060 | dmac_cfg_dspace(bytes), &dma);
+        nic.write(DMAC_CFG, 0x0001_0060 | dmac_cfg_dspace(bytes), &dma);
         assert_eq!(nic.descriptor_spacing(), bytes);
     }
 }

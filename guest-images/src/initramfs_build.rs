@@ -175,7 +175,9 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
         }
     }
     if drivers.is_empty() {
-        drivers.push("atlantic".into());
+        // The default driver folder's driver (the AQC100's atlantic).
+        let default = crate::module_build::DEFAULT_DRIVER_FOLDER.rsplit('/').next().unwrap_or_default();
+        drivers.push(default.into());
     }
     let mut modules = Vec::new();
     let mut groups: Vec<(String, Vec<String>)> = vec![("iommu".into(), vec!["virtio_iommu".into()])];

@@ -459,12 +459,13 @@ impl Image {
         self.initrd == Some(InitrdRef::Agent)
     }
 
-    /// The driver module of the agent's initramfs.
+    /// The driver module of the agent's initramfs: the one named, else the driver folder's
+    /// last part, the LAN7430's for Microchip's folder (which holds several drivers).
     pub fn module_name(&self) -> String {
         self.module.clone().unwrap_or_else(|| match self.driver.trim_end_matches('/').rsplit('/').next() {
-            Some("microchip") => "lan743x".into(),
-            Some(last) => last.into(),
-            None => "atlantic".into(),
+            Some("microchip") => vm_spec::NicKind::Lan743x.linux_driver().into(),
+            Some(last) if !last.is_empty() => last.into(),
+            _ => vm_spec::NicKind::Aqc100.linux_driver().into(),
         })
     }
 

@@ -34,7 +34,7 @@ impl NicRun {
 pub fn nic(driverlab: &Path, strategies: &[&str], frames: u32) -> Result<Vec<NicRun>, BenchError> {
     let mut runs = Vec::new();
     for (run, strategy) in strategies.iter().enumerate() {
-        let model = ModelProcess::start(driverlab, "aqc100", &["--generate", "size=1514"])?;
+        let model = ModelProcess::start(driverlab, vm_spec::NicKind::Aqc100.name(), &["--generate", "size=1514"])?;
         let spec = VmSpec {
             cmdline: format!("probe.nic=aqc100 probe.rx={strategy} probe.frames={frames} probe.viommu_ops=0"),
             iommu: Some(IommuSpec::default()),

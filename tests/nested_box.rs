@@ -260,7 +260,19 @@ fn run_surviving(lab_box: &mut Box_, matrix: &str, phase: &dyn Fn(&str)) -> (Str
 /// that of `lab resume` on a new box on the same disk (once).
 fn survive(lab_box: &mut Box_, run: &str, out: Output, phase: &dyn Fn(&str)) -> (String, Output) {
     let (_, last) = run_lines(&out);
-    if !(last.starts_with(&format!("run {run}: interrupted:")) && state_phase(&lab_box.dir) == "ended") {
+    if !last.starts_with(&format!("run {run}: interrupted:")) {
+        return (last, out);
+    }
+    // The connection drops when the box's kernel panics; its supervisor sees QEMU end a moment
+    // later. Wait for that (or for the box to answer again: then it did not die).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while state_phase(&lab_box.dir) != "ended" && Instant::now() < deadline {
+        if lab_box.try_api("GET", "/v1/version").is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    if state_phase(&lab_box.dir) != "ended" {
         return (last, out);
     }
     let console = std::fs::read_to_string(lab_box.dir.join("console.log")).unwrap_or_default();

@@ -8,18 +8,13 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use guest_images::store::{ImageId, is_image_id};
 use guest_images::{initramfs_build, kernel_image, module_build};
 
 use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
 use crate::types::{BuildInitramfs, BuildKernel, BuildModule, ImageSummary};
-
-/// Whether `id` is an image ID (`kernel-…`, `module-…`, `initramfs-…`: a kind and 16 hex
-/// digits), so that it can name nothing but a folder of the store.
-pub fn is_image_id(id: &str) -> bool {
-    guest_images::store::is_image_id(id)
-}
 
 fn summary(id: String, manifest: serde_json::Value) -> ImageSummary {
     let kind = manifest.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
@@ -119,7 +114,7 @@ pub async fn build_kernel(State(daemon): State<Arc<Daemon>>, payload: Payload) -
 pub async fn build_module(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Response {
     let result = async {
         let request: BuildModule = payload.json()?;
-        if !is_image_id(&request.kernel) || !request.kernel.starts_with("kernel-") {
+        if ImageId::of_kind(&request.kernel, "kernel").is_none() {
             return Err(Problem::unprocessable(format!("kernel {:?}: give a kernel image's ID", request.kernel)));
         }
         if let Some(only) = request
@@ -172,10 +167,10 @@ pub async fn build_module(State(daemon): State<Arc<Daemon>>, payload: Payload) -
 pub async fn build_initramfs(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Response {
     let result = async {
         let request: BuildInitramfs = payload.json()?;
-        if !request.kernel.starts_with("kernel-") || !is_image_id(&request.kernel) {
+        if ImageId::of_kind(&request.kernel, "kernel").is_none() {
             return Err(Problem::unprocessable(format!("kernel {:?}: give a kernel image's ID", request.kernel)));
         }
-        if let Some(m) = request.modules.iter().find(|m| !m.starts_with("module-") || !is_image_id(m)) {
+        if let Some(m) = request.modules.iter().find(|m| ImageId::of_kind(m, "module").is_none()) {
             return Err(Problem::unprocessable(format!("modules: {m:?} is not a module image's ID")));
         }
         if let Some(d) = request

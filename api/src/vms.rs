@@ -22,6 +22,7 @@ use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
 use crate::runs::query;
 use crate::types::{Created, VmRequest, VmStatus};
+use guest_images::store::ImageId;
 
 /// Most VMs that may run at once.
 pub const MAX_LIVE: usize = 4;
@@ -133,7 +134,7 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
     let images = daemon.images();
     let kernel = match request.kernel.as_str() {
         "probe" => Kernel::Probe,
-        id if id.starts_with("kernel-") && crate::images::is_image_id(id) => {
+        id if ImageId::of_kind(id, "kernel").is_some() => {
             let manifest: guest_images::kernel_image::KernelManifest = images.manifest(id)?;
             Kernel::Path(manifest.vmlinux_path(&images))
         }
@@ -145,7 +146,7 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
     };
     let initrd = match &request.initrd {
         None => None,
-        Some(id) if id.starts_with("initramfs-") && crate::images::is_image_id(id) => {
+        Some(id) if ImageId::of_kind(id, "initramfs").is_some() => {
             let manifest: guest_images::initramfs_build::InitramfsManifest = images.manifest(id)?;
             Some(manifest.archive_path(&images))
         }

@@ -183,6 +183,9 @@ pub struct EngineBoots {
     /// and initramfs read and loaded, the VM, the platform, the vCPUs, the jail).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub setup_ms: Vec<f64>,
+    /// driverlab only: where each boot's set-up went, phase by phase (the exit line's `setup`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setup_phases: Vec<vm_spec::exit::SetupPhases>,
 }
 
 impl EngineBoots {
@@ -245,7 +248,13 @@ pub fn run(config: &LinuxBootConfig, progress: &dyn Fn(&str)) -> Result<LinuxBoo
         memory_mib: config.memory_mib,
         engines: engines
             .iter()
-            .map(|&engine| EngineBoots { engine, to_init_ms: Vec::new(), to_exit_ms: Vec::new(), setup_ms: Vec::new() })
+            .map(|&engine| EngineBoots {
+                engine,
+                to_init_ms: Vec::new(),
+                to_exit_ms: Vec::new(),
+                setup_ms: Vec::new(),
+                setup_phases: Vec::new(),
+            })
             .collect(),
         census: None,
         rerun: Vec::new(),
@@ -270,6 +279,7 @@ pub fn run(config: &LinuxBootConfig, progress: &dyn Fn(&str)) -> Result<LinuxBoo
                     return Err(bad_run(engine, run, "it did not end with a poweroff exit line", &boot.stderr));
                 };
                 result.engines[i].setup_ms.push(exit.setup_ms);
+                result.engines[i].setup_phases.extend(exit.setup);
                 result.census = Some(exit.exits);
             }
             progress(&format!(
@@ -389,6 +399,25 @@ pub fn table(bench: &LinuxBootBench) -> String {
             "  of which set-up", setup.n, setup.p10, setup.median, setup.p90
         );
     }
+    if let Some(boots) = bench.engine(LinuxEngine::Driverlab).filter(|b| !b.setup_phases.is_empty()) {
+        type Phase = (&'static str, fn(&vm_spec::exit::SetupPhases) -> f64);
+        let phases: [Phase; 6] = [
+            ("image", |p| p.image_ms),
+            ("load", |p| p.load_ms),
+            ("kvm", |p| p.kvm_ms),
+            ("platform", |p| p.platform_ms),
+            ("vcpus", |p| p.vcpus_ms),
+            ("jail", |p| p.jail_ms),
+        ];
+        let medians: Vec<String> = phases
+            .iter()
+            .filter_map(|(name, of)| {
+                let samples: Vec<f64> = boots.setup_phases.iter().map(of).collect();
+                Summary::of(&samples).map(|s| format!("{name} {:.1} (p90 {:.1})", s.median, s.p90))
+            })
+            .collect();
+        let _ = writeln!(out, "driverlab's set-up by phase, median ms: {}", medians.join(", "));
+    }
     for other in [LinuxEngine::QemuMicrovm, LinuxEngine::QemuQ35, LinuxEngine::CloudHypervisor] {
         if let Some(ratio) = bench.ratio_to_init(other) {
             let _ = writeln!(out, "driverlab / {} (median time to init): {ratio:.3}", other.name());
@@ -485,6 +514,20 @@ mod tests {
             to_init_ms: init.to_vec(),
             to_exit_ms: init.iter().map(|t| t + 10.0).collect(),
             setup_ms: if engine == LinuxEngine::Driverlab { vec![20.0, 30.0, 40.0] } else { Vec::new() },
+            setup_phases: if engine == LinuxEngine::Driverlab {
+                [2.0, 3.0, 4.0]
+                    .map(|k| vm_spec::exit::SetupPhases {
+                        image_ms: k,
+                        load_ms: 10.0 * k,
+                        kvm_ms: 1.0,
+                        platform_ms: 2.0,
+                        vcpus_ms: 0.5,
+                        jail_ms: 3.0,
+                    })
+                    .to_vec()
+            } else {
+                Vec::new()
+            },
         };
         let census: ExitCounts = serde_json::from_str(
             r#"{"io":900,"mmio":40,"unclaimed":3,"top_ports":[{"addr":"0x3f8","claimed":800,"unclaimed":0}]}"#,
@@ -507,6 +550,13 @@ mod tests {
         assert!(table.contains("driverlab / qemu -M microvm (median time to init): 0.500"), "{table}");
         assert!(table.contains("900 port exits, 40 MMIO exits, 3 unclaimed"), "{table}");
         assert!(table.contains("  of which set-up       3       22.0       30.0       38.0"), "{table}");
+        assert!(
+            table.contains(
+                "driverlab's set-up by phase, median ms: image 3.0 (p90 3.8), load 30.0 (p90 38.0), kvm 1.0 (p90 1.0), \
+                 platform 2.0 (p90 2.0), vcpus 0.5 (p90 0.5), jail 3.0 (p90 3.0)"
+            ),
+            "{table}"
+        );
         assert!(table.contains("0x3f8 800+0"), "{table}");
         assert!(table.contains("run again after it failed (a host TCG emulates): qemu -M microvm run 2"), "{table}");
         let back: LinuxBootBench = serde_json::from_str(&serde_json::to_string(&bench).unwrap()).unwrap();

@@ -175,10 +175,7 @@ fn a_lab_killed_mid_run_loses_nothing_and_resumes_without_duplicates() {
             .expect("pgrep (procps) runs");
         stdout(&out).trim().to_string()
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !orphans().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_until(Duration::from_secs(10), Duration::from_millis(20), || orphans().is_empty());
     assert_eq!(orphans(), "", "a model outlived its lab");
 
     let resumed = lab.run(&["resume", &run]);

@@ -94,12 +94,11 @@ fn a_model_that_dies_mid_run_ends_the_devices_use_not_the_vm() {
     });
     // The model dies once the exercise is under way: the virtio-iommu has counted maps.
     let control = lab::vm_control::ControlClient::new(&socket, Duration::from_secs(5));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let exercising = || control.counters().ok().and_then(|c| c.viommu).is_some_and(|v| v.maps > 0);
-    while !exercising() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(exercising(), "the virtio-iommu exercise started");
+    assert!(
+        common::wait_until(Duration::from_secs(60), Duration::from_millis(5), exercising),
+        "the virtio-iommu exercise started"
+    );
     model.kill();
     let out = run.join().unwrap();
     assert_eq!(out.code(), Some(0), "the VM went on: {}", out.stderr);

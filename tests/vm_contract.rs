@@ -118,12 +118,12 @@ fn the_control_socket_answers_while_the_guest_runs_and_stops_it() {
     // The probe then reports and holds for the power button (its IOAPIC pin is programmed only
     // then, so an earlier press would be lost, as on hardware): once it says it is holding, a
     // shutdown presses the button and the guest powers off.
-    let deadline = Instant::now() + Duration::from_secs(60);
     let holding = || std::fs::read_to_string(&console).unwrap_or_default().contains("{\"probe\":\"holding\"");
-    while !holding() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(holding(), "the probe holds for the power button: {}", std::fs::read_to_string(&console).unwrap());
+    assert!(
+        common::wait_until(Duration::from_secs(60), Duration::from_millis(20), holding),
+        "the probe holds for the power button: {}",
+        std::fs::read_to_string(&console).unwrap()
+    );
     let accepted = control.shutdown(ShutdownRequest::default()).unwrap();
     assert_eq!(accepted.state, VmState::Stopping);
     let out = vm.wait().unwrap();
@@ -148,10 +148,9 @@ fn a_guest_that_ignores_the_power_button_is_stopped_after_the_grace() {
     let spec = VmSpec { timeout_s: Some(60.0), memory_mib: 16, ..VmSpec::new(Kernel::Path(kernel.into())) };
     let vm = VmProcess::new(driverlab(), spec, Duration::from_secs(30)).with_control(&socket).start().unwrap();
     let control = ControlClient::new(&socket, Duration::from_secs(5));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !control.info().is_ok_and(|i| i.state == VmState::Running) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    common::wait_until(Duration::from_secs(10), Duration::from_millis(5), || {
+        control.info().is_ok_and(|i| i.state == VmState::Running)
+    });
     let refused = control.shutdown(ShutdownRequest { grace_s: Some(-1.0) }).unwrap_err();
     assert!(matches!(refused, lab::vm_control::ControlError::Refused { status: 400, .. }), "{refused}");
     control.shutdown(ShutdownRequest { grace_s: Some(0.2) }).unwrap();

@@ -79,3 +79,17 @@ pub fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> String {
 pub fn start_model(kind: &str, extra: &[&str]) -> ModelProcess {
     ModelProcess::start(&driverlab(), kind, extra).expect("the model starts serving")
 }
+
+/// Waits up to `limit` for `ready`, looking every `every`; whether it became true (the caller
+/// asserts, with what it was waiting for).
+#[allow(dead_code)]
+pub fn wait_until(limit: Duration, every: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while !ready() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(every);
+    }
+    true
+}

@@ -24,6 +24,13 @@ pub fn is_init_line(line: &str) -> bool {
     line.trim_end().ends_with(INIT_LINE)
 }
 
+/// The kernel's timestamp on a console line of its log (`[    4.321000] ...`), in seconds: for
+/// the init's line, how long the guest itself took to reach user space by its own clock.
+pub fn kernel_timestamp(line: &str) -> Option<f64> {
+    let stamp = line.trim_start().strip_prefix('[')?.split_once(']')?.0.trim();
+    stamp.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0)
+}
+
 /// The archive (gzip-compressed newc cpio): `/init`, `/bin/busybox`, `/dev/console`,
 /// `/dev/kmsg`. The same
 /// busybox gives the same bytes.
@@ -57,6 +64,9 @@ mod tests {
         );
         assert!(is_init_line("[    1.234567] driverlab-boot: init") && is_init_line("driverlab-boot: init\r"));
         assert!(!is_init_line("driverlab-boot: init done"));
+        assert_eq!(kernel_timestamp("[    1.234567] driverlab-boot: init"), Some(1.234567));
+        assert_eq!(kernel_timestamp("driverlab-boot: init"), None);
+        assert_eq!(kernel_timestamp("[ nan] x"), None);
         let a = archive(b"\x7fELF busybox".to_vec());
         assert_eq!(a, archive(b"\x7fELF busybox".to_vec()), "same inputs, same bytes");
         assert_eq!(&a[..2], &[0x1f, 0x8b], "gzip");

@@ -117,6 +117,10 @@ mod tests {
         assert!(INIT.starts_with("#!/bin/sh\n"));
         assert!(INIT.contains("/etc/driverlab/modules.box"));
         assert!(INIT.contains("allow_unsafe_interrupts=1"), "VFIO behind virtio-iommu needs it");
+        assert!(
+            INIT.contains("echo advise >/sys/kernel/mm/transparent_hugepage/shmem_enabled"),
+            "huge pages for guest RAM"
+        );
         assert!(INIT.contains("say \"ready:"), "the host waits for the ready line");
         assert!(INIT.contains("driver_override"), "cards bind to vfio-pci by override, not new_id");
     }

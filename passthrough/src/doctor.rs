@@ -61,8 +61,9 @@ pub struct HostFacts {
     pub memlock_limit: Option<u64>,
     /// Whether the process has CAP_IPC_LOCK (which lifts the memlock limit for VFIO).
     pub cap_ipc_lock: bool,
-    /// 2 MiB hugepages reserved.
-    pub hugepages: u64,
+    /// How the host backs shared memory (the VMM's guest RAM) with transparent huge pages
+    /// (`shmem_enabled`), if it has them.
+    pub shmem_huge_pages: Option<String>,
 }
 
 impl HostFacts {
@@ -74,19 +75,13 @@ impl HostFacts {
             .find_map(|l| l.strip_prefix("CapEff:"))
             .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
             .unwrap_or(0);
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let hugepages = meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix("HugePages_Total:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
         HostFacts {
             cmdline: std::fs::read_to_string("/proc/cmdline").unwrap_or_default().trim().to_string(),
             vfio_container: std::path::Path::new("/dev/vfio/vfio").exists(),
             iommufd: std::path::Path::new("/dev/iommu").exists(),
             memlock_limit: memlock_limit(),
             cap_ipc_lock: cap_eff & (1 << CAP_IPC_LOCK) != 0,
-            hugepages,
+            shmem_huge_pages: vm_spec::host::shmem_huge_pages(),
         }
     }
 }
@@ -162,15 +157,22 @@ fn memlock(facts: &HostFacts, guest_memory: u64) -> Check {
     }
 }
 
+/// Guest RAM is a memfd for which the VMM asks transparent huge pages: the host's
+/// `shmem_enabled` decides.
 fn hugepages(facts: &HostFacts) -> Check {
-    if facts.hugepages > 0 {
-        Check::pass("hugepages", format!("{} hugepages of 2 MiB reserved", facts.hugepages))
-    } else {
-        Check::warn(
+    match facts.shmem_huge_pages.as_deref() {
+        Some(setting) if vm_spec::host::shmem_huge_pages_on_request(setting) => {
+            Check::pass("hugepages", format!("guest RAM in 2 MiB transparent huge pages (shmem_enabled: {setting})"))
+        }
+        setting => Check::warn(
             "hugepages",
-            "no hugepages reserved (optional: guest RAM in 2 MiB pages cuts IOMMU and TLB work)",
-            "echo 1024 | sudo tee /proc/sys/vm/nr_hugepages",
-        )
+            format!(
+                "guest RAM in 4 KiB pages (shmem_enabled: {}; optional: 2 MiB pages cut the guest's \
+                 nested-paging faults and TLB work, and Linux boots faster)",
+                setting.unwrap_or("absent")
+            ),
+            format!("echo advise | sudo tee {}", vm_spec::host::SHMEM_THP),
+        ),
     }
 }
 
@@ -283,7 +285,7 @@ mod tests {
             iommufd: false,
             memlock_limit: Some(8 << 20),
             cap_ipc_lock: false,
-            hugepages: 0,
+            shmem_huge_pages: Some("never".into()),
         }
     }
 
@@ -302,7 +304,15 @@ mod tests {
         }
         assert!(find(&checks, "iommu").fix.as_deref().unwrap().contains("intel_iommu=on"));
         assert!(find(&checks, "vfio").fix.as_deref().unwrap().contains("modprobe vfio-pci"));
-        assert_eq!(find(&checks, "hugepages").status, Status::Warn);
+        let huge = find(&checks, "hugepages");
+        assert_eq!(huge.status, Status::Warn);
+        assert!(
+            huge.detail.contains("4 KiB pages (shmem_enabled: never")
+                && huge.fix.as_deref().unwrap().contains("echo advise")
+        );
+        let advised = HostFacts { shmem_huge_pages: Some("advise".into()), ..facts() };
+        let checks = check(&Sysfs::at(root.path()), &advised, None, 256 << 20);
+        assert_eq!(find(&checks, "hugepages").status, Status::Pass);
     }
 
     #[test]

@@ -118,6 +118,10 @@ pub struct ExitSummary {
     pub vcpus: u32,
     /// Guest memory in MiB.
     pub memory_mib: u64,
+    /// Whether the host backs guest RAM with transparent huge pages (the VMM asks for them; a
+    /// host whose `shmem_enabled` is `never` keeps small pages). Absent from older lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub huge_pages: Option<bool>,
     /// From process start of the VMM's work to the first vCPU entering the guest.
     pub setup_ms: f64,
     /// Where `setup_ms` went, phase by phase.
@@ -264,6 +268,7 @@ mod tests {
             entry: "pvh".into(),
             vcpus: 2,
             memory_mib: 256,
+            huge_pages: Some(true),
             setup_ms: 1.5,
             setup: None,
             run_ms: 20.0,

@@ -68,6 +68,28 @@ pub fn emulated_by_tcg() -> bool {
     hypervisor_vendor().as_deref() == Some(TCG_VENDOR)
 }
 
+/// Where Linux says how it backs shared memory (a memfd, so driverlab's guest RAM) with
+/// transparent huge pages.
+pub const SHMEM_THP: &str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+
+/// The host's setting for huge pages in shared memory (`never`, `advise`, `within_size`,
+/// `always`, `deny`, `force`), `None` where the kernel has no transparent huge pages.
+pub fn shmem_huge_pages() -> Option<String> {
+    chosen_setting(&std::fs::read_to_string(SHMEM_THP).ok()?)
+}
+
+/// Whether a VMM that asks for huge pages (`MADV_HUGEPAGE`) on shared memory gets them under
+/// `setting`.
+pub fn shmem_huge_pages_on_request(setting: &str) -> bool {
+    matches!(setting, "advise" | "within_size" | "always" | "force")
+}
+
+/// The bracketed word of a sysfs choice line (`always within_size [advise] never`).
+fn chosen_setting(line: &str) -> Option<String> {
+    let word = line.split_whitespace().find(|w| w.starts_with('[') && w.ends_with(']'))?;
+    Some(word.trim_matches(|c| c == '[' || c == ']').to_string())
+}
+
 /// QEMU's TCG's hypervisor vendor ID.
 pub const TCG_VENDOR: &str = "TCGTCGTCGTCG";
 
@@ -96,6 +118,15 @@ mod tests {
         assert_eq!(classify("flags\t: fpu hypervisor vmxnet\n", true), Virtualization::Pvm);
         assert_eq!(classify("flags\t: fpu\n", false), Virtualization::Unknown);
         assert!(!Virtualization::Pvm.boots_linux());
+    }
+
+    #[test]
+    fn the_chosen_shmem_huge_page_setting_is_the_bracketed_one() {
+        assert_eq!(chosen_setting("always within_size [advise] never deny force\n").as_deref(), Some("advise"));
+        assert_eq!(chosen_setting("always within_size advise [never] deny force").as_deref(), Some("never"));
+        assert_eq!(chosen_setting("always never"), None);
+        assert!(shmem_huge_pages_on_request("advise") && shmem_huge_pages_on_request("always"));
+        assert!(!shmem_huge_pages_on_request("never") && !shmem_huge_pages_on_request("deny"));
     }
 
     #[test]

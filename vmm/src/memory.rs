@@ -3,7 +3,7 @@
 
 use std::fs::File;
 
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use crate::layout::{EBDA_START, FOUR_GIB, HIGH_MEMORY_START, MMIO_HOLE_START, PCI_ECAM_BASE, PCI_ECAM_SIZE};
 
@@ -111,6 +111,21 @@ pub struct GuestRam {
     /// The memfd backing all ranges, in layout order (range `i` at the file offset that is the sum
     /// of the lengths before it).
     pub file: File,
+    /// Whether the host took the advice to back guest RAM with transparent huge pages.
+    pub huge_pages: bool,
+}
+
+/// Asks the host to back `len` bytes at `addr` with transparent huge pages, as QEMU and Cloud
+/// Hypervisor do for guest RAM: one 2 MiB page where 512 small ones each cost the guest a
+/// nested-paging fault on first touch (a Debian 6.12 boot takes about 16,000 of them in 4 KiB
+/// pages). For guest RAM in a memfd the host honours it when
+/// `/sys/kernel/mm/transparent_hugepage/shmem_enabled` is `advise` (or `within_size`, `always`);
+/// Debian's default `never` keeps small pages, and nothing else changes. Whether it was taken.
+fn advise_huge_pages(addr: *mut u8, len: usize) -> bool {
+    // SAFETY: madvise on a mapping this process owns; MADV_HUGEPAGE changes how it is backed,
+    // never its contents.
+    let done = unsafe { libc::madvise(addr.cast(), len, libc::MADV_HUGEPAGE) } == 0;
+    done && vm_spec::host::shmem_huge_pages().is_some_and(|s| vm_spec::host::shmem_huge_pages_on_request(&s))
 }
 
 impl GuestRam {
@@ -130,7 +145,8 @@ impl GuestRam {
             offset += size;
         }
         let memory = GuestMemoryMmap::from_ranges_with_files(regions).map_err(|e| MemoryError::Mmap(e.to_string()))?;
-        Ok(GuestRam { memory, layout, file })
+        let huge_pages = memory.iter().all(|region| advise_huge_pages(region.as_ptr(), region.len() as usize));
+        Ok(GuestRam { memory, layout, file, huge_pages })
     }
 }
 
@@ -139,7 +155,6 @@ impl GuestRam {
     /// has them, and where they are in the memfd.
     pub fn dma_view(&self) -> passthrough::backend::GuestRamMap {
         use std::os::fd::AsRawFd;
-        use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
         let mut offset = 0;
         let ranges = self
             .memory
@@ -202,5 +217,8 @@ mod tests {
         std::os::unix::fs::FileExt::read_exact_at(&ram.file, &mut buf, 0x1000).unwrap();
         assert_eq!(u32::from_le_bytes(buf), 0xdead_beef);
         assert_eq!(ram.memory.num_regions(), 1);
+        // Huge pages asked for; granted exactly when the host's setting grants them.
+        let granted = vm_spec::host::shmem_huge_pages().is_some_and(|s| vm_spec::host::shmem_huge_pages_on_request(&s));
+        assert_eq!(ram.huge_pages, granted);
     }
 }

@@ -191,6 +191,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         entry: entry.name().into(),
         vcpus: spec.vcpus,
         memory_mib: spec.memory_mib,
+        huge_pages: Some(ram.huge_pages),
         setup_ms,
         setup: Some(phases),
         run_ms: ms(stopped - started),

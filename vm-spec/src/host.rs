@@ -1,4 +1,4 @@
-//! What the host's KVM can run.
+//! What the host's KVM can run, and how it backs guest memory.
 
 use std::path::Path;
 

@@ -44,7 +44,7 @@ impl Effects {
     }
 }
 
-pub use vm_spec::model_control::{MacAddress, NicStatus};
+pub use vm_spec::model_control::{MacAddress, NicCounters, NicStatus};
 
 /// PCI Express capability ID.
 const PCIE_CAPABILITY_ID: u8 = 0x10;
@@ -221,7 +221,7 @@ impl<N: NicCore> NicHandle<N> {
 
     /// The DMA and interrupt counters with the frames moved.
     pub fn counters(&self) -> ModelCounters {
-        let s = self.status();
+        let s = self.status().counters;
         ModelCounters {
             rx_frames: s.rx_frames,
             rx_bytes: s.rx_bytes,

@@ -177,6 +177,14 @@ pub struct NicStatus {
     pub link_mbps: u32,
     /// The permanent MAC address.
     pub mac: MacAddress,
+    /// What it moved (flattened: the JSON has the counters beside the link and the MAC).
+    #[serde(flatten)]
+    pub counters: NicCounters,
+}
+
+/// Frames and bytes a NIC model moved since it started (never cleared by the guest's driver).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NicCounters {
     /// Frames the guest received (written into its memory).
     pub rx_frames: u64,
     /// Bytes the guest received.
@@ -254,14 +262,13 @@ mod tests {
             status: Some(NicStatus {
                 link_mbps: 10_000,
                 mac: "02:1d:6a:00:00:01".parse().unwrap(),
-                rx_frames: 1,
-                rx_bytes: 2,
-                rx_dropped: 0,
-                rx_filtered: 0,
-                rx_errors: 0,
-                tx_frames: 3,
-                tx_bytes: 4,
-                tx_errors: 0,
+                counters: NicCounters {
+                    rx_frames: 1,
+                    rx_bytes: 2,
+                    tx_frames: 3,
+                    tx_bytes: 4,
+                    ..NicCounters::default()
+                },
             }),
             counters: ModelCounters { dma_maps: 5, ..ModelCounters::default() },
             confinement: None,
@@ -269,6 +276,7 @@ mod tests {
         };
         let line = serde_json::to_string(&report).unwrap();
         assert!(line.contains(r#""mac":"02:1d:6a:00:00:01""#) && !line.contains("client"), "{line}");
+        assert!(line.contains(r#""link_mbps":10000,"mac":"02:1d:6a:00:00:01","rx_frames":1,"rx_bytes":2,"#), "{line}");
         assert_eq!(ModelReport::parse(&line), Some(report));
         assert_eq!(ModelReport::parse("aqc100 serving vfio-user on /x"), None);
         assert!("01:00:5e:00:00:01".parse::<MacAddress>().unwrap_err().contains("group address"));

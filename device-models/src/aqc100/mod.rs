@@ -23,7 +23,7 @@ pub mod stats;
 pub mod tx;
 
 use self::nic::Nic;
-pub use crate::nic_model::{MacAddress, NicStatus};
+pub use crate::nic_model::{MacAddress, NicCounters, NicStatus};
 use crate::nic_model::{NicCore, NicHandle, NicModel};
 
 /// Aquantia's vendor ID.
@@ -55,14 +55,16 @@ impl NicCore for Nic {
         NicStatus {
             link_mbps: self.link_mbps(),
             mac: MacAddress(self.fw.mac()),
-            rx_frames: stats.rx.frames(),
-            rx_bytes: stats.rx.bytes(),
-            rx_dropped: stats.rx_dropped,
-            rx_filtered: stats.rx_filtered,
-            rx_errors: stats.rx_errors,
-            tx_frames: stats.tx.frames(),
-            tx_bytes: stats.tx.bytes(),
-            tx_errors: stats.tx_errors,
+            counters: NicCounters {
+                rx_frames: stats.rx.frames(),
+                rx_bytes: stats.rx.bytes(),
+                rx_dropped: stats.rx_dropped,
+                rx_filtered: stats.rx_filtered,
+                rx_errors: stats.rx_errors,
+                tx_frames: stats.tx.frames(),
+                tx_bytes: stats.tx.bytes(),
+                tx_errors: stats.tx_errors,
+            },
         }
     }
 }

@@ -227,7 +227,7 @@ fn frames_wait_for_descriptors_when_the_source_is_lossless() {
         guest.wait_rx_head(posted % RING);
     }
     let status = guest.model.handle().status();
-    assert_eq!((status.rx_frames, status.rx_dropped), (100, 0));
+    assert_eq!((status.counters.rx_frames, status.counters.rx_dropped), (100, 0));
 }
 
 struct Capture(Arc<Mutex<Vec<Vec<u8>>>>);
@@ -319,7 +319,7 @@ fn transmits_apply_checksum_offload_and_tso_and_complete_by_head() {
     assert_eq!(segments[0][47] & 0x08, 0, "PSH only on the last segment");
     assert_eq!(segments[2][47] & 0x08, 0x08);
     let status = guest.model.handle().status();
-    assert_eq!(status.tx_frames, 4);
+    assert_eq!(status.counters.tx_frames, 4);
 }
 
 #[test]
@@ -332,7 +332,7 @@ fn refused_dma_is_counted_and_never_stalls_the_rings() {
     guest.write(TX_RING_BASE + RING_TAIL, 1);
     assert_eq!(guest.read(TX_RING_BASE + RING_HEAD), 1);
     assert!(frames.lock().unwrap().is_empty());
-    assert_eq!(guest.model.handle().status().tx_errors, 1);
+    assert_eq!(guest.model.handle().status().counters.tx_errors, 1);
     assert_eq!(guest.model.counters().dma_faults, 1);
 
     // An RX ring whose descriptors live outside the mapping.
@@ -346,7 +346,7 @@ fn refused_dma_is_counted_and_never_stalls_the_rings() {
     guest.write(RX_RING_BASE + RING_TAIL, 4);
     guest.wait_rx_head(1);
     let status = guest.model.handle().status();
-    assert_eq!((status.rx_frames, status.rx_errors), (0, 1));
+    assert_eq!((status.counters.rx_frames, status.counters.rx_errors), (0, 1));
     assert!(guest.model.counters().dma_faults >= 1);
 }
 
@@ -360,12 +360,12 @@ fn link_down_drops_and_the_driver_sees_it() {
     assert_eq!(guest.read(FW_STATE), 0);
     guest.post_rx(0, 32);
     let start = Instant::now();
-    while guest.model.handle().status().rx_dropped + guest.model.handle().status().rx_filtered < 50 {
+    while guest.model.handle().status().counters.rx_dropped + guest.model.handle().status().counters.rx_filtered < 50 {
         assert!(start.elapsed() < Duration::from_secs(5), "the generator's frames were not dropped");
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(guest.read(RX_RING_BASE + RING_HEAD), 0);
-    assert_eq!(guest.model.handle().status().rx_frames, 0);
+    assert_eq!(guest.model.handle().status().counters.rx_frames, 0);
     guest.model.handle().set_link(true);
     assert_eq!(guest.read(FW_STATE), RATE_10G);
     assert_eq!(guest.model.handle().status().link_mbps, 10_000);

@@ -42,19 +42,7 @@ impl NicCore for Nic {
     }
 
     fn status(&self) -> NicStatus {
-        let t = self.totals();
-        NicStatus {
-            link_mbps: self.link_mbps(),
-            mac: MacAddress(self.mac()),
-            rx_frames: t.rx_frames,
-            rx_bytes: t.rx_bytes,
-            rx_dropped: t.rx_dropped,
-            rx_filtered: t.rx_filtered,
-            rx_errors: t.rx_errors,
-            tx_frames: t.tx_frames,
-            tx_bytes: t.tx_bytes,
-            tx_errors: t.tx_errors,
-        }
+        NicStatus { link_mbps: self.link_mbps(), mac: MacAddress(self.mac()), counters: self.totals() }
     }
 }
 

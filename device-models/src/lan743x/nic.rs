@@ -7,7 +7,7 @@ use super::phy::{self, Phy};
 use super::regs::*;
 use super::rings::Channel;
 use crate::dma::DmaSpace;
-use crate::nic_model::NicRegisters;
+use crate::nic_model::{NicCounters, NicRegisters};
 use crate::wire::backend::FrameSink;
 
 /// The register block's size.
@@ -27,27 +27,6 @@ pub struct RunState {
     pub started: bool,
     /// STOP was the last command.
     pub stopped: bool,
-}
-
-/// Frames and bytes the model moved, for its status (never cleared by the driver).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Totals {
-    /// Frames written into guest memory.
-    pub rx_frames: u64,
-    /// Their bytes.
-    pub rx_bytes: u64,
-    /// Frames dropped: no descriptor, receiver off, link down.
-    pub rx_dropped: u64,
-    /// Frames no filter took.
-    pub rx_filtered: u64,
-    /// Frames lost to refused DMA.
-    pub rx_errors: u64,
-    /// Frames sent.
-    pub tx_frames: u64,
-    /// Their bytes.
-    pub tx_bytes: u64,
-    /// Transmits that failed.
-    pub tx_errors: u64,
 }
 
 /// The NIC's state.
@@ -73,7 +52,7 @@ pub struct Nic {
     ptp_enabled: bool,
     /// The statistics block (0x1200-0x12ff), 32-bit counters.
     stats: [u32; 64],
-    pub(super) totals: Totals,
+    pub(super) totals: NicCounters,
 }
 
 impl Nic {
@@ -390,7 +369,7 @@ impl Nic {
     }
 
     /// The totals for the model's status.
-    pub fn totals(&self) -> Totals {
+    pub fn totals(&self) -> NicCounters {
         self.totals
     }
 }
@@ -455,7 +434,7 @@ impl NicRegisters for Nic {
             fct_tx_en: 0,
             ptp_enabled: false,
             stats: [0; 64],
-            totals: Totals::default(),
+            totals: NicCounters::default(),
         };
         nic.light_reset();
         nic

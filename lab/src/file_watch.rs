@@ -9,6 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use vmm_sys_util::eventfd::EventFd;
+
 /// What ended a wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Woken {
@@ -24,21 +26,20 @@ pub enum Woken {
 #[derive(Debug)]
 pub struct FileWatch {
     inotify: Option<OwnedFd>,
-    stop: Arc<OwnedFd>,
+    stop: Arc<EventFd>,
 }
 
 /// Ends a [`FileWatch::wait`] from another thread, and every wait after it.
 #[derive(Debug, Clone)]
 pub struct Waker {
-    stop: Arc<OwnedFd>,
+    stop: Arc<EventFd>,
 }
 
 impl Waker {
     /// Wakes the watch: its current and every later wait returns [`Woken::Stopped`].
     pub fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to an eventfd this struct owns.
-        unsafe { libc::write(self.stop.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        // Only a counter at its maximum refuses a write, and then the watch is awake anyway.
+        let _ = self.stop.write(1);
     }
 }
 
@@ -54,8 +55,7 @@ impl FileWatch {
     /// A watch on writes to `file` (created empty if it is missing, so that the watch is on the
     /// file the writer opens), or, with `None`, a watch that only times out or is woken.
     pub fn new(file: Option<&Path>) -> io::Result<(FileWatch, Waker)> {
-        // SAFETY: eventfd(2) with valid flags; the result is checked by `owned`.
-        let stop = Arc::new(owned(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?);
+        let stop = Arc::new(EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)?);
         let inotify = match file {
             Some(file) => {
                 std::fs::OpenOptions::new().create(true).append(true).open(file)?;

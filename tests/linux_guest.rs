@@ -108,7 +108,7 @@ fn debian_vmlinux_boots_via_pvh() {
         "the kernel's E820 lines must match the VMM's map for 128 MiB"
     );
     let exit = out.exit.as_ref().expect("the VMM ends the VM and prints its exit line");
-    assert_eq!((exit.reason.as_str(), exit.exit_code, exit.entry.as_str()), ("kvm-internal-error", 4, "pvh"));
+    assert_eq!((exit.reason.name(), exit.exit_code, exit.entry.as_str()), ("kvm-internal-error", 4, "pvh"));
     assert!(exit.detail.as_deref().unwrap_or_default().contains("emulation failure"), "{:?}", exit.detail);
 }
 
@@ -132,7 +132,7 @@ fn debian_bzimage_is_entered_at_its_64_bit_entry() {
     assert_eq!(virt, Virtualization::Pvm);
     let out = vm_run(&["--kernel", &kernel, "--memory", "256", "--cmdline", "console=ttyS0", "--timeout", "120"]);
     let exit = out.exit.as_ref().expect("exit line");
-    assert_eq!((exit.reason.as_str(), exit.exit_code, exit.entry.as_str()), ("kvm-internal-error", 4, "linux64"));
+    assert_eq!((exit.reason.name(), exit.exit_code, exit.entry.as_str()), ("kvm-internal-error", 4, "linux64"));
     let detail = exit.detail.as_deref().unwrap_or_default();
     assert!(detail.contains("emulation failure"), "{detail}");
     assert!(!detail.contains("rip 0x100200 "), "the decompressor ran past its entry point: {detail}");

@@ -237,11 +237,14 @@ fn the_stock_lan743x_driver_drives_the_model_under_qemu() {
     for step in
         ["probe", "link-up", "ping", "iperf-tx", "link-down", "link-up-again", "reload", "ping-reloaded", "unload"]
     {
-        assert_eq!(frames.step(step).map(|s| s["status"].clone()), Some("ok".into()), "step {step}: {record}");
+        assert_eq!(frames.step(step).map(|s| s.status), Some(lab::agent::StepStatus::Ok), "step {step}: {record}");
     }
     let probe = frames.step("probe").unwrap();
-    assert_eq!((probe["id"].as_str(), probe["mac_source"].as_str()), (Some("1055:7430"), Some("permanent")));
-    assert_eq!(frames.step("link-up").unwrap()["speed"], 1000);
+    assert_eq!(
+        (probe.facts["id"].as_str(), probe.facts["mac_source"].as_str()),
+        (Some("1055:7430"), Some("permanent"))
+    );
+    assert_eq!(frames.step("link-up").unwrap().facts["speed"], 1000);
 }
 
 /// The host's own QEMU firmware folders, which a fresh machine does not have.

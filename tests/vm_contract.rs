@@ -128,7 +128,7 @@ fn the_control_socket_answers_while_the_guest_runs_and_stops_it() {
     assert_eq!(accepted.state, VmState::Stopping);
     let out = vm.wait().unwrap();
     let exit = out.exit.clone().expect("an exit line");
-    assert_eq!((exit.reason.as_str(), out.code()), ("poweroff", Some(0)), "{}", out.stderr);
+    assert_eq!((exit.reason.name(), out.code()), ("poweroff", Some(0)), "{}", out.stderr);
     let serial = std::fs::read_to_string(&console).unwrap();
     let report = ProbeReport::parse(&serial);
     assert_eq!(report.section("hold").map(|h| h["power_button"].clone()), Some(serde_json::json!(true)));
@@ -156,7 +156,7 @@ fn a_guest_that_ignores_the_power_button_is_stopped_after_the_grace() {
     control.shutdown(ShutdownRequest { grace_s: Some(0.2) }).unwrap();
     let out = vm.wait().unwrap();
     let exit = out.exit.clone().expect("an exit line");
-    assert_eq!((exit.reason.as_str(), exit.exit_code, out.code()), ("shutdown", 7, Some(7)), "{}", out.stderr);
+    assert_eq!((exit.reason.name(), exit.exit_code, out.code()), ("shutdown", 7, Some(7)), "{}", out.stderr);
     assert!(exit.detail.unwrap_or_default().contains("vCPU 0 at rip 0x100000"));
     assert!(out.wall < Duration::from_secs(20), "stopped after the grace, not the timeout");
 }

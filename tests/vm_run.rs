@@ -18,7 +18,7 @@ fn probe_boots_via_pvh_and_reports_what_it_was_given() {
     let out = vm_run(&["--kernel", "probe", "--memory", "256", "--vcpus", "2", "--cmdline", "probe.echo=1"]);
     assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
     let exit = out.exit.as_ref().expect("exit line");
-    assert_eq!((exit.reason.as_str(), exit.exit_code, exit.entry.as_str(), exit.vcpus), ("poweroff", 0, "pvh", 2));
+    assert_eq!((exit.reason.name(), exit.exit_code, exit.entry.as_str(), exit.vcpus), ("poweroff", 0, "pvh", 2));
     assert_eq!(exit.serial_bytes as usize, out.serial.len());
 
     let report = ProbeReport::parse(&out.serial);
@@ -119,7 +119,7 @@ fn each_way_of_ending_has_its_exit_code() {
         let out = vm_run(&["--kernel", &kernel, "--memory", "16", "--timeout", "1"]);
         assert_eq!(out.code(), Some(want_code), "{name}: stderr {}", out.stderr);
         let exit = out.exit.as_ref().unwrap_or_else(|| panic!("{name}: no exit line in {}", out.stderr));
-        assert_eq!((exit.reason.as_str(), exit.exit_code), (want_reason, want_code), "{name}");
+        assert_eq!((exit.reason.name(), exit.exit_code), (want_reason, want_code), "{name}");
         assert_eq!(exit.entry, "linux64", "{name}: an ELF without a PVH note takes the 64-bit entry");
         if name == "hang" {
             let detail = exit.detail.as_deref().unwrap_or_default();

@@ -14,7 +14,7 @@ use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
 use crate::types::{BenchBoot, BenchBootResult};
-use guest_images::store::ImageId;
+use guest_images::store::{ImageId, ImageKind};
 
 /// Most boots per engine one request may ask for.
 pub const MAX_RUNS: u32 = 30;
@@ -35,7 +35,7 @@ const MEMORY_MIB: u64 = 256;
     ))]
 pub async fn boot(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Result<Json<BenchBootResult>, Problem> {
     let request: BenchBoot = payload.json()?;
-    if ImageId::of_kind(&request.kernel, "kernel").is_none() {
+    if ImageId::of_kind(&request.kernel, ImageKind::Kernel).is_none() {
         return Err(Problem::unprocessable(format!("kernel {:?}: give a kernel image's ID", request.kernel)));
     }
     if !(1..=MAX_RUNS).contains(&request.runs) {

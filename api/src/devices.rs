@@ -15,7 +15,7 @@ use crate::auth::Transport;
 use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
-use crate::types::{DeviceState, HealthResult, Lease, Quarantine, QuarantineRequest};
+use crate::types::{DeviceKind, DeviceState, HealthResult, Lease, Quarantine, QuarantineRequest};
 
 /// Checks a device to register: its name, its fields, and what this transport may register.
 fn check(device: &Device, transport: Transport) -> Result<(), Problem> {
@@ -54,11 +54,11 @@ fn state(store: &Store, device: &Device, registered_at: String) -> Result<Device
             .map(|(_, reason, since)| Quarantine { reason, since }),
         None => None,
     };
-    let kind = match (device.model, device.bdf) {
-        (Some(_), _) => "model",
-        (None, _) => "host",
+    let kind = match device.model {
+        Some(_) => DeviceKind::Model,
+        None => DeviceKind::Host,
     };
-    Ok(DeviceState { device: device.clone(), kind: kind.into(), registered_at, lease, quarantine })
+    Ok(DeviceState { device: device.clone(), kind, registered_at, lease, quarantine })
 }
 
 fn find(store: &Store, name: &str) -> Result<(Device, String), Problem> {

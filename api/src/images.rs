@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use guest_images::store::{ImageId, is_image_id};
+use guest_images::store::{ImageId, ImageKind};
 use guest_images::{initramfs_build, kernel_image, module_build};
 
 use crate::daemon::Daemon;
@@ -16,17 +16,16 @@ use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
 use crate::types::{BuildInitramfs, BuildKernel, BuildModule, ImageSummary};
 
-fn summary(id: String, manifest: serde_json::Value) -> ImageSummary {
-    let kind = manifest.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_string();
-    ImageSummary { id, kind, manifest }
+fn summary(id: ImageId, manifest: serde_json::Value) -> ImageSummary {
+    ImageSummary { kind: id.kind(), id: id.to_string(), manifest }
 }
 
 fn lookup(daemon: &Daemon, id: &str) -> Result<ImageSummary, Problem> {
-    if !is_image_id(id) {
-        return Err(Problem::not_found(format!("{id:?} is not an image ID (kernel-…, module-…, initramfs-…)")));
-    }
-    let manifest: serde_json::Value = daemon.images().manifest(id)?;
-    Ok(summary(id.to_string(), manifest))
+    let id: ImageId = id
+        .parse()
+        .map_err(|_| Problem::not_found(format!("{id:?} is not an image ID (kernel-…, module-…, initramfs-…)")))?;
+    let manifest: serde_json::Value = daemon.images().manifest(id.as_str())?;
+    Ok(summary(id, manifest))
 }
 
 /// `GET /v1/images`.
@@ -35,7 +34,7 @@ fn lookup(daemon: &Daemon, id: &str) -> Result<ImageSummary, Problem> {
 pub async fn list(State(daemon): State<Arc<Daemon>>) -> Result<Json<Vec<ImageSummary>>, Problem> {
     blocking(move || {
         let images = daemon.images().list()?;
-        Ok(Json(images.into_iter().filter(|(id, _)| is_image_id(id)).map(|(id, m)| summary(id, m)).collect()))
+        Ok(Json(images.into_iter().filter_map(|(id, m)| Some(summary(id.parse().ok()?, m))).collect()))
     })
     .await
 }
@@ -114,7 +113,7 @@ pub async fn build_kernel(State(daemon): State<Arc<Daemon>>, payload: Payload) -
 pub async fn build_module(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Response {
     let result = async {
         let request: BuildModule = payload.json()?;
-        if ImageId::of_kind(&request.kernel, "kernel").is_none() {
+        if ImageId::of_kind(&request.kernel, ImageKind::Kernel).is_none() {
             return Err(Problem::unprocessable(format!("kernel {:?}: give a kernel image's ID", request.kernel)));
         }
         if let Some(only) = request
@@ -167,10 +166,10 @@ pub async fn build_module(State(daemon): State<Arc<Daemon>>, payload: Payload) -
 pub async fn build_initramfs(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Response {
     let result = async {
         let request: BuildInitramfs = payload.json()?;
-        if ImageId::of_kind(&request.kernel, "kernel").is_none() {
+        if ImageId::of_kind(&request.kernel, ImageKind::Kernel).is_none() {
             return Err(Problem::unprocessable(format!("kernel {:?}: give a kernel image's ID", request.kernel)));
         }
-        if let Some(m) = request.modules.iter().find(|m| ImageId::of_kind(m, "module").is_none()) {
+        if let Some(m) = request.modules.iter().find(|m| ImageId::of_kind(m, ImageKind::Module).is_none()) {
             return Err(Problem::unprocessable(format!("modules: {m:?} is not a module image's ID")));
         }
         if let Some(d) = request
@@ -203,10 +202,10 @@ mod tests {
     #[test]
     fn only_image_ids_name_images() {
         for id in ["kernel-b4ecf741a5956628", "module-4a80c97f554ad821", "initramfs-e2d146713e02418b"] {
-            assert!(is_image_id(id), "{id}");
+            assert!(id.parse::<ImageId>().is_ok(), "{id}");
         }
         for id in ["../etc", "kernel-", "kernel-../x", "kernel-b4ec/../../x", "probe", "kernel-xyz", ".scratch"] {
-            assert!(!is_image_id(id), "{id}");
+            assert!(id.parse::<ImageId>().is_err(), "{id}");
         }
     }
 }

@@ -78,7 +78,7 @@ fn filter(pairs: Vec<(String, String)>) -> Result<Filter, Problem> {
             "cell" => f.cell = Some(value),
             "variant" => f.variant = Some(value),
             "status" => {
-                f.status = Some(Status::parse(&value.to_ascii_uppercase()).ok_or_else(|| {
+                f.status = Some(value.to_ascii_uppercase().parse::<Status>().map_err(|_| {
                     Problem::bad_request(format!("status={value:?}: give PASS, FAIL, ERROR, MISS or SKIP"))
                 })?);
             }

@@ -23,7 +23,7 @@ use tokio::sync::broadcast;
 use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
-use crate::types::{Created, RunEvent, RunStatus};
+use crate::types::{Created, RunEvent, RunPhase, RunStatus};
 
 /// Most runs that may wait at once.
 pub const MAX_QUEUED: usize = 16;
@@ -152,16 +152,16 @@ impl RunQueue {
     }
 
     /// The live part of a run's status: whether it is queued, and its ETA.
-    fn live_state(&self, run: &str, results: usize, total: usize) -> Option<(&'static str, Option<f64>)> {
+    fn live_state(&self, run: &str, results: usize, total: usize) -> Option<(RunPhase, Option<f64>)> {
         let queue = lock(&self.shared.queue);
         let live = queue.live.get(run)?;
         if !live.running {
-            return Some(("queued", None));
+            return Some((RunPhase::Queued, None));
         }
         let eta = live.started.filter(|_| live.recorded_here > 0).map(|started| {
             started.elapsed().as_secs_f64() / live.recorded_here as f64 * total.saturating_sub(results) as f64
         });
-        Some(("running", eta))
+        Some((RunPhase::Running, eta))
     }
 
     /// A receiver of the run's events, if it is live.
@@ -236,7 +236,7 @@ impl Progress for Events {
             cell: record.cell.id.clone(),
             label: record.cell.label(),
             repetition: record.repetition,
-            status: record.status.name().into(),
+            status: record.status,
             reason: record.reason.clone().unwrap_or_default(),
             gbit_s: record.workload.gbit_s,
             maps_per_packet: record.shown_maps(),
@@ -260,14 +260,14 @@ fn status_from_db(db: &std::path::Path, run: &str) -> Result<RunStatus, Problem>
     let counted = store.result_counts(run)?;
     let per_cell = &counted.per_cell;
     let repetitions = info.repetitions as usize;
-    let counts = counted.by_status.iter().map(|(s, n)| (s.name().to_string(), *n)).collect();
+    let counts = counted.by_status.clone();
     Ok(RunStatus {
         id: info.id.clone(),
         matrix: info.matrix.clone(),
         matrix_file: info.matrix_file.clone(),
         repetitions: info.repetitions,
         host: info.host.clone(),
-        state: format!("{:?}", info.state).to_lowercase(),
+        state: info.state.into(),
         cells_done: per_cell.values().filter(|&&n| n >= repetitions).count(),
         cells_total: info.cells_total,
         results: counted.total(),
@@ -283,7 +283,7 @@ fn status_from_db(db: &std::path::Path, run: &str) -> Result<RunStatus, Problem>
 fn status(daemon: &Daemon, run: &str) -> Result<RunStatus, Problem> {
     let mut status = status_from_db(&daemon.config.db, run)?;
     if let Some((state, eta)) = daemon.runs.live_state(run, status.results, status.results_total) {
-        status.state = state.into();
+        status.state = state;
         status.eta_s = eta;
     }
     Ok(status)
@@ -306,7 +306,12 @@ fn flag(pairs: &[(String, String)], name: &str) -> Result<bool, Problem> {
 /// A matrix's mistake as an answer: 400 for one that does not parse (TOML or JSON syntax, an
 /// unknown or mistyped field), 422 for one that parses and does not check out.
 fn matrix_problem(e: lab::matrix::MatrixError) -> Problem {
-    if e.field == "syntax" { Problem::bad_request(e.to_string()) } else { Problem::unprocessable(e.to_string()) }
+    match e.kind {
+        lab::matrix::MatrixErrorKind::Syntax => Problem::bad_request(e.to_string()),
+        lab::matrix::MatrixErrorKind::Unreadable | lab::matrix::MatrixErrorKind::Invalid => {
+            Problem::unprocessable(e.to_string())
+        }
+    }
 }
 
 /// The matrix in a request body: TOML (`application/toml`, `text/toml`, `text/plain`) or JSON.

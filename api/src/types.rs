@@ -53,13 +53,23 @@ pub struct Quarantine {
     pub since: String,
 }
 
+/// What a registered device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// A driverlab model, a fresh process per VM.
+    Model,
+    /// A host PCI device.
+    Host,
+}
+
 /// A registered device and its state.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct DeviceState {
     /// The definition: the fields of a matrix's `[[device]]` (`docs/lab.md`).
     pub device: lab::matrix::Device,
-    /// `model` or `host`.
-    pub kind: String,
+    /// A model or a host device.
+    pub kind: DeviceKind,
     /// When it was registered (RFC 3339).
     pub registered_at: String,
     /// The lease on it, if a run holds it (host devices).
@@ -94,7 +104,8 @@ pub struct ImageSummary {
     /// Its ID, which matrices and VM requests name.
     pub id: String,
     /// `kernel`, `module` or `initramfs`.
-    pub kind: String,
+    #[schema(value_type = String)]
+    pub kind: guest_images::store::ImageKind,
     /// Its manifest (`docs/images.md`).
     #[schema(value_type = Object)]
     pub manifest: serde_json::Value,
@@ -188,6 +199,43 @@ pub struct Created {
     pub id: String,
 }
 
+/// A run's state as the daemon sees it: the stored states, and `queued` for a run waiting in
+/// this daemon's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, strum::Display)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum RunPhase {
+    /// Waiting in the daemon's queue.
+    Queued,
+    /// Running.
+    Running,
+    /// Every repetition has a result.
+    Done,
+    /// Stopped on request; what did not run is MISS.
+    Cancelled,
+    /// Its lab process went away before it finished; it can be resumed.
+    Interrupted,
+}
+
+impl RunPhase {
+    /// Whether the run has ended (done, cancelled or interrupted).
+    pub fn ended(self) -> bool {
+        !matches!(self, RunPhase::Queued | RunPhase::Running)
+    }
+}
+
+impl From<lab::store::RunState> for RunPhase {
+    fn from(state: lab::store::RunState) -> RunPhase {
+        use lab::store::RunState;
+        match state {
+            RunState::Running => RunPhase::Running,
+            RunState::Done => RunPhase::Done,
+            RunState::Interrupted => RunPhase::Interrupted,
+            RunState::Cancelled => RunPhase::Cancelled,
+        }
+    }
+}
+
 /// A run's state as the daemon sees it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct RunStatus {
@@ -201,8 +249,8 @@ pub struct RunStatus {
     pub repetitions: u32,
     /// The host it runs on.
     pub host: String,
-    /// `queued`, `running`, `done`, `cancelled` or `interrupted`.
-    pub state: String,
+    /// Where it is.
+    pub state: RunPhase,
     /// Cells whose every repetition has a result.
     pub cells_done: usize,
     /// Cells.
@@ -215,7 +263,7 @@ pub struct RunStatus {
     pub eta_s: Option<f64>,
     /// Results by status.
     #[schema(value_type = Object)]
-    pub counts: std::collections::BTreeMap<String, usize>,
+    pub counts: std::collections::BTreeMap<lab::record::Status, usize>,
     /// When it was created (RFC 3339).
     pub created_at: String,
     /// When it finished.
@@ -240,7 +288,7 @@ pub enum RunEvent {
         /// The repetition, from 0.
         repetition: u32,
         /// Its status.
-        status: String,
+        status: lab::record::Status,
         /// Why, for anything but PASS.
         reason: String,
         /// Goodput.
@@ -289,13 +337,27 @@ pub struct VmRequest {
     pub timeout_s: Option<f64>,
 }
 
+/// Where a VM the daemon started is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum VmState {
+    /// Its device and VMM are starting.
+    Starting,
+    /// The guest runs.
+    Running,
+    /// The VMM exited.
+    Exited,
+    /// The VMM could not start.
+    Failed,
+}
+
 /// A VM the daemon started.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct VmStatus {
     /// Its ID.
     pub id: String,
-    /// `starting`, `running`, `exited` or `failed` (the VMM could not start).
-    pub state: String,
+    /// Where it is.
+    pub state: VmState,
     /// The VMM process's exit code, once it exited.
     pub exit_code: Option<i32>,
     /// The VMM's exit line, once the VM ran (`docs/vmm.md`).

@@ -21,8 +21,8 @@ use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
 use crate::runs::query;
-use crate::types::{Created, VmRequest, VmStatus};
-use guest_images::store::ImageId;
+use crate::types::{Created, VmRequest, VmState, VmStatus};
+use guest_images::store::{ImageId, ImageKind};
 
 /// Most VMs that may run at once.
 pub const MAX_LIVE: usize = 4;
@@ -75,12 +75,12 @@ impl Vm {
     fn status(&self) -> VmStatus {
         let serial_bytes = std::fs::metadata(self.serial()).map_or(0, |m| m.len());
         let (state, exit_code, exit, error) = match self.phase().clone() {
-            Phase::Starting => ("starting", None, None, None),
-            Phase::Running => ("running", None, None, None),
-            Phase::Exited { code, exit, error } => ("exited", code, exit, error),
-            Phase::Failed(message) => ("failed", None, None, Some(serde_json::json!({ "message": message }))),
+            Phase::Starting => (VmState::Starting, None, None, None),
+            Phase::Running => (VmState::Running, None, None, None),
+            Phase::Exited { code, exit, error } => (VmState::Exited, code, exit, error),
+            Phase::Failed(message) => (VmState::Failed, None, None, Some(serde_json::json!({ "message": message }))),
         };
-        VmStatus { id: self.id.clone(), state: state.into(), exit_code, exit, error, serial_bytes }
+        VmStatus { id: self.id.clone(), state, exit_code, exit, error, serial_bytes }
     }
 }
 
@@ -134,7 +134,7 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
     let images = daemon.images();
     let kernel = match request.kernel.as_str() {
         "probe" => Kernel::Probe,
-        id if ImageId::of_kind(id, "kernel").is_some() => {
+        id if ImageId::of_kind(id, ImageKind::Kernel).is_some() => {
             let manifest: guest_images::kernel_image::KernelManifest = images.manifest(id)?;
             Kernel::Path(manifest.vmlinux_path(&images))
         }
@@ -146,7 +146,7 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
     };
     let initrd = match &request.initrd {
         None => None,
-        Some(id) if ImageId::of_kind(id, "initramfs").is_some() => {
+        Some(id) if ImageId::of_kind(id, ImageKind::Initramfs).is_some() => {
             let manifest: guest_images::initramfs_build::InitramfsManifest = images.manifest(id)?;
             Some(manifest.archive_path(&images))
         }

@@ -204,7 +204,7 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
     }
 
     let archive = tree.cpio_gz();
-    let id = image_id("initramfs", &[&archive]);
+    let id = image_id(crate::store::ImageKind::Initramfs, &[&archive]);
     let files = tree
         .nodes()
         .iter()

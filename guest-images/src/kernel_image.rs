@@ -173,7 +173,7 @@ fn assemble(
     if !copied.is_ok_and(|s| s.success()) {
         return Err(ImageError::Tool { what: format!("copying {}", modules.display()), detail: "cp -a failed".into() });
     }
-    let id = image_id("kernel", &[&bz, &config_text]);
+    let id = image_id(crate::store::ImageKind::Kernel, &[&bz, &config_text]);
     let manifest = KernelManifest {
         id: id.clone(),
         kind: "kernel".into(),

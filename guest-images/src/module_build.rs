@@ -271,7 +271,10 @@ pub fn build(store: &ImageStore, request: &ModuleRequest) -> Result<ModuleManife
     // The identity: the kernel, the driver and its patched sources. The same again is reused.
     let sources = hash_dir(&dir)?;
     let only = request.only.join(",");
-    let id = image_id("module", &[kernel.id.as_bytes(), driver.as_bytes(), sources.as_bytes(), only.as_bytes()]);
+    let id = image_id(
+        crate::store::ImageKind::Module,
+        &[kernel.id.as_bytes(), driver.as_bytes(), sources.as_bytes(), only.as_bytes()],
+    );
     if let Ok(existing) = store.manifest::<ModuleManifest>(&id) {
         let _ = std::fs::remove_dir_all(&scratch);
         return Ok(existing);

@@ -83,21 +83,51 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// The kinds of image the store holds.
-pub const IMAGE_KINDS: [&str; 3] = ["kernel", "module", "initramfs"];
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageKind {
+    /// A test kernel (bzImage, vmlinux, modules, headers).
+    Kernel,
+    /// A driver variant's modules, built out of tree.
+    Module,
+    /// An initramfs with the guest agent.
+    Initramfs,
+}
+
+impl ImageKind {
+    /// Every kind.
+    pub const ALL: [ImageKind; 3] = [ImageKind::Kernel, ImageKind::Module, ImageKind::Initramfs];
+
+    /// Its name: what an ID of its images starts with.
+    pub fn name(self) -> &'static str {
+        match self {
+            ImageKind::Kernel => "kernel",
+            ImageKind::Module => "module",
+            ImageKind::Initramfs => "initramfs",
+        }
+    }
+}
+
+impl std::fmt::Display for ImageKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How many hex digits follow an image ID's kind.
 const ID_DIGITS: usize = 16;
 
 /// Whether `id` is an ID of an image of `kind` as [`image_id`] makes them: `KIND-` and 16
 /// lowercase hex digits, so that it can name nothing but a folder of the store.
-pub fn is_image_id_of(id: &str, kind: &str) -> bool {
-    id.strip_prefix(kind)
+pub fn is_image_id_of(id: &str, kind: ImageKind) -> bool {
+    id.strip_prefix(kind.name())
         .and_then(|r| r.strip_prefix('-'))
         .is_some_and(|h| h.len() == ID_DIGITS && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)))
 }
 
-/// Whether `id` is an image ID of any kind ([`IMAGE_KINDS`]).
+/// Whether `id` is an image ID of any kind.
 pub fn is_image_id(id: &str) -> bool {
-    IMAGE_KINDS.iter().any(|kind| is_image_id_of(id, kind))
+    ImageKind::ALL.into_iter().any(|kind| is_image_id_of(id, kind))
 }
 
 /// An image's ID, checked: `KIND-` and 16 lowercase hex digits ([`is_image_id`]), so that it
@@ -107,13 +137,13 @@ pub struct ImageId(String);
 
 impl ImageId {
     /// `text` as the ID of an image of `kind`, if it is one.
-    pub fn of_kind(text: &str, kind: &str) -> Option<ImageId> {
+    pub fn of_kind(text: &str, kind: ImageKind) -> Option<ImageId> {
         is_image_id_of(text, kind).then(|| ImageId(text.to_string()))
     }
 
-    /// Its kind: `kernel`, `module` or `initramfs`.
-    pub fn kind(&self) -> &str {
-        self.0.split_once('-').map_or("", |(kind, _)| kind)
+    /// Its kind.
+    pub fn kind(&self) -> ImageKind {
+        ImageKind::ALL.into_iter().find(|&kind| is_image_id_of(&self.0, kind)).unwrap_or(ImageKind::Kernel)
     }
 
     /// The ID as text.
@@ -126,10 +156,9 @@ impl std::str::FromStr for ImageId {
     type Err = String;
 
     fn from_str(text: &str) -> Result<ImageId, String> {
-        IMAGE_KINDS.iter().find_map(|kind| ImageId::of_kind(text, kind)).ok_or_else(|| {
-            format!(
-                "{text:?} is no image ID: give KIND- and {ID_DIGITS} lowercase hex digits, KIND one of {IMAGE_KINDS:?}"
-            )
+        ImageKind::ALL.into_iter().find_map(|kind| ImageId::of_kind(text, kind)).ok_or_else(|| {
+            let kinds = ImageKind::ALL.map(ImageKind::name).join(", ");
+            format!("{text:?} is no image ID: give KIND- and {ID_DIGITS} lowercase hex digits, KIND one of {kinds}")
         })
     }
 }
@@ -141,7 +170,7 @@ impl std::fmt::Display for ImageId {
 }
 
 /// An ID from the parts that identify an image: `KIND-` and 16 hex digits.
-pub fn image_id(kind: &str, parts: &[&[u8]]) -> String {
+pub fn image_id(kind: ImageKind, parts: &[&[u8]]) -> String {
     let mut hasher = Sha256::new();
     for part in parts {
         hasher.update((part.len() as u64).to_le_bytes());
@@ -273,8 +302,8 @@ mod tests {
     #[test]
     fn an_image_id_is_checked_once_and_knows_its_kind() {
         let id: ImageId = "initramfs-0146cab9f2596029".parse().unwrap();
-        assert_eq!((id.kind(), id.as_str()), ("initramfs", "initramfs-0146cab9f2596029"));
-        assert_eq!(ImageId::of_kind("initramfs-0146cab9f2596029", "kernel"), None);
+        assert_eq!((id.kind(), id.as_str()), (ImageKind::Initramfs, "initramfs-0146cab9f2596029"));
+        assert_eq!(ImageId::of_kind("initramfs-0146cab9f2596029", ImageKind::Kernel), None);
         for bad in ["kernel-", "kernel-0146CAB9F2596029", "kernel-0146cab9f25960290", "../kernel-0146cab9f2596029"] {
             assert!(bad.parse::<ImageId>().unwrap_err().contains("no image ID"), "{bad}");
         }
@@ -282,11 +311,11 @@ mod tests {
 
     #[test]
     fn ids_depend_on_every_part_and_its_boundaries() {
-        let a = image_id("module", &[b"ab", b"c"]);
+        let a = image_id(ImageKind::Module, &[b"ab", b"c"]);
         assert_eq!(a.len(), "module-".len() + 16);
-        assert_ne!(a, image_id("module", &[b"a", b"bc"]));
-        assert_eq!(a, image_id("module", &[b"ab", b"c"]));
-        assert!(is_image_id(&a) && is_image_id_of(&a, "module") && !is_image_id_of(&a, "kernel"));
+        assert_ne!(a, image_id(ImageKind::Module, &[b"a", b"bc"]));
+        assert_eq!(a, image_id(ImageKind::Module, &[b"ab", b"c"]));
+        assert!(is_image_id(&a) && is_image_id_of(&a, ImageKind::Module) && !is_image_id_of(&a, ImageKind::Kernel));
         for bad in ["module-", "module-0", "module-../../etc/x", "modules-0123456789abcdef", "kernel-0123456789ABCDEF"]
         {
             assert!(!is_image_id(bad), "{bad}");

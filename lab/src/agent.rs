@@ -10,8 +10,10 @@
 //! A frame is trusted only whole: its header, exactly the bytes it announced, and its end line.
 //! Anything else on the port (a torn frame, noise) is skipped and counted, never guessed at.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::matrix::Direction;
 use vm_spec::model_control::ModelReport;
 
 /// The header line's marker.
@@ -21,13 +23,98 @@ pub const END: &str = "@@END ";
 /// The largest payload a frame may announce.
 pub const MAX_PAYLOAD: usize = 64 << 20;
 
+/// What a frame is. The agent may send kinds this lab does not know (a newer agent): they are
+/// kept as [`FrameKind::Other`] and read by nobody.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, strum::Display, strum::EnumString)]
+#[strum(serialize_all = "kebab-case")]
+pub enum FrameKind {
+    /// The agent started: its version and command line.
+    Hello,
+    /// A step's result.
+    Step,
+    /// The workload starts: the lab reads the counters now.
+    WorkloadBegin,
+    /// The workload ended: the lab reads the counters now.
+    WorkloadEnd,
+    /// iperf3's JSON.
+    Iperf3,
+    /// The whole kernel log, at the end.
+    Dmesg,
+    /// The kernel log the workload added.
+    DmesgDelta,
+    /// The agent is done, with the driver unloaded: the lab reads what the teardown left.
+    Done,
+    /// The interface's counters before the workload.
+    NetdevBefore,
+    /// The interface's counters after the workload.
+    NetdevAfter,
+    /// `ethtool -S` before the workload.
+    #[strum(serialize = "ethtool-S-before")]
+    EthtoolSBefore,
+    /// `ethtool -S` after the workload.
+    #[strum(serialize = "ethtool-S-after")]
+    EthtoolSAfter,
+    /// `/proc/interrupts` before the workload.
+    InterruptsBefore,
+    /// `/proc/interrupts` after the workload.
+    InterruptsAfter,
+    /// `/proc/softirqs` before the workload.
+    SoftirqsBefore,
+    /// `/proc/softirqs` after the workload.
+    SoftirqsAfter,
+    /// A kind this lab does not know.
+    #[strum(default, to_string = "{0}")]
+    Other(String),
+}
+
+impl Serialize for FrameKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// A frame's header line, without its marker: `SEQ KIND FORMAT LENGTH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Its sequence number.
+    pub seq: u64,
+    /// What the frame is.
+    pub kind: FrameKind,
+    /// Whether the payload is text (else JSON).
+    pub text: bool,
+    /// The payload's length in bytes.
+    pub len: usize,
+}
+
+impl Header {
+    /// Parses a header line (with or without its marker and line end); `None` for anything that
+    /// is not a whole, well-formed header.
+    pub fn parse(line: &[u8]) -> Option<Header> {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        let line = line.strip_prefix(BEGIN.as_bytes()).unwrap_or(line);
+        let line = std::str::from_utf8(line).ok()?;
+        let [seq, kind, format, len] = line.split(' ').collect::<Vec<_>>()[..] else { return None };
+        let text = match format {
+            "json" => false,
+            "text" => true,
+            _ => return None,
+        };
+        let len = len.parse::<usize>().ok().filter(|&len| len <= MAX_PAYLOAD)?;
+        if kind.is_empty() {
+            return None;
+        }
+        let kind = kind.parse().unwrap_or_else(|_| FrameKind::Other(kind.to_string()));
+        Some(Header { seq: seq.parse().ok()?, kind, text, len })
+    }
+}
+
 /// One frame.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Frame {
     /// Its sequence number.
     pub seq: u64,
-    /// What it is: `hello`, `step`, `iperf3`, `netdev-before`, `ethtool-S-after`, `dmesg`, `done`, ...
-    pub kind: String,
+    /// What it is.
+    pub kind: FrameKind,
     /// The payload: JSON as sent, or a text frame as a JSON string.
     pub payload: Value,
 }
@@ -65,20 +152,7 @@ pub fn parse(data: &[u8]) -> Frames {
             out.broken += 1;
             break;
         };
-        let header = String::from_utf8_lossy(&data[start + BEGIN.len()..line_end]).into_owned();
-        let fields: Vec<&str> = header.split(' ').collect();
-        let parsed = match fields.as_slice() {
-            [seq, kind, format, len] => match (seq.parse::<u64>(), len.parse::<usize>()) {
-                (Ok(seq), Ok(len))
-                    if len <= MAX_PAYLOAD && (*format == "json" || *format == "text") && !kind.is_empty() =>
-                {
-                    Some((seq, kind.to_string(), *format == "text", len))
-                }
-                _ => None,
-            },
-            _ => None,
-        };
-        let Some((seq, kind, text, len)) = parsed else {
+        let Some(Header { seq, kind, text, len }) = Header::parse(&data[start..line_end]) else {
             out.broken += 1;
             at = line_end + 1;
             continue;
@@ -112,19 +186,68 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 
 impl Frames {
     /// The first frame of `kind`.
-    pub fn first(&self, kind: &str) -> Option<&Value> {
+    pub fn first(&self, kind: FrameKind) -> Option<&Value> {
         self.frames.iter().find(|f| f.kind == kind).map(|f| &f.payload)
     }
 
-    /// The `step` frames, in order.
-    pub fn steps(&self) -> impl Iterator<Item = &Value> {
-        self.frames.iter().filter(|f| f.kind == "step").map(|f| &f.payload)
+    /// The frames of `kind`, in order.
+    pub fn all(&self, kind: FrameKind) -> impl Iterator<Item = &Value> {
+        self.frames.iter().filter(move |f| f.kind == kind).map(|f| &f.payload)
+    }
+
+    /// The `step` frames, in order (a step frame that is not one is skipped).
+    pub fn steps(&self) -> impl Iterator<Item = Step> + '_ {
+        self.all(FrameKind::Step).filter_map(|s| Step::deserialize(s).ok())
     }
 
     /// The last result of step `name`.
-    pub fn step(&self, name: &str) -> Option<&Value> {
-        self.steps().filter(|s| s["step"] == name).last()
+    pub fn step(&self, name: &str) -> Option<Step> {
+        self.steps().filter(|s| s.step == name).last()
     }
+
+    /// When step `name` ended, ms of the guest's uptime, if it passed.
+    pub fn passed_at_ms(&self, name: &str) -> Option<f64> {
+        self.step(name).filter(|s| s.status == StepStatus::Ok).and_then(|s| s.at).map(|at| at * 1e3)
+    }
+
+    /// The workload's direction, as its begin frame gives it.
+    pub fn direction(&self) -> Option<Direction> {
+        self.first(FrameKind::WorkloadBegin)?.get("direction").and_then(|d| Direction::deserialize(d).ok())
+    }
+}
+
+/// How a step went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::Display)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum StepStatus {
+    /// It passed.
+    Ok,
+    /// It failed, for its reason.
+    Fail,
+    /// It did not run: an earlier step failed.
+    Skip,
+}
+
+/// A step's frame: `{"step":"probe","status":"ok","reason":"","secs":1.20,"at":2.3,...facts}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// Its name.
+    pub step: String,
+    /// How it went.
+    pub status: StepStatus,
+    /// Why it failed or was skipped.
+    #[serde(default)]
+    pub reason: String,
+    /// Seconds it took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secs: Option<f64>,
+    /// When it ended, seconds of the guest's uptime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<f64>,
+    /// What else it found (`if`, `fw`, `rx_ring`, ...).
+    #[serde(flatten)]
+    pub facts: serde_json::Map<String, Value>,
 }
 
 /// Kernel messages that fail a run: warnings, BUGs, oopses, lockups, stalls, transmit
@@ -175,7 +298,7 @@ pub struct Verdict {
     /// Every step passed, the agent finished, and no kernel fault showed.
     pub ok: bool,
     /// Each step: name, status, and its frame.
-    pub steps: Vec<(String, String, Value)>,
+    pub steps: Vec<Step>,
     /// What is wrong, one line each.
     pub problems: Vec<String>,
     /// The kernel faults seen (on the console or in the agent's dmesg frames).
@@ -185,20 +308,13 @@ pub struct Verdict {
 /// Judges a run from the agent's frames and the console log.
 pub fn verdict(frames: &Frames, console: &str) -> Verdict {
     let mut problems = Vec::new();
-    let steps: Vec<(String, String, Value)> = frames
-        .steps()
-        .map(|s| {
-            (s["step"].as_str().unwrap_or("?").to_string(), s["status"].as_str().unwrap_or("?").to_string(), s.clone())
-        })
-        .collect();
-    for (name, status, frame) in &steps {
-        if status == "fail" {
-            problems.push(format!("step {name} failed: {}", frame["reason"].as_str().unwrap_or("")));
-        }
+    let steps: Vec<Step> = frames.steps().collect();
+    for step in steps.iter().filter(|s| s.status == StepStatus::Fail) {
+        problems.push(format!("step {} failed: {}", step.step, step.reason));
     }
-    match frames.first("done") {
+    match frames.first(FrameKind::Done) {
         None => {
-            let last = steps.last().map_or("none".to_string(), |s| s.0.clone());
+            let last = steps.last().map_or("none".to_string(), |s| s.step.clone());
             problems.push(format!("the agent did not finish; its last step: {last}"));
         }
         Some(done) if done["ok"] != true && problems.is_empty() => problems.push(format!("the agent says: {done}")),
@@ -208,7 +324,7 @@ pub fn verdict(frames: &Frames, console: &str) -> Verdict {
         problems.push(format!("{} broken frame(s) on the result port", frames.broken));
     }
     let mut log = console.to_string();
-    for frame in frames.frames.iter().filter(|f| f.kind == "dmesg" || f.kind == "dmesg-delta") {
+    for frame in frames.frames.iter().filter(|f| matches!(f.kind, FrameKind::Dmesg | FrameKind::DmesgDelta)) {
         log.push('\n');
         log.push_str(frame.payload.as_str().unwrap_or_default());
     }
@@ -276,14 +392,10 @@ pub fn linux_check(dir: &std::path::Path) -> std::io::Result<LinuxCheck> {
     let console = String::from_utf8_lossy(&console).into_owned();
     let mut verdict = verdict(&frames, &console);
     let mut iperf = Vec::new();
-    let directions: Vec<String> = frames
-        .frames
-        .iter()
-        .filter(|f| f.kind == "workload-begin")
-        .map(|f| f.payload["direction"].as_str().unwrap_or("?").to_string())
-        .collect();
-    for (direction, frame) in directions.iter().zip(frames.frames.iter().filter(|f| f.kind == "iperf3")) {
-        if let Some(figures) = iperf_figures(&frame.payload) {
+    let directions: Vec<String> =
+        frames.all(FrameKind::WorkloadBegin).map(|f| f["direction"].as_str().unwrap_or("?").to_string()).collect();
+    for (direction, payload) in directions.iter().zip(frames.all(FrameKind::Iperf3)) {
+        if let Some(figures) = iperf_figures(payload) {
             iperf.push((direction.clone(), figures));
         }
     }
@@ -333,18 +445,17 @@ impl LinuxCheck {
     /// `result: PASS` or `result: FAIL` with the problems.
     pub fn summary(&self) -> String {
         let mut out = String::from("steps:\n");
-        for (name, status, frame) in &self.verdict.steps {
-            let facts: Vec<String> = frame
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter(|(k, v)| {
-                    let empty_reason = k.as_str() == "reason" && v.as_str() == Some("");
-                    !(matches!(k.as_str(), "step" | "status") || empty_reason)
-                })
-                .map(|(k, v)| format!("{k}={}", v.as_str().map_or(v.to_string(), |s| s.replace(' ', "_"))))
-                .collect();
-            out.push_str(&format!("  {name:<18} {status:<5} {}\n", facts.join(" ")));
+        for step in &self.verdict.steps {
+            let fact =
+                |k: &str, v: &Value| format!("{k}={}", v.as_str().map_or(v.to_string(), |s| s.replace(' ', "_")));
+            let mut facts: Vec<String> = Vec::new();
+            if !step.reason.is_empty() {
+                facts.push(fact("reason", &Value::from(step.reason.as_str())));
+            }
+            facts.extend(step.secs.map(|v| fact("secs", &Value::from(v))));
+            facts.extend(step.at.map(|v| fact("at", &Value::from(v))));
+            facts.extend(step.facts.iter().map(|(k, v)| fact(k, v)));
+            out.push_str(&format!("  {:<18} {:<5} {}\n", step.step, step.status.to_string(), facts.join(" ")));
         }
         for (direction, f) in &self.iperf {
             let retransmits = f.retransmits.map_or(String::new(), |r| format!(", {r} retransmits"));
@@ -396,11 +507,11 @@ mod tests {
         port.extend(encode(5, "step", false, br#"{"step":"probe","status":"ok"}"#));
         port.extend(encode(6, "step", false, b"not json"));
         let frames = parse(&port);
-        let kinds: Vec<&str> = frames.frames.iter().map(|f| f.kind.as_str()).collect();
+        let kinds: Vec<String> = frames.frames.iter().map(|f| f.kind.to_string()).collect();
         assert_eq!(kinds, ["hello", "dmesg", "step"]);
         assert_eq!(frames.broken, 2, "the torn frame and the invalid JSON");
-        assert_eq!(frames.first("dmesg").unwrap().as_str().unwrap().lines().count(), 2);
-        assert_eq!(frames.step("probe").unwrap()["status"], "ok");
+        assert_eq!(frames.first(FrameKind::Dmesg).unwrap().as_str().unwrap().lines().count(), 2);
+        assert_eq!(frames.step("probe").unwrap().status, StepStatus::Ok);
     }
 
     #[test]
@@ -478,14 +589,14 @@ mod tests {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let frames = parse(&std::fs::read(dir.path().join("port")).unwrap());
         assert_eq!(frames.broken, 0);
-        let kinds: Vec<&str> = frames.frames.iter().map(|f| f.kind.as_str()).collect();
+        let kinds: Vec<String> = frames.frames.iter().map(|f| f.kind.to_string()).collect();
         assert_eq!(kinds, ["hello", "step", "step", "interrupts-before", "dmesg-delta", "done"]);
-        assert_eq!(frames.step("probe").unwrap()["fw"], "3.1.38");
+        assert_eq!(frames.step("probe").unwrap().facts["fw"], "3.1.38");
         let ping = frames.step("ping").unwrap();
-        assert_eq!((ping["status"].as_str(), ping["received"].as_u64()), (Some("fail"), Some(0)));
-        assert_eq!(ping["reason"], "ping 10.77.0.1: no reply", "quotes are dropped, not breaking the JSON");
-        assert!(frames.first("interrupts-before").unwrap().as_str().unwrap().contains("PCI-MSI atlantic"));
-        assert_eq!(frames.first("dmesg-delta").unwrap(), "plain text\twith a tab\n");
+        assert_eq!((ping.status, ping.facts["received"].as_u64()), (StepStatus::Fail, Some(0)));
+        assert_eq!(ping.reason, "ping 10.77.0.1: no reply", "quotes are dropped, not breaking the JSON");
+        assert!(frames.first(FrameKind::InterruptsBefore).unwrap().as_str().unwrap().contains("PCI-MSI atlantic"));
+        assert_eq!(frames.first(FrameKind::DmesgDelta).unwrap(), "plain text\twith a tab\n");
         let verdict = verdict(&frames, "");
         assert!(!verdict.ok && verdict.problems[0].starts_with("step ping failed"));
     }

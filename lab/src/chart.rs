@@ -3,6 +3,7 @@
 
 use plotters::prelude::*;
 
+use crate::metric::Metric;
 use crate::report::Report;
 
 /// Pixels of the whole chart.
@@ -20,12 +21,12 @@ struct Bar {
     interval: Option<[f64; 2]>,
 }
 
-fn bars(report: &Report, metric: &str) -> Vec<Bar> {
+fn bars(report: &Report, metric: Metric) -> Vec<Bar> {
     report
         .cells
         .iter()
         .map(|c| {
-            let m = c.metrics.get(metric);
+            let m = c.metrics.get(&metric);
             Bar {
                 label: report.label(c),
                 mean: m.map_or(0.0, |m| m.moments.mean),
@@ -87,8 +88,8 @@ pub fn svg(report: &Report) -> Result<String, ChartError> {
         let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(|e| ChartError(e.to_string()))?;
         let (left, right) = root.split_horizontally(SIZE.0 / 2);
-        panel(&left, "throughput, Gbit/s", &bars(report, "gbit_s"), RGBColor(0x2b, 0x6c, 0xb0))?;
-        panel(&right, "IOMMU maps per packet", &bars(report, "maps_per_packet"), RGBColor(0xc0, 0x5a, 0x20))?;
+        panel(&left, "throughput, Gbit/s", &bars(report, Metric::GbitS), RGBColor(0x2b, 0x6c, 0xb0))?;
+        panel(&right, "IOMMU maps per packet", &bars(report, Metric::MapsPerPacket), RGBColor(0xc0, 0x5a, 0x20))?;
         root.present().map_err(|e| ChartError(e.to_string()))?;
     }
     Ok(out)
@@ -97,17 +98,19 @@ pub fn svg(report: &Report) -> Result<String, ChartError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{CellReport, Metric};
+    use crate::matrix::EngineKind;
+    use crate::report::{CellReport, MetricSummary, RunEngine};
     use crate::stats::Moments;
+    use crate::store::RunState;
     use std::collections::BTreeMap;
 
     #[test]
     fn the_chart_is_an_svg_with_a_bar_and_label_per_cell() {
         let cell = |variant: &str, gbit: f64, maps: f64| {
             let mut metrics = BTreeMap::new();
-            for (name, v) in [("gbit_s", gbit), ("maps_per_packet", maps)] {
+            for (name, v) in [(Metric::GbitS, gbit), (Metric::MapsPerPacket, maps)] {
                 let moments = Moments::of(&[v * 0.98, v, v * 1.02]).unwrap();
-                metrics.insert(name, Metric { moments, change: None });
+                metrics.insert(name, MetricSummary { moments, change: None });
             }
             CellReport {
                 cell: "c".into(),
@@ -116,7 +119,7 @@ mod tests {
                 params: BTreeMap::new(),
                 workload: "rx".into(),
                 device: "aq".into(),
-                engine: "driverlab".into(),
+                engine: Some(EngineKind::Driverlab),
                 direction: None,
                 n: 3,
                 status: BTreeMap::new(),
@@ -133,8 +136,8 @@ mod tests {
         let report = Report {
             run: "r".into(),
             matrix: "m".into(),
-            state: "done".into(),
-            engine: "driverlab".into(),
+            state: RunState::Done,
+            engine: RunEngine::Driverlab,
             baseline: None,
             cells: vec![cell("flip", 0.06, 0.5), cell("order3", 0.35, 0.0625), cell("pool", 2.9, 0.0)],
         };

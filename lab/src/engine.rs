@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use vm_spec::control::{LiveCounters, ShutdownRequest};
 use vm_spec::counters::{IommuCounts, ModelCounters};
 use vm_spec::model_control::ModelReport;
-use vm_spec::{ErrorLine, ExitSummary, Kernel, SerialOutput, VmSpec};
+use vm_spec::{ErrorLine, ExitReason, ExitSummary, Kernel, SerialOutput, VmSpec};
 
+use crate::agent::{FrameKind, Header};
 use crate::file_watch::{FileWatch, Waker, Woken};
 use crate::model_process::ModelProcess;
 use crate::qemu::{Accel, Machine, Qemu, Trace};
@@ -37,10 +38,10 @@ pub enum Ending {
     Killed,
     /// It ended without saying why.
     Unexplained(String),
-    /// The guest stopped: `poweroff`, `reset`, `panic`, `timeout`, `shutdown`, ... and details.
+    /// The VM stopped, for the reason its exit line gives, with its details.
     Stopped {
         /// Why.
-        reason: String,
+        reason: ExitReason,
         /// Details, for errors.
         detail: Option<String>,
     },
@@ -82,7 +83,7 @@ impl Window {
     /// (the model never counts fewer) holds however the two reads are spaced.
     fn saw(
         &mut self,
-        kinds: &[String],
+        kinds: &[FrameKind],
         at_ms: f64,
         iommu: impl Fn() -> Option<IommuCounts>,
         model: impl Fn() -> Option<ModelCounters>,
@@ -99,13 +100,13 @@ impl Window {
             Snapshot { iommu, model: model() }
         };
         for kind in kinds {
-            match kind.as_str() {
-                "workload-begin" => {
+            match kind {
+                FrameKind::WorkloadBegin => {
                     self.begin = Some(model_first());
                     self.begin_ms = Some(at_ms);
                 }
-                "workload-end" => self.end = Some(iommu_first()),
-                "done" => self.done = Some(iommu_first()),
+                FrameKind::WorkloadEnd => self.end = Some(iommu_first()),
+                FrameKind::Done => self.done = Some(iommu_first()),
                 _ => {}
             }
         }
@@ -180,19 +181,18 @@ impl AgentFrames {
     /// The kinds of the frames that arrived since the last look. Only whole lines count: a
     /// header line the guest is still writing (COM2 moves a byte per exit) is read next time.
     /// Reads only what is new.
-    fn fresh(&mut self, log: Option<&Path>) -> Vec<String> {
+    fn fresh(&mut self, log: Option<&Path>) -> Vec<FrameKind> {
         let Some(mut file) = log.and_then(|l| std::fs::File::open(l).ok()) else { return Vec::new() };
         let mut data = Vec::new();
         if file.seek(SeekFrom::Start(self.seen)).is_err() || file.read_to_end(&mut data).is_err() {
             return Vec::new();
         }
         let Some(end) = data.iter().rposition(|&b| b == b'\n') else { return Vec::new() };
-        let fresh = String::from_utf8_lossy(&data[..end + 1]).into_owned();
         self.seen += end as u64 + 1;
-        fresh
-            .lines()
-            .filter(|l| l.starts_with(crate::agent::BEGIN))
-            .filter_map(|l| l.split(' ').nth(2).map(String::from))
+        data[..end + 1]
+            .split(|&b| b == b'\n')
+            .filter(|l| l.starts_with(crate::agent::BEGIN.as_bytes()))
+            .filter_map(|l| Header::parse(l).map(|h| h.kind))
             .collect()
     }
 }
@@ -235,7 +235,7 @@ pub fn run_driverlab(
     } else if outcome.killed {
         Ending::Killed
     } else if let Some(exit) = &outcome.exit {
-        Ending::Stopped { reason: exit.reason.clone(), detail: exit.detail.clone() }
+        Ending::Stopped { reason: exit.reason, detail: exit.detail.clone() }
     } else {
         let how = outcome.signal().map_or(format!("exit code {:?}", outcome.code()), |s| format!("signal {s}"));
         // Its last words, when it had any (a seccomp violation names its system call).
@@ -518,14 +518,18 @@ pub fn run_qemu(boot: &QemuBoot<'_>, spec: &VmSpec, watch: &Watch, model: Option
     };
     let ending = match status {
         _ if killed => Ending::Killed,
-        _ if timed_out => Ending::Stopped { reason: "timeout".into(), detail: None },
+        _ if timed_out => Ending::Stopped { reason: ExitReason::Timeout, detail: None },
         None => Ending::Unexplained("QEMU could not be waited for".into()),
         Some(status) if !status.success() && silent_for.is_none() => Ending::Unexplained(format!(
             "QEMU exited with {status}: {}",
             complaint().unwrap_or_else(|| "it printed nothing (qemu.log)".into())
         )),
         Some(_) => match trace.shutdown {
-            Some(cause) => Ending::Stopped { reason: crate::qemu::exit_reason(cause).into(), detail: None },
+            Some(cause) => Ending::Stopped {
+                reason: cause.exit_reason(),
+                detail: (cause.exit_reason() == ExitReason::VmmError)
+                    .then(|| format!("QEMU stopped for {}", cause.name())),
+            },
             None => Ending::Unexplained("QEMU ended without a shutdown request in its trace".into()),
         },
     };
@@ -580,10 +584,9 @@ mod tests {
             Some(ModelCounters::default())
         };
         let mut window = Window::default();
-        let kinds = |k: &str| vec![k.to_string()];
-        window.saw(&kinds("workload-begin"), 1.0, iommu, model);
-        window.saw(&kinds("workload-end"), 2.0, iommu, model);
-        window.saw(&kinds("done"), 3.0, iommu, model);
+        window.saw(&[FrameKind::WorkloadBegin], 1.0, iommu, model);
+        window.saw(&[FrameKind::WorkloadEnd], 2.0, iommu, model);
+        window.saw(&[FrameKind::Done], 3.0, iommu, model);
         assert_eq!(*order.borrow(), ["model", "iommu", "iommu", "model", "iommu", "model"]);
         assert!(window.begin.is_some() && window.end.is_some() && window.done.is_some());
         assert_eq!(window.begin_ms, Some(1.0));
@@ -605,7 +608,7 @@ mod tests {
         let mut frames = AgentFrames::default();
         assert!(frames.fresh(Some(&log)).is_empty(), "no file yet");
         std::fs::write(&log, crate::agent::encode(1, "workload-begin", false, b"{}")).unwrap();
-        assert_eq!(frames.fresh(Some(&log)), ["workload-begin"]);
+        assert_eq!(frames.fresh(Some(&log)), [FrameKind::WorkloadBegin]);
         assert!(frames.fresh(Some(&log)).is_empty(), "each frame once");
         // A header line caught half written is read whole the next time.
         let whole = crate::agent::encode(2, "workload-end", false, b"{}");
@@ -613,6 +616,6 @@ mod tests {
         std::io::Write::write_all(&mut file, &whole[..9]).unwrap();
         assert!(frames.fresh(Some(&log)).is_empty(), "nothing whole yet");
         std::io::Write::write_all(&mut file, &whole[9..]).unwrap();
-        assert_eq!(frames.fresh(Some(&log)), ["workload-end"]);
+        assert_eq!(frames.fresh(Some(&log)), [FrameKind::WorkloadEnd]);
     }
 }

@@ -101,7 +101,7 @@ pub fn check_nic(
     if let Some(error) = &out.error {
         failures.push(error.message.clone());
     } else if out.code() != Some(0) {
-        let reason = out.exit.as_ref().map_or("no exit line".to_string(), |e| e.reason.clone());
+        let reason = out.exit.as_ref().map_or("no exit line".to_string(), |e| e.reason.to_string());
         failures.push(format!("the VM ended with {reason} (exit code {:?})", out.code()));
     } else if report.done().is_none() {
         failures.push("the probe did not finish its report".into());

@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use guest_images::store::ImageId;
+use guest_images::store::{ImageId, ImageKind};
 use serde::{Deserialize, Serialize};
 
 /// An image's kernel.
@@ -40,9 +40,8 @@ impl FromStr for KernelRef {
                     Err("`debian:` needs a package, e.g. debian:linux-image-6.12.48+deb13-amd64-unsigned".into())
                 }
                 Some(package) => Ok(KernelRef::Debian { package: Some(package.into()) }),
-                None => {
-                    Ok(ImageId::of_kind(text, "kernel").map_or_else(|| KernelRef::Path(text.into()), KernelRef::Store))
-                }
+                None => Ok(ImageId::of_kind(text, ImageKind::Kernel)
+                    .map_or_else(|| KernelRef::Path(text.into()), KernelRef::Store)),
             },
         }
     }
@@ -94,7 +93,8 @@ impl FromStr for InitrdRef {
         match text {
             "" => Err("give `agent`, an initramfs image's ID or an initrd path".into()),
             "agent" => Ok(InitrdRef::Agent),
-            _ => Ok(ImageId::of_kind(text, "initramfs").map_or_else(|| InitrdRef::Path(text.into()), InitrdRef::Store)),
+            _ => Ok(ImageId::of_kind(text, ImageKind::Initramfs)
+                .map_or_else(|| InitrdRef::Path(text.into()), InitrdRef::Store)),
         }
     }
 }

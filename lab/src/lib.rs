@@ -20,6 +20,7 @@ pub mod image_ref;
 pub mod images;
 pub mod kcidb;
 pub mod matrix;
+pub mod metric;
 pub mod model_process;
 pub mod nested_box;
 pub mod peer;

@@ -47,10 +47,23 @@ pub const MAX_REPETITIONS: u32 = 1000;
 /// Most cells one matrix may expand into.
 pub const MAX_CELLS: usize = 10_000;
 
+/// What kind of mistake a [`MatrixError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixErrorKind {
+    /// The file cannot be read.
+    Unreadable,
+    /// It does not parse: TOML syntax, an unknown field, a value of the wrong type.
+    Syntax,
+    /// It parses and does not check out.
+    Invalid,
+}
+
 /// A matrix that does not check out, with the file, line and field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}{}: {field}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
 pub struct MatrixError {
+    /// What kind of mistake it is.
+    pub kind: MatrixErrorKind,
     /// The matrix file.
     pub file: PathBuf,
     /// The line, when known.
@@ -101,6 +114,7 @@ impl Matrix {
     /// [`Plan::from_matrix`] checks.
     pub fn from_toml(file: &Path, text: &str) -> Result<Matrix, MatrixError> {
         toml::from_str(text).map_err(|e| MatrixError {
+            kind: MatrixErrorKind::Syntax,
             file: file.to_path_buf(),
             line: e.span().map(|s| line_of(text, s)),
             field: "syntax".into(),
@@ -401,7 +415,7 @@ pub struct Image {
     pub module: Option<String>,
     /// What runs it: `driverlab` (this project's VMM) or `qemu` (the reference engine).
     #[serde(default)]
-    pub engine: Engine,
+    pub engine: EngineKind,
     /// How the QEMU engine runs guest code: `tcg` (default) or `kvm`.
     #[serde(default)]
     pub accel: crate::qemu::Accel,
@@ -424,9 +438,25 @@ fn default_driver_folder() -> String {
 }
 
 /// What runs an image's VMs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::IntoStaticStr,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
-pub enum Engine {
+#[strum(serialize_all = "lowercase")]
+pub enum EngineKind {
     /// This project's VMM (`driverlab vm run`).
     #[default]
     Driverlab,
@@ -434,13 +464,10 @@ pub enum Engine {
     Qemu,
 }
 
-impl Engine {
+impl EngineKind {
     /// Its name in records and reports.
     pub fn name(self) -> &'static str {
-        match self {
-            Engine::Driverlab => "driverlab",
-            Engine::Qemu => "qemu",
-        }
+        self.into()
     }
 }
 
@@ -583,8 +610,9 @@ fn default_mtu() -> u32 {
 }
 
 /// Traffic direction, seen from the guest.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, strum::Display, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Direction {
     /// The guest receives.
     #[default]
@@ -596,8 +624,9 @@ pub enum Direction {
 }
 
 /// Transport protocol.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, strum::Display)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Protocol {
     /// TCP.
     #[default]
@@ -666,6 +695,7 @@ impl Plan {
     /// Reads, checks and expands the matrix at `path`.
     pub fn load(path: &Path) -> Result<Plan, MatrixError> {
         let text = std::fs::read_to_string(path).map_err(|e| MatrixError {
+            kind: MatrixErrorKind::Unreadable,
             file: path.to_path_buf(),
             line: None,
             field: "file".into(),
@@ -753,6 +783,7 @@ struct Checker<'a> {
 impl Checker<'_> {
     fn error(&self, span: Option<Range<usize>>, field: impl Into<String>, message: impl Into<String>) -> MatrixError {
         MatrixError {
+            kind: MatrixErrorKind::Invalid,
             file: self.file.to_path_buf(),
             line: span.zip(self.text).map(|(s, text)| line_of(text, s)),
             field: field.into(),
@@ -839,7 +870,7 @@ impl Checker<'_> {
                     "initrd = \"agent\" is built for a kernel image: give kernel = \"debian\" or a kernel image's ID",
                 ));
             }
-            if image.engine == Engine::Driverlab && image.accel != crate::qemu::Accel::Tcg {
+            if image.engine == EngineKind::Driverlab && image.accel != crate::qemu::Accel::Tcg {
                 return Err(self.error(Some(span), format!("image[{i}].accel"), "accel is for engine = \"qemu\""));
             }
         }

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::{Deserialize, Serialize};
-use vm_spec::DeviceSpec;
 use vm_spec::counters::IommuCounts;
+use vm_spec::{DeviceSpec, ExitReason};
 
 /// What the chroot must hold; the marker file of a complete one says so.
 pub(crate) const PACKAGES: &str = "qemu-system-x86";
@@ -231,7 +231,7 @@ pub struct Trace {
     /// A line not yet ended.
     partial: String,
     /// Why QEMU was asked to stop, as QEMU names it.
-    pub shutdown: Option<&'static str>,
+    pub shutdown: Option<ShutdownCause>,
 }
 
 impl Trace {
@@ -311,40 +311,87 @@ impl Trace {
             }
             "virtio_iommu_report_fault" => c.faults += 1,
             "qemu_system_shutdown_request" => {
-                self.shutdown = fields.get("reason").map(|&r| shutdown_cause(r));
+                self.shutdown = fields.get("reason").and_then(|&r| ShutdownCause::from_number(r));
             }
             _ => {}
         }
     }
 }
 
-/// QEMU's `ShutdownCause`, by its number (qapi/run-state.json, in order).
-fn shutdown_cause(n: u64) -> &'static str {
-    const CAUSES: [&str; 11] = [
-        "none",
-        "host-error",
-        "host-qmp-quit",
-        "host-qmp-system-reset",
-        "host-signal",
-        "host-ui",
-        "guest-shutdown",
-        "guest-reset",
-        "guest-panic",
-        "subsystem-reset",
-        "snapshot-load",
-    ];
-    CAUSES.get(n as usize).copied().unwrap_or("unknown")
+/// QEMU's `ShutdownCause` (qapi/run-state.json), which its trace gives by number, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownCause {
+    /// No cause.
+    None,
+    /// An error in QEMU.
+    HostError,
+    /// QMP `quit`.
+    HostQmpQuit,
+    /// QMP `system_reset`.
+    HostQmpSystemReset,
+    /// A signal to QEMU (the lab's SIGTERM).
+    HostSignal,
+    /// QEMU's user interface.
+    HostUi,
+    /// The guest powered off.
+    GuestShutdown,
+    /// The guest reset.
+    GuestReset,
+    /// The guest panicked (pvpanic).
+    GuestPanic,
+    /// A subsystem reset.
+    SubsystemReset,
+    /// A snapshot was loaded.
+    SnapshotLoad,
 }
 
-/// The lab's exit reason for QEMU's shutdown cause: `poweroff`, `reset`, `panic`, `shutdown`
-/// (the lab stopped it) or, for anything else, QEMU's name.
-pub fn exit_reason(cause: &str) -> &str {
-    match cause {
-        "guest-shutdown" => "poweroff",
-        "guest-reset" => "reset",
-        "guest-panic" => "panic",
-        "host-signal" | "host-qmp-quit" => "shutdown",
-        other => other,
+impl ShutdownCause {
+    const ALL: [ShutdownCause; 11] = [
+        ShutdownCause::None,
+        ShutdownCause::HostError,
+        ShutdownCause::HostQmpQuit,
+        ShutdownCause::HostQmpSystemReset,
+        ShutdownCause::HostSignal,
+        ShutdownCause::HostUi,
+        ShutdownCause::GuestShutdown,
+        ShutdownCause::GuestReset,
+        ShutdownCause::GuestPanic,
+        ShutdownCause::SubsystemReset,
+        ShutdownCause::SnapshotLoad,
+    ];
+
+    /// The cause numbered `n` in QEMU's trace.
+    fn from_number(n: u64) -> Option<ShutdownCause> {
+        ShutdownCause::ALL.get(usize::try_from(n).ok()?).copied()
+    }
+
+    /// QEMU's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ShutdownCause::None => "none",
+            ShutdownCause::HostError => "host-error",
+            ShutdownCause::HostQmpQuit => "host-qmp-quit",
+            ShutdownCause::HostQmpSystemReset => "host-qmp-system-reset",
+            ShutdownCause::HostSignal => "host-signal",
+            ShutdownCause::HostUi => "host-ui",
+            ShutdownCause::GuestShutdown => "guest-shutdown",
+            ShutdownCause::GuestReset => "guest-reset",
+            ShutdownCause::GuestPanic => "guest-panic",
+            ShutdownCause::SubsystemReset => "subsystem-reset",
+            ShutdownCause::SnapshotLoad => "snapshot-load",
+        }
+    }
+
+    /// The exit reason driverlab's VMM would give for it: the guest's power-off, reset and
+    /// panic, `shutdown` when the lab stopped QEMU, and a VMM error for anything else.
+    pub fn exit_reason(self) -> ExitReason {
+        match self {
+            ShutdownCause::GuestShutdown => ExitReason::Poweroff,
+            ShutdownCause::GuestReset => ExitReason::Reset,
+            ShutdownCause::GuestPanic => ExitReason::Panic,
+            ShutdownCause::HostSignal | ShutdownCause::HostQmpQuit => ExitReason::Shutdown,
+            _ => ExitReason::VmmError,
+        }
     }
 }
 
@@ -374,8 +421,8 @@ qemu_system_shutdown_request reason=6
         assert_eq!(c.map_bytes, 0x1000 + 0x1000 + 0x20000);
         assert_eq!((c.map_pages, c.unmapped_bytes), (34, 0x2000), "one unmap covering two mappings");
         assert_eq!((c.live_mappings, c.peak_mappings), (1, 3));
-        assert_eq!(trace.shutdown, Some("guest-shutdown"));
-        assert_eq!(exit_reason(trace.shutdown.unwrap()), "poweroff");
+        assert_eq!(trace.shutdown, Some(ShutdownCause::GuestShutdown));
+        assert_eq!(trace.shutdown.unwrap().exit_reason(), ExitReason::Poweroff);
     }
 
     #[test]

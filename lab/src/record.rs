@@ -2,18 +2,35 @@
 //! workload measured, and what the virtual IOMMU and the device counted while it did.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use vm_spec::counters::{IommuCounts, ModelCounters};
 use vm_spec::{ErrorLine, ExitSummary};
 
-use crate::matrix::Cell;
+use crate::matrix::{Cell, Direction, EngineKind};
+use crate::metric::Metric;
 
 /// How a repetition ended, KCIDB's way: a guest or driver failure (FAIL) is kept apart from an
 /// infrastructure failure (ERROR).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "UPPERCASE")]
+#[strum(serialize_all = "UPPERCASE")]
 pub enum Status {
     /// The workload ran and the guest reported success.
     Pass,
@@ -29,28 +46,23 @@ pub enum Status {
 
 impl Status {
     /// All statuses, in report order.
-    pub const ALL: [Status; 5] = [Status::Pass, Status::Fail, Status::Error, Status::Miss, Status::Skip];
+    pub const ALL: &[Status] = <Status as strum::VariantArray>::VARIANTS;
 
     /// The KCIDB name.
     pub fn name(self) -> &'static str {
-        match self {
-            Status::Pass => "PASS",
-            Status::Fail => "FAIL",
-            Status::Error => "ERROR",
-            Status::Miss => "MISS",
-            Status::Skip => "SKIP",
-        }
-    }
-
-    /// Parses a KCIDB name.
-    pub fn parse(name: &str) -> Option<Status> {
-        Status::ALL.into_iter().find(|s| s.name() == name)
+        self.into()
     }
 }
 
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+impl rusqlite::types::ToSql for Status {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(self.name().into())
+    }
+}
+
+impl rusqlite::types::FromSql for Status {
+    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        value.as_str()?.parse().map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
     }
 }
 
@@ -105,9 +117,9 @@ pub struct WorkloadResult {
     pub packets_per_s: Option<f64>,
     /// TCP retransmits (iperf3).
     pub retransmits: Option<u64>,
-    /// The workload's direction as the agent ran it (`rx`, `tx`, `bidir`; Linux images).
+    /// The workload's direction as the agent ran it (Linux images).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub direction: Option<String>,
+    pub direction: Option<Direction>,
 }
 
 /// A crash the serial log shows, and its fingerprint.
@@ -132,8 +144,8 @@ pub struct Record {
     pub cell: Cell,
     /// Which repetition, from 0.
     pub repetition: u32,
-    /// What ran it: `driverlab` (this VMM) or `qemu`.
-    pub engine: String,
+    /// What ran it.
+    pub engine: EngineKind,
     /// How it ended.
     pub status: Status,
     /// Why, for anything but PASS.
@@ -213,7 +225,7 @@ impl Record {
             run: run.to_string(),
             cell: cell.clone(),
             repetition,
-            engine: "driverlab".into(),
+            engine: EngineKind::Driverlab,
             status,
             reason: Some(reason.into()),
             started_at: now_rfc3339(),
@@ -263,63 +275,17 @@ impl Record {
     /// per packet received, or for a `tx` workload maps it may only read per packet sent), else
     /// all of the workload's maps per packet (the probe, whose RX test maps only RX buffers).
     pub fn shown_maps(&self) -> Option<f64> {
-        let side = if self.workload.direction.as_deref() == Some("tx") {
-            self.tx_maps_per_packet
-        } else {
-            self.rx_maps_per_packet
+        let side = match self.workload.direction {
+            Some(Direction::Tx) => self.tx_maps_per_packet,
+            _ => self.rx_maps_per_packet,
         };
         side.or(self.maps_per_packet)
     }
 
-    /// The figures reports summarise, by name.
-    pub fn metrics(&self) -> BTreeMap<&'static str, f64> {
-        let mut m = BTreeMap::new();
-        let mut put = |name, value: Option<f64>| {
-            if let Some(v) = value.filter(|v| v.is_finite()) {
-                m.insert(name, v);
-            }
-        };
-        put("gbit_s", self.workload.gbit_s);
-        put("packets_per_s", self.workload.packets_per_s);
-        put("maps_per_packet", self.maps_per_packet);
-        put("unmaps_per_packet", self.unmaps_per_packet);
-        put("rx_maps_per_packet", self.rx_maps_per_packet);
-        put("tx_maps_per_packet", self.tx_maps_per_packet);
-        put("model_maps_per_packet", self.model_maps_per_packet);
-        put("page_reuse", self.page_reuse);
-        if let Some(bus) = &self.bus {
-            let side =
-                |s: &Option<crate::bus::BusPerPacket>, f: fn(&crate::bus::BusPerPacket) -> f64| s.as_ref().map(f);
-            put("bus_rx_tlps_per_packet", side(&bus.rx, |s| s.tlps));
-            put("bus_tx_tlps_per_packet", side(&bus.tx, |s| s.tlps));
-            put("bus_rx_descriptor_reads_per_packet", side(&bus.rx, |s| s.descriptor_reads));
-            put("bus_tx_descriptor_reads_per_packet", side(&bus.tx, |s| s.descriptor_reads));
-            put("bus_rx_partial_writes_per_packet", side(&bus.rx, |s| s.partial_writes));
-            put("bus_tx_partial_writes_per_packet", side(&bus.tx, |s| s.partial_writes));
-            put("bus_ns_per_packet", bus.modelled.map(|c| c.ns_per_packet));
-            let side_ns =
-                |s: &Option<crate::bus::BusPerPacket>| s.as_ref().and_then(|s| s.modelled).map(|c| c.ns_per_packet);
-            put("bus_rx_ns_per_packet", side_ns(&bus.rx));
-            put("bus_tx_ns_per_packet", side_ns(&bus.tx));
-            put("bus_packets_per_s", bus.modelled.map(|c| c.packets_per_s));
-        }
-        put("retransmits", self.workload.retransmits.map(|r| r as f64));
-        put("vm_run_ms", self.timings.vm_run_ms);
-        put("agent_ready_ms", self.timings.agent_ready_ms);
-        put("workload_start_ms", self.timings.workload_start_ms);
-        m
+    /// The figures reports summarise: every [`Metric`] the record has.
+    pub fn metrics(&self) -> BTreeMap<Metric, f64> {
+        Metric::ALL.iter().filter_map(|&m| Some((m, m.read(self)?))).collect()
     }
-}
-
-/// Whether more of a metric is better.
-pub fn higher_is_better(metric: &str) -> bool {
-    matches!(metric, "gbit_s" | "packets_per_s" | "page_reuse" | "bus_packets_per_s")
-}
-
-/// Whether a metric depends on how fast the engine runs the guest (throughput, time), so that
-/// figures from different engines do not compare; maps per packet and reuse ratios do.
-pub fn engine_bound(metric: &str) -> bool {
-    matches!(metric, "gbit_s" | "packets_per_s" | "retransmits" | "vm_run_ms" | "agent_ready_ms" | "workload_start_ms")
 }
 
 /// Now, as RFC 3339 UTC with milliseconds.

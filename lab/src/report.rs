@@ -7,16 +7,15 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::matrix::Cell;
-use crate::record::{Crash, Record, Status, engine_bound, higher_is_better};
+use crate::matrix::{Cell, Direction, EngineKind};
+use crate::metric::Metric;
+use crate::record::{Crash, Record, Status};
 use crate::stats::{Change, Moments, Verdict, VerdictRule};
-
-/// The metric a cell's verdict is about when it has it: throughput.
-pub const PRIMARY_METRIC: &str = "gbit_s";
+use crate::store::RunState;
 
 /// One metric of one cell.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Metric {
+pub struct MetricSummary {
     /// Its summary over the cell's passing repetitions.
     #[serde(flatten)]
     pub moments: Moments,
@@ -53,17 +52,18 @@ pub struct CellReport {
     pub workload: String,
     /// The device.
     pub device: String,
-    /// The engine its repetitions ran under (`driverlab`, `qemu`).
-    pub engine: String,
-    /// The workload's direction (`rx`, `tx`, `bidir`), for Linux cells.
+    /// The engine its repetitions ran under; none before any ran.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub direction: Option<String>,
+    pub engine: Option<EngineKind>,
+    /// The workload's direction, for Linux cells.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direction: Option<Direction>,
     /// Passing repetitions: what the metrics summarise.
     pub n: usize,
     /// Repetitions by status.
-    pub status: BTreeMap<&'static str, usize>,
+    pub status: BTreeMap<Status, usize>,
     /// Metrics by name.
-    pub metrics: BTreeMap<&'static str, Metric>,
+    pub metrics: BTreeMap<Metric, MetricSummary>,
     /// The verdict on the primary metric (throughput), or the first metric judged; `baseline` for
     /// the baseline's cells; none without a baseline.
     pub verdict: Option<Verdict>,
@@ -96,13 +96,35 @@ pub struct Report {
     /// The matrix's name.
     pub matrix: String,
     /// The run's state.
-    pub state: String,
+    pub state: RunState,
     /// The engine that ran the VMs, or `mixed` when cells ran under different ones.
-    pub engine: String,
+    pub engine: RunEngine,
     /// The baseline variant (or, for `compare`, the run compared against).
     pub baseline: Option<String>,
     /// The cells.
     pub cells: Vec<CellReport>,
+}
+
+/// The engine of a run's VMs: one, or `mixed` when cells ran under different ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::Display)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum RunEngine {
+    /// driverlab's VMM (also a run with no repetition yet).
+    Driverlab,
+    /// QEMU.
+    Qemu,
+    /// Cells ran under different engines.
+    Mixed,
+}
+
+impl From<EngineKind> for RunEngine {
+    fn from(engine: EngineKind) -> RunEngine {
+        match engine {
+            EngineKind::Driverlab => RunEngine::Driverlab,
+            EngineKind::Qemu => RunEngine::Qemu,
+        }
+    }
 }
 
 /// What a report is built from: a run's identity, cells and records.
@@ -112,7 +134,7 @@ pub struct RunRecords<'a> {
     /// Its matrix's name.
     pub matrix: &'a str,
     /// Its state.
-    pub state: &'a str,
+    pub state: RunState,
     /// Its cells.
     pub cells: &'a [Cell],
     /// Its records.
@@ -132,11 +154,11 @@ fn retried_notes(records: &[&Record]) -> Vec<String> {
 }
 
 fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
-    let mut status: BTreeMap<&'static str, usize> = Status::ALL.iter().map(|s| (s.name(), 0)).collect();
+    let mut status: BTreeMap<Status, usize> = Status::ALL.iter().map(|&s| (s, 0)).collect();
     let mut reasons: Vec<String> = Vec::new();
     let mut crashes: Vec<CrashCount> = Vec::new();
     for r in records {
-        *status.entry(r.status.name()).or_default() += 1;
+        *status.entry(r.status).or_default() += 1;
         if let Some(reason) = r.reason.as_ref().filter(|_| r.status != Status::Pass)
             && !reasons.contains(reason)
         {
@@ -155,12 +177,12 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         }
     }
     let passing: Vec<&&Record> = records.iter().filter(|r| r.status == Status::Pass).collect();
-    let engine = records.iter().find(|r| r.status != Status::Skip).or(records.first()).map_or("", |r| &r.engine);
+    let engine = records.iter().find(|r| r.status != Status::Skip).or(records.first()).map(|r| r.engine);
     let mut metrics = BTreeMap::new();
-    for name in passing.iter().flat_map(|r| r.metrics().into_keys()).collect::<std::collections::BTreeSet<_>>() {
-        let samples: Vec<f64> = passing.iter().filter_map(|r| r.metrics().get(name).copied()).collect();
+    for &metric in Metric::ALL {
+        let samples: Vec<f64> = passing.iter().filter_map(|r| metric.read(r)).collect();
         if let Some(moments) = Moments::of(&samples) {
-            metrics.insert(name, Metric { moments, change: None });
+            metrics.insert(metric, MetricSummary { moments, change: None });
         }
     }
     CellReport {
@@ -170,8 +192,8 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         params: cell.params.clone(),
         workload: cell.workload.clone(),
         device: cell.device.clone(),
-        engine: engine.to_string(),
-        direction: records.iter().find_map(|r| r.workload.direction.clone()),
+        engine,
+        direction: records.iter().find_map(|r| r.workload.direction),
         n: passing.len(),
         status,
         metrics,
@@ -186,11 +208,11 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
 }
 
 /// The passing samples of `metric` in `records` of cell `index`.
-fn samples(records: &[Record], index: usize, metric: &str) -> Vec<f64> {
+fn samples(records: &[Record], index: usize, metric: Metric) -> Vec<f64> {
     records
         .iter()
         .filter(|r| r.cell.index == index && r.status == Status::Pass)
-        .filter_map(|r| r.metrics().get(metric).copied())
+        .filter_map(|r| metric.read(r))
         .collect()
 }
 
@@ -205,24 +227,27 @@ fn judge(
     rule: &VerdictRule,
 ) {
     let engines_differ = report.engine != baseline.engine;
-    for (name, metric) in report.metrics.iter_mut() {
-        if engines_differ && engine_bound(name) {
+    for (&name, metric) in report.metrics.iter_mut() {
+        if engines_differ && name.engine_bound() {
             continue;
         }
         let base = samples(baseline_records, baseline_index, name);
         let mine = samples(records, index, name);
-        metric.change = rule.judge(&base, &mine, higher_is_better(name));
+        metric.change = rule.judge(&base, &mine, name.higher_is_better());
     }
     if engines_differ {
+        let named = |e: Option<EngineKind>| e.map_or("no engine", EngineKind::name);
         report.notes.push(format!(
             "throughput and time not compared with {}: it ran under {}, this cell under {}, and each engine runs \
              guests at its own speed; maps per packet compare",
-            baseline.cell, baseline.engine, report.engine
+            baseline.cell,
+            named(baseline.engine),
+            named(report.engine)
         ));
     }
     let primary = report
         .metrics
-        .get(PRIMARY_METRIC)
+        .get(&Metric::PRIMARY)
         .filter(|m| m.change.is_some())
         .or_else(|| report.metrics.values().find(|m| m.change.is_some()));
     report.verdict = primary.and_then(|m| m.change).map(|c| c.verdict);
@@ -274,17 +299,16 @@ impl Report {
                 }
             }
         }
-        let engines: std::collections::BTreeSet<&str> =
-            cells.iter().map(|c| c.engine.as_str()).filter(|e| !e.is_empty()).collect();
+        let engines: std::collections::BTreeSet<EngineKind> = cells.iter().filter_map(|c| c.engine).collect();
         let engine = match engines.len() {
-            0 => "driverlab".to_string(),
-            1 => engines.into_iter().next().unwrap_or_default().to_string(),
-            _ => "mixed".to_string(),
+            0 => RunEngine::Driverlab,
+            1 => engines.into_iter().next().map_or(RunEngine::Driverlab, RunEngine::from),
+            _ => RunEngine::Mixed,
         };
         Report {
             run: run.run.to_string(),
             matrix: run.matrix.to_string(),
-            state: run.state.to_string(),
+            state: run.state,
             engine,
             baseline: baseline.map(String::from),
             cells,
@@ -341,13 +365,15 @@ impl Report {
             .map(|c| {
                 let status: Vec<String> =
                     c.status.iter().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{n} {s}")).collect();
-                let (gbit, gbit_change) = cell_metric(c, "gbit_s", 3);
+                let (gbit, gbit_change) = cell_metric(c, Metric::GbitS, 3);
                 // Maps per packet of the side the workload moves, where a cell splits them.
-                let side =
-                    if c.direction.as_deref() == Some("tx") { "tx_maps_per_packet" } else { "rx_maps_per_packet" };
-                let maps_metric = if c.metrics.contains_key(side) { side } else { "maps_per_packet" };
+                let side = match c.direction {
+                    Some(Direction::Tx) => Metric::TxMapsPerPacket,
+                    _ => Metric::RxMapsPerPacket,
+                };
+                let maps_metric = if c.metrics.contains_key(&side) { side } else { Metric::MapsPerPacket };
                 let (maps, maps_change) = cell_metric(c, maps_metric, 4);
-                let verdict = c.verdict.map_or(String::from("-"), |v| format!("{v:?}").to_lowercase());
+                let verdict = c.verdict.map_or(String::from("-"), |v| v.to_string());
                 [
                     c.cell.clone(),
                     self.label(c),
@@ -395,23 +421,23 @@ impl Report {
             .iter()
             .filter_map(|c| {
                 let link = c.bus_link.clone()?;
-                let value = |name: &str, digits: usize| cell_metric(c, name, digits).0;
+                let value = |name: Metric, digits: usize| cell_metric(c, name, digits).0;
                 Some([
                     c.cell.clone(),
                     self.label(c),
                     link,
-                    value("bus_rx_tlps_per_packet", 2),
-                    value("bus_rx_descriptor_reads_per_packet", 3),
-                    value("bus_tx_tlps_per_packet", 2),
-                    value("bus_tx_descriptor_reads_per_packet", 3),
+                    value(Metric::BusRxTlpsPerPacket, 2),
+                    value(Metric::BusRxDescriptorReadsPerPacket, 3),
+                    value(Metric::BusTxTlpsPerPacket, 2),
+                    value(Metric::BusTxDescriptorReadsPerPacket, 3),
                     format!(
                         "{}, {}",
-                        value("bus_rx_partial_writes_per_packet", 2),
-                        value("bus_tx_partial_writes_per_packet", 2)
+                        value(Metric::BusRxPartialWritesPerPacket, 2),
+                        value(Metric::BusTxPartialWritesPerPacket, 2)
                     ),
-                    value("bus_rx_ns_per_packet", 1),
-                    value("bus_tx_ns_per_packet", 1),
-                    value("bus_ns_per_packet", 1),
+                    value(Metric::BusRxNsPerPacket, 1),
+                    value(Metric::BusTxNsPerPacket, 1),
+                    value(Metric::BusNsPerPacket, 1),
                 ])
             })
             .collect()
@@ -425,18 +451,19 @@ impl Report {
     /// the medians from spawning the VMM to the agent's first frame and to `workload-begin`,
     /// and of the VM's run.
     pub fn ready_rows(&self) -> Vec<[String; 5]> {
-        let median =
-            |c: &CellReport, name: &str| c.metrics.get(name).map_or("-".into(), |m| format!("{:.0}", m.moments.median));
+        let median = |c: &CellReport, name: Metric| {
+            c.metrics.get(&name).map_or("-".into(), |m| format!("{:.0}", m.moments.median))
+        };
         self.cells
             .iter()
-            .filter(|c| c.metrics.contains_key("workload_start_ms"))
+            .filter(|c| c.metrics.contains_key(&Metric::WorkloadStartMs))
             .map(|c| {
                 [
                     c.cell.clone(),
                     self.label(c),
-                    median(c, "agent_ready_ms"),
-                    median(c, "workload_start_ms"),
-                    median(c, "vm_run_ms"),
+                    median(c, Metric::AgentReadyMs),
+                    median(c, Metric::WorkloadStartMs),
+                    median(c, Metric::VmRunMs),
                 ]
             })
             .collect()
@@ -594,11 +621,11 @@ impl Report {
             .map(|f| csv_field(&f))
             .join(",");
             let counts: Vec<String> =
-                Status::ALL.iter().map(|s| c.status.get(s.name()).copied().unwrap_or(0).to_string()).collect();
-            let rows: Vec<(&str, Option<&Metric>)> = if c.metrics.is_empty() {
+                Status::ALL.iter().map(|s| c.status.get(s).copied().unwrap_or(0).to_string()).collect();
+            let rows: Vec<(&str, Option<&MetricSummary>)> = if c.metrics.is_empty() {
                 vec![("", None)]
             } else {
-                c.metrics.iter().map(|(k, m)| (*k, Some(m))).collect()
+                c.metrics.iter().map(|(k, m)| (k.name(), Some(m))).collect()
             };
             for (name, metric) in rows {
                 let num = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
@@ -615,7 +642,7 @@ impl Report {
                     num(m.and_then(|m| m.ci95).map(|c| c[1])),
                     num(ch.and_then(|c| c.change_pct)),
                     num(ch.and_then(|c| c.p_value)),
-                    ch.map_or(String::new(), |c| format!("{:?}", c.verdict).to_lowercase()),
+                    ch.map_or(String::new(), |c| c.verdict.to_string()),
                 );
             }
         }
@@ -628,8 +655,8 @@ const BUS_NOTE: &str = "What the device model put on its PCIe link per packet, c
      and the link time a cost model of that link gives for it (modelled, not measured; docs/lab.md has the rules).";
 
 /// `mean ± ci half-width` and `+12.3 %` of a metric, or dashes.
-fn cell_metric(c: &CellReport, name: &str, digits: usize) -> (String, String) {
-    let Some(m) = c.metrics.get(name) else { return ("-".into(), "-".into()) };
+fn cell_metric(c: &CellReport, name: Metric, digits: usize) -> (String, String) {
+    let Some(m) = c.metrics.get(&name) else { return ("-".into(), "-".into()) };
     let value = match m.moments.ci95 {
         Some([lo, hi]) => format!("{:.digits$} ± {:.digits$}", m.moments.mean, (hi - lo) / 2.0),
         None => format!("{:.digits$}", m.moments.mean),
@@ -705,34 +732,34 @@ mod tests {
         let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
         let mut records = records(&cells);
         for r in records.iter_mut().filter(|r| r.cell.index == 1) {
-            r.engine = "qemu".into();
+            r.engine = EngineKind::Qemu;
         }
-        let run = RunRecords { run: "r1", matrix: "m", state: "done", cells: &cells, records: &records };
+        let run = RunRecords { run: "r1", matrix: "m", state: RunState::Done, cells: &cells, records: &records };
         let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
         let order3 = &report.cells[1];
-        assert_eq!((report.engine.as_str(), order3.engine.as_str()), ("mixed", "qemu"));
-        assert!(order3.metrics["gbit_s"].change.is_none(), "no throughput change across engines");
-        let maps = order3.metrics["maps_per_packet"].change.unwrap();
+        assert_eq!((report.engine, order3.engine), (RunEngine::Mixed, Some(EngineKind::Qemu)));
+        assert!(order3.metrics[&Metric::GbitS].change.is_none(), "no throughput change across engines");
+        let maps = order3.metrics[&Metric::MapsPerPacket].change.unwrap();
         assert_eq!((maps.verdict, maps.change_pct), (Verdict::Better, Some(-87.5)));
         assert_eq!(order3.verdict, Some(Verdict::Better), "the verdict falls to the maps");
         assert!(order3.notes[0].contains("throughput and time not compared with c01: it ran under driverlab"));
         assert!(report.to_markdown().contains("c02: throughput and time not compared"));
-        assert!(report.cells[2].notes.is_empty() && report.cells[2].metrics["gbit_s"].change.is_some());
+        assert!(report.cells[2].notes.is_empty() && report.cells[2].metrics[&Metric::GbitS].change.is_some());
     }
 
     #[test]
     fn cells_are_summarised_and_judged_against_the_baseline() {
         let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
         let records = records(&cells);
-        let run = RunRecords { run: "r1", matrix: "m", state: "done", cells: &cells, records: &records };
+        let run = RunRecords { run: "r1", matrix: "m", state: RunState::Done, cells: &cells, records: &records };
         let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
         let [flip, order3, same] = [&report.cells[0], &report.cells[1], &report.cells[2]];
         assert_eq!((flip.n, flip.verdict), (5, Some(Verdict::Baseline)));
         assert_eq!(order3.verdict, Some(Verdict::Better));
-        let maps = &order3.metrics["maps_per_packet"];
+        let maps = &order3.metrics[&Metric::MapsPerPacket];
         assert_eq!(maps.change.unwrap().verdict, Verdict::Better, "fewer maps per packet");
         assert_eq!(maps.change.unwrap().change_pct, Some(-87.5));
-        assert_eq!((same.n, same.status["FAIL"], same.verdict), (4, 1, Some(Verdict::Same)));
+        assert_eq!((same.n, same.status[&Status::Fail], same.verdict), (4, 1, Some(Verdict::Same)));
         assert_eq!(same.reasons, vec!["it broke".to_string()]);
 
         let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
@@ -775,7 +802,7 @@ mod tests {
             r.timings.agent_ready_ms = Some(4000.0 + r.repetition as f64);
             r.timings.workload_start_ms = Some(7000.0 + r.repetition as f64);
         }
-        let run = RunRecords { run: "r1", matrix: "m", state: "done", cells: &cells, records: &records };
+        let run = RunRecords { run: "r1", matrix: "m", state: RunState::Done, cells: &cells, records: &records };
         let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
         let rows = report.bus_rows();
         assert_eq!(rows.len(), 2, "the cells with bus figures");
@@ -802,8 +829,8 @@ mod tests {
         for r in b.iter_mut().filter(|r| r.cell.index == 0) {
             r.workload.gbit_s = r.workload.gbit_s.map(|g| g * 2.0);
         }
-        let run_a = RunRecords { run: "a", matrix: "m", state: "done", cells: &cells, records: &a };
-        let run_b = RunRecords { run: "b", matrix: "m", state: "done", cells: &cells, records: &b };
+        let run_a = RunRecords { run: "a", matrix: "m", state: RunState::Done, cells: &cells, records: &a };
+        let run_b = RunRecords { run: "b", matrix: "m", state: RunState::Done, cells: &cells, records: &b };
         let report = Report::compare(&run_a, &run_b, &VerdictRule::default());
         assert_eq!(report.cells[0].verdict, Some(Verdict::Better));
         assert_eq!(report.cells[0].against.as_deref(), Some("a/c01"));

@@ -8,13 +8,19 @@
 
 use std::path::Path;
 
-use crate::matrix::{Device, InitrdRef, KernelRef, Matrix, MatrixError, Plan};
+use crate::matrix::{Device, InitrdRef, KernelRef, Matrix, MatrixError, MatrixErrorKind, Plan};
 
 /// The name a matrix from the API has in errors and in the run.
 pub const REQUEST_FILE: &str = "request.toml";
 
 fn error(field: impl Into<String>, message: impl Into<String>) -> MatrixError {
-    MatrixError { file: REQUEST_FILE.into(), line: None, field: field.into(), message: message.into() }
+    MatrixError {
+        kind: MatrixErrorKind::Invalid,
+        file: REQUEST_FILE.into(),
+        line: None,
+        field: field.into(),
+        message: message.into(),
+    }
 }
 
 /// A matrix from a request, parsed, not yet checked.

@@ -129,8 +129,7 @@ pub fn report(store: &Store, run: &str, baseline: Option<&str>) -> Result<Report
     let info = store.run(run)?;
     let (_, _, cells) = store.run_plan(run)?;
     let records = store.records(run)?;
-    let state = format!("{:?}", info.state).to_lowercase();
-    let records = RunRecords { run, matrix: &info.matrix, state: &state, cells: &cells, records: &records };
+    let records = RunRecords { run, matrix: &info.matrix, state: info.state, cells: &cells, records: &records };
     if let Some(asked) = baseline
         && !cells.iter().any(|c| c.variant == asked)
     {
@@ -151,9 +150,9 @@ pub fn compare(store: &Store, a: &str, b: &str) -> Result<Report, RunError> {
     let (info_a, info_b) = (store.run(a)?, store.run(b)?);
     let (cells_a, cells_b) = (store.run_plan(a)?.2, store.run_plan(b)?.2);
     let (records_a, records_b) = (store.records(a)?, store.records(b)?);
-    let (state_a, state_b) =
-        (format!("{:?}", info_a.state).to_lowercase(), format!("{:?}", info_b.state).to_lowercase());
-    let run_a = RunRecords { run: a, matrix: &info_a.matrix, state: &state_a, cells: &cells_a, records: &records_a };
-    let run_b = RunRecords { run: b, matrix: &info_b.matrix, state: &state_b, cells: &cells_b, records: &records_b };
+    let run_a =
+        RunRecords { run: a, matrix: &info_a.matrix, state: info_a.state, cells: &cells_a, records: &records_a };
+    let run_b =
+        RunRecords { run: b, matrix: &info_b.matrix, state: info_b.state, cells: &cells_b, records: &records_b };
     Ok(Report::compare(&run_a, &run_b, &VerdictRule::default()))
 }

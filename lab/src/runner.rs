@@ -7,11 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use vm_spec::counters::{IommuCounts, ModelCounters};
-use vm_spec::{DeviceSpec, IommuSpec, Kernel, NicKind, SerialOutput, SerialSpec, VmSpec};
+use vm_spec::{DeviceSpec, ExitReason, IommuSpec, Kernel, NicKind, SerialOutput, SerialSpec, VmSpec};
 
+use crate::agent::{FrameKind, StepStatus};
 use crate::crash;
 use crate::engine::{self, Booted, Ending, QemuBoot, Snapshot, Watch};
-use crate::matrix::{Cell, Device, DeviceSource, Engine, HostPeer, Plan, Workload};
+use crate::matrix::{Cell, Device, DeviceSource, Direction, EngineKind, HostPeer, Plan, Workload};
 use crate::model_process::ModelProcess;
 use crate::peer::Peer;
 use crate::probe_report::ProbeReport;
@@ -52,8 +53,6 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
             // The agent's words (guest-images/agent/init): its driver, the workload, the MTU.
             let driver =
                 plan.device(&cell.device).map_or_else(|| NicKind::Aqc100.linux_driver().into(), Device::linux_driver);
-            let direction = format!("{direction:?}").to_lowercase();
-            let protocol = format!("{protocol:?}").to_lowercase();
             words.extend([
                 "console=ttyS0".into(),
                 "panic=-1".into(),
@@ -109,7 +108,7 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
     let (Some(image), Some(device)) = (plan.image(&cell.image), plan.device(&cell.device)) else {
         return fail(record, Status::Error, format!("cell {} names what its matrix lacks", cell.id));
     };
-    record.engine = image.engine.name().into();
+    record.engine = image.engine;
     if let Err(e) = std::fs::create_dir_all(&rep_dir) {
         return fail(record, Status::Error, format!("artifacts folder {}: {e}", rep_dir.display()));
     }
@@ -220,7 +219,7 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
     let watch =
         Watch { silence: Duration::from_secs_f64(plan.matrix.silence_s), agent_log: linux.then(|| agent_log.clone()) };
     let booted = match image.engine {
-        Engine::Driverlab => {
+        EngineKind::Driverlab => {
             let private = match private_dir() {
                 Ok(dir) => dir,
                 Err(e) => return fail(record, Status::Error, format!("a folder for the control socket: {e}")),
@@ -236,7 +235,7 @@ pub fn run(ctx: &RunContext, plan: &Plan, cell: &Cell, repetition: u32) -> Recor
             let _ = std::fs::remove_dir_all(&private);
             booted
         }
-        Engine::Qemu => {
+        EngineKind::Qemu => {
             let qemu = match Qemu::find(&crate::qemu::default_root()) {
                 Ok(qemu) => qemu,
                 Err(e) => return fail(record, Status::Error, e.to_string()),
@@ -329,14 +328,10 @@ fn collect(record: &mut Record, booted: &Booted, serial: &str) {
 /// the guest received (its interface's counters before and after), and the IOMMU maps the
 /// virtio-iommu counted between the workload's begin and end frames.
 fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &engine::Window) {
-    // When a passing step ended, by the guest's uptime.
-    let ended = |step: &str| {
-        frames.step(step).filter(|s| s["status"] == "ok").and_then(|s| s["at"].as_f64()).map(|at| at * 1e3)
-    };
-    record.timings.driver_probe_ms = ended("probe");
-    record.rx_ring = frames.step("link-up").and_then(|s| s["rx_ring"].as_u64()).filter(|&n| n > 0);
-    record.timings.link_up_ms = ended("link-up");
-    if let Some(iperf) = frames.first("iperf3") {
+    record.timings.driver_probe_ms = frames.passed_at_ms("probe");
+    record.rx_ring = frames.step("link-up").and_then(|s| s.facts.get("rx_ring")?.as_u64()).filter(|&n| n > 0);
+    record.timings.link_up_ms = frames.passed_at_ms("link-up");
+    if let Some(iperf) = frames.first(FrameKind::Iperf3) {
         record.workload.output = Some(iperf.clone());
         if let Some(figures) = crate::agent::iperf_figures(iperf) {
             record.workload.gbit_s = Some(figures.received_gbit_s);
@@ -344,21 +339,21 @@ fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &en
             record.timings.workload_ms = Some(figures.seconds * 1e3);
         }
     }
-    let stat = |kind: &str, key: &str| frames.first(kind).and_then(|f| f.get(key)).and_then(|v| v.as_u64());
-    let delta = |key: &str| Some(stat("netdev-after", key)?.saturating_sub(stat("netdev-before", key)?));
+    let stat = |kind: FrameKind, key: &str| frames.first(kind).and_then(|f| f.get(key)).and_then(|v| v.as_u64());
+    let delta =
+        |key: &str| Some(stat(FrameKind::NetdevAfter, key)?.saturating_sub(stat(FrameKind::NetdevBefore, key)?));
     let w = &mut record.workload;
     (w.rx_packets, w.rx_bytes, w.tx_packets, w.tx_bytes) =
         (delta("rx_packets"), delta("rx_bytes"), delta("tx_packets"), delta("tx_bytes"));
     // The packets the workload moved: received for rx, sent for tx, both for bidir.
-    let direction = frames.first("workload-begin").and_then(|f| f.get("direction")).and_then(|d| d.as_str());
-    w.direction = direction.map(String::from);
-    let packets = match direction {
-        Some("tx") => w.tx_packets,
-        Some("bidir") => w.rx_packets.zip(w.tx_packets).map(|(r, t)| r + t),
-        _ => w.rx_packets,
+    w.direction = frames.direction();
+    let packets = match w.direction {
+        Some(Direction::Tx) => w.tx_packets,
+        Some(Direction::Bidir) => w.rx_packets.zip(w.tx_packets).map(|(r, t)| r + t),
+        Some(Direction::Rx) | None => w.rx_packets,
     };
     record.page_reuse = page_reuse(frames);
-    let unloaded = frames.step("unload").is_some_and(|s| s["status"] == "ok");
+    let unloaded = frames.step("unload").is_some_and(|s| s.status == StepStatus::Ok);
     if unloaded && let Some(done) = window.done.as_ref().and_then(|s| s.iommu.as_ref()) {
         record.mappings_after_unload = Some(done.live_mappings);
     }
@@ -389,7 +384,7 @@ fn collect_agent(record: &mut Record, frames: &crate::agent::Frames, window: &en
 /// workload: atlantic's `PageFlips` and `PageReuses` over those and `PageFrees`, summed over its
 /// queues, between the `ethtool -S` before and after. `None` for drivers without the counters.
 fn page_reuse(frames: &crate::agent::Frames) -> Option<f64> {
-    let sums = |kind: &str| -> Option<[u64; 3]> {
+    let sums = |kind: FrameKind| -> Option<[u64; 3]> {
         let text = frames.first(kind)?.as_str()?;
         let mut sums = [0u64; 3];
         let mut found = false;
@@ -405,7 +400,7 @@ fn page_reuse(frames: &crate::agent::Frames) -> Option<f64> {
         }
         found.then_some(sums)
     };
-    let (before, after) = (sums("ethtool-S-before")?, sums("ethtool-S-after")?);
+    let (before, after) = (sums(FrameKind::EthtoolSBefore)?, sums(FrameKind::EthtoolSAfter)?);
     let [flips, reuses, frees] = [0, 1, 2].map(|i| after[i].saturating_sub(before[i]));
     let refills = flips + reuses + frees;
     (refills > 0).then(|| (flips + reuses) as f64 / refills as f64)
@@ -430,7 +425,7 @@ fn judge(
         Ending::Refused(why) => return (Status::Error, Some(why.clone())),
         Ending::Killed => return (Status::Error, Some("the VMM did not end at its timeout and was killed".into())),
         Ending::Unexplained(why) => return (Status::Error, Some(why.clone())),
-        Ending::Stopped { reason, detail } => (reason.as_str(), detail.clone().unwrap_or_default()),
+        Ending::Stopped { reason, detail } => (*reason, detail.clone().unwrap_or_default()),
     };
     // A vCPU found in a state no guest reaches: the host lost it, whatever the guest was doing.
     if let Some(lost) = booted.exit.as_ref().and_then(|e| e.vcpu_state_lost.as_ref()) {
@@ -450,18 +445,18 @@ fn judge(
         return (Status::Fail, Some(why));
     }
     match reason {
-        "kvm-internal-error" | "entry-failure" => {
+        ExitReason::KvmInternalError | ExitReason::EntryFailure => {
             return (Status::Error, Some(format!("this host's KVM cannot run the guest: {detail}")));
         }
-        "vmm-error" | "shutdown" => return (Status::Error, Some(format!("{reason}: {detail}"))),
+        ExitReason::VmmError | ExitReason::Shutdown => return (Status::Error, Some(format!("{reason}: {detail}"))),
         _ => {}
     }
     if let Some(crash) = &record.crash {
         return (Status::Fail, Some(format!("{}: {}", crash.kind, crash.line)));
     }
     match reason {
-        "poweroff" => {}
-        "timeout" => return (Status::Fail, Some(format!("hung: still running after {timeout_s} s"))),
+        ExitReason::Poweroff => {}
+        ExitReason::Timeout => return (Status::Fail, Some(format!("hung: still running after {timeout_s} s"))),
         other => return (Status::Fail, Some(format!("the guest ended with {other}"))),
     }
     if let Some(error) = &booted.device_error {
@@ -558,7 +553,7 @@ mod tests {
         };
         let hung = |lost: Option<&str>| Booted {
             ending: Ending::Stopped {
-                reason: "shutdown".into(),
+                reason: ExitReason::Shutdown,
                 detail: Some("vCPU 0 at rip 0x1 (not mapped)".into()),
             },
             exit: Some(exit(lost)),
@@ -650,7 +645,7 @@ mod tests {
         assert_eq!(record.page_reuse, Some(0.75));
         assert_eq!(record.mappings_after_unload, Some(3));
         let booted = Booted {
-            ending: Ending::Stopped { reason: "poweroff".into(), detail: None },
+            ending: Ending::Stopped { reason: ExitReason::Poweroff, detail: None },
             exit: None,
             error: None,
             iommu: None,
@@ -697,7 +692,7 @@ mod tests {
         collect_agent(&mut record, &frames, &window);
         assert_eq!((record.workload.rx_packets, record.workload.tx_packets), (Some(2000), Some(4000)));
         assert_eq!(record.maps_per_packet, Some(2.0), "8000 maps over 4000 packets sent, not 2000 ACKs received");
-        assert_eq!(record.workload.direction.as_deref(), Some("tx"));
+        assert_eq!(record.workload.direction, Some(Direction::Tx));
         assert_eq!(record.shown_maps(), Some(2.0), "no split in these counters: all maps over packets sent");
         assert_eq!(record.workload.rx_bytes, None, "no byte counts in the frames");
     }

@@ -16,7 +16,7 @@ use vm_spec::host::virtualization;
 use guest_images::store::ImageStore;
 
 use crate::health;
-use crate::matrix::{Cell, DeviceSource, Engine, Plan, Workload};
+use crate::matrix::{Cell, DeviceSource, EngineKind, Plan, Workload};
 use crate::qemu::Accel;
 use crate::record::{Attempt, Record, Status};
 use crate::runner::{self, RunContext};
@@ -103,7 +103,7 @@ fn refusals_on(plan: &Plan, host: &Host) -> Result<Vec<(Cell, String)>, LabError
             Some(format!("image {:?}: {refusal}", image.name))
         } else if let Some(refusal) = engine_refusal(image, host) {
             Some(refusal)
-        } else if !image.is_probe() && image.engine == Engine::Driverlab && !virt.boots_linux() {
+        } else if !image.is_probe() && image.engine == EngineKind::Driverlab && !virt.boots_linux() {
             Some(format!(
                 "image {:?} is a Linux kernel, and driverlab's VMM boots Linux only with hardware virtualization; this host has {}",
                 image.name,
@@ -140,7 +140,7 @@ fn refusals_on(plan: &Plan, host: &Host) -> Result<Vec<(Cell, String)>, LabError
 
 /// Why the image's engine cannot run here, if it cannot.
 fn engine_refusal(image: &crate::matrix::Image, host: &Host) -> Option<String> {
-    if image.engine != Engine::Qemu {
+    if image.engine != EngineKind::Qemu {
         return None;
     }
     if let Some(why) = &host.qemu {
@@ -171,7 +171,7 @@ pub fn record_skips(store: &Store, run: &str, plan: &Plan, refused: &[(Cell, Str
         for repetition in 0..plan.matrix.repetitions {
             let mut record = Record::not_run(run, cell, repetition, Status::Skip, reason.clone());
             if let Some(image) = plan.image(&cell.image) {
-                record.engine = image.engine.name().into();
+                record.engine = image.engine;
             }
             store.record(&record)?;
         }
@@ -356,7 +356,7 @@ impl Worker<'_> {
             .map(|&(rep, cell)| {
                 let mut record = Record::not_run(&self.ctx.run, cell, rep, status, reason);
                 if let Some(image) = self.plan.image(&cell.image) {
-                    record.engine = image.engine.name().into();
+                    record.engine = image.engine;
                 }
                 record
             })

@@ -117,8 +117,9 @@ pub fn welch_p(a: &[f64], b: &[f64]) -> Option<f64> {
 }
 
 /// What a change against the baseline amounts to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::Display)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Verdict {
     /// This is the baseline.
     Baseline,

@@ -128,8 +128,20 @@ pub enum StoreError {
 }
 
 /// A run's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum RunState {
     /// Its lab process is working on it.
     Running,
@@ -141,23 +153,15 @@ pub enum RunState {
     Cancelled,
 }
 
-impl RunState {
-    fn name(self) -> &'static str {
-        match self {
-            RunState::Running => "running",
-            RunState::Done => "done",
-            RunState::Interrupted => "interrupted",
-            RunState::Cancelled => "cancelled",
-        }
+impl rusqlite::types::ToSql for RunState {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(<&'static str>::from(self).into())
     }
+}
 
-    fn parse(s: &str) -> RunState {
-        match s {
-            "running" => RunState::Running,
-            "done" => RunState::Done,
-            "cancelled" => RunState::Cancelled,
-            _ => RunState::Interrupted,
-        }
+impl rusqlite::types::FromSql for RunState {
+    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        value.as_str()?.parse().map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
     }
 }
 
@@ -371,10 +375,7 @@ impl Store {
     /// Sets a run's final state.
     pub fn finish_run(&self, run: &str, state: RunState) -> Result<(), StoreError> {
         self.conn
-            .execute(
-                "UPDATE runs SET state = ?2, finished_at = ?3 WHERE id = ?1",
-                params![run, state.name(), now_rfc3339()],
-            )
+            .execute("UPDATE runs SET state = ?2, finished_at = ?3 WHERE id = ?1", params![run, state, now_rfc3339()])
             .map_err(self.sql())?;
         Ok(())
     }
@@ -392,7 +393,7 @@ impl Store {
                     record.run,
                     record.cell.index,
                     record.repetition,
-                    record.status.name(),
+                    record.status,
                     record.reason,
                     json,
                     now_rfc3339()
@@ -423,7 +424,7 @@ impl Store {
                         record.run,
                         record.cell.index,
                         record.repetition,
-                        record.status.name(),
+                        record.status,
                         record.reason,
                         json,
                         now
@@ -454,12 +455,10 @@ impl Store {
             .prepare("SELECT status, COUNT(*) FROM results WHERE run_id = ?1 GROUP BY status")
             .map_err(&sql)?;
         for row in
-            stmt.query_map(params![run], |r| Ok((r.get::<_, String>(0)?, r.get::<_, usize>(1)?))).map_err(&sql)?
+            stmt.query_map(params![run], |r| Ok((r.get::<_, Status>(0)?, r.get::<_, usize>(1)?))).map_err(&sql)?
         {
             let (status, n) = row.map_err(&sql)?;
-            if let Some(status) = Status::parse(&status) {
-                by_status.insert(status, n);
-            }
+            by_status.insert(status, n);
         }
         Ok(ResultCounts { per_cell, by_status })
     }
@@ -747,12 +746,11 @@ impl Store {
 }
 
 fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
-    let state: String = r.get(6)?;
+    let mut state: RunState = r.get(6)?;
     let host: String = r.get(7)?;
     let pid: Option<u32> = r.get(8)?;
     let created_at: String = r.get(9)?;
     let claimed_at: Option<String> = r.get(12)?;
-    let mut state = RunState::parse(&state);
     let since = claimed_at.as_deref().unwrap_or(&created_at);
     if state == RunState::Running && !pid.is_some_and(|pid| holder_alive(&host, pid, since)) {
         state = RunState::Interrupted;

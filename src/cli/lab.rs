@@ -395,7 +395,7 @@ impl Progress for Console {
         let text = repetition_line(
             (done, total),
             (&r.cell.id, &r.cell.label(), r.repetition),
-            r.status.name(),
+            r.status,
             r.reason.as_deref(),
             (r.workload.gbit_s, r.shown_maps()),
         );
@@ -421,7 +421,7 @@ impl Progress for Console {
 pub fn repetition_line(
     (done, total): (usize, usize),
     (cell, label, repetition): (&str, &str, u32),
-    status: &str,
+    status: Status,
     reason: Option<&str>,
     (gbit_s, maps_per_packet): (Option<f64>, Option<f64>),
 ) -> String {
@@ -433,7 +433,7 @@ pub fn repetition_line(
         figures.push(format!("{m:.4} maps/packet"));
     }
     let what = match reason {
-        Some(reason) if status != "PASS" => reason.to_string(),
+        Some(reason) if status != Status::Pass => reason.to_string(),
         _ => figures.join(", "),
     };
     format!("[{done}/{total}] {cell} {label} rep {}: {status} {what}", repetition + 1)
@@ -546,9 +546,8 @@ fn list(args: ListArgs) -> anyhow::Result<u8> {
     }
     println!("{}", list_header());
     for r in &runs {
-        let state = format!("{:?}", r.state).to_lowercase();
         let total = r.cells_total * r.repetitions as usize;
-        println!("{}", list_row(&r.id, &state, r.cells_total, r.results, total, &r.created_at, &r.matrix));
+        println!("{}", list_row(&r.id, r.state, r.cells_total, r.results, total, &r.created_at, &r.matrix));
     }
     Ok(0)
 }
@@ -561,7 +560,7 @@ pub fn list_header() -> String {
 /// One run's line of `lab list`.
 pub fn list_row(
     id: &str,
-    state: &str,
+    state: impl std::fmt::Display,
     cells: usize,
     results: usize,
     total: usize,
@@ -569,6 +568,7 @@ pub fn list_row(
     matrix: &str,
 ) -> String {
     let results = format!("{results}/{total}");
+    let state = state.to_string();
     format!("{id:<22} {state:<12} {cells:>5} {results:>9}  {created:<24} {matrix}")
 }
 
@@ -599,8 +599,7 @@ fn show(args: ShowArgs) -> anyhow::Result<u8> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(0);
     }
-    let state = format!("{:?}", info.state).to_lowercase();
-    println!("run {}: matrix {} ({}), {state}", info.id, info.matrix, info.matrix_file);
+    println!("run {}: matrix {} ({}), {}", info.id, info.matrix, info.matrix_file, info.state);
     println!(
         "created {} on {}, {} cells x {} repetitions, {} results",
         info.created_at, info.host, info.cells_total, info.repetitions, info.results

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use api::client::Client;
-use api::types::{ErrorBody, RunEvent, RunStatus};
+use api::types::{ErrorBody, RunEvent, RunPhase, RunStatus};
 use clap::Args;
 use lab::record::Status;
 
@@ -166,7 +166,7 @@ async fn follow(client: &Client, run: &str, format: Format) -> anyhow::Result<u8
                     let line = repetition_line(
                         (done, total),
                         (&cell, &label, repetition),
-                        &status,
+                        status,
                         reason,
                         (gbit_s, maps_per_packet),
                     );
@@ -178,7 +178,7 @@ async fn follow(client: &Client, run: &str, format: Format) -> anyhow::Result<u8
                     true
                 }
                 RunEvent::State { status } => {
-                    let finished = !matches!(status.state.as_str(), "queued" | "running");
+                    let finished = status.state.ended();
                     last = Some(status);
                     !finished
                 }
@@ -195,7 +195,7 @@ async fn follow(client: &Client, run: &str, format: Format) -> anyhow::Result<u8
             CodedError { message: format!("the daemon answered {status} for the run's events"), code: 1 }.into()
         );
     }
-    let Some(status) = last.filter(|s| !matches!(s.state.as_str(), "queued" | "running")) else {
+    let Some(status) = last.filter(|s| s.state.ended()) else {
         return Ok(interrupted(run, "the daemon closed the run's event stream before the run ended"));
     };
     let report = fetch_report(client, run, None, format).await?;
@@ -203,10 +203,10 @@ async fn follow(client: &Client, run: &str, format: Format) -> anyhow::Result<u8
     if !report.ends_with('\n') {
         println!();
     }
-    let count = |s: Status| status.counts.get(s.name()).copied().unwrap_or(0);
-    println!("{}", last_line(run, status.cells_total, count, status.state == "cancelled"));
+    let count = |s: Status| status.counts.get(&s).copied().unwrap_or(0);
+    println!("{}", last_line(run, status.cells_total, count, status.state == RunPhase::Cancelled));
     let clean = count(Status::Fail) + count(Status::Error) + count(Status::Miss) == 0;
-    Ok(if clean && status.state == "done" { 0 } else { 1 })
+    Ok(if clean && status.state == RunPhase::Done { 0 } else { 1 })
 }
 
 /// A run whose daemon went away while it was followed: the last line says so, exit code 1.
@@ -259,7 +259,7 @@ pub fn list(client: &Client, json: bool) -> anyhow::Result<u8> {
     for r in &runs {
         println!(
             "{}",
-            super::lab::list_row(&r.id, &r.state, r.cells_total, r.results, r.results_total, &r.created_at, &r.matrix)
+            super::lab::list_row(&r.id, r.state, r.cells_total, r.results, r.results_total, &r.created_at, &r.matrix)
         );
     }
     Ok(0)

@@ -39,6 +39,73 @@ pub mod code {
     pub const SHUTDOWN: i32 = 7;
 }
 
+/// Why a VM stopped, as the exit line names it (`reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExitReason {
+    /// The guest powered off (ACPI S5).
+    #[serde(rename = "poweroff")]
+    Poweroff,
+    /// A reset request (i8042, ACPI reset register).
+    Reset,
+    /// A triple fault (KVM_EXIT_SHUTDOWN).
+    TripleFault,
+    /// The guest reported a panic through pvpanic.
+    Panic,
+    /// The spec's timeout expired.
+    Timeout,
+    /// Stopped through the control socket after the guest ignored the power button.
+    Shutdown,
+    /// KVM could not go on (KVM_EXIT_INTERNAL_ERROR, e.g. an emulation failure).
+    KvmInternalError,
+    /// The hardware refused to enter the guest (KVM_EXIT_FAIL_ENTRY).
+    EntryFailure,
+    /// The VMM failed while the VM ran.
+    VmmError,
+}
+
+impl ExitReason {
+    /// The process exit code.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            ExitReason::Poweroff => code::POWEROFF,
+            ExitReason::Reset | ExitReason::TripleFault => code::RESET,
+            ExitReason::Panic => code::GUEST_PANIC,
+            ExitReason::Timeout => code::TIMEOUT,
+            ExitReason::Shutdown => code::SHUTDOWN,
+            ExitReason::KvmInternalError | ExitReason::EntryFailure => code::KVM_ERROR,
+            ExitReason::VmmError => code::VMM_ERROR,
+        }
+    }
+
+    /// Whether the guest itself ended the VM (powered off, reset, triple-faulted, panicked),
+    /// rather than a limit, the lab, KVM or the VMM.
+    pub fn by_guest(self) -> bool {
+        matches!(self, ExitReason::Poweroff | ExitReason::Reset | ExitReason::TripleFault | ExitReason::Panic)
+    }
+
+    /// Its name in the exit line.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExitReason::Poweroff => "poweroff",
+            ExitReason::Reset => "reset",
+            ExitReason::TripleFault => "triple-fault",
+            ExitReason::Panic => "panic",
+            ExitReason::Timeout => "timeout",
+            ExitReason::Shutdown => "shutdown",
+            ExitReason::KvmInternalError => "kvm-internal-error",
+            ExitReason::EntryFailure => "entry-failure",
+            ExitReason::VmmError => "vmm-error",
+        }
+    }
+}
+
+impl std::fmt::Display for ExitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Exit counters: totals, the exits by kind, and the census of the addresses that exited most.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ExitCounts {
@@ -104,9 +171,8 @@ pub struct DeviceSummary {
 pub struct ExitSummary {
     /// Always "exit": marks the line.
     pub vmm: String,
-    /// Why the VM stopped: `poweroff`, `reset`, `triple-fault`, `panic`, `timeout`, `shutdown`,
-    /// `kvm-internal-error`, `entry-failure`, `vmm-error`.
-    pub reason: String,
+    /// Why the VM stopped.
+    pub reason: ExitReason,
     /// The process exit code.
     pub exit_code: i32,
     /// Details for errors.
@@ -262,7 +328,7 @@ mod tests {
     fn exit_line_round_trips_with_flat_device_keys() {
         let summary = ExitSummary {
             vmm: "exit".into(),
-            reason: "poweroff".into(),
+            reason: ExitReason::Poweroff,
             exit_code: 0,
             detail: None,
             entry: "pvh".into(),
@@ -296,9 +362,32 @@ mod tests {
         );
         let stderr = format!("a log line\n{line}\n");
         let back = ExitSummary::find_in(&stderr).unwrap();
-        assert_eq!((back.reason.as_str(), back.vcpus, back.exits.io), ("poweroff", 2, 11));
+        assert_eq!((back.reason, back.vcpus, back.exits.io), (ExitReason::Poweroff, 2, 11));
         assert_eq!(back.devices, summary.devices);
         assert!(ExitSummary::find_in("error: nothing ran").is_none());
+    }
+
+    #[test]
+    fn every_reason_has_its_name_on_the_wire_and_its_code() {
+        let all = [
+            ExitReason::Poweroff,
+            ExitReason::Reset,
+            ExitReason::TripleFault,
+            ExitReason::Panic,
+            ExitReason::Timeout,
+            ExitReason::Shutdown,
+            ExitReason::KvmInternalError,
+            ExitReason::EntryFailure,
+            ExitReason::VmmError,
+        ];
+        for reason in all {
+            let wire = serde_json::to_string(&reason).unwrap();
+            assert_eq!(wire, format!("\"{reason}\""));
+            assert_eq!(serde_json::from_str::<ExitReason>(&wire).unwrap(), reason);
+        }
+        let codes: std::collections::BTreeSet<i32> = all.iter().map(|r| r.exit_code()).collect();
+        assert_eq!(codes.len(), 7, "reset and triple-fault share 3, the two KVM failures 4");
+        assert!(serde_json::from_str::<ExitReason>("\"power-off\"").is_err());
     }
 
     #[test]

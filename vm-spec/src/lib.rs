@@ -31,6 +31,8 @@ pub mod nic;
 pub mod spec;
 
 pub use bdf::Bdf;
-pub use exit::{AddressCount, DeviceCounters, DeviceSummary, ErrorKind, ErrorLine, ExitCounts, ExitSummary};
+pub use exit::{
+    AddressCount, DeviceCounters, DeviceSummary, ErrorKind, ErrorLine, ExitCounts, ExitReason, ExitSummary,
+};
 pub use nic::NicKind;
 pub use spec::{DeviceSpec, Entry, IommuSpec, Kernel, SerialOutput, SerialSpec, SpecError, VmSpec};

@@ -427,7 +427,7 @@ mod tests {
         let (status, accepted) = ask(&path, put(r#"{"grace_s":0.01}"#).as_bytes());
         assert_eq!((status, accepted["grace_s"].as_f64()), (202, Some(0.01)), "{accepted}");
         assert_eq!(fake.presses.load(Ordering::SeqCst), 1, "the power button was pressed");
-        assert_eq!(stop.wait(None), crate::exit::ExitReason::Shutdown);
+        assert_eq!(stop.wait(None), crate::exit::StopCause::Shutdown);
         let (_, info) = ask(&path, b"GET /api/v1/vm.info HTTP/1.1\r\n\r\n");
         assert_eq!(info["state"], "stopping");
 

@@ -10,12 +10,12 @@ use std::collections::HashMap;
 use vm_device::guest_event::{GuestEvent, GuestEventSink};
 
 use vm_spec::exit::CENSUS_TOP;
-use vm_spec::exit::code;
+use vm_spec::exit::ExitReason;
 use vm_spec::{AddressCount, ExitCounts};
 
-/// Why a VM stopped.
+/// Why a VM stopped, with what the exit line's `detail` says of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExitReason {
+pub enum StopCause {
     /// ACPI S5 from the guest.
     PowerOff,
     /// A reset request (i8042, ACPI reset register).
@@ -44,43 +44,35 @@ pub enum ExitReason {
     VmmError(String),
 }
 
-impl ExitReason {
-    /// The name used in the exit line.
-    pub fn name(&self) -> &'static str {
+impl StopCause {
+    /// The reason the exit line gives.
+    pub fn reason(&self) -> ExitReason {
         match self {
-            ExitReason::PowerOff => "poweroff",
-            ExitReason::Reset => "reset",
-            ExitReason::TripleFault => "triple-fault",
-            ExitReason::Panic => "panic",
-            ExitReason::Timeout => "timeout",
-            ExitReason::Shutdown => "shutdown",
-            ExitReason::InternalError { .. } => "kvm-internal-error",
-            ExitReason::EntryFailure { .. } => "entry-failure",
-            ExitReason::VmmError(_) => "vmm-error",
+            StopCause::PowerOff => ExitReason::Poweroff,
+            StopCause::Reset => ExitReason::Reset,
+            StopCause::TripleFault => ExitReason::TripleFault,
+            StopCause::Panic => ExitReason::Panic,
+            StopCause::Timeout => ExitReason::Timeout,
+            StopCause::Shutdown => ExitReason::Shutdown,
+            StopCause::InternalError { .. } => ExitReason::KvmInternalError,
+            StopCause::EntryFailure { .. } => ExitReason::EntryFailure,
+            StopCause::VmmError(_) => ExitReason::VmmError,
         }
     }
 
     /// The process exit code.
     pub fn exit_code(&self) -> i32 {
-        match self {
-            ExitReason::PowerOff => code::POWEROFF,
-            ExitReason::Reset | ExitReason::TripleFault => code::RESET,
-            ExitReason::Panic => code::GUEST_PANIC,
-            ExitReason::Timeout => code::TIMEOUT,
-            ExitReason::Shutdown => code::SHUTDOWN,
-            ExitReason::InternalError { .. } | ExitReason::EntryFailure { .. } => code::KVM_ERROR,
-            ExitReason::VmmError(_) => code::VMM_ERROR,
-        }
+        self.reason().exit_code()
     }
 
     /// Details worth printing, if any.
     pub fn detail(&self) -> Option<String> {
         match self {
-            ExitReason::InternalError { suberror, detail } => Some(format!("suberror {suberror}: {detail}")),
-            ExitReason::EntryFailure { hardware_reason } => {
+            StopCause::InternalError { suberror, detail } => Some(format!("suberror {suberror}: {detail}")),
+            StopCause::EntryFailure { hardware_reason } => {
                 Some(format!("hardware entry failure reason {hardware_reason:#x}"))
             }
-            ExitReason::VmmError(e) => Some(e.clone()),
+            StopCause::VmmError(e) => Some(e.clone()),
             _ => None,
         }
     }
@@ -100,7 +92,7 @@ pub struct VmStop {
 
 #[derive(Default)]
 struct StopState {
-    reason: Option<ExitReason>,
+    reason: Option<StopCause>,
     /// When a requested shutdown turns into a forced stop.
     shutdown_by: Option<Instant>,
 }
@@ -116,17 +108,17 @@ impl VmStop {
     }
 
     /// Asks the VM to stop for `reason`; ignored if a reason is already set.
-    pub fn request(&self, reason: ExitReason) {
+    pub fn request(&self, reason: StopCause) {
         let mut state = self.state();
         if state.reason.is_none() {
-            tracing::debug!("stopping: {}", reason.name());
+            tracing::debug!("stopping: {}", reason.reason());
             state.reason = Some(reason);
             self.stopping.store(true, Ordering::SeqCst);
             self.changed.notify_all();
         }
     }
 
-    /// Asks for the VM to be stopped (reason [`ExitReason::Shutdown`]) `grace` from now, unless
+    /// Asks for the VM to be stopped (reason [`StopCause::Shutdown`]) `grace` from now, unless
     /// it stops by itself first; an earlier request keeps its earlier deadline.
     pub fn request_shutdown(&self, grace: Duration) {
         let by = Instant::now() + grace;
@@ -142,16 +134,16 @@ impl VmStop {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Waits for a stop request and returns its reason: [`ExitReason::Timeout`] once `timeout`
-    /// has passed, [`ExitReason::Shutdown`] once a requested shutdown's grace has.
-    pub fn wait(&self, timeout: Option<Duration>) -> ExitReason {
+    /// Waits for a stop request and returns its reason: [`StopCause::Timeout`] once `timeout`
+    /// has passed, [`StopCause::Shutdown`] once a requested shutdown's grace has.
+    pub fn wait(&self, timeout: Option<Duration>) -> StopCause {
         self.wait_with(timeout, || {})
     }
 
     /// As [`VmStop::wait`], calling `while_shutting_down` every [`SHUTDOWN_REMINDER`] while a
     /// requested shutdown's grace runs (the VMM presses the power button again, for a guest that
     /// was not listening yet).
-    pub fn wait_with(&self, timeout: Option<Duration>, mut while_shutting_down: impl FnMut()) -> ExitReason {
+    pub fn wait_with(&self, timeout: Option<Duration>, mut while_shutting_down: impl FnMut()) -> StopCause {
         let timeout_at = timeout.map(|t| Instant::now() + t);
         let mut reminded_at: Option<Instant> = None;
         let mut state = self.state();
@@ -172,8 +164,8 @@ impl VmStop {
             }
             let reminder = reminded_at.map(|at| (at + SHUTDOWN_REMINDER, None));
             let next = [
-                state.shutdown_by.map(|at| (at, Some(ExitReason::Shutdown))),
-                timeout_at.map(|at| (at, Some(ExitReason::Timeout))),
+                state.shutdown_by.map(|at| (at, Some(StopCause::Shutdown))),
+                timeout_at.map(|at| (at, Some(StopCause::Timeout))),
                 reminder,
             ]
             .into_iter()
@@ -198,9 +190,9 @@ impl VmStop {
 impl GuestEventSink for VmStop {
     fn guest_event(&self, event: GuestEvent) {
         self.request(match event {
-            GuestEvent::PowerOff => ExitReason::PowerOff,
-            GuestEvent::Reset => ExitReason::Reset,
-            GuestEvent::Panic => ExitReason::Panic,
+            GuestEvent::PowerOff => StopCause::PowerOff,
+            GuestEvent::Reset => StopCause::Reset,
+            GuestEvent::Panic => StopCause::Panic,
         });
     }
 }
@@ -305,19 +297,19 @@ mod tests {
     #[test]
     fn every_reason_has_its_own_code_and_name() {
         let reasons = [
-            ExitReason::PowerOff,
-            ExitReason::VmmError("x".into()),
-            ExitReason::Reset,
-            ExitReason::InternalError { suberror: 1, detail: "x".into() },
-            ExitReason::Panic,
-            ExitReason::Timeout,
-            ExitReason::Shutdown,
+            StopCause::PowerOff,
+            StopCause::VmmError("x".into()),
+            StopCause::Reset,
+            StopCause::InternalError { suberror: 1, detail: "x".into() },
+            StopCause::Panic,
+            StopCause::Timeout,
+            StopCause::Shutdown,
         ];
-        let codes: Vec<i32> = reasons.iter().map(ExitReason::exit_code).collect();
+        let codes: Vec<i32> = reasons.iter().map(StopCause::exit_code).collect();
         assert_eq!(codes, vec![0, 1, 3, 4, 5, 6, 7]);
-        assert!(!codes.contains(&code::BAD_INPUT));
-        assert_eq!(ExitReason::TripleFault.exit_code(), code::RESET);
-        assert_ne!(ExitReason::TripleFault.name(), ExitReason::Reset.name());
+        assert!(!codes.contains(&vm_spec::exit::code::BAD_INPUT));
+        assert_eq!(StopCause::TripleFault.exit_code(), vm_spec::exit::code::RESET);
+        assert_ne!(StopCause::TripleFault.reason(), StopCause::Reset.reason());
     }
 
     #[test]
@@ -326,10 +318,10 @@ mod tests {
         let s = stop.clone();
         let t = std::thread::spawn(move || s.wait(None));
         stop.guest_event(GuestEvent::PowerOff);
-        stop.request(ExitReason::Timeout);
-        assert_eq!(t.join().unwrap(), ExitReason::PowerOff);
+        stop.request(StopCause::Timeout);
+        assert_eq!(t.join().unwrap(), StopCause::PowerOff);
         assert!(stop.is_stopping());
-        assert_eq!(VmStop::new().wait(Some(Duration::from_millis(1))), ExitReason::Timeout);
+        assert_eq!(VmStop::new().wait(Some(Duration::from_millis(1))), StopCause::Timeout);
     }
 
     #[test]
@@ -340,17 +332,17 @@ mod tests {
         stop.request_shutdown(Duration::from_secs(30));
         stop.request_shutdown(Duration::from_millis(5));
         stop.request_shutdown(Duration::from_secs(30));
-        assert_eq!(t.join().unwrap(), ExitReason::Shutdown, "the earliest deadline wins");
+        assert_eq!(t.join().unwrap(), StopCause::Shutdown, "the earliest deadline wins");
 
         let reminded = Arc::new(VmStop::new());
         reminded.request_shutdown(Duration::from_millis(2500));
         let mut presses = 0;
-        assert_eq!(reminded.wait_with(None, || presses += 1), ExitReason::Shutdown);
+        assert_eq!(reminded.wait_with(None, || presses += 1), StopCause::Shutdown);
         assert_eq!(presses, 2, "pressed again at 1 s and 2 s");
         let obeyed = Arc::new(VmStop::new());
         obeyed.request_shutdown(Duration::from_secs(30));
         obeyed.guest_event(GuestEvent::PowerOff);
-        assert_eq!(obeyed.wait(None), ExitReason::PowerOff);
+        assert_eq!(obeyed.wait(None), StopCause::PowerOff);
     }
 
     #[test]

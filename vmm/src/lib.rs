@@ -24,7 +24,7 @@ pub mod x86;
 use std::path::PathBuf;
 
 pub use config::ConfigError;
-pub use exit::ExitReason;
+pub use exit::StopCause;
 pub use vm::run;
 use vm_spec::ErrorKind;
 

@@ -15,7 +15,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
 use crate::boot::BootEntry;
-use crate::exit::{ExitCounters, ExitKind, ExitReason, VmStop};
+use crate::exit::{ExitCounters, ExitKind, StopCause, VmStop};
 use crate::x86::{boot_cpu, cpuid, lapic, msr};
 
 /// KVM_INTERNAL_ERROR_EMULATION.
@@ -179,7 +179,7 @@ impl Vcpu {
             if let Some(filter) = seccomp
                 && let Err(e) = crate::seccomp::apply(&filter)
             {
-                self.stop.request(ExitReason::VmmError(format!("vCPU {}: {e}", self.id)));
+                self.stop.request(StopCause::VmmError(format!("vCPU {}: {e}", self.id)));
                 finished.store(true, Ordering::Release);
                 return;
             }
@@ -218,7 +218,7 @@ impl Vcpu {
 
     /// Runs the guest until the next exit and handles it; returns a reason if the VM must stop.
     /// `run` is this vCPU's `kvm_run` page.
-    fn run_once(&mut self, run: *mut kvm_run) -> Option<ExitReason> {
+    fn run_once(&mut self, run: *mut kvm_run) -> Option<StopCause> {
         let exit = match self.fd.run() {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
@@ -227,7 +227,7 @@ impl Vcpu {
                 return None;
             }
             Err(e) => {
-                return Some(ExitReason::VmmError(format!("vCPU {}: KVM_RUN failed: {e}", self.id)));
+                return Some(StopCause::VmmError(format!("vCPU {}: KVM_RUN failed: {e}", self.id)));
             }
         };
         match exit {
@@ -259,17 +259,17 @@ impl Vcpu {
                 self.counters.record(ExitKind::MmioWrite, addr, claimed, unclaimed);
                 None
             }
-            VcpuExit::Shutdown => Some(ExitReason::TripleFault),
+            VcpuExit::Shutdown => Some(StopCause::TripleFault),
             VcpuExit::SystemEvent(kind, _) => Some(match kind {
-                SYSTEM_EVENT_SHUTDOWN => ExitReason::PowerOff,
-                SYSTEM_EVENT_RESET => ExitReason::Reset,
-                SYSTEM_EVENT_CRASH => ExitReason::Panic,
-                other => ExitReason::VmmError(format!("vCPU {}: unknown system event {other}", self.id)),
+                SYSTEM_EVENT_SHUTDOWN => StopCause::PowerOff,
+                SYSTEM_EVENT_RESET => StopCause::Reset,
+                SYSTEM_EVENT_CRASH => StopCause::Panic,
+                other => StopCause::VmmError(format!("vCPU {}: unknown system event {other}", self.id)),
             }),
-            VcpuExit::FailEntry(hardware_reason, _) => Some(ExitReason::EntryFailure { hardware_reason }),
+            VcpuExit::FailEntry(hardware_reason, _) => Some(StopCause::EntryFailure { hardware_reason }),
             VcpuExit::InternalError => Some(self.internal_error()),
-            VcpuExit::Hlt => Some(ExitReason::VmmError(format!("vCPU {}: HLT reached user space", self.id))),
-            other => Some(ExitReason::VmmError(format!("vCPU {}: unexpected exit {other:?}", self.id))),
+            VcpuExit::Hlt => Some(StopCause::VmmError(format!("vCPU {}: HLT reached user space", self.id))),
+            other => Some(StopCause::VmmError(format!("vCPU {}: unexpected exit {other:?}", self.id))),
         }
     }
 
@@ -334,7 +334,7 @@ impl Vcpu {
     }
 
     /// Describes KVM_EXIT_INTERNAL_ERROR: the suberror, RIP and the instruction bytes there.
-    fn internal_error(&mut self) -> ExitReason {
+    fn internal_error(&mut self) -> StopCause {
         // SAFETY: reading the `internal` member of the exit union after KVM reported
         // KVM_EXIT_INTERNAL_ERROR, which is the member KVM filled.
         let suberror = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
@@ -346,7 +346,7 @@ impl Vcpu {
                 detail.push_str(&format!(" (code {})", hex_bytes(&code[..8])));
             }
         }
-        ExitReason::InternalError { suberror, detail }
+        StopCause::InternalError { suberror, detail }
     }
 }
 

@@ -16,7 +16,7 @@ use vm_spec::{ExitSummary, VmSpec};
 use crate::boot::{self, BootRequest};
 use crate::config;
 use crate::control::{ControlSocket, ControlState, VmObserver};
-use crate::exit::{ExitCounters, ExitReason, VmStop};
+use crate::exit::{ExitCounters, StopCause, VmStop};
 use crate::interrupts::KvmInterrupts;
 use crate::layout::ACPI_RSDP_ADDR;
 use crate::memory::{GuestRam, MIB, RamLayout};
@@ -150,7 +150,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         match vcpu.start(filters.as_ref().map(|f| f.vcpu.clone())) {
             Ok(handle) => threads.push(handle),
             Err(e) => {
-                stop.request(ExitReason::VmmError(format!("cannot start a vCPU thread: {e}")));
+                stop.request(StopCause::VmmError(format!("cannot start a vCPU thread: {e}")));
                 break;
             }
         }
@@ -158,7 +158,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     if let Some(filters) = &filters
         && let Err(e) = crate::seccomp::apply(&filters.main)
     {
-        stop.request(ExitReason::VmmError(e.to_string()));
+        stop.request(StopCause::VmmError(e.to_string()));
     }
 
     let timeout = spec.timeout_s.map(Duration::from_secs_f64);
@@ -171,7 +171,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     control.set_state(VmState::Stopping);
     stop_vcpus(threads);
     let (detail, vcpu_state_lost) = match &reason {
-        ExitReason::Timeout | ExitReason::Shutdown => {
+        StopCause::Timeout | StopCause::Shutdown => {
             let places = shared.final_rips.lock().unwrap_or_else(|p| p.into_inner());
             (Some(describe_rips(&places)), state_lost(&places))
         }
@@ -185,7 +185,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
 
     Ok(ExitSummary {
         vmm: "exit".into(),
-        reason: reason.name().into(),
+        reason: reason.reason(),
         exit_code: reason.exit_code(),
         detail,
         entry: entry.name().into(),

@@ -293,7 +293,7 @@ pub fn run(config: &LinuxBootConfig, progress: &dyn Fn(&str)) -> Result<LinuxBoo
             boots.to_exit_ms.push(ms(boot.to_exit));
             boots.guest_ms.extend(boot.guest_at_init.map(|s| s * 1000.0));
             if engine == LinuxEngine::Driverlab {
-                let exit = ExitSummary::find_in(&boot.stderr).filter(|e| e.reason == "poweroff");
+                let exit = ExitSummary::find_in(&boot.stderr).filter(|e| e.reason == vm_spec::ExitReason::Poweroff);
                 let Some(exit) = exit else {
                     return Err(bad_run(engine, run, "it did not end with a poweroff exit line", &boot.stderr));
                 };

@@ -52,16 +52,15 @@ pub async fn boot(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Result
         let kernel: KernelManifest = store.manifest(&request.kernel)?;
         let qemu = match request.qemu {
             true => Some(QemuBinary::Chroot(
-                lab::qemu::Qemu::find(&lab::qemu::default_root())
-                    .map_err(|e| Problem::unprocessable(format!("QEMU beside driverlab: {e}")))?,
+                daemon.env.qemu().map_err(|e| Problem::unprocessable(format!("QEMU beside driverlab: {e}")))?.clone(),
             )),
             false => None,
         };
         let scratch = tempfile::tempdir().map_err(|e| Problem::internal(format!("a scratch folder: {e}")))?;
         let initrd = linux_boot::initramfs_in(scratch.path(), None).map_err(|e| Problem::internal(e.to_string()))?;
         let config = LinuxBootConfig {
-            driverlab: daemon.config.driverlab.clone(),
-            kernel: kernel.vmlinux_path(&store),
+            driverlab: daemon.env.driverlab.clone(),
+            kernel: kernel.vmlinux_path(store),
             initrd,
             qemu,
             q35: request.q35,

@@ -1,10 +1,11 @@
-//! What the handlers share: where the database and the images are, the `driverlab` binary that
-//! runs VMs and models, the run queue and the VMs the daemon started.
+//! What the handlers share: where the database is, the lab (the `driverlab` binary that runs VMs
+//! and models, the image store, the engines), the run queue and the VMs the daemon started.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use lab::env::LabEnv;
 use lab::store::Store;
 
 use crate::problem::Problem;
@@ -16,10 +17,6 @@ use crate::vms::VmTable;
 pub struct Config {
     /// The results database.
     pub db: PathBuf,
-    /// The image store.
-    pub images: PathBuf,
-    /// The `driverlab` binary (`driverlab vm run`, `driverlab model`).
-    pub driverlab: PathBuf,
     /// Where VMs' logs go.
     pub vm_dir: PathBuf,
 }
@@ -28,6 +25,8 @@ pub struct Config {
 pub struct Daemon {
     /// Its configuration.
     pub config: Config,
+    /// The lab it runs: the binary, the image store, the engines, the host's facts.
+    pub env: Arc<LabEnv>,
     /// Runs waiting and running.
     pub runs: RunQueue,
     /// VMs started through `POST /v1/vms`.
@@ -55,12 +54,14 @@ impl Drop for StreamSlot {
 }
 
 impl Daemon {
-    /// A daemon with `config`; its run worker starts here.
-    pub fn new(config: Config) -> Arc<Daemon> {
-        let runs = RunQueue::start(config.db.clone(), config.driverlab.clone());
+    /// A daemon with `config` that runs the lab of `env`; its run worker starts here.
+    pub fn new(config: Config, env: LabEnv) -> Arc<Daemon> {
+        let env = Arc::new(env);
+        let runs = RunQueue::start(config.db.clone(), env.clone());
         let vms = VmTable::new(config.vm_dir.clone());
         Arc::new(Daemon {
             config,
+            env,
             runs,
             vms,
             builds: Mutex::new(()),
@@ -86,8 +87,8 @@ impl Daemon {
     }
 
     /// The image store.
-    pub fn images(&self) -> guest_images::store::ImageStore {
-        guest_images::store::ImageStore::new(&self.config.images)
+    pub fn images(&self) -> &guest_images::store::ImageStore {
+        &self.env.images
     }
 }
 
@@ -98,12 +99,12 @@ mod tests {
     #[test]
     fn long_lived_streams_are_counted_and_their_slots_come_back() {
         let dir = tempfile::tempdir().unwrap();
-        let daemon = Daemon::new(Config {
-            db: dir.path().join("lab.db"),
-            images: dir.path().join("images"),
-            driverlab: PathBuf::from("/nonexistent/driverlab"),
-            vm_dir: dir.path().join("vms"),
-        });
+        let env = LabEnv::detect(
+            PathBuf::from("/nonexistent/driverlab"),
+            guest_images::store::ImageStore::new(dir.path().join("images")),
+            &dir.path().join("qemu"),
+        );
+        let daemon = Daemon::new(Config { db: dir.path().join("lab.db"), vm_dir: dir.path().join("vms") }, env);
         let slots: Vec<StreamSlot> = (0..MAX_STREAMS).map(|_| daemon.open_stream().unwrap()).collect();
         let refused = daemon.open_stream().err().unwrap();
         assert_eq!(refused.code, "busy");

@@ -191,7 +191,12 @@ pub async fn health(
                 return Err(Problem::busy("another health check is running; try again after it"));
             }
         };
-        let mut health = lab::health::check_device(&daemon.config.driverlab, &device).map_err(Problem::internal)?;
+        let source =
+            device.source().map_err(|(field, message)| Problem::internal(format!("device{field}: {message}")))?;
+        let engine = daemon.env.engine(lab::matrix::EngineKind::Driverlab).map_err(Problem::internal)?;
+        let dir = daemon.config.vm_dir.join("health").join(&name);
+        let mut health = lab::health::check_device(engine, &daemon.env.driverlab, &dir, &source, device.nic())
+            .map_err(Problem::internal)?;
         health.device = name.clone();
         Ok(Json(HealthResult {
             ok: health.ok,

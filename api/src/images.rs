@@ -90,7 +90,7 @@ pub async fn build_kernel(State(daemon): State<Arc<Daemon>>, payload: Payload) -
             }
         }
         blocking(move || {
-            one_build(&daemon, || Ok(kernel_image::from_package(&daemon.images(), request.package.as_deref())?.id))
+            one_build(&daemon, || Ok(kernel_image::from_package(daemon.images(), request.package.as_deref())?.id))
         })
         .await
     }
@@ -142,7 +142,7 @@ pub async fn build_module(State(daemon): State<Arc<Daemon>>, payload: Payload) -
                     headers: None,
                     only: request.only.clone(),
                 };
-                Ok(module_build::build(&daemon.images(), &build)?.id)
+                Ok(module_build::build(daemon.images(), &build)?.id)
             })
         })
         .await
@@ -186,7 +186,7 @@ pub async fn build_initramfs(State(daemon): State<Arc<Daemon>>, payload: Payload
                     modules: request.modules.clone(),
                     drivers: request.drivers.clone(),
                 };
-                Ok(initramfs_build::build(&daemon.images(), &build)?.id)
+                Ok(initramfs_build::build(daemon.images(), &build)?.id)
             })
         })
         .await

@@ -13,9 +13,9 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use lab::matrix::Plan;
+use lab::env::LabEnv;
+use lab::images::RunPlan;
 use lab::record::Record;
-use lab::run::RunOptions;
 use lab::scheduler::Progress;
 use lab::store::{RunState, Store};
 use tokio::sync::broadcast;
@@ -39,7 +39,7 @@ struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
     db: PathBuf,
-    driverlab: PathBuf,
+    env: Arc<LabEnv>,
 }
 
 #[derive(Default)]
@@ -66,7 +66,7 @@ impl Drop for Reservation<'_> {
 }
 
 struct Live {
-    plan: Plan,
+    plan: RunPlan,
     running: bool,
     cancel: Arc<AtomicBool>,
     events: broadcast::Sender<RunEvent>,
@@ -80,8 +80,8 @@ fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 
 impl RunQueue {
     /// The queue, with its worker thread.
-    pub fn start(db: PathBuf, driverlab: PathBuf) -> RunQueue {
-        let shared = Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), db, driverlab });
+    pub fn start(db: PathBuf, env: Arc<LabEnv>) -> RunQueue {
+        let shared = Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), db, env });
         let worker = shared.clone();
         std::thread::Builder::new()
             .name("run-worker".into())
@@ -102,12 +102,12 @@ impl RunQueue {
 
     /// Queues `run` (created, or claimed for a resume) to execute `plan`, in the place
     /// `reservation` holds; 409 if the run is live already (two resumes at once).
-    fn enqueue(&self, mut reservation: Reservation<'_>, run: &str, plan: Plan) -> Result<(), Problem> {
+    fn enqueue(&self, mut reservation: Reservation<'_>, run: &str, plan: RunPlan) -> Result<(), Problem> {
         let mut queue = lock(&self.shared.queue);
         if queue.live.contains_key(run) {
             return Err(Problem::conflict(format!("run {run} is queued or running here already")));
         }
-        let results = |plan: &Plan| plan.cells.len() * plan.matrix.repetitions as usize;
+        let results = |plan: &RunPlan| plan.plan.cells.len() * plan.plan.matrix.repetitions as usize;
         let queued: usize = queue.live.values().map(|l| results(&l.plan)).sum();
         if queued + results(&plan) > MAX_QUEUED_RESULTS {
             return Err(Problem::busy(format!(
@@ -195,11 +195,10 @@ impl Shared {
             live.started = Some(Instant::now());
             (live.plan.clone(), live.cancel.clone())
         };
-        let options = RunOptions { driverlab: self.driverlab.clone(), skip_unrunnable: true };
         let progress = Events { shared: self.clone(), run: run.to_string() };
         let outcome = Store::open(&self.db).map_err(lab::run::RunError::from).and_then(|store| {
             let store = Arc::new(Mutex::new(store));
-            lab::run::execute(store, &plan, run, &options, &progress, &cancel)
+            lab::run::execute(store, &self.env, &plan, run, &progress, &cancel)
         });
         if let Err(e) = outcome {
             tracing::error!("run {run}: {e}");
@@ -357,8 +356,8 @@ pub async fn submit(State(daemon): State<Arc<Daemon>>, RawQuery(raw): RawQuery, 
             let mut store = daemon.store()?;
             let registered = |name: &str| store.device(name).ok().flatten();
             let plan = lab::request::plan(request, &registered).map_err(matrix_problem)?;
-            let options = RunOptions { driverlab: daemon.config.driverlab.clone(), skip_unrunnable };
-            let run = lab::run::create(&mut store, &plan, &options)?;
+            let note = |line: &str| tracing::info!("{line}");
+            let (run, plan) = lab::run::create(&mut store, &daemon.env, plan, skip_unrunnable, &note)?;
             daemon.runs.enqueue(place, &run, plan)?;
             Ok(run)
         })
@@ -436,7 +435,7 @@ pub async fn resume(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
             return Err(Problem::conflict(format!("run {id} is queued or running here already")));
         }
         let place = daemon.runs.reserve()?;
-        let plan = lab::run::resumable(&store, &id)?;
+        let plan = lab::run::resumable(&store, &daemon.env, &id, &|line| tracing::info!("{line}"))?;
         store.claim_run(&id)?;
         daemon.runs.enqueue(place, &id, plan)?;
         status(&daemon, &id)

@@ -136,7 +136,7 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
         "probe" => Kernel::Probe,
         id if ImageId::of_kind(id, ImageKind::Kernel).is_some() => {
             let manifest: guest_images::kernel_image::KernelManifest = images.manifest(id)?;
-            Kernel::Path(manifest.vmlinux_path(&images))
+            Kernel::Path(manifest.vmlinux_path(images))
         }
         other => {
             return Err(Problem::unprocessable(format!(
@@ -148,7 +148,7 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
         None => None,
         Some(id) if ImageId::of_kind(id, ImageKind::Initramfs).is_some() => {
             let manifest: guest_images::initramfs_build::InitramfsManifest = images.manifest(id)?;
-            Some(manifest.archive_path(&images))
+            Some(manifest.archive_path(images))
         }
         Some(other) => {
             return Err(Problem::unprocessable(format!("initrd {other:?}: give an initramfs image's ID")));
@@ -199,7 +199,7 @@ fn run(daemon: Arc<Daemon>, vm: Arc<Vm>, prepared: Prepared) {
     let mut running_models = Vec::new();
     for (nic, args) in &models {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        match ModelProcess::start(&daemon.config.driverlab, nic.name(), &args) {
+        match ModelProcess::start(&daemon.env.driverlab, nic.name(), &args) {
             Ok(model) => {
                 spec.devices.push(model.device_spec());
                 running_models.push(model);
@@ -211,7 +211,7 @@ fn run(daemon: Arc<Daemon>, vm: Arc<Vm>, prepared: Prepared) {
         }
     }
     spec.serial = SerialSpec { com1: SerialOutput::File(vm.serial()), com2: None };
-    let process = VmProcess::new(&daemon.config.driverlab, spec, Duration::from_secs(30)).with_control(vm.control());
+    let process = VmProcess::new(&daemon.env.driverlab, spec, Duration::from_secs(30)).with_control(vm.control());
     let running = match process.start() {
         Ok(running) => running,
         Err(e) => {

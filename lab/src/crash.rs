@@ -2,6 +2,7 @@
 //! Linux panic, oops, BUG, WARNING or KASAN report, or the probe guest's `panic` and `fault`
 //! sections. The same crash gives the same fingerprint, whatever the addresses and timestamps.
 
+use crate::failure::CrashKind;
 use crate::probe_report::ProbeReport;
 use crate::record::Crash;
 
@@ -9,32 +10,39 @@ use crate::record::Crash;
 pub const FRAMES: usize = 5;
 
 /// Lines that open a Linux crash report, and the kind each one is.
-const MARKERS: &[(&str, &str)] = &[
-    ("Kernel panic - not syncing", "panic"),
-    ("BUG: KASAN", "kasan"),
-    ("BUG:", "bug"),
-    ("Oops:", "oops"),
-    ("general protection fault", "oops"),
-    ("WARNING:", "warning"),
+const MARKERS: &[(&str, CrashKind)] = &[
+    ("Kernel panic - not syncing", CrashKind::Panic),
+    ("BUG: KASAN", CrashKind::Kasan),
+    ("BUG:", CrashKind::Bug),
+    ("Oops:", CrashKind::Oops),
+    ("general protection fault", CrashKind::Oops),
+    ("WARNING:", CrashKind::Warning),
 ];
 
-/// The first crash the log shows, if any.
+/// The first crash the log shows, if any (the probe's report, read from it, or a kernel's).
 pub fn detect(serial: &str) -> Option<Crash> {
-    let report = ProbeReport::parse(serial);
+    in_probe_report(&ProbeReport::parse(serial)).or_else(|| in_kernel_log(serial))
+}
+
+/// The probe guest's panic or CPU exception, if its report has one.
+pub fn in_probe_report(report: &ProbeReport) -> Option<Crash> {
     if let Some(panic) = report.section("panic") {
         let at = format!("{}:{}", panic["file"].as_str().unwrap_or("?"), panic["line"]);
         let message = panic["message"].as_str().unwrap_or("").to_string();
-        return Some(crash("panic", format!("probe panic at {at}: {message}"), vec![at]));
+        return Some(crash(CrashKind::Panic, format!("probe panic at {at}: {message}"), vec![at]));
     }
-    if let Some(fault) = report.section("fault") {
-        let frame = format!("vector {} rip {:#x}", fault["vector"], fault["rip"].as_u64().unwrap_or(0));
-        return Some(crash("fault", format!("probe CPU exception: {frame}"), vec![frame]));
-    }
+    let fault = report.section("fault")?;
+    let frame = format!("vector {} rip {:#x}", fault["vector"], fault["rip"].as_u64().unwrap_or(0));
+    Some(crash(CrashKind::Fault, format!("probe CPU exception: {frame}"), vec![frame]))
+}
+
+/// The first crash a kernel's log shows, with its first stack frames.
+pub fn in_kernel_log(serial: &str) -> Option<Crash> {
     let lines: Vec<&str> = serial.lines().map(strip_timestamp).collect();
     let (at, kind) = lines
         .iter()
         .enumerate()
-        .find_map(|(i, line)| MARKERS.iter().find(|(marker, _)| line.contains(marker)).map(|(_, kind)| (i, *kind)))?;
+        .find_map(|(i, line)| MARKERS.iter().find(|(marker, _)| line.contains(marker)).map(|&(_, kind)| (i, kind)))?;
     let frames = lines[at..]
         .iter()
         .skip_while(|l| !l.contains("Call Trace:"))
@@ -46,7 +54,9 @@ pub fn detect(serial: &str) -> Option<Crash> {
     Some(crash(kind, lines[at].trim().to_string(), frames))
 }
 
-fn crash(kind: &str, line: String, frames: Vec<String>) -> Crash {
+/// A crash of `kind` at `line`, fingerprinted by its kind's name and its frames (or, without
+/// frames, the line without its numbers).
+pub fn crash(kind: CrashKind, line: String, frames: Vec<String>) -> Crash {
     let mut text = kind.to_string();
     for f in &frames {
         text.push('|');
@@ -57,7 +67,7 @@ fn crash(kind: &str, line: String, frames: Vec<String>) -> Crash {
         text.push('|');
         text.extend(line.chars().filter(|c| !c.is_ascii_digit()));
     }
-    Crash { kind: kind.to_string(), line, frames, fingerprint: format!("{:016x}", fnv1a(text.as_bytes())) }
+    Crash { kind, line, frames, fingerprint: format!("{:016x}", fnv1a(text.as_bytes())) }
 }
 
 /// `[   12.345678] text` -> `text`.
@@ -108,7 +118,7 @@ mod tests {
     #[test]
     fn a_linux_oops_gives_its_first_frames_and_a_stable_fingerprint() {
         let crash = detect(OOPS).unwrap();
-        assert_eq!(crash.kind, "bug");
+        assert_eq!(crash.kind, CrashKind::Bug);
         assert!(crash.line.starts_with("BUG: kernel NULL pointer dereference"));
         assert_eq!(
             crash.frames,
@@ -125,13 +135,15 @@ mod tests {
     fn the_probe_s_panics_and_faults_and_clean_logs() {
         let panic = r#"{"probe":"panic","file":"src/nic.rs","line":42,"message":"ring full"}"#;
         let crash = detect(panic).unwrap();
-        assert_eq!((crash.kind.as_str(), crash.frames.as_slice()), ("panic", ["src/nic.rs:42".to_string()].as_slice()));
+        assert_eq!((crash.kind, crash.frames.as_slice()), (CrashKind::Panic, ["src/nic.rs:42".to_string()].as_slice()));
         let fault = r#"{"probe":"fault","vector":14,"error":2,"rip":1050000,"cr2":0}"#;
-        assert_eq!(detect(fault).unwrap().kind, "fault");
+        assert_eq!(detect(fault).unwrap().kind, CrashKind::Fault);
         assert!(detect("{\"probe\":\"done\",\"ok\":true,\"failures\":[]}\nLinux version 6.12\n").is_none());
         let panic_line = "[   1.0] Kernel panic - not syncing: VFS: Unable to mount root fs\n";
         let crash = detect(panic_line).unwrap();
-        assert_eq!((crash.kind.as_str(), crash.frames.len()), ("panic", 0));
+        assert_eq!((crash.kind, crash.frames.len()), (CrashKind::Panic, 0));
+        // The fingerprints of older records stay what they were: the kind's name is hashed.
+        assert_eq!(crash.fingerprint, "7d18395455f8b7cc");
         assert_eq!(crash.fingerprint, detect(&panic_line.replace("1.0", "7.5")).unwrap().fingerprint);
     }
 }

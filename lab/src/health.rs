@@ -7,10 +7,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vm_spec::{DeviceSpec, IommuSpec, Kernel, NicKind, SerialOutput, VmSpec};
+use vm_spec::{DeviceSpec, ExitReason, IommuSpec, Kernel, NicKind, SerialOutput, VmSpec};
 
+use crate::engine::{BootRequest, Booted, Ending, Engine, Watch};
+use crate::matrix::DeviceSource;
+use crate::model_process::ModelProcess;
 use crate::probe_report::ProbeReport;
-use crate::vm_process::{ProcessError, VmProcess};
 
 /// How long one check may take.
 const CHECK_TIMEOUT_S: f64 = 30.0;
@@ -68,48 +70,45 @@ impl Health {
     }
 }
 
-/// Checks `device`; `frames` is how many frames to receive (0 when no traffic can arrive, e.g. a
-/// host NIC without a peer sending).
-pub fn check(driverlab: &Path, device: &DeviceSpec, frames: u32) -> Result<Health, ProcessError> {
-    check_nic(driverlab, device, frames, Some(NicKind::Aqc100))
+/// Checks `device` on an AQC100 under `engine`, its serial log in `dir`; `frames` is how many
+/// frames to receive (0 when no traffic can arrive, e.g. a host NIC without a peer sending).
+pub fn check(engine: &dyn Engine, dir: &Path, device: &DeviceSpec, frames: u32) -> Health {
+    check_nic(engine, dir, device, frames, Some(NicKind::Aqc100))
 }
 
-/// The same for a NIC the probe drives, or, with `None`, a device the probe
-/// only finds and passes through (its platform checks, the virtio-iommu, the reset).
-pub fn check_nic(
-    driverlab: &Path,
-    device: &DeviceSpec,
-    frames: u32,
-    nic: Option<NicKind>,
-) -> Result<Health, ProcessError> {
+/// The same for a NIC the probe drives, or, with `None`, a device the probe only finds and
+/// passes through (its platform checks, the virtio-iommu, the reset).
+pub fn check_nic(engine: &dyn Engine, dir: &Path, device: &DeviceSpec, frames: u32, nic: Option<NicKind>) -> Health {
     let nic_words = nic.map(|n| format!(" probe.nic={n} probe.frames={frames}")).unwrap_or_default();
+    let serial = dir.join("health.log");
     let spec = VmSpec {
         cmdline: format!("probe.viommu_ops=0{nic_words}"),
         iommu: Some(IommuSpec::default()),
         devices: vec![device.clone()],
-        serial: vm_spec::SerialSpec { com1: SerialOutput::Stdout, com2: None },
+        serial: vm_spec::SerialSpec { com1: SerialOutput::File(serial.clone()), com2: None },
         timeout_s: Some(CHECK_TIMEOUT_S),
         ..VmSpec::new(Kernel::Probe)
     };
     let start = Instant::now();
-    let out = VmProcess::new(driverlab, spec, Duration::from_secs(10)).run()?;
-    let report = ProbeReport::parse(&out.serial);
+    let booted = engine.boot(BootRequest {
+        spec,
+        watch: Watch { silence: Duration::from_secs_f64(CHECK_TIMEOUT_S), agent_log: None },
+        model: None,
+        counters: None,
+        dir,
+        bzimage: None,
+        accel: Default::default(),
+    });
+    let report = ProbeReport::parse(&std::fs::read_to_string(&serial).unwrap_or_default());
     let nic = report.section("nic");
     let field = |key: &str| nic.and_then(|n| n.get(key));
+    let reset_ok = booted.exit.as_ref().and_then(|e| e.devices.first()).map(|d| d.reset_ok);
     let mut failures: Vec<String> = report.done().map(|d| d.failures).unwrap_or_default();
-    let reset_ok = out.exit.as_ref().and_then(|e| e.devices.first()).map(|d| d.reset_ok);
-    if let Some(error) = &out.error {
-        failures.push(error.message.clone());
-    } else if out.code() != Some(0) {
-        let reason = out.exit.as_ref().map_or("no exit line".to_string(), |e| e.reason.to_string());
-        failures.push(format!("the VM ended with {reason} (exit code {:?})", out.code()));
-    } else if report.done().is_none() {
-        failures.push("the probe did not finish its report".into());
-    }
+    failures.extend(ending_failure(&booted, &report));
     if reset_ok == Some(false) {
         failures.push("the device was not healthy after its reset".into());
     }
-    Ok(Health {
+    Health {
         device: device.to_string(),
         ok: failures.is_empty(),
         fw: field("fw").and_then(|v| v.as_str()).map(String::from),
@@ -122,22 +121,48 @@ pub fn check_nic(
         reset_ok,
         failures,
         ms: start.elapsed().as_secs_f64() * 1e3,
-    })
+    }
 }
 
-/// Checks a matrix's `device`: a fresh model process for a model (on its generator), the host
-/// device itself otherwise. The error is why the check could not run at all.
-pub fn check_device(driverlab: &Path, device: &crate::matrix::Device) -> Result<Health, String> {
-    let source = device.source().map_err(|(field, message)| format!("device{field}: {message}"))?;
+/// What the VM's end says is wrong, if anything: the VMM's error, an end other than power-off,
+/// a report the probe did not finish.
+fn ending_failure(booted: &Booted, report: &ProbeReport) -> Option<String> {
+    if let Some(error) = &booted.error {
+        return Some(error.message.clone());
+    }
+    match &booted.ending {
+        Ending::Stopped { reason: ExitReason::Poweroff, .. } if report.done().is_none() => {
+            Some("the probe did not finish its report".into())
+        }
+        Ending::Stopped { reason: ExitReason::Poweroff, .. } => None,
+        Ending::Stopped { reason, .. } => {
+            Some(format!("the VM ended with {reason} (exit code {})", reason.exit_code()))
+        }
+        Ending::Refused(why) | Ending::Unexplained(why) => Some(why.clone()),
+        Ending::Killed => Some("the VMM did not end at its timeout and was killed".into()),
+    }
+}
+
+/// Checks a device of a matrix as `source` says it is (`nic`: its NIC, where the lab knows it):
+/// a fresh model process for a model (on its generator), the host device itself otherwise.
+/// The error is why the check could not run at all.
+pub fn check_device(
+    engine: &dyn Engine,
+    driverlab: &Path,
+    dir: &Path,
+    source: &DeviceSource,
+    nic: Option<NicKind>,
+) -> Result<Health, String> {
     let (spec, frames, _model) = match source {
-        crate::matrix::DeviceSource::Host { bdf, .. } => (DeviceSpec::Vfio(bdf), 0, None),
-        crate::matrix::DeviceSource::Model { nic, wire } => {
+        DeviceSource::Host { bdf, .. } => (DeviceSpec::Vfio(*bdf), 0, None),
+        DeviceSource::Model { nic, wire } => {
             let args = wire.model_args();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let model = crate::ModelProcess::start(driverlab, nic.name(), &args).map_err(|e| e.to_string())?;
+            let model = ModelProcess::start(driverlab, nic.name(), &args).map_err(|e| e.to_string())?;
             (model.device_spec(), FRAMES_MODEL, Some(model))
         }
     };
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     // The probe drives the NICs driverlab knows; other NICs it only finds.
-    check_nic(driverlab, &spec, frames, device.nic()).map_err(|e| e.to_string())
+    Ok(check_nic(engine, dir, &spec, frames, nic))
 }

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use guest_images::initramfs_build::InitramfsManifest;
 use guest_images::kernel_image::KernelManifest;
@@ -26,26 +25,104 @@ pub struct Resolved {
     pub manifest: Option<KernelManifest>,
 }
 
+/// Why a matrix's images cannot be had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImagesError {
+    /// Building a recipe failed (a download, a patch, a compiler).
+    #[error("{0}")]
+    Build(String),
+    /// A file or image the matrix names is missing, or does not fit its kernel.
+    #[error("{0}")]
+    Missing(String),
+}
+
+/// A checked plan with its images' files resolved, recipes built into the store: what a run
+/// executes. Made once per run; every repetition takes its files from it.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    /// The checked matrix and its cells.
+    pub plan: Plan,
+    /// Each Linux image's files, by the image's name (the probe has none).
+    files: BTreeMap<String, Resolved>,
+}
+
+impl RunPlan {
+    /// Builds what `plan`'s recipes ask for (those not built yet: a download and a build can
+    /// take minutes the first time), saying what it does through `note`, and resolves every
+    /// Linux image's files.
+    pub fn prepare(plan: Plan, store: &ImageStore, note: &dyn Fn(&str)) -> Result<RunPlan, ImagesError> {
+        let mut files = BTreeMap::new();
+        for image in plan.matrix.images.iter().map(|i| i.get_ref()).filter(|i| !i.is_probe()) {
+            files.insert(image.name.clone(), resolve(&plan, image, store, note)?);
+        }
+        Ok(RunPlan { plan, files })
+    }
+
+    /// The files of the Linux image named `image`.
+    pub fn files(&self, image: &str) -> Option<&Resolved> {
+        self.files.get(image)
+    }
+}
+
 /// Resolves a Linux image of `plan` (not the probe), building what its recipe asks for.
-pub fn resolve(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Resolved, String> {
-    let (kernel_ref, initrd_ref) = build_recipe(&|p| plan.resolve(p), image, store)?;
+fn resolve(plan: &Plan, image: &Image, store: &ImageStore, note: &dyn Fn(&str)) -> Result<Resolved, ImagesError> {
+    let (kernel_ref, initrd_ref) = if is_recipe(image) {
+        let what = match image.patches.len() {
+            0 => String::new(),
+            n => format!(", {} built with {n} patch(es)", image.driver.rsplit('/').next().unwrap_or_default()),
+        };
+        note(&format!("image {}: kernel {}, initrd {}{what}", image.name, image.kernel, initrd_name(image)));
+        let (kernel, initrd) = build_recipe(&|p| plan.resolve(p), image, store).map_err(ImagesError::Build)?;
+        let built = initrd.as_ref().map(|i| format!(", {i}")).unwrap_or_default();
+        note(&format!("image {}: {kernel}{built}", image.name));
+        (kernel, initrd)
+    } else {
+        (image.kernel.clone(), image.initrd.clone())
+    };
     let (kernel, manifest) = match &kernel_ref {
         KernelRef::Store(id) => {
-            let manifest: KernelManifest =
-                store.manifest(id.as_str()).map_err(|e| format!("image {:?}: {e}", image.name))?;
+            let manifest: KernelManifest = store
+                .manifest(id.as_str())
+                .map_err(|e| ImagesError::Missing(format!("image {:?}: {e}", image.name)))?;
             (manifest.vmlinux_path(store), Some(manifest))
         }
         KernelRef::Path(path) => (plan.resolve(path), None),
         KernelRef::Probe | KernelRef::Debian { .. } => {
-            return Err(format!("image {:?}: kernel {kernel_ref} is no Linux kernel file", image.name));
+            return Err(ImagesError::Missing(format!(
+                "image {:?}: kernel {kernel_ref} is no Linux kernel file",
+                image.name
+            )));
         }
     };
-    let initrd = match &initrd_ref {
-        None => None,
+    let initrd = resolve_initrd(plan, image, store, &kernel_ref, initrd_ref.as_ref()).map_err(ImagesError::Missing)?;
+    for path in std::iter::once(&kernel).chain(initrd.as_ref()) {
+        if !path.exists() {
+            return Err(ImagesError::Missing(format!(
+                "{}: image {:?}: {} does not exist",
+                plan.file.display(),
+                image.name,
+                path.display()
+            )));
+        }
+    }
+    let bzimage = manifest.as_ref().map(|m| store.dir(&m.id).join(&m.bzimage));
+    Ok(Resolved { kernel, bzimage, initrd, manifest })
+}
+
+/// An image's initrd file, checked against its kernel when both are store images.
+fn resolve_initrd(
+    plan: &Plan,
+    image: &Image,
+    store: &ImageStore,
+    kernel_ref: &KernelRef,
+    initrd_ref: Option<&InitrdRef>,
+) -> Result<Option<PathBuf>, String> {
+    match initrd_ref {
+        None => Ok(None),
         Some(InitrdRef::Store(id)) => {
             let manifest: InitramfsManifest =
                 store.manifest(id.as_str()).map_err(|e| format!("image {:?}: {e}", image.name))?;
-            if let (Some(built_for), KernelRef::Store(kernel_id)) = (manifest_kernel(&manifest), &kernel_ref)
+            if let (Some(built_for), KernelRef::Store(kernel_id)) = (manifest_kernel(&manifest), kernel_ref)
                 && built_for != kernel_id.as_str()
             {
                 return Err(format!(
@@ -53,37 +130,11 @@ pub fn resolve(plan: &Plan, image: &Image, store: &ImageStore) -> Result<Resolve
                     image.name, manifest.id
                 ));
             }
-            Some(manifest.archive_path(store))
+            Ok(Some(manifest.archive_path(store)))
         }
-        Some(InitrdRef::Path(path)) => Some(plan.resolve(path)),
-        Some(InitrdRef::Agent) => return Err(format!("image {:?}: the agent's initramfs was not built", image.name)),
-    };
-    for path in std::iter::once(&kernel).chain(initrd.as_ref()) {
-        if !path.exists() {
-            return Err(format!("{}: image {:?}: {} does not exist", plan.file.display(), image.name, path.display()));
-        }
+        Some(InitrdRef::Path(path)) => Ok(Some(plan.resolve(path))),
+        Some(InitrdRef::Agent) => Err(format!("image {:?}: the agent's initramfs was not built", image.name)),
     }
-    let bzimage = manifest.as_ref().map(|m| store.dir(&m.id).join(&m.bzimage));
-    Ok(Resolved { kernel, bzimage, initrd, manifest })
-}
-
-/// Builds the recipes of `plan`'s images (those not built yet: a download and a build can take
-/// minutes the first time), saying what it does through `note`.
-pub fn prepare(plan: &Plan, store: &ImageStore, note: &dyn Fn(&str)) -> Result<(), String> {
-    for image in plan.matrix.images.iter().map(|i| i.get_ref()) {
-        if !is_recipe(image) {
-            continue;
-        }
-        let what = match image.patches.len() {
-            0 => String::new(),
-            n => format!(", {} built with {n} patch(es)", image.driver.rsplit('/').next().unwrap_or_default()),
-        };
-        note(&format!("image {}: kernel {}, initrd {}{what}", image.name, image.kernel, initrd_name(image)));
-        let (kernel, initrd) = build_recipe(&|p| plan.resolve(p), image, store)?;
-        let initrd = initrd.map(|i| format!(", {i}")).unwrap_or_default();
-        note(&format!("image {}: {kernel}{initrd}", image.name));
-    }
-    Ok(())
 }
 
 fn initrd_name(image: &Image) -> String {
@@ -95,27 +146,21 @@ pub fn is_recipe(image: &Image) -> bool {
     image.is_debian_kernel() || image.is_agent_initrd()
 }
 
-/// Builds an image's recipe, once per process and inputs: the image's kernel and initrd with a
-/// recipe replaced by the ID of what it built (the image's own for one that is no recipe).
-/// `resolve` turns the matrix's relative paths (patches) into paths.
+/// Builds an image's recipe: the image's kernel and initrd with a recipe replaced by the ID of
+/// what it built (the image's own for one that is no recipe); the builds are content-addressed,
+/// so what is in the store already is reused. `resolve` turns the matrix's relative paths
+/// (patches) into paths.
 fn build_recipe(
     resolve: &dyn Fn(&Path) -> PathBuf,
     image: &Image,
     store: &ImageStore,
 ) -> Result<(KernelRef, Option<InitrdRef>), String> {
-    static BUILT: Mutex<BTreeMap<String, (KernelRef, Option<InitrdRef>)>> = Mutex::new(BTreeMap::new());
     if !is_recipe(image) {
         return Ok((image.kernel.clone(), image.initrd.clone()));
     }
     let agent = image.is_agent_initrd();
     let patches: Vec<PathBuf> = image.patches.iter().map(|p| resolve(p)).collect();
     let module = image.module_name();
-    let key = format!("{}|{}|{}|{module}|{:?}|{agent}", store.root().display(), image.kernel, image.driver, patches);
-    // One build at a time: two workers wanting the same image wait for the first.
-    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(done) = built.get(&key) {
-        return Ok(done.clone());
-    }
     let what = |e: guest_images::store::ImageError| format!("image {:?}: {e}", image.name);
     let kernel = match &image.kernel {
         KernelRef::Debian { package } => {
@@ -151,7 +196,6 @@ fn build_recipe(
         image.initrd.clone()
     };
     let kernel = KernelRef::Store(kernel.parse().map_err(|e| format!("image {:?}: {e}", image.name))?);
-    built.insert(key, (kernel.clone(), initrd.clone()));
     Ok((kernel, initrd))
 }
 

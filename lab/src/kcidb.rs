@@ -116,12 +116,11 @@ mod tests {
             workload: "rx".into(),
             device: "aqc100".into(),
         };
-        let mut pass = Record::not_run(&info.id, &cell, 0, Status::Pass, "");
-        pass.reason = None;
+        let mut pass = crate::record::test_record(&info.id, &cell, 0, Status::Pass, "");
         pass.workload.gbit_s = Some(0.35);
         pass.maps_per_packet = Some(0.0625);
         pass.serial_log = Some("c01/rep0/serial.log".into());
-        let fail = Record::not_run(&info.id, &cell, 1, Status::Fail, "hung: no serial output for 60 s");
+        let fail = crate::record::test_record(&info.id, &cell, 1, Status::Fail, "hung: no serial output for 60 s");
         export(&info, &[pass, fail], Path::new("/var/lib/driverlab/artifacts/20261201-120000-abcd"))
     }
 

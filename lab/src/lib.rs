@@ -14,6 +14,8 @@ pub mod bus;
 pub mod chart;
 pub mod crash;
 pub mod engine;
+pub mod env;
+pub mod failure;
 pub mod file_watch;
 pub mod health;
 pub mod image_ref;

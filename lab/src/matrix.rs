@@ -689,6 +689,8 @@ pub struct Plan {
     pub matrix: Matrix,
     /// Its cells, in order.
     pub cells: Vec<Cell>,
+    /// Its devices' typed forms, by name: checked once, used by every repetition.
+    sources: BTreeMap<String, DeviceSource>,
 }
 
 impl Plan {
@@ -714,7 +716,7 @@ impl Plan {
     /// into `matrix`), `spans_in` the text its spans point into, for the lines of errors.
     pub fn from_matrix(file: &Path, matrix: Matrix, text: String, spans_in: Option<&str>) -> Result<Plan, MatrixError> {
         let checker = Checker { file, text: spans_in };
-        checker.check(&matrix)?;
+        let sources = checker.check(&matrix)?;
         // Counted from the matrix's shape before anything is expanded: twelve parameters of
         // ten values are 10^12 cells, which must be refused, not built.
         let count = count_cells(&matrix);
@@ -733,7 +735,7 @@ impl Plan {
             ));
         }
         let cells = expand(&matrix);
-        Ok(Plan { file: file.to_path_buf(), text, matrix, cells })
+        Ok(Plan { file: file.to_path_buf(), text, matrix, cells, sources })
     }
 
     /// The image named `name`.
@@ -754,6 +756,11 @@ impl Plan {
     /// The device named `name`.
     pub fn device(&self, name: &str) -> Option<&Device> {
         self.matrix.devices.iter().map(|d| d.get_ref()).find(|d| d.name == name)
+    }
+
+    /// What the device named `name` is.
+    pub fn source(&self, name: &str) -> Option<&DeviceSource> {
+        self.sources.get(name)
     }
 
     /// The baseline variant, if one is named.
@@ -808,7 +815,8 @@ impl Checker<'_> {
         Ok(seen)
     }
 
-    fn check(&self, m: &Matrix) -> Result<(), MatrixError> {
+    /// Checks `m`; its devices' typed forms, by name.
+    fn check(&self, m: &Matrix) -> Result<BTreeMap<String, DeviceSource>, MatrixError> {
         if m.name.trim().is_empty() {
             return Err(self.error(None, "name", "give the matrix a name"));
         }
@@ -835,10 +843,14 @@ impl Checker<'_> {
         let variants = self.unique("variant", m.variants.iter().map(|v| (v.get_ref().name.as_str(), v.span())))?;
         self.unique("workload", m.workloads.iter().map(|w| (w.get_ref().name(), w.span())))?;
 
+        let mut sources = BTreeMap::new();
         for (i, d) in m.devices.iter().enumerate() {
-            if let Err((field, message)) = d.get_ref().check() {
-                return Err(self.error(Some(d.span()), format!("device[{i}]{field}"), message));
-            }
+            match d.get_ref().source() {
+                Ok(source) => sources.insert(d.get_ref().name.clone(), source),
+                Err((field, message)) => {
+                    return Err(self.error(Some(d.span()), format!("device[{i}]{field}"), message));
+                }
+            };
         }
         for (i, image) in m.images.iter().enumerate() {
             let (span, image) = (image.span(), image.get_ref());
@@ -963,7 +975,7 @@ impl Checker<'_> {
                 ),
             ));
         }
-        Ok(())
+        Ok(sources)
     }
 }
 

@@ -49,6 +49,29 @@ impl Boot {
     }
 }
 
+/// The `nic` section's figures the lab reads (the section has more; docs/probe.md).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct Nic {
+    /// Why the NIC test could not run, when it could not.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Frames received.
+    #[serde(default)]
+    pub rx_frames: Option<u64>,
+    /// Bytes received.
+    #[serde(default)]
+    pub rx_bytes: Option<u64>,
+    /// How long receiving took.
+    #[serde(default)]
+    pub elapsed_ns: Option<u64>,
+    /// Interrupts that announced received frames.
+    #[serde(default)]
+    pub rx_interrupts: Option<u64>,
+    /// The driver's own maps before the first frame (rings, TX buffers, the first RX fill).
+    #[serde(default)]
+    pub initial_maps: Option<u64>,
+}
+
 impl ProbeReport {
     /// Reads the report out of serial output; lines that are not probe sections are skipped.
     pub fn parse(serial: &str) -> ProbeReport {
@@ -74,6 +97,11 @@ impl ProbeReport {
     /// The `boot` section, typed.
     pub fn boot(&self) -> Option<Boot> {
         serde_json::from_value(self.section("boot")?.clone()).ok()
+    }
+
+    /// The `nic` section, typed.
+    pub fn nic(&self) -> Option<Nic> {
+        serde_json::from_value(self.section("nic")?.clone()).ok()
     }
 
     /// The `done` section, typed.

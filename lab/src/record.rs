@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use vm_spec::counters::{IommuCounts, ModelCounters};
 use vm_spec::{ErrorLine, ExitSummary};
 
+use crate::failure::{CrashKind, Failure};
 use crate::matrix::{Cell, Direction, EngineKind};
 use crate::metric::Metric;
 
@@ -125,8 +126,8 @@ pub struct WorkloadResult {
 /// A crash the serial log shows, and its fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Crash {
-    /// `panic`, `oops`, `bug`, `warning`, `fault` (a CPU exception in the probe), `hang`.
-    pub kind: String,
+    /// What kind.
+    pub kind: CrashKind,
     /// The line that gave it away.
     pub line: String,
     /// The first stack frames (function names), when the log has a trace.
@@ -148,8 +149,11 @@ pub struct Record {
     pub engine: EngineKind,
     /// How it ended.
     pub status: Status,
-    /// Why, for anything but PASS.
+    /// Why, for anything but PASS: [`Record::failure`], rendered.
     pub reason: Option<String>,
+    /// Why, for anything but PASS, typed (absent from records of older driverlabs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
     /// When it started (RFC 3339).
     pub started_at: String,
     /// Phase timings.
@@ -219,15 +223,17 @@ pub struct Attempt {
 }
 
 impl Record {
-    /// A record of a repetition that did not run.
-    pub fn not_run(run: &str, cell: &Cell, repetition: u32, status: Status, reason: impl Into<String>) -> Record {
+    /// A record of repetition `repetition` of `cell` of `run`, begun now, with nothing
+    /// measured or judged yet (ERROR until [`Record::judged`] says otherwise).
+    pub fn begun(run: &str, cell: &Cell, repetition: u32) -> Record {
         Record {
             run: run.to_string(),
             cell: cell.clone(),
             repetition,
             engine: EngineKind::Driverlab,
-            status,
-            reason: Some(reason.into()),
+            status: Status::Error,
+            reason: None,
+            failure: None,
             started_at: now_rfc3339(),
             timings: Timings::default(),
             workload: WorkloadResult::default(),
@@ -252,22 +258,31 @@ impl Record {
         }
     }
 
+    /// A record of a repetition that did not run, for `failure`.
+    pub fn not_run(run: &str, cell: &Cell, repetition: u32, engine: EngineKind, failure: Failure) -> Record {
+        Record { engine, ..Record::begun(run, cell, repetition) }.judged(Some(failure))
+    }
+
+    /// The record with its verdict: PASS without a failure, else the failure's status and
+    /// reason.
+    pub fn judged(mut self, failure: Option<Failure>) -> Record {
+        self.status = failure.as_ref().map_or(Status::Pass, Failure::status);
+        self.reason = failure.as_ref().map(Failure::to_string);
+        self.failure = failure;
+        self
+    }
+
     /// Whether the host spoiled this repetition, so that running it again says something about
     /// the guest where this attempt could not: its virtualization lost the VM's state, or, on a
     /// host whose own CPU QEMU's TCG emulates (`emulated_host`: the nested lab box, whose emulated
     /// SVM has been seen to deliver an interrupt to a guest that had them masked and to hand a
-    /// guest its host's state), the guest died ([`Record::guest_died`]).
+    /// guest its host's state), the guest died ([`Failure::guest_died`]).
     pub fn spoiled_by_host(&self, emulated_host: bool) -> bool {
-        let lost = self.status == Status::Error && self.exit.as_ref().is_some_and(|e| e.vcpu_state_lost.is_some());
-        lost || (emulated_host && self.guest_died())
-    }
-
-    /// Whether the guest died rather than ran to a verdict: it hung, reset or triple-faulted, or
-    /// its log shows a crash (panic, oops, BUG, WARNING).
-    pub fn guest_died(&self) -> bool {
-        let reason = self.reason.as_deref().unwrap_or_default();
-        self.status == Status::Fail
-            && (reason.starts_with("hung: ") || reason.starts_with("the guest ended with ") || self.crash.is_some())
+        match &self.failure {
+            Some(Failure::HostLostState { .. }) => true,
+            Some(failure) => emulated_host && failure.guest_died(),
+            None => false,
+        }
     }
 
     /// The maps per packet a report's table and the progress lines show: the side the workload
@@ -291,4 +306,18 @@ impl Record {
 /// Now, as RFC 3339 UTC with milliseconds.
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+/// A record of `status` for tests: passed, or failed for a reason of that status (`why`).
+#[cfg(test)]
+pub(crate) fn test_record(run: &str, cell: &Cell, repetition: u32, status: Status, why: &str) -> Record {
+    let why = why.to_string();
+    let failure = match status {
+        Status::Pass => None,
+        Status::Fail => Some(Failure::Workload { problem: why }),
+        Status::Error => Some(Failure::Setup { what: why }),
+        Status::Miss => Some(Failure::Cancelled { why }),
+        Status::Skip => Some(Failure::Unrunnable { why }),
+    };
+    Record::begun(run, cell, repetition).judged(failure)
 }

@@ -30,7 +30,7 @@ pub struct CrashCount {
     /// The fingerprint.
     pub fingerprint: String,
     /// The kind.
-    pub kind: String,
+    pub kind: crate::failure::CrashKind,
     /// The line that gave it away (from its first occurrence).
     pub line: String,
     /// Repetitions that showed it.
@@ -169,7 +169,7 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
                 Some(c) => c.count += 1,
                 None => crashes.push(CrashCount {
                     fingerprint: fingerprint.clone(),
-                    kind: kind.clone(),
+                    kind: *kind,
                     line: line.clone(),
                     count: 1,
                 }),
@@ -707,10 +707,7 @@ mod tests {
     }
 
     fn record(cell: &Cell, rep: u32, gbit: f64, maps: f64, status: Status) -> Record {
-        let mut r = Record::not_run("r1", cell, rep, status, if status == Status::Pass { "" } else { "it broke" });
-        if status == Status::Pass {
-            r.reason = None;
-        }
+        let mut r = crate::record::test_record("r1", cell, rep, status, "it broke");
         r.workload.gbit_s = Some(gbit);
         r.maps_per_packet = Some(maps);
         r

@@ -2,24 +2,17 @@
 //! it, and build its report; and the same for a run to resume. What the CLI and, later, the HTTP
 //! API call.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use crate::env::LabEnv;
+use crate::images::{ImagesError, RunPlan};
 use crate::matrix::{MatrixError, Plan};
 use crate::report::{Report, RunRecords};
 use crate::scheduler::{self, LabError, Outcome, Progress};
 use crate::stats::VerdictRule;
 use crate::store::{RunState, Store, StoreError};
-
-/// How to run.
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    /// The `driverlab` binary that runs VMs and models.
-    pub driverlab: PathBuf,
-    /// Record cells this host cannot run as SKIP instead of refusing the matrix.
-    pub skip_unrunnable: bool,
-}
 
 /// Errors of a run.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +23,9 @@ pub enum RunError {
     /// The lab failed.
     #[error(transparent)]
     Lab(#[from] LabError),
+    /// The matrix's images cannot be had.
+    #[error(transparent)]
+    Images(#[from] ImagesError),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -62,37 +58,47 @@ impl RunError {
             self,
             RunError::Matrix(_)
                 | RunError::NoBaseline { .. }
-                | RunError::Lab(LabError::Unrunnable(_) | LabError::Missing(_))
+                | RunError::Lab(LabError::Unrunnable(_))
+                | RunError::Images(ImagesError::Missing(_))
         )
     }
 }
 
-/// Checks `plan` against this host and creates its run; returns the run's ID. Cells this host
-/// cannot run are refused, or recorded as SKIP with `skip_unrunnable`.
-pub fn create(store: &mut Store, plan: &Plan, options: &RunOptions) -> Result<String, RunError> {
-    let refused = scheduler::refusals(plan)?;
-    if !refused.is_empty() && !options.skip_unrunnable {
+/// Makes `plan` ready to run (its images built and resolved, progress through `note`), checks
+/// it against the host of `env`, and creates its run; returns the run's ID and what it
+/// executes. Cells this host cannot run are refused, or recorded as SKIP with `skip_unrunnable`.
+pub fn create(
+    store: &mut Store,
+    env: &LabEnv,
+    plan: Plan,
+    skip_unrunnable: bool,
+    note: &dyn Fn(&str),
+) -> Result<(String, RunPlan), RunError> {
+    let plan = RunPlan::prepare(plan, &env.images, note)?;
+    let refused = scheduler::refusals(env, &plan);
+    if !refused.is_empty() && !skip_unrunnable {
         return Err(LabError::Unrunnable(refused).into());
     }
-    let run = store.create_run(plan)?;
-    scheduler::record_skips(store, &run, plan, &refused)?;
-    Ok(run)
+    let run = store.create_run(&plan.plan)?;
+    scheduler::record_skips(store, &run, &plan.plan, &refused)?;
+    Ok((run, plan))
 }
 
 /// Runs what `run` has left to run.
 pub fn execute(
     store: Arc<Mutex<Store>>,
-    plan: &Plan,
+    env: &LabEnv,
+    plan: &RunPlan,
     run: &str,
-    options: &RunOptions,
     progress: &dyn Progress,
     cancel: &AtomicBool,
 ) -> Result<Outcome, RunError> {
-    Ok(scheduler::execute(store, &options.driverlab, plan, run, progress, cancel)?)
+    Ok(scheduler::execute(store, env, plan, run, progress, cancel)?)
 }
 
-/// The plan of a stored run, ready to resume: refused unless it was interrupted or cancelled.
-pub fn resumable(store: &Store, run: &str) -> Result<Plan, RunError> {
+/// The plan of a stored run, ready to resume (its images resolved, progress through `note`):
+/// refused unless it was interrupted or cancelled.
+pub fn resumable(store: &Store, env: &LabEnv, run: &str, note: &dyn Fn(&str)) -> Result<RunPlan, RunError> {
     let info = store.run(run)?;
     match info.state {
         RunState::Interrupted | RunState::Cancelled => {}
@@ -121,7 +127,7 @@ pub fn resumable(store: &Store, run: &str) -> Result<Plan, RunError> {
         }
         .into());
     }
-    Ok(plan)
+    Ok(RunPlan::prepare(plan, &env.images, note)?)
 }
 
 /// The report of `run`, judged against `baseline` (the matrix's own when none is given).

@@ -6,16 +6,14 @@
 //! as it is made.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vm_spec::host::virtualization;
-
-use guest_images::store::ImageStore;
-
+use crate::env::{HostFacts, LabEnv};
+use crate::failure::Failure;
 use crate::health;
+use crate::images::RunPlan;
 use crate::matrix::{Cell, DeviceSource, EngineKind, Plan, Workload};
 use crate::qemu::Accel;
 use crate::record::{Attempt, Record, Status};
@@ -38,9 +36,6 @@ pub enum LabError {
     #[error("{} cell(s) cannot run on this host:\n{}\n(--skip-unrunnable records them as SKIP and runs the rest)",
         .0.len(), .0.iter().map(|(c, r)| format!("  {} {}: {r}", c.id, c.key())).collect::<Vec<_>>().join("\n"))]
     Unrunnable(Vec<(Cell, String)>),
-    /// A file the matrix names is missing.
-    #[error("{0}")]
-    Missing(String),
 }
 
 /// What happens as a run goes.
@@ -60,90 +55,58 @@ pub struct Outcome {
     pub cancelled: bool,
 }
 
-/// Why the cells of `plan` cannot run here, if they cannot. A Linux image that does not resolve
-/// (a missing file, an unknown image ID) is the matrix's mistake, not the host's.
-pub fn refusals(plan: &Plan) -> Result<Vec<(Cell, String)>, LabError> {
-    let host = Host {
-        virt: virtualization(),
-        vfio: Path::new("/dev/vfio/vfio").exists(),
-        root: crate::peer::can_create(),
-        ssh: ssh_found(),
-        qemu: crate::qemu::Qemu::find(&crate::qemu::default_root()).err().map(|e| e.to_string()),
-    };
-    refusals_on(plan, &host)
+/// Why the cells of `plan` cannot run on the host of `env`, if they cannot.
+pub fn refusals(env: &LabEnv, plan: &RunPlan) -> Vec<(Cell, String)> {
+    let qemu = env.engine(EngineKind::Qemu).err();
+    plan.plan.cells.iter().filter_map(|cell| refusal(&env.host, qemu, plan, cell).map(|r| (cell.clone(), r))).collect()
 }
 
-/// What decides whether a cell can run on a host.
-struct Host {
-    virt: vm_spec::host::Virtualization,
-    vfio: bool,
-    root: bool,
-    ssh: bool,
-    /// Why QEMU cannot run here, when it cannot.
-    qemu: Option<String>,
-}
-
-fn refusals_on(plan: &Plan, host: &Host) -> Result<Vec<(Cell, String)>, LabError> {
-    let (virt, vfio) = (&host.virt, host.vfio);
-    let store = ImageStore::new(guest_images::store::default_root());
-    let mut refused = Vec::new();
-    for cell in &plan.cells {
-        let image = plan.image(&cell.image).expect("checked");
-        let device = plan.device(&cell.device).expect("checked");
-        let resolved = if image.is_probe() {
-            None
-        } else {
-            Some(crate::images::resolve(plan, image, &store).map_err(LabError::Missing)?)
-        };
-        let iperf = matches!(plan.workload(&cell.workload), Some(Workload::Iperf3 { .. }));
-        let host_device = matches!(device.source(), Ok(DeviceSource::Host { .. }));
-        let reason = if let Some(refusal) =
-            resolved.as_ref().and_then(|r| r.manifest.as_ref()).and_then(|m| m.viommu_refusal()).filter(|_| image.iommu)
-        {
-            Some(format!("image {:?}: {refusal}", image.name))
-        } else if let Some(refusal) = engine_refusal(image, host) {
-            Some(refusal)
-        } else if !image.is_probe() && image.engine == EngineKind::Driverlab && !virt.boots_linux() {
-            Some(format!(
-                "image {:?} is a Linux kernel, and driverlab's VMM boots Linux only with hardware virtualization; this host has {}",
-                image.name,
-                virt.describe()
-            ))
-        } else if iperf && host_device && device.peer.is_none() {
-            Some(format!(
-                "device {:?}: an iperf3 workload on a host device needs its peer on the NIC's wire: set peer = \"user@host\" \
-                 (SSH with a key, iperf3 installed there) and its addresses (peer_ip, guest_ip)",
-                device.name
-            ))
-        } else if iperf && host_device && !host.ssh {
-            Some(format!(
-                "device {:?}: its peer is reached over SSH, and there is no {} here (apt-get install openssh-client)",
-                device.name,
-                crate::peer::ssh_program()
-            ))
-        } else if iperf && !host_device && !host.root {
-            Some("an iperf3 workload on a model needs its peer's network namespace, which needs root".into())
-        } else if host_device && !vfio {
-            Some(
-                "the device is a host PCI device and this host has no kernel VFIO (`driverlab doctor --device BDF`)"
-                    .into(),
-            )
-        } else {
-            None
-        };
-        if let Some(reason) = reason {
-            refused.push((cell.clone(), reason));
-        }
+/// Why `cell` cannot run on `host` (where `qemu` says why QEMU cannot, if it cannot).
+fn refusal(host: &HostFacts, qemu: Option<&str>, plan: &RunPlan, cell: &Cell) -> Option<String> {
+    let (image, device, source) =
+        (plan.plan.image(&cell.image)?, plan.plan.device(&cell.device)?, plan.plan.source(&cell.device)?);
+    let iperf = matches!(plan.plan.workload(&cell.workload), Some(Workload::Iperf3 { .. }));
+    let host_device = matches!(source, DeviceSource::Host { .. });
+    let viommu = plan.files(&image.name).and_then(|r| r.manifest.as_ref()).and_then(|m| m.viommu_refusal());
+    if let Some(refusal) = viommu.filter(|_| image.iommu) {
+        Some(format!("image {:?}: {refusal}", image.name))
+    } else if let Some(refusal) = engine_refusal(image, host, qemu) {
+        Some(refusal)
+    } else if !image.is_probe() && image.engine == EngineKind::Driverlab && !host.virt.boots_linux() {
+        Some(format!(
+            "image {:?} is a Linux kernel, and driverlab's VMM boots Linux only with hardware virtualization; this host has {}",
+            image.name,
+            host.virt.describe()
+        ))
+    } else if iperf && host_device && device.peer.is_none() {
+        Some(format!(
+            "device {:?}: an iperf3 workload on a host device needs its peer on the NIC's wire: set peer = \"user@host\" \
+             (SSH with a key, iperf3 installed there) and its addresses (peer_ip, guest_ip)",
+            device.name
+        ))
+    } else if iperf && host_device && !host.ssh {
+        Some(format!(
+            "device {:?}: its peer is reached over SSH, and there is no {} here (apt-get install openssh-client)",
+            device.name,
+            crate::peer::ssh_program()
+        ))
+    } else if iperf && !host_device && !host.root {
+        Some("an iperf3 workload on a model needs its peer's network namespace, which needs root".into())
+    } else if host_device && !host.vfio {
+        Some(
+            "the device is a host PCI device and this host has no kernel VFIO (`driverlab doctor --device BDF`)".into(),
+        )
+    } else {
+        None
     }
-    Ok(refused)
 }
 
-/// Why the image's engine cannot run here, if it cannot.
-fn engine_refusal(image: &crate::matrix::Image, host: &Host) -> Option<String> {
+/// Why the image's engine cannot run on `host`, if it cannot.
+fn engine_refusal(image: &crate::matrix::Image, host: &HostFacts, qemu: Option<&str>) -> Option<String> {
     if image.engine != EngineKind::Qemu {
         return None;
     }
-    if let Some(why) = &host.qemu {
+    if let Some(why) = qemu {
         return Some(format!("image {:?} runs under QEMU: {why}", image.name));
     }
     (image.accel == Accel::Kvm && !host.virt.boots_linux()).then(|| {
@@ -155,25 +118,13 @@ fn engine_refusal(image: &crate::matrix::Image, host: &Host) -> Option<String> {
     })
 }
 
-/// Whether the SSH client runs.
-fn ssh_found() -> bool {
-    std::process::Command::new(crate::peer::ssh_program())
-        .arg("-V")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok()
-}
-
 /// Records SKIP for every repetition of the cells `refused` names.
 pub fn record_skips(store: &Store, run: &str, plan: &Plan, refused: &[(Cell, String)]) -> Result<(), LabError> {
     for (cell, reason) in refused {
+        let engine = plan.image(&cell.image).map(|i| i.engine).unwrap_or_default();
         for repetition in 0..plan.matrix.repetitions {
-            let mut record = Record::not_run(run, cell, repetition, Status::Skip, reason.clone());
-            if let Some(image) = plan.image(&cell.image) {
-                record.engine = image.engine;
-            }
-            store.record(&record)?;
+            let failure = Failure::Unrunnable { why: reason.clone() };
+            store.record(&Record::not_run(run, cell, repetition, engine, failure))?;
         }
     }
     Ok(())
@@ -187,24 +138,24 @@ fn lease_key(plan: &Plan, device: &str) -> Option<String> {
 /// Runs every repetition of `run` that has no result yet, and marks the run done (or cancelled).
 pub fn execute(
     store: Arc<Mutex<Store>>,
-    driverlab: &Path,
-    plan: &Plan,
+    env: &LabEnv,
+    plan: &RunPlan,
     run: &str,
     progress: &dyn Progress,
     cancel: &AtomicBool,
 ) -> Result<Outcome, LabError> {
     let artifacts = lock(&store).artifacts(run);
     let done: BTreeSet<(usize, u32)> = lock(&store).done(run)?.into_iter().collect();
-    let total = plan.cells.len() * plan.matrix.repetitions as usize;
+    let matrix = &plan.plan.matrix;
+    let total = plan.plan.cells.len() * matrix.repetitions as usize;
     let recorded = Mutex::new(done.len());
-    let ctx = RunContext { driverlab: driverlab.to_path_buf(), run: run.to_string(), artifacts };
-    let devices: Vec<String> = plan.matrix.devices.iter().map(|d| d.get_ref().name.clone()).collect();
+    let ctx = RunContext { run: run.to_string(), artifacts };
+    let devices: Vec<String> = matrix.devices.iter().map(|d| d.get_ref().name.clone()).collect();
     let errors: Mutex<Vec<LabError>> = Mutex::new(Vec::new());
-    let emulated_host = vm_spec::host::emulated_by_tcg();
     std::thread::scope(|scope| {
         for device in &devices {
-            let pending: Vec<(u32, &Cell)> = (0..plan.matrix.repetitions)
-                .flat_map(|rep| plan.cells.iter().filter(|c| c.device == *device).map(move |c| (rep, c)))
+            let pending: Vec<(u32, &Cell)> = (0..matrix.repetitions)
+                .flat_map(|rep| plan.plan.cells.iter().filter(|c| c.device == *device).map(move |c| (rep, c)))
                 .filter(|(rep, c)| !done.contains(&(c.index, *rep)))
                 .collect();
             if pending.is_empty() {
@@ -212,7 +163,7 @@ pub fn execute(
             }
             let (store, ctx, recorded, errors) = (&store, &ctx, &recorded, &errors);
             scope.spawn(move || {
-                let worker = Worker { store, ctx, plan, device, progress, cancel, recorded, total, emulated_host };
+                let worker = Worker { store, env, ctx, plan, device, progress, cancel, recorded, total };
                 if let Err(e) = worker.run(pending) {
                     lock(errors).push(e);
                 }
@@ -224,9 +175,8 @@ pub fn execute(
     }
     let cancelled = cancel.load(Ordering::SeqCst);
     let store = lock(&store);
-    let records = store.records(run)?;
     store.finish_run(run, if cancelled { RunState::Cancelled } else { RunState::Done })?;
-    Ok(Outcome { counts: crate::store::status_counts(&records), cancelled })
+    Ok(Outcome { counts: store.result_counts(run)?.by_status, cancelled })
 }
 
 /// Runs a repetition by `attempt`, and again, up to [`HOST_FAULT_RETRIES`] times, while the host
@@ -259,26 +209,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// One device's share of a run.
 struct Worker<'a> {
     store: &'a Mutex<Store>,
+    env: &'a LabEnv,
     ctx: &'a RunContext,
-    plan: &'a Plan,
+    plan: &'a RunPlan,
     device: &'a str,
     progress: &'a dyn Progress,
     cancel: &'a AtomicBool,
     recorded: &'a Mutex<usize>,
     total: usize,
-    /// Whether this host's CPU is emulated by TCG ([`vm_spec::host::emulated_by_tcg`]).
-    emulated_host: bool,
 }
 
 impl Worker<'_> {
     fn run(&self, pending: Vec<(u32, &Cell)>) -> Result<(), LabError> {
-        let key = lease_key(self.plan, self.device);
+        let key = lease_key(&self.plan.plan, self.device);
         if let Some(key) = &key {
             if let Some(reason) = lock(self.store).quarantined(key)? {
-                return self.give_up(&pending, Status::Error, &format!("device {key} is quarantined: {reason}"));
+                let why = format!("device {key} is quarantined: {reason}");
+                return self.give_up(&pending, Failure::DeviceUnhealthy { why });
             }
             if !self.lease(key)? {
-                return self.give_up(&pending, Status::Miss, "cancelled while waiting for the device");
+                let why = "cancelled while waiting for the device".into();
+                return self.give_up(&pending, Failure::Cancelled { why });
             }
         }
         let result = self.run_leased(&pending, key.as_deref());
@@ -314,7 +265,7 @@ impl Worker<'_> {
         let mut healthy = false;
         for (i, &(rep, cell)) in pending.iter().enumerate() {
             if self.cancel.load(Ordering::SeqCst) {
-                return self.give_up(&pending[i..], Status::Miss, "the run was cancelled");
+                return self.give_up(&pending[i..], Failure::Cancelled { why: "the run was cancelled".into() });
             }
             if !healthy {
                 if let Err(reason) = self.health_check() {
@@ -323,12 +274,12 @@ impl Worker<'_> {
                     }
                     self.progress.note(&format!("device {} quarantined: {reason}", self.device));
                     let why = format!("device {} failed its health check: {reason}", self.device);
-                    return self.give_up(&pending[i..], Status::Error, &why);
+                    return self.give_up(&pending[i..], Failure::DeviceUnhealthy { why });
                 }
             }
             let record = with_retries(
-                self.emulated_host,
-                || runner::run(self.ctx, self.plan, cell, rep),
+                self.env.host.emulated_by_tcg,
+                || runner::run(self.env, self.plan, self.ctx, cell, rep),
                 |attempt| runner::set_attempt_aside(self.ctx, cell, rep, attempt),
                 |reason| self.progress.note(&format!("{} rep {}: {reason}; running it again", cell.id, rep + 1)),
             );
@@ -340,25 +291,28 @@ impl Worker<'_> {
         Ok(())
     }
 
-    /// The probe's NIC checks on the device; the reason when they fail.
+    /// The probe's NIC checks on the device; the reason when they fail. Its serial log is an
+    /// artifact of the run (`health/DEVICE`).
     fn health_check(&self) -> Result<(), String> {
-        let device = self.plan.device(self.device).expect("checked");
-        let health = health::check_device(&self.ctx.driverlab, device)?;
+        let (Some(device), Some(source)) = (self.plan.plan.device(self.device), self.plan.plan.source(self.device))
+        else {
+            return Err(format!("the run's matrix has no device {:?}", self.device));
+        };
+        let engine = self.env.engine(EngineKind::Driverlab).map_err(String::from)?;
+        let dir = self.ctx.artifacts.join("health").join(self.device);
+        let health = health::check_device(engine, &self.env.driverlab, &dir, source, device.nic())?;
         self.progress.note(&format!("health {}", health.verdict()));
         if health.ok { Ok(()) } else { Err(health.failures.join("; ")) }
     }
 
-    /// Records every repetition of `pending` as `status` (MISS when cancelled, ERROR when the
-    /// device is gone), in one transaction however many there are.
-    fn give_up(&self, pending: &[(u32, &Cell)], status: Status, reason: &str) -> Result<(), LabError> {
+    /// Records every repetition of `pending` as not run for `failure` (MISS when cancelled,
+    /// ERROR when the device is unhealthy), in one transaction however many there are.
+    fn give_up(&self, pending: &[(u32, &Cell)], failure: Failure) -> Result<(), LabError> {
         let records: Vec<Record> = pending
             .iter()
             .map(|&(rep, cell)| {
-                let mut record = Record::not_run(&self.ctx.run, cell, rep, status, reason);
-                if let Some(image) = self.plan.image(&cell.image) {
-                    record.engine = image.engine;
-                }
-                record
+                let engine = self.plan.plan.image(&cell.image).map(|i| i.engine).unwrap_or_default();
+                Record::not_run(&self.ctx.run, cell, rep, engine, failure.clone())
             })
             .collect();
         let fresh = lock(self.store).record_all(&records)?;
@@ -389,43 +343,55 @@ impl Worker<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+    use crate::failure::CrashKind;
+    use crate::record::test_record;
     use vm_spec::host::Virtualization;
 
     /// A Linux iperf3 matrix on `device` (TOML lines), with a kernel file that exists.
-    fn plan(dir: &Path, device: &str) -> Plan {
+    fn plan(dir: &Path, device: &str) -> RunPlan {
         std::fs::write(dir.join("vmlinux"), b"ELF").unwrap();
         let text = format!(
             "name = \"m\"\n[[device]]\nname = \"nic\"\n{device}\n[[image]]\nname = \"debian\"\nkernel = \"vmlinux\"\n\
              [[variant]]\nname = \"stock\"\nimage = \"debian\"\n[[workload]]\nname = \"rx\"\nkind = \"iperf3\"\n"
         );
-        Plan::parse(&dir.join("m.toml"), &text).unwrap()
+        prepared(dir, Plan::parse(&dir.join("m.toml"), &text).unwrap())
     }
 
-    fn reasons(plan: &Plan, host: &Host) -> Vec<String> {
-        refusals_on(plan, host).unwrap().into_iter().map(|(_, reason)| reason).collect()
+    fn prepared(dir: &Path, plan: Plan) -> RunPlan {
+        let store = guest_images::store::ImageStore::new(dir.join("images"));
+        RunPlan::prepare(plan, &store, &|_| {}).unwrap()
+    }
+
+    /// Every cell's refusal on `host` (where `qemu` says why QEMU cannot run, if it cannot).
+    fn reasons_with(plan: &RunPlan, host: &HostFacts, qemu: Option<&str>) -> Vec<String> {
+        plan.plan.cells.iter().filter_map(|cell| refusal(host, qemu, plan, cell)).collect()
+    }
+
+    fn reasons(plan: &RunPlan, host: &HostFacts) -> Vec<String> {
+        reasons_with(plan, host, None)
     }
 
     /// A host with hardware virtualization or PVM, kernel VFIO, root and SSH, or not.
-    fn host(hardware: bool, vfio: bool, root: bool, ssh: bool) -> Host {
+    fn host(hardware: bool, vfio: bool, root: bool, ssh: bool) -> HostFacts {
         let virt = if hardware { Virtualization::Hardware("svm") } else { Virtualization::Pvm };
-        Host { virt, vfio, root, ssh, qemu: None }
+        HostFacts { virt, vfio, root, ssh, emulated_by_tcg: false }
     }
 
     #[test]
     fn a_repetition_the_host_spoils_is_run_again_once_and_the_spoiled_attempt_is_kept() {
         let dir = tempfile::tempdir().unwrap();
         let plan = plan(dir.path(), "model = \"aqc100\"");
-        let cell = &plan.cells[0];
+        let cell = &plan.plan.cells[0];
+        let failed = |failure: Failure| Record::begun("r", cell, 0).judged(Some(failure));
         let spoiled = || {
-            let mut r = Record::not_run("r", cell, 0, Status::Error, "the host's virtualization lost ...");
-            let line = r#"{"vmm":"exit","reason":"shutdown","exit_code":7,"entry":"pvh","vcpus":1,"memory_mib":512,
-                "setup_ms":1,"run_ms":9,"serial_bytes":0,"exits":{"io":0,"mmio":0,"unclaimed":0},
-                "vcpu_state_lost":"vCPU 0: its page tables (cr3 0x123000) are outside guest memory"}"#;
-            r.exit = Some(serde_json::from_str(&line.replace('\n', "")).unwrap());
-            r
+            failed(Failure::HostLostState {
+                detail: "vCPU 0: its page tables (cr3 0x123000) are outside guest memory".into(),
+            })
         };
-        let passed = || Record::not_run("r", cell, 0, Status::Pass, "");
+        let passed = || test_record("r", cell, 0, Status::Pass, "");
         let notes = std::cell::RefCell::new(Vec::new());
         let note = |n: &str| notes.borrow_mut().push(n.to_string());
 
@@ -446,17 +412,10 @@ mod tests {
 
         // A guest that died on its own (no lost state: a hang, a triple fault, a crash in its
         // log) is run again only on a host TCG emulates; a workload's verdict never is.
-        let mut hung = Record::not_run("r", cell, 0, Status::Fail, "hung: no serial output for 150 s");
-        hung.exit = spoiled().exit.map(|e| vm_spec::ExitSummary { vcpu_state_lost: None, ..e });
-        let faulted = Record::not_run("r", cell, 0, Status::Fail, "the guest ended with triple-fault");
-        let mut oops = Record::not_run("r", cell, 0, Status::Fail, "oops: BUG: unable to handle page fault");
-        oops.crash = Some(crate::record::Crash {
-            kind: "oops".into(),
-            line: "BUG: unable to handle page fault".into(),
-            frames: Vec::new(),
-            fingerprint: "0123456789abcdef".into(),
-        });
-        let verdict = Record::not_run("r", cell, 0, Status::Fail, "iperf3 ended with exit code 1");
+        let hung = failed(Failure::Hang { silent_s: 150.0, last_line: None, vcpus: None });
+        let faulted = failed(Failure::GuestStop { reason: vm_spec::ExitReason::TripleFault });
+        let oops = failed(Failure::Crash { crash: CrashKind::Oops, line: "BUG: unable to handle page fault".into() });
+        let verdict = failed(Failure::Workload { problem: "iperf3 ended with exit code 1".into() });
         for (failed, emulated, runs_wanted) in [
             (&hung, false, 1),
             (&hung, true, 2),
@@ -488,7 +447,7 @@ mod tests {
         let able = host(true, true, true, true);
         assert!(reasons(&model, &able).is_empty() && reasons(&peered, &able).is_empty());
 
-        let first = |plan: &Plan, host: &Host| reasons(plan, host).first().cloned().unwrap_or_default();
+        let first = |plan: &RunPlan, host: &HostFacts| reasons(plan, host).first().cloned().unwrap_or_default();
         assert!(
             first(&model, &host(false, true, true, true)).contains("boots Linux only with hardware virtualization")
         );
@@ -501,12 +460,13 @@ mod tests {
         // Under QEMU with TCG, a Linux image runs without hardware virtualization; it needs QEMU.
         let text = "name = \"m\"\n[[device]]\nname = \"nic\"\nmodel = \"aqc100\"\n[[image]]\nname = \"debian\"\nkernel = \"vmlinux\"\n\
                     engine = \"qemu\"\nACCEL\n[[variant]]\nname = \"stock\"\nimage = \"debian\"\n[[workload]]\nname = \"rx\"\nkind = \"iperf3\"\n";
-        let tcg = Plan::parse(&dir.path().join("q.toml"), &text.replace("ACCEL", "")).unwrap();
-        let kvm = Plan::parse(&dir.path().join("q.toml"), &text.replace("ACCEL", "accel = \"kvm\"")).unwrap();
+        let parse = |accel: &str| Plan::parse(&dir.path().join("q.toml"), &text.replace("ACCEL", accel)).unwrap();
+        let tcg = prepared(dir.path(), parse(""));
+        let kvm = prepared(dir.path(), parse("accel = \"kvm\""));
         let pvm = host(false, false, true, false);
         assert!(reasons(&tcg, &pvm).is_empty(), "{:?}", reasons(&tcg, &pvm));
         assert!(first(&kvm, &pvm).contains("use accel = \"tcg\""), "{}", first(&kvm, &pvm));
-        let no_qemu = Host { qemu: Some("no QEMU at /x".into()), ..host(false, false, true, false) };
-        assert!(first(&tcg, &no_qemu).contains("runs under QEMU: no QEMU at /x"));
+        let no_qemu = reasons_with(&tcg, &pvm, Some("no QEMU at /x"));
+        assert!(no_qemu[0].contains("runs under QEMU: no QEMU at /x"), "{no_qemu:?}");
     }
 }

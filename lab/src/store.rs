@@ -828,7 +828,7 @@ mod tests {
         let run = {
             let mut store = Store::open(&path).unwrap();
             let run = store.create_run(&plan).unwrap();
-            let record = Record::not_run(&run, &plan.cells[0], 0, Status::Pass, "ok");
+            let record = crate::record::test_record(&run, &plan.cells[0], 0, Status::Pass, "ok");
             assert!(store.record(&record).unwrap());
             assert!(!store.record(&record).unwrap(), "the same repetition is kept once");
             run
@@ -939,7 +939,7 @@ mod tests {
         let mut there = Store::open(&there_path).unwrap();
         let plan = plan();
         let run = there.create_run(&plan).unwrap();
-        there.record(&Record::not_run(&run, &plan.cells[0], 0, Status::Pass, "ok")).unwrap();
+        there.record(&crate::record::test_record(&run, &plan.cells[0], 0, Status::Pass, "ok")).unwrap();
         drop(there);
         assert_eq!(here.import(&there_path).unwrap(), (1, 1));
         assert_eq!(here.import(&there_path).unwrap(), (0, 0), "idempotent");

@@ -340,10 +340,10 @@ fn model_rx(frames: u64, size: usize, rounds: usize) -> anyhow::Result<u8> {
 }
 
 fn lab_cost(cells: usize, frames: u32) -> anyhow::Result<u8> {
-    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
+    let env = super::lab_env()?;
     let dir = std::env::temp_dir().join(format!("driverlab-bench-lab-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
-    let result = lab::bench::lab_cost::lab_cost(&driverlab, &dir, cells, frames);
+    let result = lab::bench::lab_cost::lab_cost(&env, &dir, cells, frames);
     let _ = std::fs::remove_dir_all(&dir);
     let result = result?;
     let column = |f: &dyn Fn(&lab::bench::lab_cost::CellCost) -> std::time::Duration| {

@@ -9,9 +9,11 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
+use lab::env::LabEnv;
+use lab::images::RunPlan;
 use lab::matrix::Plan;
 use lab::record::{Record, Status};
-use lab::run::{self, RunError, RunOptions};
+use lab::run::{self, RunError};
 use lab::scheduler::Progress;
 use lab::store::{self, Store};
 
@@ -484,41 +486,34 @@ fn run_matrix(args: RunArgs) -> anyhow::Result<u8> {
         return super::lab_remote::run(&client, text.into_bytes(), args.skip_unrunnable, args.format);
     }
     let plan = Plan::load(&args.matrix).map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
-    let options = options(args.skip_unrunnable)?;
+    let env = super::lab_env()?;
     let mut store = args.db.open()?;
-    // Images the lab builds (recipes) before the run: the first time, a download and a build.
-    let images = guest_images::store::ImageStore::new(guest_images::store::default_root());
-    lab::images::prepare(&plan, &images, &|line| eprintln!("{line}"))
-        .map_err(|message| CodedError { message, code: 1 })?;
-    let run = run::create(&mut store, &plan, &options).map_err(coded)?;
+    // Images the lab builds (recipes) come first: the first time, a download and a build.
+    let (run, plan) =
+        run::create(&mut store, &env, plan, args.skip_unrunnable, &|line| eprintln!("{line}")).map_err(coded)?;
     println!("run {run} started");
-    execute(store, &plan, &run, &options, args.format)
+    execute(store, &env, &plan, &run, args.format)
 }
 
 fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
     if let Some(client) = args.daemon.client()? {
         return super::lab_remote::resume(&client, &args.run, args.format);
     }
-    let options = options(false)?;
+    let env = super::lab_env()?;
     let mut store = args.db.open()?;
-    let plan = run::resumable(&store, &args.run).map_err(coded)?;
+    let plan = run::resumable(&store, &env, &args.run, &|line| eprintln!("{line}")).map_err(coded)?;
     store.claim_run(&args.run)?;
     println!("run {} resumed", args.run);
-    execute(store, &plan, &args.run, &options, args.format)
+    execute(store, &env, &plan, &args.run, args.format)
 }
 
-fn options(skip_unrunnable: bool) -> anyhow::Result<RunOptions> {
-    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
-    Ok(RunOptions { driverlab, skip_unrunnable })
-}
-
-fn execute(store: Store, plan: &Plan, run: &str, options: &RunOptions, format: Format) -> anyhow::Result<u8> {
+fn execute(store: Store, env: &LabEnv, plan: &RunPlan, run: &str, format: Format) -> anyhow::Result<u8> {
     let done = store.done(run)?.len();
-    let total = plan.cells.len() * plan.matrix.repetitions as usize;
+    let total = plan.plan.cells.len() * plan.plan.matrix.repetitions as usize;
     let store = Arc::new(Mutex::new(store));
     let console = Console::new(total, done);
     catch_interrupt();
-    let outcome = run::execute(store.clone(), plan, run, options, &console, &CANCEL).map_err(coded)?;
+    let outcome = run::execute(store.clone(), env, plan, run, &console, &CANCEL).map_err(coded)?;
     if let Some(bar) = &console.bar {
         bar.finish_and_clear();
     }
@@ -526,7 +521,7 @@ fn execute(store: Store, plan: &Plan, run: &str, options: &RunOptions, format: F
     let report = run::report(&store, run, None).map_err(coded)?;
     write_out(&render(&report, format)?, None)?;
     let count = |s: Status| outcome.counts.get(&s).copied().unwrap_or(0);
-    let last = last_line(run, plan.cells.len(), count, outcome.cancelled);
+    let last = last_line(run, plan.plan.cells.len(), count, outcome.cancelled);
     println!("{last}");
     let clean = count(Status::Fail) + count(Status::Error) + count(Status::Miss) == 0;
     Ok(if clean { 0 } else { 1 })

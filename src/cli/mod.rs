@@ -115,3 +115,12 @@ pub struct CodedError {
 pub fn exit_code_of(error: &anyhow::Error) -> u8 {
     error.downcast_ref::<CodedError>().map_or(1, |e| e.code)
 }
+
+/// The lab of this host, as every command that runs cells or VMs sees it: this binary runs VMs
+/// and models, images come from the image store (`$DRIVERLAB_IMAGES` or driverlab's cache), QEMU
+/// from its chroot (`$DRIVERLAB_QEMU_ROOT` or driverlab's cache), when it is set up.
+pub fn lab_env() -> anyhow::Result<::lab::env::LabEnv> {
+    let driverlab = std::env::current_exe().map_err(|e| anyhow::anyhow!("locating the driverlab binary: {e}"))?;
+    let images = guest_images::store::ImageStore::new(guest_images::store::default_root());
+    Ok(::lab::env::LabEnv::detect(driverlab, images, &::lab::qemu::default_root()))
+}

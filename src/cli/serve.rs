@@ -100,7 +100,6 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
         }
     }
     let socket = args.socket.unwrap_or_else(server::default_socket);
-    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
     // Connections are bounded by the daemon's own caps, well below the hard limit of open files.
     raise_open_files();
     // What lab and daemon processes killed with -9 left in the temporary directory.
@@ -111,12 +110,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
     std::fs::create_dir_all(&vm_dir).with_context(|| format!("creating {}", vm_dir.display()))?;
     std::fs::set_permissions(&vm_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .with_context(|| format!("making {} private", vm_dir.display()))?;
-    let config = Config {
-        db: args.db.unwrap_or_else(lab::store::default_path),
-        images: guest_images::store::default_root(),
-        driverlab,
-        vm_dir: vm_dir.clone(),
-    };
+    let config = Config { db: args.db.unwrap_or_else(lab::store::default_path), vm_dir: vm_dir.clone() };
+    let env = super::lab_env()?;
     // The database opens (and migrates) before the daemon answers anything.
     lab::store::Store::open(&config.db)?;
     let token = match &args.token_file {
@@ -136,7 +131,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
             _ => None,
         };
         eprintln!("driverlab API on {}", socket.display());
-        let daemon = Daemon::new(config);
+        let daemon = Daemon::new(config, env);
         server::serve(daemon, &socket, tcp, shutdown_signal()).await?;
         Ok(())
     });

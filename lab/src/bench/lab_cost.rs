@@ -7,9 +7,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::env::LabEnv;
 use crate::matrix::Plan;
 use crate::record::{Record, Status};
-use crate::run::{self, RunError, RunOptions};
+use crate::run::{self, RunError};
 use crate::scheduler::Progress;
 use crate::store::Store;
 
@@ -53,7 +54,7 @@ impl Progress for Quiet {
 
 /// Runs `cells` probe cells of `frames` frames each (the pool strategy: the least VM time, so the
 /// lab's share shows) in a scratch database under `dir`.
-pub fn lab_cost(driverlab: &Path, dir: &Path, cells: usize, frames: u32) -> Result<LabCost, RunError> {
+pub fn lab_cost(env: &LabEnv, dir: &Path, cells: usize, frames: u32) -> Result<LabCost, RunError> {
     let values: Vec<String> = (0..cells).map(|i| i.to_string()).collect();
     let text = format!(
         "name = \"lab-cost\"\nrepetitions = 1\n[[device]]\nname = \"aq\"\nmodel = \"aqc100\"\n\
@@ -66,11 +67,10 @@ pub fn lab_cost(driverlab: &Path, dir: &Path, cells: usize, frames: u32) -> Resu
     let start = Instant::now();
     let plan = Plan::parse(&dir.join("lab-cost.toml"), &text)?;
     let mut store = Store::open(&dir.join("lab.db"))?;
-    let options = RunOptions { driverlab: driverlab.to_path_buf(), skip_unrunnable: false };
-    let id = run::create(&mut store, &plan, &options)?;
+    let (id, plan) = run::create(&mut store, env, plan, false, &|_| {})?;
     let planned = start.elapsed();
     let store = Arc::new(Mutex::new(store));
-    run::execute(store.clone(), &plan, &id, &options, &Quiet, &AtomicBool::new(false))?;
+    run::execute(store.clone(), env, &plan, &id, &Quiet, &AtomicBool::new(false))?;
     let ran = start.elapsed();
     let records = store.lock().unwrap_or_else(|p| p.into_inner()).records(&id)?;
     let ms = |v: Option<f64>| Duration::from_secs_f64(v.unwrap_or(0.0) / 1e3);

@@ -1,0 +1,152 @@
+//! Filling a repetition's record from what its VM left: the engine's counts and exit, the
+//! probe's NIC section or the agent's frames over the workload's window, and what the device
+//! put on its PCIe link.
+
+use vm_spec::NicKind;
+use vm_spec::counters::{IommuCounts, ModelCounters};
+
+use super::output::{GuestOutput, Report};
+use crate::agent::{FrameKind, Frames, StepStatus};
+use crate::engine::{Booted, Snapshot, Window};
+use crate::matrix::Direction;
+use crate::probe_report::ProbeReport;
+use crate::record::Record;
+
+/// Fills `record` from what the VM left; `nic` is the device's NIC, where the lab knows it
+/// (for the bus figures).
+pub(super) fn fill(record: &mut Record, booted: &Booted, output: &GuestOutput, nic: Option<NicKind>) {
+    record.exit = booted.exit.clone();
+    record.error = booted.error.clone();
+    record.crash = output.crash();
+    record.iommu = booted.iommu.clone();
+    record.device_counters = booted.device_counters;
+    record.timings.vm_run_ms = booted.run_ms;
+    record.timings.vm_start_ms = booted.answered_ms;
+    record.timings.agent_ready_ms = booted.window.first_frame_ms;
+    record.timings.workload_start_ms = booted.window.begin_ms;
+    if let Some(exit) = &booted.exit {
+        record.timings.vm_setup_ms = Some(exit.setup_ms);
+        record.timings.first_serial_ms = exit.first_serial_ms;
+    }
+    // The bus: over the workload's window for Linux, over the whole VM for the probe (its
+    // set-up is a few descriptors beside the frames it receives).
+    let model_of = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.model);
+    let counts = match &output.report {
+        Report::Probe(report) => {
+            probe_figures(record, report);
+            booted.device_counters.map(|c| (ModelCounters::default(), c))
+        }
+        Report::Linux(frames) => {
+            agent_figures(record, frames, &booted.window);
+            model_of(&booted.window.begin).zip(model_of(&booted.window.end))
+        }
+    };
+    if let (Some(nic), Some((before, after))) = (nic, counts) {
+        record.bus = crate::bus::figures(nic, &before, &after);
+    }
+}
+
+/// Fills the record from the probe's `nic` section: what it received, how fast, and the IOMMU
+/// maps per frame.
+fn probe_figures(record: &mut Record, report: &ProbeReport) {
+    let Some(section) = report.section("nic") else { return };
+    record.workload.output = Some(section.clone());
+    let Some(nic) = report.nic().filter(|n| n.error.is_none()) else { return };
+    record.workload.rx_packets = nic.rx_frames;
+    record.workload.rx_bytes = nic.rx_bytes;
+    record.interrupts = nic.rx_interrupts;
+    if let (Some(frames), Some(bytes), Some(ns)) = (nic.rx_frames, nic.rx_bytes, nic.elapsed_ns.filter(|&ns| ns > 0)) {
+        record.timings.workload_ms = Some(ns as f64 / 1e6);
+        record.workload.gbit_s = Some(bytes as f64 * 8.0 / ns as f64);
+        record.workload.packets_per_s = Some(frames as f64 * 1e9 / ns as f64);
+    }
+    // What the virtual IOMMU counted, less the driver's set-up maps (rings, TX buffers, the
+    // first RX fill), over the frames received.
+    if let (Some(iommu), Some(initial), Some(frames)) =
+        (&record.iommu, nic.initial_maps, nic.rx_frames.filter(|&f| f > 0))
+    {
+        record.maps_per_packet = Some(iommu.maps.saturating_sub(initial) as f64 / frames as f64);
+    }
+}
+
+/// Fills the record from the agent's frames: iperf3's JSON verbatim and its goodput, the packets
+/// the guest received (its interface's counters before and after), and the IOMMU maps the
+/// virtio-iommu counted between the workload's begin and end frames.
+pub(super) fn agent_figures(record: &mut Record, frames: &Frames, window: &Window) {
+    record.timings.driver_probe_ms = frames.passed_at_ms("probe");
+    record.rx_ring = frames.step("link-up").and_then(|s| s.facts.get("rx_ring")?.as_u64()).filter(|&n| n > 0);
+    record.timings.link_up_ms = frames.passed_at_ms("link-up");
+    if let Some(iperf) = frames.first(FrameKind::Iperf3) {
+        record.workload.output = Some(iperf.clone());
+        if let Some(figures) = crate::agent::iperf_figures(iperf) {
+            record.workload.gbit_s = Some(figures.received_gbit_s);
+            record.workload.retransmits = figures.retransmits;
+            record.timings.workload_ms = Some(figures.seconds * 1e3);
+        }
+    }
+    let stat = |kind: FrameKind, key: &str| frames.first(kind).and_then(|f| f.get(key)).and_then(|v| v.as_u64());
+    let delta =
+        |key: &str| Some(stat(FrameKind::NetdevAfter, key)?.saturating_sub(stat(FrameKind::NetdevBefore, key)?));
+    let w = &mut record.workload;
+    (w.rx_packets, w.rx_bytes, w.tx_packets, w.tx_bytes) =
+        (delta("rx_packets"), delta("rx_bytes"), delta("tx_packets"), delta("tx_bytes"));
+    // The packets the workload moved: received for rx, sent for tx, both for bidir.
+    w.direction = frames.direction();
+    let packets = match w.direction {
+        Some(Direction::Tx) => w.tx_packets,
+        Some(Direction::Bidir) => w.rx_packets.zip(w.tx_packets).map(|(r, t)| r + t),
+        Some(Direction::Rx) | None => w.rx_packets,
+    };
+    record.page_reuse = page_reuse(frames);
+    let unloaded = frames.step("unload").is_some_and(|s| s.status == StepStatus::Ok);
+    if unloaded && let Some(done) = window.done.as_ref().and_then(|s| s.iommu.as_ref()) {
+        record.mappings_after_unload = Some(done.live_mappings);
+    }
+    let Some(packets) = packets.filter(|&p| p > 0) else { return };
+    if let Some(ms) = record.timings.workload_ms.filter(|&ms| ms > 0.0) {
+        record.workload.packets_per_s = Some(packets as f64 * 1e3 / ms);
+    }
+    let per = |count: u64, packets: Option<u64>| packets.filter(|&p| p > 0).map(|p| count as f64 / p as f64);
+    let iommu = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.iommu.clone());
+    if let (Some(a), Some(b)) = (iommu(&window.begin), iommu(&window.end)) {
+        let delta = |f: fn(&IommuCounts) -> u64| f(&b).saturating_sub(f(&a));
+        record.maps_per_packet = per(delta(|c| c.maps), Some(packets));
+        record.unmaps_per_packet = per(delta(|c| c.unmaps), Some(packets));
+        // By direction, where the counters split them: maps the device may write (RX buffers)
+        // per packet received, maps it only reads (TX buffers) per packet sent.
+        if delta(|c| c.maps_writable) + delta(|c| c.maps_read_only) > 0 {
+            record.rx_maps_per_packet = per(delta(|c| c.maps_writable), record.workload.rx_packets);
+            record.tx_maps_per_packet = per(delta(|c| c.maps_read_only), record.workload.tx_packets);
+        }
+    }
+    let model = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.model);
+    if let (Some(a), Some(b)) = (model(&window.begin), model(&window.end)) {
+        record.model_maps_per_packet = per(b.dma_maps.saturating_sub(a.dma_maps), Some(packets));
+    }
+}
+
+/// The share of RX buffer refills that needed no new page (and so no new IOMMU map) over the
+/// workload: atlantic's `PageFlips` and `PageReuses` over those and `PageFrees`, summed over its
+/// queues, between the `ethtool -S` before and after. `None` for drivers without the counters.
+fn page_reuse(frames: &Frames) -> Option<f64> {
+    let sums = |kind: FrameKind| -> Option<[u64; 3]> {
+        let text = frames.first(kind)?.as_str()?;
+        let mut sums = [0u64; 3];
+        let mut found = false;
+        for line in text.lines() {
+            let Some((name, value)) = line.split_once(':') else { continue };
+            let Ok(value) = value.trim().parse::<u64>() else { continue };
+            let name = name.trim();
+            let slot = ["PageFlips", "PageReuses", "PageFrees"].iter().position(|s| name.ends_with(s));
+            if let Some(slot) = slot.filter(|_| name.contains("Queue[")) {
+                sums[slot] += value;
+                found = true;
+            }
+        }
+        found.then_some(sums)
+    };
+    let (before, after) = (sums(FrameKind::EthtoolSBefore)?, sums(FrameKind::EthtoolSAfter)?);
+    let [flips, reuses, frees] = [0, 1, 2].map(|i| after[i].saturating_sub(before[i]));
+    let refills = flips + reuses + frees;
+    (refills > 0).then(|| (flips + reuses) as f64 / refills as f64)
+}

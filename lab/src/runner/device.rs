@@ -1,0 +1,98 @@
+//! A repetition's device: a fresh model process for the VM (its wire the peer's TAP when the
+//! workload needs a peer, else its generator), or the host device; and the traffic peer on the
+//! device's wire (a network namespace the lab makes for a model, the host device's SSH peer).
+
+use std::time::{Duration, Instant};
+
+use vm_spec::DeviceSpec;
+
+use super::{Repetition, ms};
+use crate::engine::CounterSource;
+use crate::failure::Failure;
+use crate::matrix::{DeviceSource, HostPeer, Wire, Workload};
+use crate::model_process::ModelProcess;
+use crate::peer::{Peer, RemoteCounters};
+use crate::record::Record;
+
+/// A device ready for the VM.
+pub(super) struct StartedDevice {
+    /// How the VM is given it.
+    pub(super) spec: DeviceSpec,
+    /// The model process the lab started for this VM.
+    pub(super) model: Option<ModelProcess>,
+    /// The traffic peer, for the workload's time.
+    pub(super) peer: Option<Peer>,
+    /// The model's counters through the peer (a nested box's card).
+    pub(super) counters: Option<CounterSource>,
+}
+
+impl Repetition<'_> {
+    /// Starts the device and its peer, noting in `record` how the model was confined and how
+    /// long it took to start.
+    pub(super) fn start_device(&self, record: &mut Record) -> Result<StartedDevice, Failure> {
+        let setup = |what: String| Failure::Setup { what };
+        let peer = self.peer().map_err(|e| setup(e.to_string()))?;
+        let host_peer = match self.source {
+            DeviceSource::Host { peer, .. } => peer.as_ref(),
+            DeviceSource::Model { .. } => None,
+        };
+        // A host device that is a model behind its peer (a nested lab box's card): its counters
+        // through the peer, for the cross-check against the virtio-iommu's.
+        let counters = match host_peer {
+            Some(HostPeer { destination, counters: true, .. }) => {
+                let remote =
+                    RemoteCounters::open(destination).map_err(|e| setup(format!("the model's counters: {e}")))?;
+                record.model_confinement = remote.confinement();
+                let remote = std::sync::Mutex::new(remote);
+                let source: CounterSource =
+                    std::sync::Arc::new(move || remote.lock().unwrap_or_else(|p| p.into_inner()).counters());
+                Some(source)
+            }
+            _ => None,
+        };
+        let (spec, model) = match self.source {
+            DeviceSource::Host { bdf, .. } => (DeviceSpec::Vfio(*bdf), None),
+            DeviceSource::Model { nic, wire } => {
+                let model = self.start_model(*nic, wire, peer.as_ref(), record).map_err(|e| setup(e.to_string()))?;
+                (model.device_spec(), Some(model))
+            }
+        };
+        Ok(StartedDevice { spec, model, peer, counters })
+    }
+
+    /// The workload's traffic peer, when it needs one: a namespace for a model, the host
+    /// device's SSH peer.
+    fn peer(&self) -> Result<Option<Peer>, crate::peer::PeerError> {
+        let iperf = matches!(self.plan.plan.workload(&self.cell.workload), Some(Workload::Iperf3 { .. }));
+        match (iperf, self.source) {
+            (true, DeviceSource::Model { .. }) => Peer::namespace().map(Some),
+            (true, DeviceSource::Host { peer: Some(host_peer), .. }) => {
+                let limit = Duration::from_secs_f64(self.plan.plan.matrix.timeout_s);
+                Peer::remote(&host_peer.destination, host_peer.addresses.clone(), limit).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A fresh model process for this VM, its log the repetition's `model.log`.
+    fn start_model(
+        &self,
+        nic: vm_spec::NicKind,
+        wire: &Wire,
+        peer: Option<&Peer>,
+        record: &mut Record,
+    ) -> Result<ModelProcess, crate::ModelError> {
+        let started = Instant::now();
+        let wire_args = wire.model_args();
+        let args: Vec<&str> = match peer {
+            Some(_) => vec!["--tap", crate::peer::TAP],
+            None => wire_args.iter().map(String::as_str).collect(),
+        };
+        let log = self.dir.join("model.log");
+        let netns = peer.and_then(Peer::netns);
+        let model = ModelProcess::start_logged(&self.env.driverlab, nic.name(), &args, netns, Some(&log))?;
+        record.timings.model_start_ms = Some(ms(started.elapsed()));
+        record.model_confinement = model.confinement();
+        Ok(model)
+    }
+}

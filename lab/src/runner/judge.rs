@@ -1,0 +1,95 @@
+//! A repetition's verdict, from how its VM ended, what its guest reported and what its record
+//! holds: the first thing that went wrong, as a [`Failure`], or none.
+
+use vm_spec::ExitReason;
+
+use super::output::{GuestOutput, Report};
+use crate::engine::{Booted, Ending};
+use crate::failure::Failure;
+use crate::record::Record;
+
+/// The verdict: infrastructure first (the model, the engine, the host), then the guest's end
+/// (a hang, a crash, a stop), then the counts, then the workload's own verdict.
+pub(super) fn judge(booted: &Booted, output: &GuestOutput, record: &Record, timeout_s: f64) -> Result<(), Failure> {
+    // The device's model died under the VM: whatever the guest made of it, that is the lab's.
+    if let Some(ended) = &booted.model_ended {
+        return Err(Failure::ModelDied { what: ended.clone() });
+    }
+    let (reason, detail) = match &booted.ending {
+        Ending::Refused(why) | Ending::Unexplained(why) => return Err(Failure::Engine { what: why.clone() }),
+        Ending::Killed => {
+            return Err(Failure::Engine { what: "the VMM did not end at its timeout and was killed".into() });
+        }
+        Ending::Stopped { reason, detail } => (*reason, detail.clone().unwrap_or_default()),
+    };
+    // A vCPU found in a state no guest reaches: the host lost it, whatever the guest was doing.
+    if let Some(lost) = booted.exit.as_ref().and_then(|e| e.vcpu_state_lost.as_ref()) {
+        return Err(Failure::HostLostState { detail: lost.clone() });
+    }
+    if let Some(silence) = booted.silent_for {
+        // Where it stopped: the console's last line, when it printed one; and where its vCPUs
+        // were when it was stopped (the VMM's exit detail), for a guest that hung before it
+        // printed anything.
+        let last_line = output.serial.lines().rev().map(str::trim).find(|l| !l.is_empty());
+        return Err(Failure::Hang {
+            silent_s: silence.as_secs_f64(),
+            last_line: last_line.map(|l| l.chars().filter(|c| !c.is_control()).take(200).collect()),
+            vcpus: (!detail.is_empty()).then_some(detail),
+        });
+    }
+    match reason {
+        ExitReason::KvmInternalError | ExitReason::EntryFailure => return Err(Failure::KvmRefused { detail }),
+        ExitReason::VmmError | ExitReason::Shutdown => return Err(Failure::VmmStopped { reason, detail }),
+        _ => {}
+    }
+    if let Some(crash) = &record.crash {
+        return Err(Failure::Crash { crash: crash.kind, line: crash.line.clone() });
+    }
+    match reason {
+        ExitReason::Poweroff => {}
+        ExitReason::Timeout => return Err(Failure::Timeout { limit_s: timeout_s }),
+        other => return Err(Failure::GuestStop { reason: other }),
+    }
+    if let Some(error) = &booted.device_error {
+        return Err(Failure::DeviceError { what: error.clone() });
+    }
+    counts(record)?;
+    workload(output, record)
+}
+
+/// The counts' own checks: the two counts of maps agree, the driver's teardown unmapped all.
+fn counts(record: &Record) -> Result<(), Failure> {
+    // The engine's virtio-iommu saw the guest's maps, the model its DMA maps; a VMM may split a
+    // guest map into pieces but never merge two.
+    if let (Some(guest), Some(model)) = (record.maps_per_packet, record.model_maps_per_packet)
+        && model + 1e-9 < guest
+    {
+        return Err(Failure::CountsDisagree { guest, model });
+    }
+    match record.mappings_after_unload.filter(|&n| n > 0) {
+        Some(count) => Err(Failure::MappingsLeft { count }),
+        None => Ok(()),
+    }
+}
+
+/// The workload's verdict: the agent's (its steps, its end, the kernel's faults) or the probe's
+/// (its checks), and that it measured something.
+fn workload(output: &GuestOutput, record: &Record) -> Result<(), Failure> {
+    let problem = |problem: &str| Err(Failure::Workload { problem: problem.into() });
+    match &output.report {
+        Report::Linux(frames) => {
+            let verdict = crate::agent::verdict(frames, &output.serial);
+            match verdict.problems.first() {
+                Some(first) => problem(first),
+                None if record.workload.gbit_s.is_none() => problem("the workload reported nothing"),
+                None => Ok(()),
+            }
+        }
+        Report::Probe(report) => match report.done() {
+            None => problem("the probe did not finish its report"),
+            Some(done) if !done.ok => problem(&done.failures.join("; ")),
+            Some(_) if record.workload.rx_packets.is_none() => problem("the workload reported nothing"),
+            Some(_) => Ok(()),
+        },
+    }
+}

@@ -1,0 +1,150 @@
+//! One repetition of one cell, in phases: set its folder up, start its device (a fresh model,
+//! or the host device) and the device's traffic peer ([`device`]), make the VM's spec
+//! ([`spec`]), boot it under the image's engine, read what the guest left once ([`output`]),
+//! fill the record from it ([`collect`]) and judge it ([`judge`]).
+
+mod collect;
+mod device;
+mod judge;
+mod output;
+mod spec;
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::engine::{BootRequest, Booted, Watch};
+use crate::env::LabEnv;
+use crate::failure::{CrashKind, Failure};
+use crate::images::RunPlan;
+use crate::matrix::{Cell, DeviceSource, Image};
+use crate::record::{Crash, Record};
+
+pub use spec::cmdline;
+
+/// What every repetition of a run shares.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    /// The run.
+    pub run: String,
+    /// Where the run's artifacts go.
+    pub artifacts: PathBuf,
+}
+
+impl RunContext {
+    /// The artifacts folder of repetition `repetition` of `cell`.
+    fn rep_dir(&self, cell: &Cell, repetition: u32) -> PathBuf {
+        self.artifacts.join(&cell.id).join(format!("rep{repetition}"))
+    }
+}
+
+/// Moves the artifacts of an attempt of a repetition that is run again to
+/// `CELL/repN.attempt{attempt}`, so that the next attempt starts afresh and the spoiled one stays
+/// readable; the new folder relative to the artifacts folder, if the move worked.
+pub fn set_attempt_aside(ctx: &RunContext, cell: &Cell, repetition: u32, attempt: usize) -> Option<String> {
+    let from = ctx.rep_dir(cell, repetition);
+    let to = ctx.artifacts.join(&cell.id).join(format!("rep{repetition}.attempt{attempt}"));
+    match std::fs::rename(&from, &to) {
+        Ok(()) => to.strip_prefix(&ctx.artifacts).ok().map(|p| p.display().to_string()),
+        Err(e) => {
+            tracing::warn!("setting {} aside: {e}", from.display());
+            None
+        }
+    }
+}
+
+/// Runs repetition `repetition` of `cell`.
+pub fn run(env: &LabEnv, plan: &RunPlan, ctx: &RunContext, cell: &Cell, repetition: u32) -> Record {
+    let start = Instant::now();
+    let mut record = Record::begun(&ctx.run, cell, repetition);
+    let verdict = Repetition::new(env, plan, ctx, cell, repetition).and_then(|rep| rep.run(&mut record));
+    let mut record = record.judged(verdict.err());
+    record.timings.total_ms = ms(start.elapsed());
+    record
+}
+
+/// One repetition, with what it runs looked up in the plan.
+struct Repetition<'a> {
+    env: &'a LabEnv,
+    plan: &'a RunPlan,
+    ctx: &'a RunContext,
+    cell: &'a Cell,
+    image: &'a Image,
+    source: &'a DeviceSource,
+    dir: PathBuf,
+}
+
+impl<'a> Repetition<'a> {
+    fn new(
+        env: &'a LabEnv,
+        plan: &'a RunPlan,
+        ctx: &'a RunContext,
+        cell: &'a Cell,
+        repetition: u32,
+    ) -> Result<Repetition<'a>, Failure> {
+        let (Some(image), Some(source)) = (plan.plan.image(&cell.image), plan.plan.source(&cell.device)) else {
+            return Err(Failure::Setup { what: format!("cell {} names what its matrix lacks", cell.id) });
+        };
+        Ok(Repetition { env, plan, ctx, cell, image, source, dir: ctx.rep_dir(cell, repetition) })
+    }
+
+    /// Whether the image is a Linux kernel (with the guest agent) rather than the probe.
+    fn linux(&self) -> bool {
+        !self.image.is_probe()
+    }
+
+    /// Runs the repetition, filling `record`; its verdict.
+    fn run(&self, record: &mut Record) -> Result<(), Failure> {
+        record.engine = self.image.engine;
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| Failure::Setup { what: format!("artifacts folder {}: {e}", self.dir.display()) })?;
+        let engine = self.env.engine(self.image.engine).map_err(|why| Failure::Setup { what: why.to_string() })?;
+        let device = self.start_device(record)?;
+        let spec = self.vm_spec(&device)?;
+        let files = self.plan.files(&self.image.name);
+        let watch = Watch {
+            silence: Duration::from_secs_f64(self.plan.plan.matrix.silence_s),
+            agent_log: self.linux().then(|| self.dir.join(output::AGENT_LOG)),
+        };
+        let booted = engine.boot(BootRequest {
+            spec,
+            watch,
+            model: device.model,
+            counters: device.counters,
+            dir: &self.dir,
+            bzimage: files.and_then(|f| f.bzimage.as_deref()),
+            accel: self.image.accel,
+        });
+        drop(device.peer);
+        if !booted.vmm_stderr.is_empty() {
+            let _ = std::fs::write(self.dir.join("vmm.log"), &booted.vmm_stderr);
+        }
+        let output = output::GuestOutput::read(&self.dir, self.linux());
+        record.serial_log =
+            self.dir.join(output::SERIAL_LOG).strip_prefix(&self.ctx.artifacts).ok().map(|p| p.display().to_string());
+        collect::fill(record, &booted, &output, self.plan.plan.device(&self.cell.device).and_then(|d| d.nic()));
+        let verdict = judge::judge(&booted, &output, record, self.plan.plan.matrix.timeout_s);
+        mark_hang(record, &booted, verdict.as_ref().err());
+        verdict
+    }
+}
+
+/// A guest that failed by falling silent, with no crash in its log, shows as a hang among the
+/// cell's crashes.
+fn mark_hang(record: &mut Record, booted: &Booted, failure: Option<&Failure>) {
+    if let (Some(failure), Some(silence), None) = (failure, booted.silent_for, &record.crash)
+        && failure.status() == crate::record::Status::Fail
+    {
+        record.crash = Some(Crash {
+            kind: CrashKind::Hang,
+            line: format!("no serial output for {:.0} s", silence.as_secs_f64()),
+            frames: Vec::new(),
+            fingerprint: "hang".into(),
+        });
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}

@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 apt_install build-essential curl ca-certificates xz-utils busybox-static python3 python3-pip python3-venv \
-    patch dwarves shellcheck iperf3 ethtool iproute2 linux-source-6.12 chromium jq \
+    patch dwarves libelf1 libssl3 zlib1g shellcheck iperf3 ethtool iproute2 linux-source-6.12 chromium jq \
     openssh-client openssh-server e2fsprogs kmod procps
 ensure_rust
 # kcidb-io (PyPI) carries the KCIDB schema the KCIDB export is checked against.
@@ -30,11 +30,11 @@ export DRIVERLAB_RELEASE_BIN
 # The test kernel: the newest Debian 6.12 kernel, put into the image store as the lab's
 # `kernel = "debian"` images get it (`driverlab image kernel`; before the tests, so that no test's
 # request waits for the download). The tests boot its bzImage and take modules from its tree; the
-# image tests build driver variants against its headers.
+# image tests build driver variants against its headers, which the image keeps (installing
+# Debian's linux-headers package would pull a host kernel in through its dependencies).
 kernel=$("$DRIVERLAB_RELEASE_BIN" image kernel)
 manifest=$("$DRIVERLAB_RELEASE_BIN" image show "$kernel")
 kernel_dir=$("$DRIVERLAB_RELEASE_BIN" image path "$kernel")
-apt_install "linux-headers-$(jq -r .release <<<"$manifest")"
 DRIVERLAB_TEST_BZIMAGE="$kernel_dir/$(jq -r .bzimage <<<"$manifest")"
 DRIVERLAB_TEST_MODULES="$kernel_dir/$(jq -r .modules <<<"$manifest")"
 export DRIVERLAB_IMAGE_TESTS=1 DRIVERLAB_TEST_BZIMAGE DRIVERLAB_TEST_MODULES

@@ -12,15 +12,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ClapErrorKind::DisplayHelp | ClapErrorKind::DisplayVersion) => e.exit(),
         Err(e) => {
-            let _ = e.print();
             // `vm run` always ends with its JSON line, even when its flags do not parse.
             let args: Vec<String> =
                 std::env::args().skip(1).filter(|a| !a.starts_with("--log-level")).take(2).collect();
             if args == ["vm", "run"] {
-                let message = e.render().to_string();
-                let first = message.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
-                eprintln!("{}", vm_spec::ErrorLine::new(vm_spec::ErrorKind::Usage, first).to_json());
+                return ExitCode::from(vmm::cli::usage_error(&e));
             }
+            let _ = e.print();
             return ExitCode::from(vm_spec::exit::code::BAD_INPUT as u8);
         }
     };

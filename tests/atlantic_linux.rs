@@ -9,22 +9,27 @@
 //! /init). It needs root (network namespaces, TAP) and the forky chroot with QEMU 11.1 that
 //! `scripts/test.sh` prepares; it runs where `DRIVERLAB_LINUX_CHECK=1` says that was done.
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn stock_atlantic_drives_the_model_under_qemu() {
     if std::env::var_os("DRIVERLAB_LINUX_CHECK").is_none() {
-        eprintln!(
-            "SKIP stock_atlantic_drives_the_model_under_qemu: DRIVERLAB_LINUX_CHECK is not set (scripts/test.sh \
-             sets it after preparing QEMU 11.1; or run `driverlab lab run examples/atlantic-check.toml` as root)"
+        common::skip(
+            "stock_atlantic_drives_the_model_under_qemu",
+            common::Lacks::Setup,
+            "DRIVERLAB_LINUX_CHECK is not set (scripts/test.sh sets it after preparing QEMU 11.1; or run \
+             `driverlab lab run examples/atlantic-check.toml` as root)",
         );
         return;
     }
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
-        eprintln!(
-            "SKIP stock_atlantic_drives_the_model_under_qemu: the Linux check needs root for its network namespace \
-             and TAP device"
+        common::skip(
+            "stock_atlantic_drives_the_model_under_qemu",
+            common::Lacks::Setup,
+            "the Linux check needs root for its network namespace and TAP device",
         );
         return;
     }

@@ -5,13 +5,14 @@
 mod common;
 
 use common::{driverlab_cmd, kvm_available, vm_run};
-use lab::ProbeReport;
+use engines::ProbeReport;
 
 fn hardware_device(test: &str) -> Option<String> {
     match std::env::var("DRIVERLAB_HW_DEVICE") {
         Ok(bdf) if !bdf.is_empty() => Some(bdf),
         _ => {
-            eprintln!("SKIP {test}: set DRIVERLAB_HW_DEVICE=BDF (a device bound to vfio-pci) to run it");
+            let why = "set DRIVERLAB_HW_DEVICE=BDF (a device bound to vfio-pci) to run it";
+            common::skip(test, common::Lacks::Hardware, why);
             None
         }
     }

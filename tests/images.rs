@@ -14,9 +14,11 @@ use serde_json::Value;
 
 fn enabled(test: &str) -> bool {
     if std::env::var_os("DRIVERLAB_IMAGE_TESTS").is_none() {
-        eprintln!(
-            "SKIP {test}: set DRIVERLAB_IMAGE_TESTS=1 once the kernel headers, linux-source-6.12, dwarves and patch \
-             are installed (scripts/test.sh does)"
+        common::skip(
+            test,
+            common::Lacks::Setup,
+            "set DRIVERLAB_IMAGE_TESTS=1 once the kernel image, linux-source-6.12, dwarves and patch are there \
+             (scripts/test.sh does)",
         );
         return false;
     }
@@ -191,16 +193,22 @@ fn linux_matrix(store: &Path, kernel: &str, page_pool: &str) {
     let out = lab(&["run", matrix.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let virt = vm_spec::host::virtualization();
-    let root = lab::peer::can_create();
+    let root = engines::peer::can_create();
     if !virt.boots_linux() || !root {
         assert_eq!(out.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains("2 cell(s) cannot run on this host"), "{stderr}");
         let reason =
             if virt.boots_linux() { "which needs root" } else { "boots Linux only with hardware virtualization" };
         assert!(stderr.contains(reason), "{stderr}");
-        eprintln!(
-            "SKIP linux_matrix_stock_against_page_pool_under_driverlab: {} (the matrix was refused with that reason)",
-            if virt.boots_linux() { "needs root for the peer's network namespace".into() } else { virt.describe() }
+        let (lacks, why) = if virt.boots_linux() {
+            (common::Lacks::Setup, "needs root for the peer's network namespace".to_string())
+        } else {
+            (common::Lacks::Hardware, virt.describe())
+        };
+        common::skip(
+            "linux_matrix_stock_against_page_pool_under_driverlab",
+            lacks,
+            format!("{why} (the matrix was refused with that reason)"),
         );
         return;
     }

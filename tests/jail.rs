@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{driverlab, driverlab_cmd, kvm_available, start_model, vm_run};
-use lab::{ControlClient, VmProcess};
+use engines::{ControlClient, VmProcess};
 use vm_spec::control::ShutdownRequest;
 use vm_spec::{Kernel, VmSpec};
 
@@ -19,7 +19,7 @@ fn root(test: &str) -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    eprintln!("SKIP {test}: not root: the jail's namespaces, uid and cgroup need root");
+    common::skip(test, common::Lacks::Setup, "not root: the jail's namespaces, uid and cgroup need root");
     false
 }
 
@@ -50,7 +50,10 @@ fn a_running_vmm_is_jailed_and_its_exit_line_says_how() {
         timeout_s: Some(90.0),
         ..VmSpec::new(Kernel::Probe)
     };
-    let vm = VmProcess::new(driverlab(), spec.clone(), Duration::from_secs(120)).with_control(&socket).start().unwrap();
+    let vm = VmProcess::new(&common::programs().vmm, spec.clone(), Duration::from_secs(120))
+        .with_control(&socket)
+        .start()
+        .unwrap();
     let control = ControlClient::new(&socket, Duration::from_secs(5));
     let info = control.wait_until_serving(Duration::from_secs(20)).expect("the control socket serves");
     assert_eq!(info.pid, vm.pid(), "vm.info's pid is the process that was started (the jail's supervisor)");
@@ -309,7 +312,8 @@ fn a_jailed_vmm_dies_with_the_process_that_was_started() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("vm.sock");
     let spec = VmSpec { cmdline: "probe.hold=60000".into(), timeout_s: Some(90.0), ..VmSpec::new(Kernel::Probe) };
-    let vm = VmProcess::new(driverlab(), spec, Duration::from_secs(120)).with_control(&socket).start().unwrap();
+    let vm =
+        VmProcess::new(&common::programs().vmm, spec, Duration::from_secs(120)).with_control(&socket).start().unwrap();
     let control = ControlClient::new(&socket, Duration::from_secs(5));
     let info = control.wait_until_serving(Duration::from_secs(20)).expect("the control socket serves");
     let pid = info.confinement.and_then(|c| c.host_pid).expect("the VMM's host PID");
@@ -337,10 +341,11 @@ fn a_model_in_its_wires_network_namespace_keeps_the_hosts_cgroup_tree() {
     let netns = format!("dljail-{}", std::process::id());
     let ip = |args: &[&str]| std::process::Command::new("ip").args(args).output().expect("ip runs");
     assert!(ip(&["netns", "add", &netns]).status.success(), "ip netns add {netns}");
-    let model = lab::ModelProcess::start_in(&driverlab(), "aqc100", &["--tap", "dlwire0"], Some(&netns));
+    let model =
+        engines::ModelProcess::start_in(&common::programs().model, "aqc100", &["--tap", "dlwire0"], Some(&netns));
     let links = ip(&["-n", &netns, "link", "show", "dlwire0"]);
     let on_host = ip(&["link", "show", "dlwire0"]);
-    let confinement = model.as_ref().ok().and_then(lab::ModelProcess::confinement);
+    let confinement = model.as_ref().ok().and_then(engines::ModelProcess::confinement);
     drop(model);
     ip(&["netns", "delete", &netns]);
     let confinement = confinement.expect("the model started and answered on its control socket");

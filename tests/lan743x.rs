@@ -7,7 +7,7 @@
 mod common;
 
 use common::{kvm_available, start_model, vm_run};
-use lab::ProbeReport;
+use engines::ProbeReport;
 
 const FRAMES: u64 = 5000;
 const MAC: &str = "02:10:55:00:00:07";

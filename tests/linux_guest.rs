@@ -19,10 +19,8 @@ const INITRAMFS_MARKER: &str = "DRIVERLAB-INITRAMFS-REACHED";
 
 fn debian_bzimage(test: &str) -> Option<Vec<u8>> {
     let Some(path) = std::env::var_os("DRIVERLAB_TEST_BZIMAGE").map(PathBuf::from) else {
-        eprintln!(
-            "SKIP {test}: set DRIVERLAB_TEST_BZIMAGE to Debian's linux-image-6.12 vmlinuz \
-             (scripts/test.sh fetches it)"
-        );
+        let why = "set DRIVERLAB_TEST_BZIMAGE to Debian's linux-image-6.12 vmlinuz (scripts/test.sh fetches it)";
+        common::skip(test, common::Lacks::Setup, why);
         return None;
     };
     Some(std::fs::read(&path).unwrap_or_else(|e| panic!("DRIVERLAB_TEST_BZIMAGE={}: {e}", path.display())))
@@ -31,7 +29,7 @@ fn debian_bzimage(test: &str) -> Option<Vec<u8>> {
 /// An initramfs whose init prints the marker and reboots (through the i8042 with `reboot=k`).
 fn marker_initramfs(test: &str) -> Option<Vec<u8>> {
     let Ok(busybox) = std::fs::read("/bin/busybox") else {
-        eprintln!("SKIP {test}: needs a static /bin/busybox (Debian package busybox-static)");
+        common::skip(test, common::Lacks::Setup, "needs a static /bin/busybox (Debian package busybox-static)");
         return None;
     };
     let init = format!("#!/bin/busybox sh\n/bin/busybox echo {INITRAMFS_MARKER}\n/bin/busybox reboot -f\n");

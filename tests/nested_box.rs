@@ -21,6 +21,8 @@
 //! binary (`DRIVERLAB_RELEASE_BIN`, which test.sh builds): the box carries it and runs it
 //! under TCG.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -135,10 +137,9 @@ impl Findings {
 #[test]
 fn the_nested_box_runs_the_driverlab_engine_end_to_end() {
     if std::env::var_os("DRIVERLAB_NESTED_BOX").is_none() {
-        eprintln!(
-            "SKIP {TEST}: DRIVERLAB_NESTED_BOX is not set (scripts/test.sh sets it as root, with QEMU 11.1 and \
-             the release binary)"
-        );
+        let why =
+            "DRIVERLAB_NESTED_BOX is not set (scripts/test.sh sets it as root, with QEMU 11.1 and the release binary)";
+        common::skip(TEST, common::Lacks::Setup, why);
         return;
     }
     let bin = PathBuf::from(

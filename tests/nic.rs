@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{driverlab, kvm_available, start_model, vm_run};
-use lab::{ModelProcess, ProbeReport};
+use engines::{ModelProcess, ProbeReport};
 
 const FRAMES: u64 = 20_000;
 const MAC: &str = "02:aa:bb:cc:dd:01";
@@ -59,7 +59,7 @@ fn receive_with(strategy: &str) -> serde_json::Value {
     assert_eq!(counters.tx_frames, nic["tx_frames"].as_u64().unwrap());
     // On the bus: each 1,514-byte frame is 24 line writes into its 2 KiB-aligned buffer (the
     // last partial) and one descriptor write-back; descriptors come in fetches of up to 8.
-    let rx = counters.bus.rx;
+    let rx = counters.link.rx;
     assert_eq!(rx.buffer_writes.tlps, counters.rx_frames * 24, "{rx:?}");
     assert_eq!(rx.buffer_writes.bytes, counters.rx_frames * 1514);
     assert_eq!(rx.descriptor_writes.tlps, counters.rx_frames);

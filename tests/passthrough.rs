@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{driverlab_cmd, kvm_available, start_model, vm_run};
-use lab::{ModelProcess, ProbeReport};
+use engines::{ModelProcess, ProbeReport};
 
 fn start_testdev() -> ModelProcess {
     start_model("testdev", &[])
@@ -93,7 +93,7 @@ fn a_model_that_dies_mid_run_ends_the_devices_use_not_the_vm() {
         move || vm_run(&args.iter().map(String::as_str).collect::<Vec<_>>())
     });
     // The model dies once the exercise is under way: the virtio-iommu has counted maps.
-    let control = lab::vm_control::ControlClient::new(&socket, Duration::from_secs(5));
+    let control = engines::vm_control::ControlClient::new(&socket, Duration::from_secs(5));
     let exercising = || control.counters().ok().and_then(|c| c.viommu).is_some_and(|v| v.maps > 0);
     assert!(
         common::wait_until(Duration::from_secs(60), Duration::from_millis(5), exercising),

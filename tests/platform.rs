@@ -4,7 +4,7 @@
 mod common;
 
 use common::{kvm_available, vm_run};
-use lab::ProbeReport;
+use engines::ProbeReport;
 
 #[test]
 fn probe_drives_the_virtio_iommu_and_counts_agree() {

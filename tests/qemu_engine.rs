@@ -13,10 +13,10 @@ use serde_json::Value;
 
 /// Whether forky's QEMU is set up where the engine looks (`driverlab engine setup qemu`).
 fn qemu_available(test: &str) -> bool {
-    match lab::qemu::Qemu::find(&lab::qemu::default_root()) {
+    match engines::qemu::Qemu::find(&engines::qemu::default_root()) {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("SKIP {test}: {e}");
+            common::skip(test, common::Lacks::Setup, e);
             false
         }
     }
@@ -155,7 +155,7 @@ fn the_probe_reports_the_same_maps_per_frame_under_both_engines() {
 #[test]
 fn the_probe_drives_devices_whose_bars_lie_above_4_gib() {
     let test = "the_probe_drives_devices_whose_bars_lie_above_4_gib";
-    let Ok(qemu) = lab::qemu::Qemu::find(&lab::qemu::default_root()) else {
+    let Ok(qemu) = engines::qemu::Qemu::find(&engines::qemu::default_root()) else {
         qemu_available(test);
         return;
     };
@@ -165,27 +165,27 @@ fn the_probe_drives_devices_whose_bars_lie_above_4_gib() {
     let model = common::start_model("aqc100", &["--generate", "size=1514,count=2000"]);
     let (serial, trace) = (dir.path().join("serial.log"), dir.path().join("trace.log"));
     let device = model.device_spec();
-    let machine = lab::qemu::Machine {
+    let machine = engines::qemu::Machine {
         kernel: &kernel,
         initrd: None,
         cmdline: "probe.nic=aqc100 probe.frames=2000 probe.viommu_ops=0",
         memory_mib: 256,
         vcpus: 1,
-        accel: lab::qemu::Accel::Tcg,
+        accel: engines::qemu::Accel::Tcg,
         iommu: true,
         device: &device,
         com1: &serial,
         com2: None,
         trace: &trace,
     };
-    let mut args = lab::qemu::machine_args(&machine);
+    let mut args = engines::qemu::machine_args(&machine);
     args.extend(
         ["-object", "memory-backend-ram,id=big,size=2G", "-device", "ivshmem-plain,memdev=big"].map(String::from),
     );
     let out = qemu.command(&args).output().unwrap();
     assert!(out.status.success(), "QEMU: {}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&serial).unwrap();
-    let report = lab::ProbeReport::parse(&text);
+    let report = engines::ProbeReport::parse(&text);
     let devices = report.section("pci").unwrap()["devices"].as_array().unwrap().clone();
     let nic = devices.iter().find(|d| d["id"] == "1d6a:00b1").unwrap_or_else(|| panic!("{text}"));
     for bar in nic["bars"].as_array().unwrap() {
@@ -203,7 +203,8 @@ fn the_probe_drives_devices_whose_bars_lie_above_4_gib() {
 fn the_stock_lan743x_driver_drives_the_model_under_qemu() {
     let test = "the_stock_lan743x_driver_drives_the_model_under_qemu";
     if std::env::var_os("DRIVERLAB_LINUX_CHECK").is_none() {
-        eprintln!("SKIP {test}: DRIVERLAB_LINUX_CHECK is not set (scripts/test.sh sets it as root, with QEMU 11.1)");
+        let why = "DRIVERLAB_LINUX_CHECK is not set (scripts/test.sh sets it as root, with QEMU 11.1)";
+        common::skip(test, common::Lacks::Setup, why);
         return;
     }
     if !qemu_available(test) {
@@ -233,11 +234,11 @@ fn the_stock_lan743x_driver_drives_the_model_under_qemu() {
     assert_eq!(record["device_counters"]["dma_faults"], 0, "{record}");
     assert!(record["workload"]["tx_packets"].as_u64().unwrap_or(0) > 1000, "{record}");
     let artifacts = shown["artifacts"].as_str().unwrap();
-    let frames = lab::agent::parse(&std::fs::read(format!("{artifacts}/c01/rep0/agent.log")).unwrap());
+    let frames = engines::agent::parse(&std::fs::read(format!("{artifacts}/c01/rep0/agent.log")).unwrap());
     for step in
         ["probe", "link-up", "ping", "iperf-tx", "link-down", "link-up-again", "reload", "ping-reloaded", "unload"]
     {
-        assert_eq!(frames.step(step).map(|s| s.status), Some(lab::agent::StepStatus::Ok), "step {step}: {record}");
+        assert_eq!(frames.step(step).map(|s| s.status), Some(engines::agent::StepStatus::Ok), "step {step}: {record}");
     }
     let probe = frames.step("probe").unwrap();
     assert_eq!(
@@ -284,8 +285,9 @@ fn the_qemu_engine_finds_its_firmware_in_the_chroot_alone() {
     if !kvm_available(test) || !qemu_available(test) {
         return;
     }
-    if !lab::peer::can_create() {
-        eprintln!("SKIP {test}: needs root (a private mount namespace that hides the host's firmware)");
+    if !engines::peer::can_create() {
+        let why = "needs root (a private mount namespace that hides the host's firmware)";
+        common::skip(test, common::Lacks::Setup, why);
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -6,8 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{driverlab, driverlab_cmd, kvm_available, start_model, tiny_elf, vm_run, write_file};
-use lab::{ControlClient, ProbeReport, VmProcess};
+use common::{driverlab_cmd, kvm_available, start_model, tiny_elf, vm_run, write_file};
+use engines::{ControlClient, ProbeReport, VmProcess};
 use vm_spec::control::{ShutdownRequest, VmState};
 use vm_spec::{IommuSpec, Kernel, SerialOutput, VmSpec};
 
@@ -55,7 +55,7 @@ fn a_json_spec_boots_exactly_what_the_flags_boot() {
     drop(model);
     let model = start_model("aqc100", &["--generate", "size=1514"]);
     let spec = VmSpec { devices: vec![model.device_spec()], ..expected };
-    let by_stdin = VmProcess::new(driverlab(), spec, Duration::from_secs(60)).run().unwrap();
+    let by_stdin = VmProcess::new(&common::programs().vmm, spec, Duration::from_secs(60)).run().unwrap();
     drop(model);
 
     let (flags_nic, flags_ok) = nic_counts(&by_flags.serial);
@@ -92,7 +92,10 @@ fn the_control_socket_answers_while_the_guest_runs_and_stops_it() {
         timeout_s: Some(120.0),
         ..VmSpec::new(Kernel::Probe)
     };
-    let vm = VmProcess::new(driverlab(), spec.clone(), Duration::from_secs(30)).with_control(&socket).start().unwrap();
+    let vm = VmProcess::new(&common::programs().vmm, spec.clone(), Duration::from_secs(30))
+        .with_control(&socket)
+        .start()
+        .unwrap();
     let control = ControlClient::new(&socket, Duration::from_secs(5));
     let info = control.wait_until_serving(Duration::from_secs(10)).expect("the control socket serves");
     assert_eq!((info.pid, &info.config), (vm.pid(), &spec));
@@ -146,13 +149,14 @@ fn a_guest_that_ignores_the_power_button_is_stopped_after_the_grace() {
     let kernel = write_file(dir.path(), "spin.elf", &tiny_elf(&[0xeb, 0xfe]));
     let socket = dir.path().join("vm.sock");
     let spec = VmSpec { timeout_s: Some(60.0), memory_mib: 16, ..VmSpec::new(Kernel::Path(kernel.into())) };
-    let vm = VmProcess::new(driverlab(), spec, Duration::from_secs(30)).with_control(&socket).start().unwrap();
+    let vm =
+        VmProcess::new(&common::programs().vmm, spec, Duration::from_secs(30)).with_control(&socket).start().unwrap();
     let control = ControlClient::new(&socket, Duration::from_secs(5));
     common::wait_until(Duration::from_secs(10), Duration::from_millis(5), || {
         control.info().is_ok_and(|i| i.state == VmState::Running)
     });
     let refused = control.shutdown(ShutdownRequest { grace_s: Some(-1.0) }).unwrap_err();
-    assert!(matches!(refused, lab::vm_control::ControlError::Refused { status: 400, .. }), "{refused}");
+    assert!(matches!(refused, engines::vm_control::ControlError::Refused { status: 400, .. }), "{refused}");
     control.shutdown(ShutdownRequest { grace_s: Some(0.2) }).unwrap();
     let out = vm.wait().unwrap();
     let exit = out.exit.clone().expect("an exit line");
@@ -173,7 +177,7 @@ fn com2_carries_the_report_apart_from_the_console() {
         serial: vm_spec::SerialSpec { com1: SerialOutput::Stdout, com2: Some(SerialOutput::File(com2.clone())) },
         ..VmSpec::new(Kernel::Probe)
     };
-    let out = VmProcess::new(driverlab(), spec, Duration::from_secs(60)).run().unwrap();
+    let out = VmProcess::new(&common::programs().vmm, spec, Duration::from_secs(60)).run().unwrap();
     assert_eq!(out.code(), Some(0), "{}", out.stderr);
     assert_eq!(out.serial.trim(), r#"{"probe":"report","port":"com2"}"#, "the console has only the pointer");
     let agent = std::fs::read_to_string(&com2).unwrap();

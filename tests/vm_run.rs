@@ -4,7 +4,7 @@
 mod common;
 
 use common::{driverlab_cmd, kvm_available, tiny_elf, vm_run, write_file};
-use lab::ProbeReport;
+use engines::ProbeReport;
 
 /// Legacy hole the VMM documents: the EBDA at 0x9fc00 up to 1 MiB is reserved.
 const LEGACY_HOLE: u64 = 0x10_0000 - 0x9_fc00;

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
+use ::bench::linux_boot::{self, LinuxBootConfig, QemuBinary};
 use axum::Json;
 use axum::extract::State;
 use guest_images::kernel_image::KernelManifest;
-use lab::bench::linux_boot::{self, LinuxBootConfig, QemuBinary};
 
 use crate::daemon::Daemon;
 use crate::payload::Payload;
@@ -59,7 +59,7 @@ pub async fn boot(State(daemon): State<Arc<Daemon>>, payload: Payload) -> Result
         let scratch = tempfile::tempdir().map_err(|e| Problem::internal(format!("a scratch folder: {e}")))?;
         let initrd = linux_boot::initramfs_in(scratch.path(), None).map_err(|e| Problem::internal(e.to_string()))?;
         let config = LinuxBootConfig {
-            driverlab: daemon.env.driverlab.clone(),
+            vmm: daemon.env.programs.vmm.clone(),
             kernel: kernel.vmlinux_path(store),
             initrd,
             qemu,

@@ -149,3 +149,169 @@ impl Client {
         matches!(self.request("GET", "/v1/version", None).await, Ok((200, _)))
     }
 }
+
+/// Why a typed request to the daemon did not give what it asks for.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The daemon could not be reached, or HTTP failed.
+    #[error(transparent)]
+    Transport(#[from] ApiError),
+    /// The daemon answered with an error.
+    #[error("the daemon answered {status}: {message}")]
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// Its message (the error body's, or the body itself).
+        message: String,
+    },
+    /// The daemon's answer is not what the API documents.
+    #[error("the daemon's answer does not parse: {0}")]
+    Answer(#[from] serde_json::Error),
+    /// What the daemon sent could not be written where it was asked to go.
+    #[error("writing {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ClientError {
+    /// Whether the request was the user's mistake (a 4xx other than 429), not the daemon's or
+    /// the network's.
+    pub fn is_bad_request(&self) -> bool {
+        matches!(self, ClientError::Refused { status, .. } if (400..500).contains(status) && *status != 429)
+    }
+
+    fn refused(answer: &Answer) -> ClientError {
+        let message = serde_json::from_slice::<crate::types::ErrorBody>(&answer.body)
+            .map(|e| e.message)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&answer.body).into_owned());
+        ClientError::Refused { status: answer.status, message }
+    }
+}
+
+/// `value` as a query parameter.
+fn query_value(value: &str) -> String {
+    form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}
+
+impl Client {
+    /// `method path` with `body` (JSON unless `headers` say otherwise), expecting `expected`.
+    async fn expect(
+        &self,
+        (method, path): (&str, &str),
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+        expected: u16,
+    ) -> Result<Answer, ClientError> {
+        let answer = self.call(method, path, headers, body).await?;
+        if answer.status != expected {
+            return Err(ClientError::refused(&answer));
+        }
+        Ok(answer)
+    }
+
+    /// `GET /v1/version`.
+    pub async fn version(&self) -> Result<crate::types::Version, ClientError> {
+        let answer = self.expect(("GET", "/v1/version"), &[], None, 200).await?;
+        Ok(serde_json::from_slice(&answer.body)?)
+    }
+
+    /// `POST /v1/runs` of a TOML matrix; the run's ID.
+    pub async fn submit_run(&self, matrix: Vec<u8>, skip_unrunnable: bool) -> Result<String, ClientError> {
+        let path = if skip_unrunnable { "/v1/runs?skip_unrunnable=true" } else { "/v1/runs" };
+        let answer = self.expect(("POST", path), &[("content-type", "application/toml")], Some(matrix), 201).await?;
+        Ok(serde_json::from_slice::<crate::types::Created>(&answer.body)?.id)
+    }
+
+    /// `POST /v1/runs/{run}/resume`.
+    pub async fn resume_run(&self, run: &str) -> Result<crate::types::RunStatus, ClientError> {
+        let answer = self.expect(("POST", &format!("/v1/runs/{run}/resume")), &[], None, 202).await?;
+        Ok(serde_json::from_slice(&answer.body)?)
+    }
+
+    /// `POST /v1/runs/{run}/cancel`.
+    pub async fn cancel_run(&self, run: &str) -> Result<crate::types::RunStatus, ClientError> {
+        let answer = self.expect(("POST", &format!("/v1/runs/{run}/cancel")), &[], None, 202).await?;
+        Ok(serde_json::from_slice(&answer.body)?)
+    }
+
+    /// `GET /v1/runs/{run}`.
+    pub async fn run_status(&self, run: &str) -> Result<crate::types::RunStatus, ClientError> {
+        let answer = self.expect(("GET", &format!("/v1/runs/{run}")), &[], None, 200).await?;
+        Ok(serde_json::from_slice(&answer.body)?)
+    }
+
+    /// `GET /v1/runs`.
+    pub async fn runs(&self) -> Result<Vec<crate::types::RunStatus>, ClientError> {
+        let answer = self.expect(("GET", "/v1/runs"), &[], None, 200).await?;
+        Ok(serde_json::from_slice(&answer.body)?)
+    }
+
+    /// `GET /v1/runs/{run}/report` in the media type `accept`, judged against `baseline`.
+    pub async fn report(&self, run: &str, baseline: Option<&str>, accept: &str) -> Result<String, ClientError> {
+        let mut path = format!("/v1/runs/{run}/report");
+        if let Some(baseline) = baseline {
+            path.push_str(&format!("?baseline={}", query_value(baseline)));
+        }
+        let answer = self.expect(("GET", &path), &[("accept", accept)], None, 200).await?;
+        Ok(String::from_utf8_lossy(&answer.body).into_owned())
+    }
+
+    /// Every record of `run`, page after page (`GET /v1/results` and its `Link` to the next).
+    pub async fn records(&self, run: &str) -> Result<Vec<lab::record::Record>, ClientError> {
+        let mut records = Vec::new();
+        let mut path = Some(format!("/v1/results?run={}", query_value(run)));
+        while let Some(page) = path {
+            let answer = self.expect(("GET", &page), &[], None, 200).await?;
+            let page: Vec<lab::record::Record> = serde_json::from_slice(&answer.body)?;
+            // `<PATH>; rel="next"`; an empty page ends it whatever the server says.
+            path = answer
+                .link
+                .as_deref()
+                .filter(|_| !page.is_empty())
+                .and_then(|l| l.strip_prefix('<')?.split_once('>'))
+                .map(|(p, _)| p.to_string());
+            records.extend(page);
+        }
+        Ok(records)
+    }
+
+    /// Follows `run`'s events (`GET /v1/runs/{run}/events`), calling `each` with every event
+    /// until the stream ends or `each` returns false; events that do not parse are skipped.
+    pub async fn run_events(
+        &self,
+        run: &str,
+        mut each: impl FnMut(crate::types::RunEvent) -> bool,
+    ) -> Result<(), ClientError> {
+        let refused = self
+            .events(&format!("/v1/runs/{run}/events"), |data| match serde_json::from_str(data) {
+                Ok(event) => each(event),
+                Err(_) => true,
+            })
+            .await?;
+        match refused {
+            Some(status) => Err(ClientError::Refused { status, message: "for the run's events".into() }),
+            None => Ok(()),
+        }
+    }
+
+    /// `POST /v1/bench/boot`.
+    pub async fn bench_boot(
+        &self,
+        request: &crate::types::BenchBoot,
+    ) -> Result<crate::types::BenchBootResult, ClientError> {
+        let body = serde_json::to_vec(request)?;
+        let answer = self.expect(("POST", "/v1/bench/boot"), &[], Some(body), 200).await?;
+        Ok(serde_json::from_slice(&answer.body)?)
+    }
+
+    /// `GET /v1/database`, written to `to`.
+    pub async fn database(&self, to: &Path) -> Result<(), ClientError> {
+        let answer = self.expect(("GET", "/v1/database"), &[], None, 200).await?;
+        std::fs::write(to, &answer.body).map_err(|source| ClientError::Write { path: to.to_path_buf(), source })
+    }
+}

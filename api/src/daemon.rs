@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lab::env::LabEnv;
-use lab::store::Store;
+use lab::results_db::ResultsDb;
 
 use crate::problem::Problem;
-use crate::runs::RunQueue;
-use crate::vms::VmTable;
+use crate::run_queue::RunQueue;
+use crate::vm_table::VmTable;
 
 /// The daemon's configuration.
 #[derive(Debug, Clone)]
@@ -82,8 +82,8 @@ impl Daemon {
     }
 
     /// A connection to the database.
-    pub fn store(&self) -> Result<Store, Problem> {
-        Ok(Store::open(&self.config.db)?)
+    pub fn store(&self) -> Result<ResultsDb, Problem> {
+        Ok(ResultsDb::open(&self.config.db)?)
     }
 
     /// The image store.
@@ -100,7 +100,7 @@ mod tests {
     fn long_lived_streams_are_counted_and_their_slots_come_back() {
         let dir = tempfile::tempdir().unwrap();
         let env = LabEnv::detect(
-            PathBuf::from("/nonexistent/driverlab"),
+            engines::Programs::of(std::path::Path::new("/nonexistent/driverlab")),
             guest_images::store::ImageStore::new(dir.path().join("images")),
             &dir.path().join("qemu"),
         );

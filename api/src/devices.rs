@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use lab::matrix::Device;
-use lab::store::Store;
+use lab::results_db::ResultsDb;
 
 use crate::auth::Transport;
 use crate::daemon::Daemon;
@@ -36,7 +36,7 @@ fn check(device: &Device, transport: Transport) -> Result<(), Problem> {
     device.check().map_err(|(field, message)| Problem::unprocessable(format!("device{field}: {message}")))
 }
 
-fn state(store: &Store, device: &Device, registered_at: String) -> Result<DeviceState, Problem> {
+fn state(store: &ResultsDb, device: &Device, registered_at: String) -> Result<DeviceState, Problem> {
     let key = device.lease_key();
     let lease = match &key {
         Some(key) => store.leases()?.into_iter().find(|(k, _)| k == key).map(|(_, h)| Lease {
@@ -61,7 +61,7 @@ fn state(store: &Store, device: &Device, registered_at: String) -> Result<Device
     Ok(DeviceState { device: device.clone(), kind, registered_at, lease, quarantine })
 }
 
-fn find(store: &Store, name: &str) -> Result<(Device, String), Problem> {
+fn find(store: &ResultsDb, name: &str) -> Result<(Device, String), Problem> {
     store
         .devices()?
         .into_iter()
@@ -195,7 +195,7 @@ pub async fn health(
             device.source().map_err(|(field, message)| Problem::internal(format!("device{field}: {message}")))?;
         let engine = daemon.env.engine(lab::matrix::EngineKind::Driverlab).map_err(Problem::internal)?;
         let dir = daemon.config.vm_dir.join("health").join(&name);
-        let mut health = lab::health::check_device(engine, &daemon.env.driverlab, &dir, &source, device.nic())
+        let mut health = engines::health::check_device(engine, &daemon.env.programs.model, &dir, &source, device.nic())
             .map_err(Problem::internal)?;
         health.device = name.clone();
         Ok(Json(HealthResult {

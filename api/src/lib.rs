@@ -16,9 +16,11 @@ pub mod listeners;
 pub mod payload;
 pub mod problem;
 pub mod results;
+pub mod run_queue;
 pub mod runs;
 pub mod server;
 pub mod types;
+pub mod vm_table;
 pub mod vms;
 
 /// Errors of the API server and client.

@@ -95,10 +95,10 @@ impl IntoResponse for Problem {
     }
 }
 
-impl From<lab::store::StoreError> for Problem {
-    fn from(e: lab::store::StoreError) -> Problem {
+impl From<lab::results_db::ResultsDbError> for Problem {
+    fn from(e: lab::results_db::ResultsDbError) -> Problem {
         match e {
-            lab::store::StoreError::NoRun(run) => Problem::not_found(format!("no run {run:?} (GET /v1/runs)")),
+            lab::results_db::ResultsDbError::NoRun(run) => Problem::not_found(format!("no run {run:?} (GET /v1/runs)")),
             e => Problem::internal(e.to_string()),
         }
     }
@@ -107,7 +107,7 @@ impl From<lab::store::StoreError> for Problem {
 impl From<lab::run::RunError> for Problem {
     fn from(e: lab::run::RunError) -> Problem {
         match e {
-            lab::run::RunError::Store(e) => e.into(),
+            lab::run::RunError::ResultsDb(e) => e.into(),
             lab::run::RunError::NotResumable { .. } => Problem::conflict(e.to_string()),
             lab::run::RunError::NoBaseline { .. } => Problem::bad_request(e.to_string()),
             e if e.is_bad_input() => Problem::unprocessable(e.to_string()),

@@ -199,76 +199,7 @@ pub struct Created {
     pub id: String,
 }
 
-/// A run's state as the daemon sees it: the stored states, and `queued` for a run waiting in
-/// this daemon's queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, strum::Display)]
-#[serde(rename_all = "lowercase")]
-#[strum(serialize_all = "lowercase")]
-pub enum RunPhase {
-    /// Waiting in the daemon's queue.
-    Queued,
-    /// Running.
-    Running,
-    /// Every repetition has a result.
-    Done,
-    /// Stopped on request; what did not run is MISS.
-    Cancelled,
-    /// Its lab process went away before it finished; it can be resumed.
-    Interrupted,
-}
-
-impl RunPhase {
-    /// Whether the run has ended (done, cancelled or interrupted).
-    pub fn ended(self) -> bool {
-        !matches!(self, RunPhase::Queued | RunPhase::Running)
-    }
-}
-
-impl From<lab::store::RunState> for RunPhase {
-    fn from(state: lab::store::RunState) -> RunPhase {
-        use lab::store::RunState;
-        match state {
-            RunState::Running => RunPhase::Running,
-            RunState::Done => RunPhase::Done,
-            RunState::Interrupted => RunPhase::Interrupted,
-            RunState::Cancelled => RunPhase::Cancelled,
-        }
-    }
-}
-
-/// A run's state as the daemon sees it.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct RunStatus {
-    /// The run.
-    pub id: String,
-    /// The matrix's name.
-    pub matrix: String,
-    /// The matrix's file (`request.toml` for matrices from the API).
-    pub matrix_file: String,
-    /// Repetitions per cell.
-    pub repetitions: u32,
-    /// The host it runs on.
-    pub host: String,
-    /// Where it is.
-    pub state: RunPhase,
-    /// Cells whose every repetition has a result.
-    pub cells_done: usize,
-    /// Cells.
-    pub cells_total: usize,
-    /// Repetitions with a result.
-    pub results: usize,
-    /// Repetitions in all.
-    pub results_total: usize,
-    /// Seconds left, estimated from the repetitions so far (running runs).
-    pub eta_s: Option<f64>,
-    /// Results by status.
-    #[schema(value_type = Object)]
-    pub counts: std::collections::BTreeMap<lab::record::Status, usize>,
-    /// When it was created (RFC 3339).
-    pub created_at: String,
-    /// When it finished.
-    pub finished_at: Option<String>,
-}
+pub use lab::run::{RunPhase, RunStatus};
 
 /// One server-sent event of `GET /v1/runs/{id}/events` (its `data`, as JSON).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -3,9 +3,7 @@
 //! control socket, their serial output kept in a file the daemon serves.
 
 use std::io::{Read, Seek, SeekFrom};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -13,115 +11,23 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use lab::matrix::DeviceSource;
-use lab::{ControlClient, ModelProcess, VmProcess};
+use engines::device::DeviceSource;
+use engines::{ControlClient, ModelProcess, VmProcess};
 use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, SerialSpec, VmSpec};
 
 use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
 use crate::runs::query;
-use crate::types::{Created, VmRequest, VmState, VmStatus};
+use crate::types::{Created, VmRequest, VmStatus};
+use crate::vm_table::{Phase, Vm};
 use guest_images::store::{ImageId, ImageKind};
 
-/// Most VMs that may run at once.
-pub const MAX_LIVE: usize = 4;
-/// Finished VMs kept (with their serial logs) before the oldest are forgotten.
-const KEEP_FINISHED: usize = 64;
 /// Most guest memory one VM may have: the daemon's own bound, below vm-spec's (a shared box).
 const MAX_MEMORY_MIB: u64 = 16 * 1024;
 /// The run time of a request that gives none, and the most one may ask (below vm-spec's).
 const DEFAULT_TIMEOUT_S: f64 = 60.0;
 const MAX_TIMEOUT_S: f64 = 24.0 * 3600.0;
-
-/// The VMs the daemon started.
-pub struct VmTable {
-    dir: PathBuf,
-    next: AtomicU64,
-    vms: Mutex<Vec<Arc<Vm>>>,
-}
-
-struct Vm {
-    id: String,
-    dir: PathBuf,
-    phase: Mutex<Phase>,
-}
-
-#[derive(Clone)]
-enum Phase {
-    Starting,
-    Running,
-    Exited { code: Option<i32>, exit: Option<serde_json::Value>, error: Option<serde_json::Value> },
-    Failed(String),
-}
-
-impl Vm {
-    fn phase(&self) -> MutexGuard<'_, Phase> {
-        self.phase.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn serial(&self) -> PathBuf {
-        self.dir.join("serial.log")
-    }
-
-    fn control(&self) -> PathBuf {
-        self.dir.join("control.sock")
-    }
-
-    fn finished(&self) -> bool {
-        matches!(*self.phase(), Phase::Exited { .. } | Phase::Failed(_))
-    }
-
-    fn status(&self) -> VmStatus {
-        let serial_bytes = std::fs::metadata(self.serial()).map_or(0, |m| m.len());
-        let (state, exit_code, exit, error) = match self.phase().clone() {
-            Phase::Starting => (VmState::Starting, None, None, None),
-            Phase::Running => (VmState::Running, None, None, None),
-            Phase::Exited { code, exit, error } => (VmState::Exited, code, exit, error),
-            Phase::Failed(message) => (VmState::Failed, None, None, Some(serde_json::json!({ "message": message }))),
-        };
-        VmStatus { id: self.id.clone(), state, exit_code, exit, error, serial_bytes }
-    }
-}
-
-impl VmTable {
-    /// A table whose VMs keep their files under `dir`.
-    pub fn new(dir: PathBuf) -> VmTable {
-        VmTable { dir, next: AtomicU64::new(1), vms: Mutex::new(Vec::new()) }
-    }
-
-    fn all(&self) -> MutexGuard<'_, Vec<Arc<Vm>>> {
-        self.vms.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn get(&self, id: &str) -> Result<Arc<Vm>, Problem> {
-        self.all()
-            .iter()
-            .find(|vm| vm.id == id)
-            .cloned()
-            .ok_or_else(|| Problem::not_found(format!("no VM {id:?} (GET /v1/vms)")))
-    }
-
-    /// A new VM's entry and folder, if there is room.
-    fn admit(&self) -> Result<Arc<Vm>, Problem> {
-        let mut vms = self.all();
-        if vms.iter().filter(|vm| !vm.finished()).count() >= MAX_LIVE {
-            return Err(Problem::busy(format!("{MAX_LIVE} VMs are running; try again when one has ended")));
-        }
-        // Forget the oldest finished VMs beyond what is kept.
-        while vms.iter().filter(|vm| vm.finished()).count() >= KEEP_FINISHED {
-            let oldest = vms.iter().position(|vm| vm.finished()).expect("counted");
-            let vm = vms.remove(oldest);
-            let _ = std::fs::remove_dir_all(&vm.dir);
-        }
-        let id = format!("vm{}", self.next.fetch_add(1, Ordering::Relaxed));
-        let dir = self.dir.join(format!("{}-{id}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| Problem::internal(format!("a folder for the VM: {e}")))?;
-        let vm = Arc::new(Vm { id, dir, phase: Mutex::new(Phase::Starting) });
-        vms.push(vm.clone());
-        Ok(vm)
-    }
-}
 
 /// The VM spec of a request, its kernel and initrd resolved from the image store and its
 /// devices from the registry; models are started by the VM's thread.
@@ -199,7 +105,7 @@ fn run(daemon: Arc<Daemon>, vm: Arc<Vm>, prepared: Prepared) {
     let mut running_models = Vec::new();
     for (nic, args) in &models {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        match ModelProcess::start(&daemon.env.driverlab, nic.name(), &args) {
+        match ModelProcess::start(&daemon.env.programs.model, nic.name(), &args) {
             Ok(model) => {
                 spec.devices.push(model.device_spec());
                 running_models.push(model);
@@ -211,7 +117,7 @@ fn run(daemon: Arc<Daemon>, vm: Arc<Vm>, prepared: Prepared) {
         }
     }
     spec.serial = SerialSpec { com1: SerialOutput::File(vm.serial()), com2: None };
-    let process = VmProcess::new(&daemon.env.driverlab, spec, Duration::from_secs(30)).with_control(vm.control());
+    let process = VmProcess::new(&daemon.env.programs.vmm, spec, Duration::from_secs(30)).with_control(vm.control());
     let running = match process.start() {
         Ok(running) => running,
         Err(e) => {
@@ -433,17 +339,4 @@ pub async fn serial(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>, R
         chunk
     });
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], Body::from_stream(stream)).into_response()
-}
-
-impl Drop for VmTable {
-    fn drop(&mut self) {
-        for vm in self.all().iter() {
-            let _ = std::fs::remove_dir_all(&vm.dir);
-        }
-    }
-}
-
-/// The VMs' files: kept while the daemon runs.
-pub fn default_dir() -> PathBuf {
-    std::env::temp_dir().join(format!("driverlab-vms-{}", std::process::id()))
 }

@@ -7,8 +7,8 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 
-use crate::bus::BusLedger;
-use vm_spec::bus::BusProfile;
+use crate::pcie_link::LinkLedger;
+use vm_spec::pcie_link::LinkProfile;
 
 /// Why a DMA access was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -91,8 +91,8 @@ impl DmaAccess<'_> {
     }
 
     /// Counts in the bus ledger what the chip puts on its link (nothing for a model without one).
-    pub fn bus(&mut self, count: impl FnOnce(&mut BusLedger)) {
-        if let Some(ledger) = self.inner.bus.as_mut() {
+    pub fn link(&mut self, count: impl FnOnce(&mut LinkLedger)) {
+        if let Some(ledger) = self.inner.link.as_mut() {
             count(ledger);
         }
     }
@@ -116,7 +116,7 @@ struct Inner {
     last: Option<(u64, u64, *mut u8, bool)>,
     counters: vm_spec::counters::ModelCounters,
     /// What the chip put on its link, for models that count it.
-    bus: Option<BusLedger>,
+    link: Option<LinkLedger>,
 }
 
 impl Inner {
@@ -184,9 +184,9 @@ impl DmaSpace {
 
     /// An empty DMA space whose accesses the model also counts as `profile`'s chip would put
     /// them on its link ([`DmaSpace::bus`]).
-    pub fn with_bus(profile: BusProfile) -> Self {
+    pub fn with_link(profile: LinkProfile) -> Self {
         let space = Self::default();
-        space.inner().bus = Some(BusLedger::new(profile));
+        space.inner().link = Some(LinkLedger::new(profile));
         space
     }
 
@@ -246,14 +246,14 @@ impl DmaSpace {
         let mut inner = self.inner();
         inner.maps.clear();
         inner.last = None;
-        if let Some(ledger) = inner.bus.as_mut() {
+        if let Some(ledger) = inner.link.as_mut() {
             ledger.forget_fetched();
         }
     }
 
     /// Counts in the bus ledger (see [`DmaAccess::bus`]).
-    pub fn bus(&self, count: impl FnOnce(&mut BusLedger)) {
-        self.lock().bus(count)
+    pub fn link(&self, count: impl FnOnce(&mut LinkLedger)) {
+        self.lock().link(count)
     }
 
     /// Holds the DMA space for several accesses in a row (one lock for a whole frame).
@@ -279,8 +279,8 @@ impl DmaSpace {
     /// The counters, with the bus ledger's counts.
     pub fn counters(&self) -> vm_spec::counters::ModelCounters {
         let inner = self.inner();
-        let bus = inner.bus.as_ref().map(BusLedger::counts).unwrap_or_default();
-        vm_spec::counters::ModelCounters { bus, ..inner.counters }
+        let bus = inner.link.as_ref().map(LinkLedger::counts).unwrap_or_default();
+        vm_spec::counters::ModelCounters { link: bus, ..inner.counters }
     }
 
     /// Number of live mappings.

@@ -8,10 +8,11 @@
 //! share is the vfio-user protocol and the counters region's layout (`vm_spec::counters`).
 
 pub mod aqc100;
-pub mod bus;
+pub mod cli;
 pub mod dma;
 pub mod lan743x;
 pub mod nic_model;
+pub mod pcie_link;
 pub mod process;
 pub mod seccomp;
 pub mod server;

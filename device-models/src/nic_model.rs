@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use crate::bus::Side;
 use crate::dma::DmaSpace;
+use crate::pcie_link::Side;
 use crate::server::{Model, ModelBar, MsixVectors};
 use crate::wire::backend::{Backend, FrameSink, FrameSource, Readiness};
 use pci::config::BarKind;
 use pci::{PciConfiguration, PciIds, msix};
-use vm_spec::bus::BusProfile;
 use vm_spec::counters::ModelCounters;
+use vm_spec::pcie_link::LinkProfile;
 
 /// Frames handled per lock of the NIC by the data path.
 const RX_BATCH: usize = 64;
@@ -64,7 +64,7 @@ const DEVCTL_DEFAULT: u16 = (1 << 4) | (1 << 11);
 /// Express endpoint capability for `link` with Function Level Reset, so that the host's
 /// vfio-pci can reset the function whenever a VM takes or gives back the card, as it does a
 /// real NIC. Returns the space and the offset of Device Control.
-pub fn config_space(ids: PciIds, bar0_size: u64, vectors: u16, link: &BusProfile) -> (PciConfiguration, usize) {
+pub fn config_space(ids: PciIds, bar0_size: u64, vectors: u16, link: &LinkProfile) -> (PciConfiguration, usize) {
     let mut config = PciConfiguration::new(ids);
     config.add_bar(0, bar0_size, BarKind::Memory64).expect("valid BAR");
     config.add_bar(2, BAR2_SIZE, BarKind::Memory64).expect("valid BAR");
@@ -80,7 +80,7 @@ pub fn config_space(ids: PciIds, bar0_size: u64, vectors: u16, link: &BusProfile
 
 /// The body of a version 2 PCI Express capability (after ID and next pointer) of an endpoint on
 /// `link`: FLR, its link speed and width, the chip's largest read request.
-fn pcie_capability(link: &BusProfile) -> Vec<u8> {
+fn pcie_capability(link: &LinkProfile) -> Vec<u8> {
     // Link speed codes: 1 = 2.5 GT/s, 2 = 5, 3 = 8, 4 = 16.
     let speed = match link.gt_per_s {
         s if s <= 2.5 => 1u32,
@@ -188,7 +188,7 @@ impl<N: NicCore> Shared<N> {
             if self.vectors.signal(vector as usize) {
                 self.dma.count_interrupt();
                 if let Some(side) = side {
-                    self.dma.bus(|bus| bus.interrupt(side));
+                    self.dma.link(|link| link.interrupt(side));
                 }
             }
         }
@@ -258,7 +258,7 @@ impl<N: NicCore> NicModel<N> {
         let Backend { source, sink, description } = backend;
         let shared = Arc::new(Shared {
             nic: Mutex::new(N::new(mac.0, sink)),
-            dma: Arc::new(DmaSpace::with_bus(N::KIND.bus_profile())),
+            dma: Arc::new(DmaSpace::with_link(N::KIND.link_profile())),
             vectors: Arc::new(MsixVectors::default()),
             wake: EventFd::new(EFD_NONBLOCK)?,
             stop: AtomicBool::new(false),
@@ -279,7 +279,7 @@ impl<N: NicCore> NicModel<N> {
     }
 
     fn power_on_config() -> (PciConfiguration, usize) {
-        config_space(ids::<N>(), N::BAR0_SIZE, N::VECTORS as u16, &N::KIND.bus_profile())
+        config_space(ids::<N>(), N::BAR0_SIZE, N::VECTORS as u16, &N::KIND.link_profile())
     }
 
     /// A handle for control from other threads.
@@ -446,7 +446,7 @@ impl<N: NicCore> Model for NicModel<N> {
     fn reset(&mut self) {
         self.config = Self::power_on_config().0;
         self.shared.nic().power_on_reset();
-        self.shared.dma.bus(|bus| bus.forget_fetched());
+        self.shared.dma.link(|link| link.forget_fetched());
         let _ = self.shared.wake.write(1);
     }
 

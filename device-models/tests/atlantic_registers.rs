@@ -119,10 +119,8 @@ fn source() -> Option<PathBuf> {
 #[test]
 fn the_model_agrees_with_the_linux_driver() {
     let Some(dir) = source() else {
-        eprintln!(
-            "SKIP the_model_agrees_with_the_linux_driver: DRIVERLAB_ATLANTIC_SOURCE is not set \
-             (run scripts/fetch-atlantic-source.sh and export its output)"
-        );
+        let why = "DRIVERLAB_ATLANTIC_SOURCE is not set (run scripts/fetch-atlantic-source.sh and export its output)";
+        testkit::skip("the_model_agrees_with_the_linux_driver", testkit::Lacks::Setup, why);
         return;
     };
     let defs = definitions(&dir);

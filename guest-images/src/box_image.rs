@@ -48,7 +48,11 @@ pub struct BoxImage {
     pub modules: Vec<String>,
 }
 
-/// Builds the box's initramfs for `kernel` with the `driverlab` binary at `driverlab`.
+/// The VMM's small binary, carried beside `driverlab` when it is installed there.
+const VMM_BINARY: &str = "driverlab-vmm";
+
+/// Builds the box's initramfs for `kernel` with the `driverlab` binary at `driverlab` (and the
+/// small `driverlab-vmm` beside it, when it is there).
 pub fn build(store: &ImageStore, kernel: &KernelManifest, driverlab: &Path) -> Result<BoxImage, ImageError> {
     let tree_index = ModuleTree::open(&kernel.modules_dir(store))?;
     let mut tree = Tree::new();
@@ -67,6 +71,10 @@ pub fn build(store: &ImageStore, kernel: &KernelManifest, driverlab: &Path) -> R
     tree.file("bin/busybox", 0o755, busybox);
 
     let mut programs = vec![("driverlab".to_string(), driverlab.to_path_buf())];
+    // The small VMM binary beside it, when it is there: what the box's lab starts for each VM.
+    if let Some(vmm) = driverlab.parent().map(|dir| dir.join(VMM_BINARY)).filter(|p| p.is_file()) {
+        programs.push((VMM_BINARY.to_string(), vmm));
+    }
     for program in PROGRAMS {
         let path = which(program)?;
         programs.push((program.to_string(), path));

@@ -1,6 +1,9 @@
 //! `driverlab image kernel`: a test kernel in the image store, from a Debian kernel package
 //! (fetched with `apt-get download`) or from a user's built tree, with its bzImage, the ELF
-//! vmlinux inside it, its config, its modules, and the config facts the lab needs.
+//! vmlinux inside it, its config, its modules, the config facts the lab needs and, for a Debian
+//! kernel, the headers an out-of-tree driver build needs (Debian's `linux-headers-RELEASE`, its
+//! `-common` part and `linux-kbuild`, unpacked into the image rather than installed on the
+//! host: installing them would pull in a host kernel through their dependencies).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,6 +49,11 @@ pub struct KernelManifest {
     pub modules: String,
     /// `y`, `m` or `n` for each of [`FACTS`].
     pub facts: BTreeMap<String, String>,
+    /// The kernel headers for out-of-tree builds, a folder in the image's (Debian kernels;
+    /// absent from images made before the store kept them, until `driverlab image kernel`
+    /// fetches them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<String>,
 }
 
 impl KernelManifest {
@@ -149,16 +157,24 @@ fn only_entry(dir: &Path, prefix: &str) -> Result<PathBuf, ImageError> {
     }
 }
 
+/// A kernel's files, as a package or a tree gives them.
+struct Parts<'a> {
+    bzimage: &'a Path,
+    config: &'a Path,
+    modules: &'a Path,
+    /// Whether its Debian header packages belong in the image.
+    headers: bool,
+}
+
 /// Assembles a kernel image in `scratch` from its parts and commits it.
 fn assemble(
     store: &ImageStore,
     scratch: &Path,
     release: &str,
     source: String,
-    bzimage: &Path,
-    config: &Path,
-    modules: &Path,
+    parts: &Parts<'_>,
 ) -> Result<KernelManifest, ImageError> {
+    let Parts { bzimage, config, modules, headers } = *parts;
     let image_dir = scratch.join("image");
     mkdir(&image_dir.join("lib/modules"))?;
     let bz = read(bzimage)?;
@@ -184,6 +200,7 @@ fn assemble(
         config: "config".into(),
         modules: format!("lib/modules/{release}"),
         facts: config_facts(&String::from_utf8_lossy(&config_text)),
+        headers: if headers { Some(unpack_headers(release, &image_dir)?) } else { None },
     };
     write_manifest(&image_dir, &manifest)?;
     store.commit(&image_dir, &id)?;
@@ -202,7 +219,14 @@ pub fn from_package(store: &ImageStore, package: Option<&str>) -> Result<KernelM
     let source = format!("package {package} {version}");
     for (id, manifest) in store.list()? {
         if manifest["kind"] == "kernel" && manifest["source"] == source.as_str() {
-            return store.manifest(&id);
+            let mut manifest: KernelManifest = store.manifest(&id)?;
+            if manifest.headers.is_none() {
+                // An image from before the store kept headers: they join it now.
+                let dir = store.dir(&id);
+                manifest.headers = Some(unpack_headers(&manifest.release, &dir)?);
+                write_manifest(&dir, &manifest)?;
+            }
+            return Ok(manifest);
         }
     }
     let scratch = store.scratch("kernel")?;
@@ -212,7 +236,44 @@ pub fn from_package(store: &ImageStore, package: Option<&str>) -> Result<KernelM
     let module_root = if x.join("lib/modules").is_dir() { x.join("lib/modules") } else { x.join("usr/lib/modules") };
     let modules = only_entry(&module_root, "")?;
     let release = modules.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    assemble(store, &scratch, &release, source, &bzimage, &config, &modules)
+    let parts = Parts { bzimage: &bzimage, config: &config, modules: &modules, headers: true };
+    assemble(store, &scratch, &release, source, &parts)
+}
+
+/// The Debian packages of `release`'s headers: the flavour's, the common part and kbuild.
+fn header_packages(release: &str) -> Result<[String; 3], ImageError> {
+    let base = release.strip_suffix("-amd64").ok_or_else(|| {
+        ImageError::Invalid(format!("kernel release {release:?} is not a Debian amd64 release: give --headers"))
+    })?;
+    Ok([format!("linux-headers-{release}"), format!("linux-headers-{base}-common"), format!("linux-kbuild-{base}")])
+}
+
+/// Unpacks `release`'s header packages into `image/headers` (as a root: `usr/src/...`,
+/// `usr/lib/linux-kbuild-...`, their relative links intact) and points the flavour's Makefile
+/// at the common part there; returns the headers' folder, relative to `image`.
+fn unpack_headers(release: &str, image: &Path) -> Result<String, ImageError> {
+    let root = image.join("headers");
+    let _ = std::fs::remove_dir_all(&root);
+    mkdir(&root)?;
+    for package in header_packages(release)? {
+        let download = image.join(".download");
+        let _ = std::fs::remove_dir_all(&download);
+        mkdir(&download)?;
+        let x = fetch_deb(&package, &download)?;
+        let copied = Command::new("cp").arg("-a").arg(format!("{}/.", x.display())).arg(&root).status();
+        let _ = std::fs::remove_dir_all(&download);
+        if !copied.is_ok_and(|s| s.success()) {
+            return Err(ImageError::Tool { what: format!("unpacking {package}"), detail: "cp -a failed".into() });
+        }
+    }
+    let relative = format!("headers/usr/src/linux-headers-{release}");
+    let makefile = image.join(&relative).join("Makefile");
+    let text = String::from_utf8_lossy(&read(&makefile)?).into_owned();
+    // Debian's flavour Makefile includes the common part by its installed path; make runs in
+    // the flavour's folder (`make -C`), so the sibling is found relative to it.
+    let common = text.replace("include /usr/src/", "include ../");
+    write(&makefile, common.as_bytes())?;
+    Ok(relative)
 }
 
 /// A kernel image from a built tree: `TREE/arch/x86/boot/bzImage`, `TREE/.config`, the release
@@ -240,13 +301,20 @@ pub fn from_tree(store: &ImageStore, tree: &Path, modules: Option<&Path>) -> Res
     }
     let scratch = store.scratch("kernel")?;
     let source = format!("tree {}", tree.display());
-    assemble(store, &scratch, &release, source, &tree.join("arch/x86/boot/bzImage"), &tree.join(".config"), &modules)
+    let (bzimage, config) = (tree.join("arch/x86/boot/bzImage"), tree.join(".config"));
+    let parts = Parts { bzimage: &bzimage, config: &config, modules: &modules, headers: false };
+    assemble(store, &scratch, &release, source, &parts)
 }
 
 impl KernelManifest {
     /// The image's module tree on disk.
     pub fn modules_dir(&self, store: &ImageStore) -> PathBuf {
         store.dir(&self.id).join(&self.modules)
+    }
+
+    /// The image's kernel headers on disk, when it keeps them.
+    pub fn headers_dir(&self, store: &ImageStore) -> Option<PathBuf> {
+        self.headers.as_ref().map(|h| store.dir(&self.id).join(h))
     }
 
     /// The image's ELF vmlinux on disk (what driverlab and the boot benchmark boot).
@@ -274,10 +342,20 @@ mod tests {
             config: "config".into(),
             modules: "lib/modules/6.1.0".into(),
             facts,
+            headers: None,
         };
         assert_eq!(manifest.viommu_refusal(), None);
         manifest.facts.insert("VIRTIO_IOMMU".into(), "n".into());
         assert!(manifest.viommu_refusal().unwrap().contains("CONFIG_VIRTIO_IOMMU is off"));
         assert_eq!(patch_level("linux-image-6.12.117+deb12-amd64-unsigned", "linux-image-6.12."), 117);
+        assert_eq!(
+            header_packages("6.12.117+deb12-amd64").unwrap(),
+            [
+                "linux-headers-6.12.117+deb12-amd64",
+                "linux-headers-6.12.117+deb12-common",
+                "linux-kbuild-6.12.117+deb12"
+            ]
+        );
+        assert!(header_packages("6.12.0-rc1").is_err(), "a tree's kernel has no Debian headers");
     }
 }

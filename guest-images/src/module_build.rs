@@ -1,6 +1,6 @@
 //! `driverlab image module`: a driver variant. The driver's folder is taken from Debian's
 //! `linux-source-SERIES` (or a kernel tree), patched, and built out of tree against the kernel
-//! image's headers (`/usr/src/linux-headers-RELEASE`, Debian's `linux-headers-*`); each module's
+//! image's headers (kept in the kernel image for a Debian kernel, `--headers` for a tree's); each module's
 //! vermagic must match the kernel's, and its parameters are recorded.
 
 use std::path::{Path, PathBuf};
@@ -46,7 +46,7 @@ pub struct ModuleRequest {
     pub source: SourceSpec,
     /// The kernel image to build against.
     pub kernel: String,
-    /// The kernel headers; default `/usr/src/linux-headers-RELEASE`.
+    /// The kernel headers; default the kernel image's own, else `/usr/src/linux-headers-RELEASE`.
     pub headers: Option<PathBuf>,
     /// Build only these modules of the folder (e.g. `lan743x` of `drivers/net/ethernet/microchip`),
     /// not everything its Makefile lists.
@@ -230,15 +230,16 @@ pub fn build(store: &ImageStore, request: &ModuleRequest) -> Result<ModuleManife
     if driver.is_empty() || driver.split('/').any(|p| p == ".." || p.is_empty()) {
         return Err(ImageError::Invalid(format!("--driver {:?}: give a folder of the kernel tree", request.driver)));
     }
-    let headers =
-        request.headers.clone().unwrap_or_else(|| PathBuf::from(format!("/usr/src/linux-headers-{}", kernel.release)));
+    let headers = request
+        .headers
+        .clone()
+        .or_else(|| kernel.headers_dir(store))
+        .unwrap_or_else(|| PathBuf::from(format!("/usr/src/linux-headers-{}", kernel.release)));
     if !headers.join("Makefile").exists() {
         return Err(ImageError::Invalid(format!(
-            "no kernel headers at {}: install Debian's linux-headers-{} (apt-get install linux-headers-{} dwarves), \
-             or give --headers",
+            "no kernel headers at {}: `driverlab image kernel` keeps a Debian kernel's headers in its image \
+             (run it again for an image made before it did); for a kernel built from a tree, give --headers TREE",
             headers.display(),
-            kernel.release,
-            kernel.release
         )));
     }
     let mut series = Vec::new();

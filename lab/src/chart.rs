@@ -100,8 +100,8 @@ mod tests {
     use super::*;
     use crate::matrix::EngineKind;
     use crate::report::{CellReport, MetricSummary, RunEngine};
+    use crate::results_db::RunState;
     use crate::stats::Moments;
-    use crate::store::RunState;
     use std::collections::BTreeMap;
 
     #[test]

@@ -2,16 +2,17 @@
 //! the binary that serves device models, the image store, the engines that run VMs, and what
 //! this host can run. Nothing below a [`LabEnv`] looks up a default folder or probes the host.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use guest_images::store::ImageStore;
 use vm_spec::host::Virtualization;
 
-use crate::engine::Engine;
-use crate::engine::driverlab::DriverlabEngine;
-use crate::engine::qemu::QemuEngine;
 use crate::matrix::EngineKind;
-use crate::qemu::Qemu;
+use engines::Engine;
+use engines::Programs;
+use engines::driverlab::DriverlabEngine;
+use engines::qemu::Qemu;
+use engines::qemu::QemuEngine;
 
 /// What decides whether a cell can run on this host.
 #[derive(Debug, Clone)]
@@ -34,7 +35,7 @@ impl HostFacts {
         HostFacts {
             virt: vm_spec::host::virtualization(),
             vfio: Path::new("/dev/vfio/vfio").exists(),
-            root: crate::peer::can_create(),
+            root: engines::peer::can_create(),
             ssh: ssh_found(),
             emulated_by_tcg: vm_spec::host::emulated_by_tcg(),
         }
@@ -43,7 +44,7 @@ impl HostFacts {
 
 /// Whether the SSH client runs.
 fn ssh_found() -> bool {
-    std::process::Command::new(crate::peer::ssh_program())
+    std::process::Command::new(engines::peer::ssh_program())
         .arg("-V")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -53,8 +54,8 @@ fn ssh_found() -> bool {
 
 /// The lab's surroundings.
 pub struct LabEnv {
-    /// The `driverlab` binary whose `model` subcommand serves device models.
-    pub driverlab: PathBuf,
+    /// What runs VMs and device models.
+    pub programs: Programs,
     /// Where images are kept and recipes built.
     pub images: ImageStore,
     /// What this host can run.
@@ -67,14 +68,14 @@ pub struct LabEnv {
 }
 
 impl LabEnv {
-    /// The lab of this host: `driverlab` runs VMs and models, QEMU comes from the chroot at
+    /// The lab of this host: `programs` run VMs and models, QEMU comes from the chroot at
     /// `qemu_root` (when it is set up there).
-    pub fn detect(driverlab: PathBuf, images: ImageStore, qemu_root: &Path) -> LabEnv {
+    pub fn detect(programs: Programs, images: ImageStore, qemu_root: &Path) -> LabEnv {
         let qemu = Qemu::find(qemu_root).map_err(|e| e.to_string());
         let qemu_engine = qemu.clone().map(|qemu| Box::new(QemuEngine::new(qemu)) as Box<dyn Engine>);
         LabEnv {
-            driverlab_engine: Box::new(DriverlabEngine::new(&driverlab)),
-            driverlab,
+            driverlab_engine: Box::new(DriverlabEngine::new(programs.vmm.clone())),
+            programs,
             images,
             host: HostFacts::detect(),
             qemu,
@@ -84,14 +85,14 @@ impl LabEnv {
 
     /// A lab with the engines given (tests: an engine that boots nothing).
     pub fn with_engines(
-        driverlab: PathBuf,
+        programs: Programs,
         images: ImageStore,
         host: HostFacts,
         driverlab_engine: Box<dyn Engine>,
         qemu_engine: Result<Box<dyn Engine>, String>,
     ) -> LabEnv {
         let qemu = Err("this lab has no QEMU chroot".into());
-        LabEnv { driverlab, images, host, driverlab_engine, qemu, qemu_engine }
+        LabEnv { programs, images, host, driverlab_engine, qemu, qemu_engine }
     }
 
     /// QEMU's chroot (what the QEMU engine runs, and the boot benchmark's reference), or why

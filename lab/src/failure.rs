@@ -5,31 +5,12 @@
 use serde::{Deserialize, Serialize};
 use vm_spec::ExitReason;
 
+pub use engines::crash::CrashKind;
+
 use crate::record::Status;
 
 /// How the reason of a repetition whose VM's state the host lost begins.
 pub const HOST_LOST_STATE: &str = "the host's virtualization lost the VM's state";
-
-/// What a crash in a guest's log is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::Display, strum::IntoStaticStr)]
-#[serde(rename_all = "lowercase")]
-#[strum(serialize_all = "lowercase")]
-pub enum CrashKind {
-    /// `Kernel panic - not syncing`, or the probe's panic section.
-    Panic,
-    /// A KASAN report.
-    Kasan,
-    /// `BUG:`.
-    Bug,
-    /// An oops or a general protection fault.
-    Oops,
-    /// `WARNING:`.
-    Warning,
-    /// A CPU exception in the probe guest.
-    Fault,
-    /// The guest stopped talking (the lab stopped it).
-    Hang,
-}
 
 /// Why a repetition did not pass.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::record::{Record, Status};
-use crate::store::RunInfo;
+use crate::results_db::RunInfo;
 
 /// The origin of every object driverlab submits.
 pub const ORIGIN: &str = "driverlab";
@@ -90,7 +90,7 @@ pub fn export(info: &RunInfo, records: &[Record], artifacts: &Path) -> Value {
 mod tests {
     use super::*;
     use crate::matrix::Cell;
-    use crate::store::RunState;
+    use crate::results_db::RunState;
     use std::collections::BTreeMap;
 
     fn document() -> Value {
@@ -147,9 +147,14 @@ mod tests {
         let out = std::process::Command::new("python3").args(["-c", check]).arg(&file).output();
         match out {
             Ok(out) if String::from_utf8_lossy(&out.stderr).contains("No module named 'kcidb_io'") => {
-                eprintln!("SKIP the_document_validates_against_kcidb_s_schema: no kcidb_io (pip install kcidb-io)");
+                let why = "no kcidb_io (pip install kcidb-io)";
+                testkit::skip("the_document_validates_against_kcidb_s_schema", testkit::Lacks::Setup, why);
             }
-            Err(e) => eprintln!("SKIP the_document_validates_against_kcidb_s_schema: no python3 ({e})"),
+            Err(e) => testkit::skip(
+                "the_document_validates_against_kcidb_s_schema",
+                testkit::Lacks::Setup,
+                format!("no python3 ({e})"),
+            ),
             Ok(out) => assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr)),
         }
     }

@@ -39,6 +39,8 @@ use toml::Spanned;
 use vm_spec::Bdf;
 
 pub use crate::image_ref::{InitrdRef, KernelRef};
+pub use engines::agent::Direction;
+pub use engines::device::{DeviceSource, HostPeer, Wire};
 
 /// Most results (cells x repetitions) one run may have.
 pub const MAX_RESULTS: usize = 100_000;
@@ -206,55 +208,6 @@ pub fn interface_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A model's wire: its frame generator or a TAP interface.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Wire {
-    /// `--generate`: frames from the model's generator.
-    Generator(vm_spec::model_control::GeneratorConfig),
-    /// `--tap`: a host TAP interface.
-    Tap(String),
-}
-
-impl Wire {
-    /// Its arguments after `driverlab model KIND`.
-    pub fn model_args(&self) -> Vec<String> {
-        match self {
-            Wire::Generator(config) => vec!["--generate".into(), config.as_option()],
-            Wire::Tap(tap) => vec!["--tap".into(), tap.clone()],
-        }
-    }
-}
-
-/// A host device's traffic peer: an SSH destination on its wire.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostPeer {
-    /// `[user@]host`.
-    pub destination: String,
-    /// The guest's and the peer's addresses on the wire.
-    pub addresses: crate::peer::Addresses,
-    /// The peer also serves the device's model counters (`driverlab model counters`).
-    pub counters: bool,
-}
-
-/// What a device is, checked: the typed form of a [`Device`]'s fields.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeviceSource {
-    /// A driverlab model, a fresh process per VM.
-    Model {
-        /// The NIC it models.
-        nic: vm_spec::NicKind,
-        /// Its wire.
-        wire: Wire,
-    },
-    /// A host PCI device bound to vfio-pci.
-    Host {
-        /// Its address.
-        bdf: Bdf,
-        /// Its traffic peer, when it has one.
-        peer: Option<HostPeer>,
-    },
-}
-
 impl Device {
     /// The NIC it is, where the lab knows it: the model's kind, or the chip its Linux driver
     /// drives.
@@ -351,10 +304,10 @@ impl Device {
     }
 
     /// The guest's and the peer's addresses: the device's, else the defaults.
-    pub fn addresses(&self) -> crate::peer::Addresses {
-        let default = crate::peer::Addresses::default();
+    pub fn addresses(&self) -> engines::peer::Addresses {
+        let default = engines::peer::Addresses::default();
         let or = |value: &Option<String>, default: String| value.clone().unwrap_or(default);
-        crate::peer::Addresses {
+        engines::peer::Addresses {
             guest_v4: or(&self.guest_ip, default.guest_v4),
             peer_v4: or(&self.peer_ip, default.peer_v4),
             guest_v6: or(&self.guest_ip6, default.guest_v6),
@@ -418,7 +371,7 @@ pub struct Image {
     pub engine: EngineKind,
     /// How the QEMU engine runs guest code: `tcg` (default) or `kvm`.
     #[serde(default)]
-    pub accel: crate::qemu::Accel,
+    pub accel: engines::qemu::Accel,
     /// Command line words every cell of this image gets.
     #[serde(default)]
     pub cmdline: String,
@@ -607,20 +560,6 @@ fn default_ip() -> u8 {
 
 fn default_mtu() -> u32 {
     1500
-}
-
-/// Traffic direction, seen from the guest.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, strum::Display, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-#[strum(serialize_all = "lowercase")]
-pub enum Direction {
-    /// The guest receives.
-    #[default]
-    Rx,
-    /// The guest sends.
-    Tx,
-    /// Both at once.
-    Bidir,
 }
 
 /// Transport protocol.
@@ -882,7 +821,7 @@ impl Checker<'_> {
                     "initrd = \"agent\" is built for a kernel image: give kernel = \"debian\" or a kernel image's ID",
                 ));
             }
-            if image.engine == EngineKind::Driverlab && image.accel != crate::qemu::Accel::Tcg {
+            if image.engine == EngineKind::Driverlab && image.accel != engines::qemu::Accel::Tcg {
                 return Err(self.error(Some(span), format!("image[{i}].accel"), "accel is for engine = \"qemu\""));
             }
         }

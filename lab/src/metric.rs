@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::bus::{BusFigures, BusPerPacket};
+use crate::pcie_link::{LinkFigures, LinkPerPacket};
 use crate::record::Record;
 
 /// A figure of a repetition. Declared in the order of its name, which is the order of the
@@ -120,7 +120,7 @@ impl Metric {
 
     /// Its value in `record`, when the record has a finite one.
     pub fn read(self, record: &Record) -> Option<f64> {
-        let bus = record.bus.as_ref();
+        let bus = record.link.as_ref();
         let value = match self {
             Metric::AgentReadyMs => record.timings.agent_ready_ms,
             Metric::VmRunMs => record.timings.vm_run_ms,
@@ -150,12 +150,12 @@ impl Metric {
 }
 
 /// A figure of the RX side of the bus figures.
-fn rx(bus: Option<&BusFigures>, f: fn(&BusPerPacket) -> Option<f64>) -> Option<f64> {
+fn rx(bus: Option<&LinkFigures>, f: fn(&LinkPerPacket) -> Option<f64>) -> Option<f64> {
     bus?.rx.as_ref().and_then(f)
 }
 
 /// A figure of the TX side of the bus figures.
-fn tx(bus: Option<&BusFigures>, f: fn(&BusPerPacket) -> Option<f64>) -> Option<f64> {
+fn tx(bus: Option<&LinkFigures>, f: fn(&LinkPerPacket) -> Option<f64>) -> Option<f64> {
     bus?.tx.as_ref().and_then(f)
 }
 

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use vm_spec::counters::{IommuCounts, ModelCounters};
 use vm_spec::{ErrorLine, ExitSummary};
 
-use crate::failure::{CrashKind, Failure};
+pub use engines::crash::{Crash, CrashKind};
+
+use crate::failure::Failure;
 use crate::matrix::{Cell, Direction, EngineKind};
 use crate::metric::Metric;
 
@@ -123,19 +125,6 @@ pub struct WorkloadResult {
     pub direction: Option<Direction>,
 }
 
-/// A crash the serial log shows, and its fingerprint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Crash {
-    /// What kind.
-    pub kind: CrashKind,
-    /// The line that gave it away.
-    pub line: String,
-    /// The first stack frames (function names), when the log has a trace.
-    pub frames: Vec<String>,
-    /// A short hash of the kind and frames: the same crash has the same fingerprint.
-    pub fingerprint: String,
-}
-
 /// One repetition of one cell.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
@@ -196,7 +185,8 @@ pub struct Record {
     /// What the device put on its PCIe link over the workload, per packet, as its model counted
     /// it, and the bus time the cost model gives for it (models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bus: Option<crate::bus::BusFigures>,
+    #[serde(rename = "bus")]
+    pub link: Option<crate::pcie_link::LinkFigures>,
     /// Interrupts the device raised during the workload (the guest's count).
     pub interrupts: Option<u64>,
     /// The VMM's exit line.
@@ -248,7 +238,7 @@ impl Record {
             mappings_after_unload: None,
             device_counters: None,
             model_confinement: None,
-            bus: None,
+            link: None,
             interrupts: None,
             exit: None,
             error: None,

@@ -10,8 +10,8 @@ use serde::Serialize;
 use crate::matrix::{Cell, Direction, EngineKind};
 use crate::metric::Metric;
 use crate::record::{Crash, Record, Status};
+use crate::results_db::RunState;
 use crate::stats::{Change, Moments, Verdict, VerdictRule};
-use crate::store::RunState;
 
 /// One metric of one cell.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -85,7 +85,7 @@ pub struct CellReport {
     pub bus_link: Option<String>,
     /// Every parameter of that model.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub bus_profile: Option<vm_spec::bus::BusProfile>,
+    pub bus_profile: Option<vm_spec::pcie_link::LinkProfile>,
 }
 
 /// A run's report.
@@ -202,8 +202,8 @@ fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         reasons,
         crashes,
         notes: retried_notes(records),
-        bus_link: records.iter().find_map(|r| r.bus.as_ref().map(|b| b.link.clone())),
-        bus_profile: records.iter().find_map(|r| r.bus.as_ref().and_then(|b| b.profile.clone())),
+        bus_link: records.iter().find_map(|r| r.link.as_ref().map(|b| b.link.clone())),
+        bus_profile: records.iter().find_map(|r| r.link.as_ref().and_then(|b| b.profile.clone())),
     }
 }
 
@@ -471,7 +471,7 @@ impl Report {
 
     /// The cost model's parameters, one sentence per link the cells' models assumed.
     pub fn bus_parameters(&self) -> Vec<String> {
-        let mut seen: Vec<&vm_spec::bus::BusProfile> = Vec::new();
+        let mut seen: Vec<&vm_spec::pcie_link::LinkProfile> = Vec::new();
         for p in self.cells.iter().filter_map(|c| c.bus_profile.as_ref()) {
             if !seen.contains(&p) {
                 seen.push(p);
@@ -792,10 +792,10 @@ mod tests {
         let before = vm_spec::counters::ModelCounters::default();
         for r in records.iter_mut().filter(|r| r.cell.index < 2) {
             let mut after = vm_spec::counters::ModelCounters { rx_frames: 100, ..Default::default() };
-            after.bus.rx.buffer_writes = vm_spec::bus::Transactions { tlps: 2400, bytes: 151_400 };
-            after.bus.rx.descriptor_reads =
-                vm_spec::bus::Transactions { tlps: 25 * (r.cell.index as u64 + 1), bytes: 1600 };
-            r.bus = crate::bus::figures(vm_spec::NicKind::Lan743x, &before, &after);
+            after.link.rx.buffer_writes = vm_spec::pcie_link::Transactions { tlps: 2400, bytes: 151_400 };
+            after.link.rx.descriptor_reads =
+                vm_spec::pcie_link::Transactions { tlps: 25 * (r.cell.index as u64 + 1), bytes: 1600 };
+            r.link = crate::pcie_link::figures(vm_spec::NicKind::Lan743x, &before, &after);
             r.timings.agent_ready_ms = Some(4000.0 + r.repetition as f64);
             r.timings.workload_start_ms = Some(7000.0 + r.repetition as f64);
         }

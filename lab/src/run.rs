@@ -10,9 +10,9 @@ use crate::env::LabEnv;
 use crate::images::{ImagesError, RunPlan};
 use crate::matrix::{MatrixError, Plan};
 use crate::report::{Report, RunRecords};
+use crate::results_db::{ResultsDb, ResultsDbError, RunState};
 use crate::scheduler::{self, LabError, Outcome, Progress};
 use crate::stats::VerdictRule;
-use crate::store::{RunState, Store, StoreError};
 
 /// Errors of a run.
 #[derive(Debug, thiserror::Error)]
@@ -28,7 +28,7 @@ pub enum RunError {
     Images(#[from] ImagesError),
     /// The database failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    ResultsDb(#[from] ResultsDbError),
     /// A baseline the run's matrix has no variant of.
     #[error("run {run} has no variant {baseline:?} to judge against; it has {variants}")]
     NoBaseline {
@@ -64,11 +64,105 @@ impl RunError {
     }
 }
 
+/// Where a run is: its stored state, or `queued` for a run waiting in a daemon's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema, strum::Display)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum RunPhase {
+    /// Waiting in the daemon's queue.
+    Queued,
+    /// Running.
+    Running,
+    /// Every repetition has a result.
+    Done,
+    /// Stopped on request; what did not run is MISS.
+    Cancelled,
+    /// Its lab process went away before it finished; it can be resumed.
+    Interrupted,
+}
+
+impl RunPhase {
+    /// Whether the run has ended (done, cancelled or interrupted).
+    pub fn ended(self) -> bool {
+        !matches!(self, RunPhase::Queued | RunPhase::Running)
+    }
+}
+
+impl From<RunState> for RunPhase {
+    fn from(state: RunState) -> RunPhase {
+        match state {
+            RunState::Running => RunPhase::Running,
+            RunState::Done => RunPhase::Done,
+            RunState::Interrupted => RunPhase::Interrupted,
+            RunState::Cancelled => RunPhase::Cancelled,
+        }
+    }
+}
+
+/// A run's state and progress, as `lab list`, `lab show` and the API give it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct RunStatus {
+    /// The run.
+    pub id: String,
+    /// The matrix's name.
+    pub matrix: String,
+    /// The matrix's file (`request.toml` for matrices from the API).
+    pub matrix_file: String,
+    /// Repetitions per cell.
+    pub repetitions: u32,
+    /// The host it runs on.
+    pub host: String,
+    /// Where it is.
+    pub state: RunPhase,
+    /// Cells whose every repetition has a result.
+    pub cells_done: usize,
+    /// Cells.
+    pub cells_total: usize,
+    /// Repetitions with a result.
+    pub results: usize,
+    /// Repetitions in all.
+    pub results_total: usize,
+    /// Seconds left, estimated from the repetitions so far (running runs).
+    pub eta_s: Option<f64>,
+    /// Results by status.
+    #[schema(value_type = Object)]
+    pub counts: std::collections::BTreeMap<crate::record::Status, usize>,
+    /// When it was created (RFC 3339).
+    pub created_at: String,
+    /// When it finished.
+    pub finished_at: Option<String>,
+}
+
+/// A run's status as its database has it: counted by the database, per cell and status, so that
+/// its cost is the run's cells, not its stored records. Not queued, and no ETA: those are a
+/// daemon's to add.
+pub fn status(db: &ResultsDb, run: &str) -> Result<RunStatus, ResultsDbError> {
+    let info = db.run(run)?;
+    let counted = db.result_counts(run)?;
+    let repetitions = info.repetitions as usize;
+    Ok(RunStatus {
+        cells_done: counted.per_cell.values().filter(|&&n| n >= repetitions).count(),
+        results: counted.total(),
+        results_total: info.cells_total * repetitions,
+        eta_s: None,
+        counts: counted.by_status,
+        state: info.state.into(),
+        id: info.id,
+        matrix: info.matrix,
+        matrix_file: info.matrix_file,
+        repetitions: info.repetitions,
+        host: info.host,
+        cells_total: info.cells_total,
+        created_at: info.created_at,
+        finished_at: info.finished_at,
+    })
+}
+
 /// Makes `plan` ready to run (its images built and resolved, progress through `note`), checks
 /// it against the host of `env`, and creates its run; returns the run's ID and what it
 /// executes. Cells this host cannot run are refused, or recorded as SKIP with `skip_unrunnable`.
 pub fn create(
-    store: &mut Store,
+    store: &mut ResultsDb,
     env: &LabEnv,
     plan: Plan,
     skip_unrunnable: bool,
@@ -86,7 +180,7 @@ pub fn create(
 
 /// Runs what `run` has left to run.
 pub fn execute(
-    store: Arc<Mutex<Store>>,
+    store: Arc<Mutex<ResultsDb>>,
     env: &LabEnv,
     plan: &RunPlan,
     run: &str,
@@ -98,7 +192,7 @@ pub fn execute(
 
 /// The plan of a stored run, ready to resume (its images resolved, progress through `note`):
 /// refused unless it was interrupted or cancelled.
-pub fn resumable(store: &Store, env: &LabEnv, run: &str, note: &dyn Fn(&str)) -> Result<RunPlan, RunError> {
+pub fn resumable(store: &ResultsDb, env: &LabEnv, run: &str, note: &dyn Fn(&str)) -> Result<RunPlan, RunError> {
     let info = store.run(run)?;
     match info.state {
         RunState::Interrupted | RunState::Cancelled => {}
@@ -120,7 +214,7 @@ pub fn resumable(store: &Store, env: &LabEnv, run: &str, note: &dyn Fn(&str)) ->
     let (file, text, cells) = store.run_plan(run)?;
     let plan = Plan::parse(Path::new(&file), &text)?;
     if plan.cells != cells {
-        return Err(StoreError::Corrupt {
+        return Err(ResultsDbError::Corrupt {
             run: run.into(),
             what: "cells",
             reason: "they differ from the matrix's".into(),
@@ -131,7 +225,7 @@ pub fn resumable(store: &Store, env: &LabEnv, run: &str, note: &dyn Fn(&str)) ->
 }
 
 /// The report of `run`, judged against `baseline` (the matrix's own when none is given).
-pub fn report(store: &Store, run: &str, baseline: Option<&str>) -> Result<Report, RunError> {
+pub fn report(store: &ResultsDb, run: &str, baseline: Option<&str>) -> Result<Report, RunError> {
     let info = store.run(run)?;
     let (_, _, cells) = store.run_plan(run)?;
     let records = store.records(run)?;
@@ -152,7 +246,7 @@ pub fn report(store: &Store, run: &str, baseline: Option<&str>) -> Result<Report
 }
 
 /// Run `b` against run `a`, cell by cell.
-pub fn compare(store: &Store, a: &str, b: &str) -> Result<Report, RunError> {
+pub fn compare(store: &ResultsDb, a: &str, b: &str) -> Result<Report, RunError> {
     let (info_a, info_b) = (store.run(a)?, store.run(b)?);
     let (cells_a, cells_b) = (store.run_plan(a)?.2, store.run_plan(b)?.2);
     let (records_a, records_b) = (store.records(a)?, store.records(b)?);

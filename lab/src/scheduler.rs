@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use crate::env::{HostFacts, LabEnv};
 use crate::failure::Failure;
-use crate::health;
 use crate::images::RunPlan;
 use crate::matrix::{Cell, DeviceSource, EngineKind, Plan, Workload};
-use crate::qemu::Accel;
 use crate::record::{Attempt, Record, Status};
+use crate::results_db::{ResultsDb, ResultsDbError, RunState};
 use crate::runner::{self, RunContext};
-use crate::store::{RunState, Store, StoreError};
+use engines::health;
+use engines::qemu::Accel;
 
 /// How often a worker asks again for a device another run holds.
 const LEASE_POLL: Duration = Duration::from_secs(2);
@@ -31,7 +31,7 @@ const HOST_FAULT_RETRIES: usize = 1;
 pub enum LabError {
     /// The database failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    ResultsDb(#[from] ResultsDbError),
     /// Cells this host cannot run, each with its reason.
     #[error("{} cell(s) cannot run on this host:\n{}\n(--skip-unrunnable records them as SKIP and runs the rest)",
         .0.len(), .0.iter().map(|(c, r)| format!("  {} {}: {r}", c.id, c.key())).collect::<Vec<_>>().join("\n"))]
@@ -88,7 +88,7 @@ fn refusal(host: &HostFacts, qemu: Option<&str>, plan: &RunPlan, cell: &Cell) ->
         Some(format!(
             "device {:?}: its peer is reached over SSH, and there is no {} here (apt-get install openssh-client)",
             device.name,
-            crate::peer::ssh_program()
+            engines::peer::ssh_program()
         ))
     } else if iperf && !host_device && !host.root {
         Some("an iperf3 workload on a model needs its peer's network namespace, which needs root".into())
@@ -119,7 +119,7 @@ fn engine_refusal(image: &crate::matrix::Image, host: &HostFacts, qemu: Option<&
 }
 
 /// Records SKIP for every repetition of the cells `refused` names.
-pub fn record_skips(store: &Store, run: &str, plan: &Plan, refused: &[(Cell, String)]) -> Result<(), LabError> {
+pub fn record_skips(store: &ResultsDb, run: &str, plan: &Plan, refused: &[(Cell, String)]) -> Result<(), LabError> {
     for (cell, reason) in refused {
         let engine = plan.image(&cell.image).map(|i| i.engine).unwrap_or_default();
         for repetition in 0..plan.matrix.repetitions {
@@ -137,7 +137,7 @@ fn lease_key(plan: &Plan, device: &str) -> Option<String> {
 
 /// Runs every repetition of `run` that has no result yet, and marks the run done (or cancelled).
 pub fn execute(
-    store: Arc<Mutex<Store>>,
+    store: Arc<Mutex<ResultsDb>>,
     env: &LabEnv,
     plan: &RunPlan,
     run: &str,
@@ -208,7 +208,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// One device's share of a run.
 struct Worker<'a> {
-    store: &'a Mutex<Store>,
+    store: &'a Mutex<ResultsDb>,
     env: &'a LabEnv,
     ctx: &'a RunContext,
     plan: &'a RunPlan,
@@ -300,7 +300,7 @@ impl Worker<'_> {
         };
         let engine = self.env.engine(EngineKind::Driverlab).map_err(String::from)?;
         let dir = self.ctx.artifacts.join("health").join(self.device);
-        let health = health::check_device(engine, &self.env.driverlab, &dir, source, device.nic())?;
+        let health = health::check_device(engine, &self.env.programs.model, &dir, source, device.nic())?;
         self.progress.note(&format!("health {}", health.verdict()));
         if health.ok { Ok(()) } else { Err(health.failures.join("; ")) }
     }

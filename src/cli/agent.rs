@@ -31,7 +31,7 @@ impl AgentCommand {
         match self {
             AgentCommand::Frames { log } => {
                 let data = std::fs::read(&log).with_context(|| log.display().to_string())?;
-                let frames = lab::agent::parse(&data);
+                let frames = engines::agent::parse(&data);
                 for frame in &frames.frames {
                     println!("{}", serde_json::to_string(frame)?);
                 }
@@ -39,7 +39,7 @@ impl AgentCommand {
                 Ok(0)
             }
             AgentCommand::Verdict { logs, json } => {
-                let check = lab::agent::linux_check(&logs)
+                let check = engines::agent::linux_check(&logs)
                     .with_context(|| format!("reading the logs in {}", logs.display()))?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&check)?);

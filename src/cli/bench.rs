@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use bench::{self, BootBenchConfig, linux_boot};
 use clap::Subcommand;
-use lab::bench::{self, BootBenchConfig, linux_boot};
 use lab::stats::Summary;
 
 /// Benchmarks.
@@ -48,7 +48,7 @@ pub enum BenchCommand {
         json: bool,
         /// Run it on a daemon's box instead (--linux with a kernel image's ID).
         #[command(flatten)]
-        daemon: super::lab_remote::DaemonArgs,
+        daemon: super::lab::daemon::DaemonArgs,
     },
     /// virtio-iommu MAP and UNMAP round trips as the probe guest sees them (notify to MSI-X
     /// completion), at 4 KiB and 2 MiB, next to a null request (the transport alone).
@@ -140,16 +140,16 @@ fn boot(runs: usize, memory: u64, qemu: Option<PathBuf>, cloud_hypervisor: Optio
     std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     let probe = dir.join("probe.elf");
     std::fs::write(&probe, guest_images::PROBE_ELF)?;
-    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
+    let programs = super::programs()?;
     let config = BootBenchConfig {
-        driverlab: &driverlab,
+        vmm: &programs.vmm,
         probe_elf: &probe,
         qemu: qemu.as_deref(),
         cloud_hypervisor: cloud_hypervisor.as_deref(),
         runs,
         memory_mib: memory,
     };
-    let result = bench::boot(&config);
+    let result = ::bench::boot(&config);
     let _ = std::fs::remove_dir_all(&dir);
     let result = result?;
 
@@ -185,7 +185,7 @@ struct LinuxArgs {
     q35: bool,
 }
 
-fn linux_boot(args: LinuxArgs, json: bool, daemon: &super::lab_remote::DaemonArgs) -> anyhow::Result<u8> {
+fn linux_boot(args: LinuxArgs, json: bool, daemon: &super::lab::daemon::DaemonArgs) -> anyhow::Result<u8> {
     let bench = match daemon.client()? {
         Some(client) => remote_linux_boot(&client, &args)?,
         None => local_linux_boot(&args)?,
@@ -211,11 +211,13 @@ fn local_linux_boot(args: &LinuxArgs) -> anyhow::Result<linux_boot::LinuxBootBen
     let qemu = match (&args.qemu, args.no_qemu) {
         (_, true) => None,
         (Some(path), false) => Some(linux_boot::QemuBinary::Binary(path.clone())),
-        (None, false) => Some(linux_boot::QemuBinary::Chroot(lab::qemu::Qemu::find(&lab::qemu::default_root())?)),
+        (None, false) => {
+            Some(linux_boot::QemuBinary::Chroot(engines::qemu::Qemu::find(&engines::qemu::default_root())?))
+        }
     };
     let scratch = tempfile::tempdir().context("a scratch folder")?;
     let config = linux_boot::LinuxBootConfig {
-        driverlab: std::env::current_exe().context("locating the driverlab binary")?,
+        vmm: super::programs()?.vmm,
         kernel,
         initrd: linux_boot::initramfs_in(scratch.path(), args.initrd.as_deref())?,
         qemu,
@@ -239,20 +241,13 @@ fn remote_linux_boot(client: &api::client::Client, args: &LinuxArgs) -> anyhow::
         q35: args.q35,
     };
     eprintln!("booting {} under each engine on the daemon's box, {} runs each", args.kernel, args.runs);
-    let runtime = super::lab_remote::runtime()?;
-    let body = serde_json::to_vec(&request)?;
-    let answer =
-        runtime.block_on(client.call("POST", "/v1/bench/boot", &[("content-type", "application/json")], Some(body)))?;
-    if answer.status != 200 {
-        return Err(super::lab_remote::refused(answer.status, &answer.body));
-    }
-    let result: api::types::BenchBootResult = serde_json::from_slice(&answer.body)?;
+    let runtime = super::lab::daemon::runtime()?;
+    let result = runtime.block_on(client.bench_boot(&request)).map_err(super::lab::daemon::coded)?;
     Ok(serde_json::from_value(result.bench)?)
 }
 
 fn viommu(ops: u32) -> anyhow::Result<u8> {
-    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
-    let result = bench::viommu(&driverlab, ops)?;
+    let result = ::bench::viommu(&super::programs()?.vmm, ops)?;
     let g = &result.guest;
     let value = |key: &str| g[key].as_u64().unwrap_or(0);
     println!("virtio-iommu round trip as the probe guest sees it (notify to MSI-X completion), {ops} pairs");
@@ -281,14 +276,14 @@ const VIOMMU_ROWS: [(&str, &str); 5] = [
 ];
 
 fn viommu_vs(ops: u32, ch: &std::path::Path, rounds: usize) -> anyhow::Result<u8> {
-    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
+    let vmm = super::programs()?.vmm;
     let dir = tempfile::tempdir().context("a scratch folder")?;
     let probe = dir.path().join("probe.elf");
     std::fs::write(&probe, guest_images::PROBE_ELF)?;
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        ours.push(bench::viommu(&driverlab, ops)?.guest);
-        theirs.push(bench::viommu_cloud_hypervisor(ch, &probe, ops)?);
+        ours.push(::bench::viommu(&vmm, ops)?.guest);
+        theirs.push(::bench::viommu_cloud_hypervisor(ch, &probe, ops)?);
         eprintln!("round {}/{rounds} done", round + 1);
     }
     // Each row: the median over the rounds of each round's median.
@@ -343,10 +338,10 @@ fn lab_cost(cells: usize, frames: u32) -> anyhow::Result<u8> {
     let env = super::lab_env()?;
     let dir = std::env::temp_dir().join(format!("driverlab-bench-lab-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
-    let result = lab::bench::lab_cost::lab_cost(&env, &dir, cells, frames);
+    let result = ::bench::lab_cost::lab_cost(&env, &dir, cells, frames);
     let _ = std::fs::remove_dir_all(&dir);
     let result = result?;
-    let column = |f: &dyn Fn(&lab::bench::lab_cost::CellCost) -> std::time::Duration| {
+    let column = |f: &dyn Fn(&::bench::lab_cost::CellCost) -> std::time::Duration| {
         Summary::of_millis(&result.cells.iter().map(f).collect::<Vec<_>>())
     };
     println!("lab cost per cell: {cells} probe cells of {frames} frames, each with a fresh AQC100 model, ms");
@@ -367,9 +362,8 @@ fn lab_cost(cells: usize, frames: u32) -> anyhow::Result<u8> {
 }
 
 fn nic(frames: u32, strategies: &[String]) -> anyhow::Result<u8> {
-    let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
     let names: Vec<&str> = strategies.iter().map(String::as_str).collect();
-    let runs = lab::bench::nic::nic(&driverlab, &names, frames)?;
+    let runs = ::bench::nic::nic(&super::programs()?, &names, frames)?;
     println!("probe guest receiving {frames} frames of 1514 bytes from the AQC100 model behind the virtio-iommu");
     println!(
         "{:<10} {:>12} {:>10} {:>12} {:>12} {:>10}",

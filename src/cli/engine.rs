@@ -30,9 +30,9 @@ impl EngineCommand {
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
             EngineCommand::Setup { engine: EngineName::Qemu } => {
-                let root = lab::qemu::default_root();
+                let root = engines::qemu::default_root();
                 // Progress on stderr as it comes; the chroot's path is the last line on stdout.
-                let qemu = lab::qemu_setup::set_up(&root, None, &|line| eprintln!("{line}"))?;
+                let qemu = engines::qemu::setup::set_up(&root, None, &|line| eprintln!("{line}"))?;
                 eprintln!("{}", qemu.version()?);
                 println!("{}", root.display());
                 Ok(0)
@@ -48,8 +48,8 @@ impl EngineCommand {
                     )
                 };
                 println!("driverlab: {driverlab}");
-                let root = lab::qemu::default_root();
-                match lab::qemu::Qemu::find(&root).and_then(|q| q.version()) {
+                let root = engines::qemu::default_root();
+                match engines::qemu::Qemu::find(&root).and_then(|q| q.version()) {
                     Ok(version) => {
                         println!("qemu: {version} at {} (accel tcg; kvm where KVM runs Linux)", root.display())
                     }

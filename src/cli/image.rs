@@ -120,7 +120,8 @@ pub struct ModuleArgs {
     /// The kernel image to build against.
     #[arg(long, value_name = "IMAGE")]
     pub kernel: String,
-    /// The kernel headers [default: /usr/src/linux-headers-RELEASE].
+    /// The kernel headers [default: the kernel image's own (Debian kernels), else
+    /// /usr/src/linux-headers-RELEASE].
     #[arg(long, value_name = "DIR")]
     pub headers: Option<PathBuf>,
     /// Build only this module of the folder (e.g. lan743x of drivers/net/ethernet/microchip);

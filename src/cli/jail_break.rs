@@ -5,9 +5,27 @@
 
 use std::io::ErrorKind;
 
+use std::path::PathBuf;
+
+use clap::Args;
 use serde::Serialize;
 
-use super::vm::JailBreakArgs;
+/// Options of the hidden `driverlab vm jail-break`.
+#[derive(Args)]
+pub struct JailBreakArgs {
+    /// A Unix socket to try to connect to (the daemon's).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// A process to try to ptrace and to signal (another VMM).
+    #[arg(long)]
+    pub pid: i32,
+    /// A TCP port on 127.0.0.1 to try to connect to.
+    #[arg(long)]
+    pub port: u16,
+    /// Guest memory the jail is sized for, MiB.
+    #[arg(long, default_value_t = 64)]
+    pub memory_mib: u64,
+}
 
 /// Threads tried for the fork bomb: far past the jail's limit.
 const FORK_BOMB: usize = 500;

@@ -6,8 +6,7 @@ mod doctor;
 mod engine;
 mod image;
 mod jail_break;
-mod lab;
-mod lab_remote;
+pub mod lab;
 mod model;
 mod nested_box;
 mod probe;
@@ -78,7 +77,7 @@ impl Command {
         match self {
             Command::Vm(cmd) => cmd.run(),
             Command::Image(cmd) => cmd.run(),
-            Command::Model(cmd) => cmd.run(),
+            Command::Model(cmd) => Ok(cmd.run()?),
             Command::Engine(cmd) => cmd.run(),
             Command::Lab(cmd) => cmd.run(),
             Command::Probe(args) => probe::run(args),
@@ -116,11 +115,17 @@ pub fn exit_code_of(error: &anyhow::Error) -> u8 {
     error.downcast_ref::<CodedError>().map_or(1, |e| e.code)
 }
 
-/// The lab of this host, as every command that runs cells or VMs sees it: this binary runs VMs
+/// The lab of this host, as every command that runs cells or VMs sees it: [`programs`] run VMs
 /// and models, images come from the image store (`$DRIVERLAB_IMAGES` or driverlab's cache), QEMU
 /// from its chroot (`$DRIVERLAB_QEMU_ROOT` or driverlab's cache), when it is set up.
 pub fn lab_env() -> anyhow::Result<::lab::env::LabEnv> {
-    let driverlab = std::env::current_exe().map_err(|e| anyhow::anyhow!("locating the driverlab binary: {e}"))?;
     let images = guest_images::store::ImageStore::new(guest_images::store::default_root());
-    Ok(::lab::env::LabEnv::detect(driverlab, images, &::lab::qemu::default_root()))
+    Ok(::lab::env::LabEnv::detect(programs()?, images, &::engines::qemu::default_root()))
+}
+
+/// What runs VMs and device models for this binary: the small `driverlab-vmm` and
+/// `driverlab-model` beside it, where they are, else its own `vm run` and `model`.
+pub fn programs() -> anyhow::Result<::engines::Programs> {
+    let driverlab = std::env::current_exe().map_err(|e| anyhow::anyhow!("locating the driverlab binary: {e}"))?;
+    Ok(::engines::Programs::beside(&driverlab))
 }

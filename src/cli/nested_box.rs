@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use lab::nested_box::{self, BoxDir, BoxError, BoxOptions};
+use nested_box::{self, BoxDir, BoxError, BoxOptions};
 use vm_spec::NicKind;
 
 use super::CodedError;

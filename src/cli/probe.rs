@@ -26,8 +26,8 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<u8> {
     });
     // The probe's serial log goes into a folder of its own, gone with the check.
     let dir = tempfile::tempdir().context("a folder for the probe's serial log")?;
-    let engine = lab::engine::driverlab::DriverlabEngine::new(driverlab);
-    let health = lab::health::check(&engine, dir.path(), &args.device, frames);
+    let engine = engines::driverlab::DriverlabEngine::new(engines::Programs::beside(&driverlab).vmm);
+    let health = engines::health::check(&engine, dir.path(), &args.device, frames);
     println!("{}", health.verdict());
     println!("{}", serde_json::to_string(&health)?);
     Ok(if health.ok { 0 } else { 1 })

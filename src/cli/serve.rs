@@ -103,17 +103,17 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
     // Connections are bounded by the daemon's own caps, well below the hard limit of open files.
     raise_open_files();
     // What lab and daemon processes killed with -9 left in the temporary directory.
-    for dir in lab::runtime_dirs::remove_stale() {
+    for dir in engines::runtime_dirs::remove_stale() {
         tracing::info!("removed {}, left by a process that is gone", dir.display());
     }
-    let vm_dir = api::vms::default_dir();
+    let vm_dir = api::vm_table::default_dir();
     std::fs::create_dir_all(&vm_dir).with_context(|| format!("creating {}", vm_dir.display()))?;
     std::fs::set_permissions(&vm_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .with_context(|| format!("making {} private", vm_dir.display()))?;
-    let config = Config { db: args.db.unwrap_or_else(lab::store::default_path), vm_dir: vm_dir.clone() };
+    let config = Config { db: args.db.unwrap_or_else(lab::results_db::default_path), vm_dir: vm_dir.clone() };
     let env = super::lab_env()?;
     // The database opens (and migrates) before the daemon answers anything.
-    lab::store::Store::open(&config.db)?;
+    lab::results_db::ResultsDb::open(&config.db)?;
     let token = match &args.token_file {
         Some(file) => Some(api::auth::read_token(file).map_err(anyhow::Error::msg)?),
         None => None,

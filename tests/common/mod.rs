@@ -5,19 +5,31 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lab::{ModelProcess, VmOutcome, VmProcess};
+use engines::{ModelProcess, VmOutcome, VmProcess};
 
 /// The driverlab binary cargo built for these tests.
 pub fn driverlab() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_driverlab"))
 }
 
-/// True if /dev/kvm can be opened; otherwise prints why the calling test skips.
+/// `driverlab vm run`: the user's command, whose contract the tests check.
+pub fn driverlab_vm() -> engines::Program {
+    engines::Program::driverlab_vm(driverlab())
+}
+
+/// The programs the lab starts: the small `driverlab-vmm` and `driverlab-model` binaries.
+pub fn programs() -> engines::Programs {
+    engines::Programs::beside(&driverlab())
+}
+
+pub use testkit::{Lacks, skip};
+
+/// True if /dev/kvm can be opened; otherwise says why the calling test skips.
 pub fn kvm_available(test: &str) -> bool {
     match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("SKIP {test}: /dev/kvm is not usable here ({e}); KVM tests need it");
+            skip(test, Lacks::Setup, format!("/dev/kvm is not usable here ({e}); KVM tests need it"));
             false
         }
     }
@@ -25,7 +37,7 @@ pub fn kvm_available(test: &str) -> bool {
 
 /// Runs `driverlab vm run ARGS` with a generous backstop deadline.
 pub fn vm_run(args: &[&str]) -> VmOutcome {
-    VmProcess::with_args(driverlab(), args, Duration::from_secs(300)).run().expect("driverlab starts")
+    VmProcess::with_args(&driverlab_vm(), args, Duration::from_secs(300)).run().expect("driverlab starts")
 }
 
 /// Runs `driverlab ARGS` (any subcommand) and returns (exit code, stdout, stderr).
@@ -77,7 +89,7 @@ pub fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> String {
 
 /// Starts `driverlab model KIND --once` with `extra` arguments and waits until it serves.
 pub fn start_model(kind: &str, extra: &[&str]) -> ModelProcess {
-    ModelProcess::start(&driverlab(), kind, extra).expect("the model starts serving")
+    ModelProcess::start(&programs().model, kind, extra).expect("the model starts serving")
 }
 
 /// Waits up to `limit` for `ready`, looking every `every`; whether it became true (the caller

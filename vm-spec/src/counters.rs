@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::bus::{BusCounts, BusTraffic, TRAFFIC_WORDS};
+use crate::pcie_link::{LinkCounts, LinkTraffic, TRAFFIC_WORDS};
 
 /// A snapshot of the virtio-iommu's counters, as it appears under `"viommu"`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,9 +76,9 @@ pub struct ModelCounters {
     /// Bytes of those frames.
     #[serde(default)]
     pub tx_bytes: u64,
-    /// What the device put on its PCIe link (see [`crate::bus`]).
-    #[serde(default)]
-    pub bus: BusCounts,
+    /// What the device put on its PCIe link (see [`crate::pcie_link`]); `bus` in JSON.
+    #[serde(default, rename = "bus")]
+    pub link: LinkCounts,
 }
 
 impl ModelCounters {
@@ -95,7 +95,7 @@ impl ModelCounters {
             self.tx_frames,
             self.tx_bytes,
         ];
-        let bus = self.bus.rx.words().into_iter().chain(self.bus.tx.words());
+        let bus = self.link.rx.words().into_iter().chain(self.link.tx.words());
         for (i, v) in values.into_iter().chain(bus).enumerate() {
             out[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }
@@ -106,7 +106,7 @@ impl ModelCounters {
     /// counters 0).
     pub fn decode(data: &[u8]) -> Option<ModelCounters> {
         let at = |i: usize| Some(u64::from_le_bytes(data.get(i * 8..i * 8 + 8)?.try_into().ok()?));
-        let traffic = |first: usize| BusTraffic::from_words(std::array::from_fn(|i| at(first + i).unwrap_or(0)));
+        let traffic = |first: usize| LinkTraffic::from_words(std::array::from_fn(|i| at(first + i).unwrap_or(0)));
         Some(ModelCounters {
             dma_maps: at(0)?,
             dma_unmaps: at(1)?,
@@ -116,7 +116,7 @@ impl ModelCounters {
             rx_bytes: at(5).unwrap_or(0),
             tx_frames: at(6).unwrap_or(0),
             tx_bytes: at(7).unwrap_or(0),
-            bus: BusCounts { rx: traffic(8), tx: traffic(8 + TRAFFIC_WORDS) },
+            link: LinkCounts { rx: traffic(8), tx: traffic(8 + TRAFFIC_WORDS) },
         })
     }
 }
@@ -136,14 +136,14 @@ mod tests {
             rx_bytes: 7570,
             tx_frames: 1,
             tx_bytes: 60,
-            bus: BusCounts::default(),
+            link: LinkCounts::default(),
         };
         let mut c = c;
-        c.bus.rx.buffer_writes.bytes = 7570;
-        c.bus.tx.partial_writes = 3;
+        c.link.rx.buffer_writes.bytes = 7570;
+        c.link.tx.partial_writes = 3;
         assert_eq!(ModelCounters::decode(&c.encode()), Some(c));
         let before_bus = ModelCounters::decode(&c.encode()[..64]).unwrap();
-        assert_eq!((before_bus.tx_bytes, before_bus.bus), (60, BusCounts::default()), "a 64-byte region");
+        assert_eq!((before_bus.tx_bytes, before_bus.link), (60, LinkCounts::default()), "a 64-byte region");
         assert_eq!(ModelCounters::decode(&[0; 8]), None);
         let old = ModelCounters::decode(&c.encode()[..32]).unwrap();
         assert_eq!((old.interrupts, old.rx_frames), (9, 0), "a 32-byte region from an older model");

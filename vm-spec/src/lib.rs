@@ -20,7 +20,6 @@
 //! `docs/vmm.md` documents all of it as the stable interface it is.
 
 pub mod bdf;
-pub mod bus;
 pub mod confinement;
 pub mod control;
 pub mod counters;
@@ -28,6 +27,7 @@ pub mod exit;
 pub mod host;
 pub mod model_control;
 pub mod nic;
+pub mod pcie_link;
 pub mod spec;
 
 pub use bdf::Bdf;

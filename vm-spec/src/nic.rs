@@ -52,10 +52,10 @@ impl NicKind {
     }
 
     /// Its link and DMA engine as the bus accounting and cost model see them.
-    pub fn bus_profile(self) -> crate::bus::BusProfile {
+    pub fn link_profile(self) -> crate::pcie_link::LinkProfile {
         match self {
-            NicKind::Aqc100 => crate::bus::BusProfile::aqc100(),
-            NicKind::Lan743x => crate::bus::BusProfile::lan743x(),
+            NicKind::Aqc100 => crate::pcie_link::LinkProfile::aqc100(),
+            NicKind::Lan743x => crate::pcie_link::LinkProfile::lan743x(),
         }
     }
 

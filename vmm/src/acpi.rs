@@ -362,9 +362,8 @@ mod tests {
         let configured = std::env::var_os("DRIVERLAB_IASL");
         let iasl = configured.clone().unwrap_or_else(|| "iasl".into());
         if std::process::Command::new(&iasl).arg("-v").output().is_err() {
-            eprintln!(
-                "SKIP iasl_finds_no_error_in_any_table: no iasl (scripts/fetch-iasl.sh, or Debian's acpica-tools)"
-            );
+            let why = "no iasl (scripts/fetch-iasl.sh, or Debian's acpica-tools)";
+            testkit::skip("iasl_finds_no_error_in_any_table", testkit::Lacks::Setup, why);
             return;
         }
         let dir = std::env::temp_dir().join(format!("driverlab-acpi-{}", std::process::id()));
@@ -384,10 +383,10 @@ mod tests {
             assert_eq!(errors, 0, "iasl -d {name}:\n{text}");
             let dsl = std::fs::read_to_string(dir.join(format!("{name}.dsl"))).unwrap();
             if dsl.contains("Unknown ACPI table signature") && configured.is_none() {
-                eprintln!(
-                    "SKIP iasl_finds_no_error_in_any_table: table {name}: this iasl is too old to decode it (set \
-                     DRIVERLAB_IASL, see scripts/fetch-iasl.sh)"
+                let why = format!(
+                    "table {name}: this iasl is too old to decode it (set DRIVERLAB_IASL, see scripts/fetch-iasl.sh)"
                 );
+                testkit::skip("iasl_finds_no_error_in_any_table", testkit::Lacks::Setup, why);
                 continue;
             }
             assert!(!dsl.contains("**** Unknown") && !dsl.contains("Invalid"), "{name}:\n{dsl}");

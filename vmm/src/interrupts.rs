@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn msi_routes_go_to_kvm() {
         let Ok(kvm) = kvm_ioctls::Kvm::new() else {
-            eprintln!("SKIP msi_routes_go_to_kvm: no /dev/kvm");
+            testkit::skip("msi_routes_go_to_kvm", testkit::Lacks::Setup, "no /dev/kvm");
             return;
         };
         let vm = Arc::new(kvm.create_vm().unwrap());

@@ -8,6 +8,7 @@
 
 pub mod acpi;
 pub mod boot;
+pub mod cli;
 pub mod config;
 pub mod control;
 pub mod exit;

@@ -37,36 +37,195 @@ fn kvm_error(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
 }
 
 /// Boots `spec` and runs the VM until it stops. Returns the exit summary; errors before the guest
-/// ran are `Err`.
+/// ran are `Err`. The phases follow Firecracker's builder: the process's set-up (checks, jail
+/// namespaces, control socket), guest memory with the kernel loaded, the KVM VM, the platform,
+/// the vCPUs, then the jail's rest and the threads; the main thread waits and tears down.
 pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
-    let setup_start = Instant::now();
-    spec.validate()?;
-    config::check_host(spec)?;
-    // The jail's first step comes before anything a fork cannot carry (KVM ties a VM to its
-    // process): from here on this is the supervisor's child, PID 1 of its own namespace.
-    let jail_spec =
-        jail::JailSpec::from_env("vm", spec.memory_mib * MIB, spec.vcpus as u64, spec.vcpus).map_err(Error::Jail)?;
-    let mut confinement = Confinement { jailed: spec.jail, ..Confinement::default() };
-    let socket: Vec<&std::path::Path> = options.control_socket.as_deref().into_iter().collect();
-    let namespaces = spec.jail.then(|| jail::enter_namespaces(&mut confinement, &socket, jail::Signals::EndBoth));
-    let pid = namespaces.as_ref().map_or(std::process::id(), |n| n.supervisor_pid);
-    let stop = Arc::new(VmStop::new());
-    let control = Arc::new(ControlState::new(spec.clone(), stop.clone(), pid));
-    let filters = if spec.seccomp { Some(crate::seccomp::filters()?) } else { None };
-    // Bound now, served once the process is jailed (the thread would escape the jail).
-    let control_socket = options.control_socket.as_deref().map(ControlSocket::bind).transpose()?;
-
+    let mut clock = SetupClock::new();
+    let process = Process::set_up(spec, options)?;
     let kernel = config::open_kernel(&spec.kernel, options.probe_image)?;
-    let mut phases = SetupPhases { image_ms: ms(setup_start.elapsed()), ..SetupPhases::default() };
-    let mut lap = Instant::now();
-    let mut next = |phase: &mut f64| {
-        let now = Instant::now();
-        *phase = ms(now - lap);
-        lap = now;
+    clock.lap(|p| &mut p.image_ms);
+    let (ram, entry) = load_guest(spec, kernel)?;
+    process.control.set_entry(entry.name());
+    clock.lap(|p| &mut p.load_ms);
+    let (kvm, vm) = create_vm(&ram)?;
+    clock.lap(|p| &mut p.kvm_ms);
+    let platform = build_platform(spec, &vm, &ram, &process.stop)?;
+    clock.lap(|p| &mut p.platform_ms);
+    let shared = VcpuShared {
+        io_bus: platform.io_bus.clone(),
+        mmio_bus: platform.mmio_bus.clone(),
+        memory: ram.memory.clone(),
+        stop: process.stop.clone(),
+        counters: Arc::new(ExitCounters::default()),
+        final_rips: Arc::new(Mutex::new(vec![None; spec.vcpus as usize])),
     };
-    let com1 = config::open_serial(&spec.serial.com1)?;
-    let com2 = spec.serial.com2.as_ref().map(config::open_serial).transpose()?;
+    let vcpus = create_vcpus(spec, &kvm, &vm, &entry, &shared)?;
+    clock.lap(|p| &mut p.vcpus_ms);
+    let mut process = process;
+    process.confine();
+    clock.lap(|p| &mut p.jail_ms);
+    let running = process.start(vcpus, &platform, &shared)?;
+    let setup_ms = ms(running.started - clock.start);
+    let reason = running.wait(spec, &platform);
+    let stopped = Instant::now();
+    process.control.set_state(VmState::Stopping);
+    stop_vcpus(running.threads);
+    let (detail, vcpu_state_lost) = match &reason {
+        StopCause::Timeout | StopCause::Shutdown => {
+            let places = shared.final_rips.lock().unwrap_or_else(|p| p.into_inner());
+            (Some(describe_rips(&places)), state_lost(&places))
+        }
+        other => (other.detail(), None),
+    };
+    lock(&platform.serial).flush();
+    if let Some((com2, _)) = &platform.com2 {
+        lock(com2).flush();
+    }
+    let devices = platform.teardown();
+    Ok(ExitSummary {
+        vmm: "exit".into(),
+        reason: reason.reason(),
+        exit_code: reason.exit_code(),
+        detail,
+        entry: entry.name().into(),
+        vcpus: spec.vcpus,
+        memory_mib: spec.memory_mib,
+        huge_pages: Some(ram.huge_pages),
+        setup_ms,
+        setup: Some(clock.phases),
+        run_ms: ms(stopped - running.started),
+        first_serial_ms: platform.serial_stats.first_byte().map(|t| ms(t.saturating_duration_since(running.started))),
+        serial_bytes: platform.serial_stats.bytes(),
+        com2_bytes: platform.com2.as_ref().map(|(_, stats)| stats.bytes()),
+        viommu: platform.iommu.as_ref().map(|iommu| iommu.counts()),
+        devices,
+        exits: shared.counters.counts(),
+        confinement: Some(process.confinement),
+        vcpu_state_lost,
+    })
+}
 
+/// The set-up's phases as they go: each lap's time goes to the phase it names.
+struct SetupClock {
+    start: Instant,
+    lap: Instant,
+    phases: SetupPhases,
+}
+
+impl SetupClock {
+    fn new() -> SetupClock {
+        let now = Instant::now();
+        SetupClock { start: now, lap: now, phases: SetupPhases::default() }
+    }
+
+    /// Ends a phase: the time since the last lap goes to the phase `field` picks.
+    fn lap(&mut self, field: impl FnOnce(&mut SetupPhases) -> &mut f64) {
+        let now = Instant::now();
+        *field(&mut self.phases) = ms(now - self.lap);
+        self.lap = now;
+    }
+}
+
+/// The VMM process around its VM: the jail it enters, how the VM is stopped, the control socket
+/// and the seccomp filters.
+struct Process {
+    jail_spec: jail::JailSpec,
+    confinement: Confinement,
+    namespaces: Option<jail::Namespaces>,
+    stop: Arc<VmStop>,
+    control: Arc<ControlState>,
+    filters: Option<crate::seccomp::Filters>,
+    /// Bound at set-up, served once the process is jailed (the thread would escape the jail).
+    control_socket: Option<ControlSocket>,
+}
+
+impl Process {
+    /// Checks the spec against the host and enters the jail's namespaces: before anything a
+    /// fork cannot carry (KVM ties a VM to its process), so that from here on this is the
+    /// supervisor's child, PID 1 of its own namespace.
+    fn set_up(spec: &VmSpec, options: &RunOptions) -> Result<Process, Error> {
+        spec.validate()?;
+        config::check_host(spec)?;
+        let jail_spec = jail::JailSpec::from_env("vm", spec.memory_mib * MIB, spec.vcpus as u64, spec.vcpus)
+            .map_err(Error::Jail)?;
+        let mut confinement = Confinement { jailed: spec.jail, ..Confinement::default() };
+        let socket: Vec<&std::path::Path> = options.control_socket.as_deref().into_iter().collect();
+        let namespaces = spec.jail.then(|| jail::enter_namespaces(&mut confinement, &socket, jail::Signals::EndBoth));
+        let pid = namespaces.as_ref().map_or(std::process::id(), |n| n.supervisor_pid);
+        let stop = Arc::new(VmStop::new());
+        let control = Arc::new(ControlState::new(spec.clone(), stop.clone(), pid));
+        let filters = if spec.seccomp { Some(crate::seccomp::filters()?) } else { None };
+        let control_socket = options.control_socket.as_deref().map(ControlSocket::bind).transpose()?;
+        Ok(Process { jail_spec, confinement, namespaces, stop, control, filters, control_socket })
+    }
+
+    /// Everything is open: the rest of the jail, which the threads started after inherit.
+    fn confine(&mut self) {
+        if let Some(namespaces) = &self.namespaces {
+            jail::confine(&self.jail_spec, namespaces, &mut self.confinement);
+            for missed in self.confinement.missing() {
+                tracing::warn!("jail: not taken: {missed}");
+            }
+        }
+        self.control.set_confinement(self.confinement.clone());
+    }
+
+    /// Serves the control socket, starts the vCPU threads under their filters and installs the
+    /// main thread's.
+    fn start(&mut self, vcpus: Vec<Vcpu>, platform: &Arc<Platform>, shared: &VcpuShared) -> Result<Running, Error> {
+        let control_server = match self.control_socket.take() {
+            Some(socket) => Some(socket.serve(self.control.clone(), self.filters.as_ref().map(|f| f.control.clone()))?),
+            None => None,
+        };
+        vcpu::register_kick_handler().map_err(Error::Io)?;
+        crate::seccomp::report_violations().map_err(Error::Io)?;
+        let started = Instant::now();
+        let observer = Arc::new(RunningVm { platform: platform.clone(), counters: shared.counters.clone(), started });
+        self.control.set_observer(observer);
+        self.control.set_state(VmState::Running);
+        let mut threads = Vec::with_capacity(vcpus.len());
+        for vcpu in vcpus {
+            match vcpu.start(self.filters.as_ref().map(|f| f.vcpu.clone())) {
+                Ok(handle) => threads.push(handle),
+                Err(e) => {
+                    self.stop.request(StopCause::VmmError(format!("cannot start a vCPU thread: {e}")));
+                    break;
+                }
+            }
+        }
+        if let Some(filters) = &self.filters
+            && let Err(e) = crate::seccomp::apply(&filters.main)
+        {
+            self.stop.request(StopCause::VmmError(e.to_string()));
+        }
+        Ok(Running { started, threads, stop: self.stop.clone(), _control_server: control_server })
+    }
+}
+
+/// A VM whose vCPUs run.
+struct Running {
+    started: Instant,
+    threads: Vec<vcpu::VcpuThread>,
+    stop: Arc<VmStop>,
+    _control_server: Option<crate::control::ControlServer>,
+}
+
+impl Running {
+    /// Waits for the first stop request or the spec's timeout, pressing the power button again
+    /// while a requested shutdown's grace runs.
+    fn wait(&self, spec: &VmSpec, platform: &Platform) -> StopCause {
+        let timeout = spec.timeout_s.map(Duration::from_secs_f64);
+        self.stop.wait_with(timeout, || {
+            if let Err(e) = platform.power_button.write(1) {
+                tracing::warn!("pressing the power button again: {e}");
+            }
+        })
+    }
+}
+
+/// Guest RAM with the kernel, initrd, command line and boot tables loaded; the entry.
+fn load_guest(spec: &VmSpec, kernel: boot::KernelSource<'static>) -> Result<(GuestRam, boot::BootEntry), Error> {
     let ram = GuestRam::new(RamLayout::new(spec.memory_mib * MIB))?;
     let e820 = ram.layout.e820();
     let kernel_name = spec.kernel.name();
@@ -80,37 +239,45 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     };
     let entry = boot::load(&request, &ram.memory, &ram.layout, &e820)?;
     boot_cpu::write_tables(&ram.memory, &entry).map_err(|e| Error::GuestMemory(e.to_string()))?;
-    drop(request);
-    control.set_entry(entry.name());
-    next(&mut phases.load_ms);
+    Ok((ram, entry))
+}
 
+/// The KVM VM with guest RAM's slots and the in-kernel irqchip (registered in that order: on
+/// PVM hosts a slot registered after the irqchip exists costs 30 times as much).
+fn create_vm(ram: &GuestRam) -> Result<(Kvm, Arc<VmFd>), Error> {
     let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
     let vm = kvm.create_vm().map_err(kvm_error("KVM_CREATE_VM"))?;
     vm.set_tss_address(KVM_TSS_ADDRESS).map_err(kvm_error("KVM_SET_TSS_ADDR"))?;
-    register_memory(&vm, &ram)?;
+    register_memory(&vm, ram)?;
     vm.create_irq_chip().map_err(kvm_error("KVM_CREATE_IRQCHIP"))?;
-    next(&mut phases.kvm_ms);
+    Ok((kvm, Arc::new(vm)))
+}
 
-    let vm = Arc::new(vm);
+/// The platform (devices, buses, PCI, the virtio-iommu, the passed-through devices) and the ACPI
+/// tables that describe it, written into guest RAM.
+fn build_platform(spec: &VmSpec, vm: &Arc<VmFd>, ram: &GuestRam, stop: &Arc<VmStop>) -> Result<Arc<Platform>, Error> {
+    let com1 = config::open_serial(&spec.serial.com1)?;
+    let com2 = spec.serial.com2.as_ref().map(config::open_serial).transpose()?;
     let interrupts = Arc::new(KvmInterrupts::new(vm.clone())?);
     let events: Arc<dyn GuestEventSink> = stop.clone();
     let platform_config =
         PlatformConfig { vcpus: spec.vcpus, iommu: spec.iommu, devices: spec.devices.clone(), com1, com2 };
     let slots = Arc::new(KvmSlots::new(vm.clone(), ram.memory.num_regions() as u32));
-    let platform = Arc::new(platform::build(&vm, &ram, interrupts, slots, events, platform_config)?);
+    let platform = Arc::new(platform::build(vm, ram, interrupts, slots, events, platform_config)?);
     let tables = crate::acpi::build(&platform.acpi).map_err(|e| Error::Platform(e.to_string()))?;
     crate::acpi::write(&ram.memory, &tables).map_err(|e| Error::Platform(e.to_string()))?;
-    next(&mut phases.platform_ms);
+    Ok(platform)
+}
 
-    let counters = Arc::new(ExitCounters::default());
-    let shared = VcpuShared {
-        io_bus: platform.io_bus.clone(),
-        mmio_bus: platform.mmio_bus.clone(),
-        memory: ram.memory.clone(),
-        stop: stop.clone(),
-        counters: counters.clone(),
-        final_rips: Arc::new(Mutex::new(vec![None; spec.vcpus as usize])),
-    };
+/// The vCPUs: CPUID with this VM's topology and TSC rate, MSRs, registers; the boot vCPU gets
+/// the entry state.
+fn create_vcpus(
+    spec: &VmSpec,
+    kvm: &Kvm,
+    vm: &VmFd,
+    entry: &boot::BootEntry,
+    shared: &VcpuShared,
+) -> Result<Vec<Vcpu>, Error> {
     let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_error("KVM_GET_SUPPORTED_CPUID"))?;
     let mut vcpus = Vec::with_capacity(spec.vcpus as usize);
     let mut tsc_khz = None;
@@ -119,91 +286,10 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         if id == 0 {
             tsc_khz = fd.get_tsc_khz().ok();
         }
-        let boot = (id == 0).then_some(&entry);
+        let boot = (id == 0).then_some(entry);
         vcpus.push(Vcpu::new(fd, id, spec.vcpus, &supported, tsc_khz, boot, shared.clone())?);
     }
-
-    next(&mut phases.vcpus_ms);
-
-    // Everything is open: the rest of the jail, then the threads, which inherit it.
-    if let Some(namespaces) = &namespaces {
-        jail::confine(&jail_spec, namespaces, &mut confinement);
-        for missed in confinement.missing() {
-            tracing::warn!("jail: not taken: {missed}");
-        }
-    }
-    next(&mut phases.jail_ms);
-    control.set_confinement(confinement.clone());
-    let _control_server = match control_socket {
-        Some(socket) => Some(socket.serve(control.clone(), filters.as_ref().map(|f| f.control.clone()))?),
-        None => None,
-    };
-    vcpu::register_kick_handler().map_err(Error::Io)?;
-    crate::seccomp::report_violations().map_err(Error::Io)?;
-    let started = Instant::now();
-    let observer = Arc::new(RunningVm { platform: platform.clone(), counters: counters.clone(), started });
-    control.set_observer(observer);
-    control.set_state(VmState::Running);
-    let setup_ms = ms(started - setup_start);
-    let mut threads = Vec::with_capacity(vcpus.len());
-    for vcpu in vcpus {
-        match vcpu.start(filters.as_ref().map(|f| f.vcpu.clone())) {
-            Ok(handle) => threads.push(handle),
-            Err(e) => {
-                stop.request(StopCause::VmmError(format!("cannot start a vCPU thread: {e}")));
-                break;
-            }
-        }
-    }
-    if let Some(filters) = &filters
-        && let Err(e) = crate::seccomp::apply(&filters.main)
-    {
-        stop.request(StopCause::VmmError(e.to_string()));
-    }
-
-    let timeout = spec.timeout_s.map(Duration::from_secs_f64);
-    let reason = stop.wait_with(timeout, || {
-        if let Err(e) = platform.power_button.write(1) {
-            tracing::warn!("pressing the power button again: {e}");
-        }
-    });
-    let stopped = Instant::now();
-    control.set_state(VmState::Stopping);
-    stop_vcpus(threads);
-    let (detail, vcpu_state_lost) = match &reason {
-        StopCause::Timeout | StopCause::Shutdown => {
-            let places = shared.final_rips.lock().unwrap_or_else(|p| p.into_inner());
-            (Some(describe_rips(&places)), state_lost(&places))
-        }
-        other => (other.detail(), None),
-    };
-    lock(&platform.serial).flush();
-    if let Some((com2, _)) = &platform.com2 {
-        lock(com2).flush();
-    }
-    let devices = platform.teardown();
-
-    Ok(ExitSummary {
-        vmm: "exit".into(),
-        reason: reason.reason(),
-        exit_code: reason.exit_code(),
-        detail,
-        entry: entry.name().into(),
-        vcpus: spec.vcpus,
-        memory_mib: spec.memory_mib,
-        huge_pages: Some(ram.huge_pages),
-        setup_ms,
-        setup: Some(phases),
-        run_ms: ms(stopped - started),
-        first_serial_ms: platform.serial_stats.first_byte().map(|t| ms(t.saturating_duration_since(started))),
-        serial_bytes: platform.serial_stats.bytes(),
-        com2_bytes: platform.com2.as_ref().map(|(_, stats)| stats.bytes()),
-        viommu: platform.iommu.as_ref().map(|iommu| iommu.counts()),
-        devices,
-        exits: counters.counts(),
-        confinement: Some(confinement),
-        vcpu_state_lost,
-    })
+    Ok(vcpus)
 }
 
 /// What the control socket reads of a running VM.

@@ -9,9 +9,9 @@ use super::interrupts::RingEvent;
 use super::nic::{Effects, Nic};
 use super::regs;
 use super::stats::Destination;
-use crate::bus::{Side, WriteKind};
 use crate::dma::DmaSpace;
 use crate::nic_model::NicReceive;
+use crate::pcie_link::{Side, WriteKind};
 use crate::wire::offload;
 
 /// The ring every received frame goes to.
@@ -135,11 +135,11 @@ impl NicReceive for Nic {
         for (i, chunk) in frame.chunks(buffer).enumerate() {
             let at = ring.descriptor(i as u32);
             let ahead = ring.fetchable(i as u32);
-            memory.bus(|bus| bus.fetch_descriptor(Side::Rx, RX_RING as u32, at, 16, 16, ahead));
+            memory.link(|link| link.fetch_descriptor(Side::Rx, RX_RING as u32, at, 16, 16, ahead));
             let mut address = [0u8; 8];
             let ok = memory.read(at, &mut address).is_ok() && {
                 let address = u64::from_le_bytes(address);
-                memory.bus(|bus| bus.write(Side::Rx, WriteKind::Buffer, address, chunk.len()));
+                memory.link(|link| link.write(Side::Rx, WriteKind::Buffer, address, chunk.len()));
                 memory.write(address, chunk).is_ok()
             };
             failed |= !ok;
@@ -163,7 +163,7 @@ impl NicReceive for Nic {
             let mut head = [0u8; 8];
             head[0..4].copy_from_slice(&type_word.to_le_bytes());
             // The chip writes the descriptor back whole; the model writes its halves in order.
-            memory.bus(|bus| bus.write(Side::Rx, WriteKind::Descriptor, at, 16));
+            memory.link(|link| link.write(Side::Rx, WriteKind::Descriptor, at, 16));
             // The first half (type, RSS hash) before the second (status with DD, length).
             if memory.write(at, &head).is_err() || memory.write(at + 8, &tail).is_err() {
                 failed = true;

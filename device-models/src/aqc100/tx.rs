@@ -8,8 +8,8 @@ use super::interrupts::RingEvent;
 use super::nic::{Effects, Nic};
 use super::regs;
 use super::stats::Destination;
-use crate::bus::Side;
 use crate::dma::DmaSpace;
+use crate::pcie_link::Side;
 use crate::wire::offload::{self, Segmentation};
 
 /// The largest packet a descriptor chain may describe (TSO's 256 KiB limit).
@@ -51,9 +51,9 @@ impl Nic {
                 Chain::Packet(_, used) | Chain::Bad(used) => *used,
                 Chain::Incomplete => 0,
             };
-            dma.bus(|bus| {
+            dma.link(|link| {
                 for i in 0..used {
-                    bus.fetch_descriptor(Side::Tx, index as u32, ring.descriptor(i), 16, 16, ring.fetchable(i));
+                    link.fetch_descriptor(Side::Tx, index as u32, ring.descriptor(i), 16, 16, ring.fetchable(i));
                 }
             });
         }
@@ -131,7 +131,7 @@ impl Nic {
                 return false;
             }
             self.tx_buffer.resize(start + len, 0);
-            dma.bus(|bus| bus.read_buffer(Side::Tx, d.address, len));
+            dma.link(|link| link.read_buffer(Side::Tx, d.address, len));
             if dma.read(d.address, &mut self.tx_buffer[start..]).is_err() {
                 return false;
             }

@@ -7,9 +7,9 @@
 
 use super::nic::{Effects, Nic, RunState};
 use super::regs::*;
-use crate::bus::{Side, WriteKind};
 use crate::dma::DmaSpace;
 use crate::nic_model::NicReceive;
+use crate::pcie_link::{Side, WriteKind};
 use crate::wire::offload::{self, Segmentation};
 
 /// The FCS the MAC appends to a received frame in guest memory (its value is not checked).
@@ -86,7 +86,7 @@ impl Channel {
         if self.cfg_a & CFG_A_HP_WB_EN == 0 {
             return true;
         }
-        dma.bus(|bus| bus.write(side, WriteKind::Head, self.writeback, 4));
+        dma.link(|link| link.write(side, WriteKind::Head, self.writeback, 4));
         dma.write(self.writeback, &self.head.to_le_bytes()).is_ok()
     }
 
@@ -140,13 +140,13 @@ impl Nic {
             if !matches!(assembled, Assembled::Incomplete) {
                 // What the chip read for this chain; a chain not all there yet is read again
                 // when its tail comes, and counted then.
-                dma.bus(|bus| {
+                dma.link(|link| {
                     for read in reads {
                         match read {
                             ChainRead::Descriptor { at, ahead } => {
-                                bus.fetch_descriptor(Side::Tx, 0, at, 16, spacing, ahead)
+                                link.fetch_descriptor(Side::Tx, 0, at, 16, spacing, ahead)
                             }
-                            ChainRead::Buffer { at, len } => bus.read_buffer(Side::Tx, at, len),
+                            ChainRead::Buffer { at, len } => link.read_buffer(Side::Tx, at, len),
                         }
                     }
                 });
@@ -346,7 +346,7 @@ impl NicReceive for Nic {
             let index = (channel.head + chain.len() as u32) % len;
             let at = channel.descriptor(index, spacing);
             let ahead = channel.ahead(index, owned - chain.len() as u32);
-            dma.bus(|bus| bus.fetch_descriptor(Side::Rx, 0, at, 16, spacing, ahead));
+            dma.link(|link| link.fetch_descriptor(Side::Rx, 0, at, 16, spacing, ahead));
             let mut raw = [0u8; 16];
             if dma.read(at, &mut raw).is_err() {
                 self.totals.rx_errors += 1;
@@ -375,9 +375,9 @@ impl NicReceive for Nic {
             // The chip writes the data, then the whole descriptor back (the model writes its
             // status before its ownership word, so that the driver never sees one without the
             // other).
-            dma.bus(|bus| {
-                bus.write(Side::Rx, WriteKind::Buffer, buffer, piece.len());
-                bus.write(Side::Rx, WriteKind::Descriptor, at, 16);
+            dma.link(|link| {
+                link.write(Side::Rx, WriteKind::Buffer, buffer, piece.len());
+                link.write(Side::Rx, WriteKind::Descriptor, at, 16);
             });
             let wrote = dma.write(buffer, piece).is_ok()
                 && dma.write(at + 4, &status.to_le_bytes()).is_ok()

@@ -14,7 +14,7 @@ use crate::server::Model;
 use crate::test_support::{eventfd, fired, memfd};
 use crate::wire::backend::{Backend, FrameSink, unplugged};
 use crate::wire::generator::{GeneratorConfig, generator};
-use vm_spec::bus::Transactions;
+use vm_spec::pcie_link::Transactions;
 
 const IOVA: u64 = 0x10_0000;
 const MEMORY: u64 = 4 << 20;
@@ -218,7 +218,7 @@ fn receive_at(spacing: u64) {
     // On the bus: packed descriptors come 4 to a 64-byte fetch (the device owns 127 of them
     // from 0), spaced ones one per fetch; each 1,518-byte frame is 24 line writes, the last
     // partial; each write-back (16-byte descriptor, 4-byte head) is a partial line.
-    let bus = g.model.counters().bus.rx;
+    let bus = g.model.counters().link.rx;
     let fetches = if spacing == 16 { 127u64.div_ceil(4) } else { 127 };
     assert_eq!(bus.descriptor_reads, Transactions { tlps: fetches, bytes: 127 * 16 }, "spacing {spacing}");
     assert_eq!(bus.read_completions, fetches);
@@ -226,7 +226,7 @@ fn receive_at(spacing: u64) {
     assert_eq!(bus.descriptor_writes, Transactions { tlps: 127, bytes: 127 * 16 });
     assert_eq!(bus.head_writes, Transactions { tlps: 127, bytes: 127 * 4 });
     assert_eq!(bus.partial_writes, 127 * 3);
-    assert_eq!(g.model.counters().bus.tx.descriptor_reads.tlps, 0, "nothing sent");
+    assert_eq!(g.model.counters().link.tx.descriptor_reads.tlps, 0, "nothing sent");
     // The ring is full (the tail keeps one slot): the generator waits. The NAPI completion
     // re-posts and re-arms through the tail's flags.
     for i in 0..127 {
@@ -237,7 +237,7 @@ fn receive_at(spacing: u64) {
     assert_eq!(g.model.counters().rx_frames, 200);
     // Descriptor 127 is the ring's last (a fetch of one), then 0 to 71 from the start.
     let fetches = if spacing == 16 { 32 + 1 + 18 } else { 200 };
-    assert_eq!(g.model.counters().bus.rx.descriptor_reads.tlps, fetches, "spacing {spacing}");
+    assert_eq!(g.model.counters().link.rx.descriptor_reads.tlps, fetches, "spacing {spacing}");
     assert_eq!(g.read(STAT_RX_TOTAL_FRAMES), 200);
 }
 
@@ -291,12 +291,12 @@ fn a_transmitted_frame_gets_its_checksums_and_completes_on_vector_1() {
         desc[12..16].copy_from_slice(&((frame.len() as u32) << 16).to_le_bytes());
         g.poke(TX_RING_AT + i as u64 * 16, &desc);
     }
-    let before = g.model.counters().bus.tx;
+    let before = g.model.counters().link.tx;
     g.write(TX0 + CH_TAIL, TAIL_SET_DMAC_INT_EN | TAIL_SET_TOP_INT_EN | TAIL_SET_TOP_INT_VEC_EN | 2);
     // On the bus: both descriptors in one 32-byte fetch (the tail gave the device 2), the
     // buffers in one request each (100 bytes from a line boundary: 2 completions), the head
     // written back, one MSI-X write.
-    let bus = g.model.counters().bus.tx.minus(&before);
+    let bus = g.model.counters().link.tx.minus(&before);
     assert_eq!(bus.descriptor_reads, Transactions { tlps: 1, bytes: 32 });
     assert_eq!(bus.buffer_reads, Transactions { tlps: 2, bytes: 142 });
     assert_eq!(bus.read_completions, 1 + 1 + 2);

@@ -6,11 +6,11 @@ use vm_spec::NicKind;
 use vm_spec::counters::{IommuCounts, ModelCounters};
 
 use super::output::{GuestOutput, Report};
-use crate::agent::{FrameKind, Frames, StepStatus};
-use crate::engine::{Booted, Snapshot, Window};
 use crate::matrix::Direction;
-use crate::probe_report::ProbeReport;
 use crate::record::Record;
+use engines::agent::{FrameKind, Frames, StepStatus};
+use engines::probe_report::ProbeReport;
+use engines::{Booted, Snapshot, Window};
 
 /// Fills `record` from what the VM left; `nic` is the device's NIC, where the lab knows it
 /// (for the bus figures).
@@ -42,7 +42,7 @@ pub(super) fn fill(record: &mut Record, booted: &Booted, output: &GuestOutput, n
         }
     };
     if let (Some(nic), Some((before, after))) = (nic, counts) {
-        record.bus = crate::bus::figures(nic, &before, &after);
+        record.link = crate::pcie_link::figures(nic, &before, &after);
     }
 }
 
@@ -78,7 +78,7 @@ pub(super) fn agent_figures(record: &mut Record, frames: &Frames, window: &Windo
     record.timings.link_up_ms = frames.passed_at_ms("link-up");
     if let Some(iperf) = frames.first(FrameKind::Iperf3) {
         record.workload.output = Some(iperf.clone());
-        if let Some(figures) = crate::agent::iperf_figures(iperf) {
+        if let Some(figures) = engines::agent::iperf_figures(iperf) {
             record.workload.gbit_s = Some(figures.received_gbit_s);
             record.workload.retransmits = figures.retransmits;
             record.timings.workload_ms = Some(figures.seconds * 1e3);

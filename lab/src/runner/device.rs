@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use vm_spec::DeviceSpec;
 
 use super::{Repetition, ms};
-use crate::engine::CounterSource;
 use crate::failure::Failure;
 use crate::matrix::{DeviceSource, HostPeer, Wire, Workload};
-use crate::model_process::ModelProcess;
-use crate::peer::{Peer, RemoteCounters};
 use crate::record::Record;
+use engines::CounterSource;
+use engines::model_process::ModelProcess;
+use engines::peer::{Peer, RemoteCounters};
 
 /// A device ready for the VM.
 pub(super) struct StartedDevice {
@@ -62,7 +62,7 @@ impl Repetition<'_> {
 
     /// The workload's traffic peer, when it needs one: a namespace for a model, the host
     /// device's SSH peer.
-    fn peer(&self) -> Result<Option<Peer>, crate::peer::PeerError> {
+    fn peer(&self) -> Result<Option<Peer>, engines::peer::PeerError> {
         let iperf = matches!(self.plan.plan.workload(&self.cell.workload), Some(Workload::Iperf3 { .. }));
         match (iperf, self.source) {
             (true, DeviceSource::Model { .. }) => Peer::namespace().map(Some),
@@ -81,16 +81,16 @@ impl Repetition<'_> {
         wire: &Wire,
         peer: Option<&Peer>,
         record: &mut Record,
-    ) -> Result<ModelProcess, crate::ModelError> {
+    ) -> Result<ModelProcess, engines::ModelError> {
         let started = Instant::now();
         let wire_args = wire.model_args();
         let args: Vec<&str> = match peer {
-            Some(_) => vec!["--tap", crate::peer::TAP],
+            Some(_) => vec!["--tap", engines::peer::TAP],
             None => wire_args.iter().map(String::as_str).collect(),
         };
         let log = self.dir.join("model.log");
         let netns = peer.and_then(Peer::netns);
-        let model = ModelProcess::start_logged(&self.env.driverlab, nic.name(), &args, netns, Some(&log))?;
+        let model = ModelProcess::start_logged(&self.env.programs.model, nic.name(), &args, netns, Some(&log))?;
         record.timings.model_start_ms = Some(ms(started.elapsed()));
         record.model_confinement = model.confinement();
         Ok(model)

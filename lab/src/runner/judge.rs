@@ -4,9 +4,9 @@
 use vm_spec::ExitReason;
 
 use super::output::{GuestOutput, Report};
-use crate::engine::{Booted, Ending};
 use crate::failure::Failure;
 use crate::record::Record;
+use engines::{Booted, Ending};
 
 /// The verdict: infrastructure first (the model, the engine, the host), then the guest's end
 /// (a hang, a crash, a stop), then the counts, then the workload's own verdict.
@@ -78,7 +78,7 @@ fn workload(output: &GuestOutput, record: &Record) -> Result<(), Failure> {
     let problem = |problem: &str| Err(Failure::Workload { problem: problem.into() });
     match &output.report {
         Report::Linux(frames) => {
-            let verdict = crate::agent::verdict(frames, &output.serial);
+            let verdict = engines::agent::verdict(frames, &output.serial);
             match verdict.problems.first() {
                 Some(first) => problem(first),
                 None if record.workload.gbit_s.is_none() => problem("the workload reported nothing"),

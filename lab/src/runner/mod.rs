@@ -14,12 +14,12 @@ mod tests;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::engine::{BootRequest, Booted, Watch};
 use crate::env::LabEnv;
 use crate::failure::{CrashKind, Failure};
 use crate::images::RunPlan;
 use crate::matrix::{Cell, DeviceSource, Image};
 use crate::record::{Crash, Record};
+use engines::{BootRequest, Booted, Watch};
 
 pub use spec::cmdline;
 

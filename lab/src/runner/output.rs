@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use crate::agent::Frames;
-use crate::probe_report::ProbeReport;
+use engines::agent::Frames;
+use engines::probe_report::ProbeReport;
 
 /// COM1, in the repetition's folder.
 pub(super) const SERIAL_LOG: &str = "serial.log";
@@ -32,7 +32,7 @@ impl GuestOutput {
     pub(super) fn read(dir: &Path, linux: bool) -> GuestOutput {
         let serial = std::fs::read_to_string(dir.join(SERIAL_LOG)).unwrap_or_default();
         let report = if linux {
-            Report::Linux(crate::agent::parse(&std::fs::read(dir.join(AGENT_LOG)).unwrap_or_default()))
+            Report::Linux(engines::agent::parse(&std::fs::read(dir.join(AGENT_LOG)).unwrap_or_default()))
         } else {
             Report::Probe(ProbeReport::parse(&serial))
         };
@@ -42,9 +42,9 @@ impl GuestOutput {
     /// The first crash the console shows (for the probe, its report's panic or fault first).
     pub(super) fn crash(&self) -> Option<crate::record::Crash> {
         let probe = match &self.report {
-            Report::Probe(report) => crate::crash::in_probe_report(report),
+            Report::Probe(report) => engines::crash::in_probe_report(report),
             Report::Linux(_) => None,
         };
-        probe.or_else(|| crate::crash::in_kernel_log(&self.serial))
+        probe.or_else(|| engines::crash::in_kernel_log(&self.serial))
     }
 }

@@ -15,14 +15,14 @@ use super::collect::agent_figures;
 use super::judge::judge;
 use super::output::{GuestOutput, Report};
 use super::*;
-use crate::agent::{Frames, encode};
-use crate::engine::{Ending, Engine, Snapshot, Window};
 use crate::env::HostFacts;
 use crate::failure::HOST_LOST_STATE;
 use crate::matrix::{Direction, EngineKind, Plan};
 use crate::record::Status;
+use crate::results_db::{ResultsDb, RunState};
 use crate::scheduler::Progress;
-use crate::store::{RunState, Store};
+use engines::agent::{Frames, encode};
+use engines::{Ending, Engine, Snapshot, Window};
 
 /// A Linux guest's output: its console and its agent's frames.
 fn linux(serial: &str, frames: Frames) -> GuestOutput {
@@ -84,7 +84,7 @@ fn the_agent_s_frames_fill_the_record_over_the_workload_s_window() {
     port.extend(encode(4, "netdev-after", false, br#"{"rx_packets":81000,"rx_bytes":121100000}"#));
     let iperf = br#"{"end":{"sum_sent":{"bits_per_second":9.2e9,"retransmits":3},"sum_received":{"bits_per_second":9.14e9,"seconds":10.0}}}"#;
     port.extend(encode(5, "iperf3", false, iperf));
-    let frames = crate::agent::parse(&port);
+    let frames = engines::agent::parse(&port);
     let mut record = passed("iperf-rx");
     // Boot and link-up mapped 5000 times; the workload 48000 times more.
     let window = Window { begin: Some(counters(5000)), end: Some(counters(53_000)), ..Default::default() };
@@ -129,7 +129,7 @@ fn maps_split_by_direction_page_reuse_and_the_teardown_are_recorded() {
     port.extend(encode(5, "netdev-after", false, br#"{"rx_packets":10000,"tx_packets":5000}"#));
     port.extend(encode(6, "ethtool-S-after", true, ethtool(4100, 2050, 2010).as_bytes()));
     port.extend(encode(7, "step", false, br#"{"step":"unload","status":"ok"}"#));
-    let frames = crate::agent::parse(&port);
+    let frames = engines::agent::parse(&port);
     let mut record = passed("iperf-rx");
     // 5000 RX buffer maps and 5000 TX maps in the window; the model saw 10100 (some split).
     let window = Window {
@@ -190,7 +190,7 @@ fn a_tx_workload_counts_maps_per_packet_sent() {
     port.extend(encode(2, "workload-begin", false, br#"{"workload":"iperf3","direction":"tx"}"#));
     port.extend(encode(3, "workload-end", false, br#"{"workload":"iperf3","direction":"tx","exit":0}"#));
     port.extend(encode(4, "netdev-after", false, br#"{"rx_packets":2010,"tx_packets":4100}"#));
-    let frames = crate::agent::parse(&port);
+    let frames = engines::agent::parse(&port);
     let mut record = passed("iperf-tx");
     let window = Window { begin: Some(counters(100)), end: Some(counters(8100)), ..Default::default() };
     agent_figures(&mut record, &frames, &window);
@@ -321,7 +321,8 @@ fn lab(dir: &Path, engine: &Scripted, emulated: bool) -> LabEnv {
         emulated_by_tcg: emulated,
     };
     let images = guest_images::store::ImageStore::new(dir.join("images"));
-    LabEnv::with_engines(dir.join("driverlab"), images, host, Box::new(engine.clone()), Err("no QEMU".into()))
+    let programs = engines::Programs::of(&dir.join("driverlab"));
+    LabEnv::with_engines(programs, images, host, Box::new(engine.clone()), Err("no QEMU".into()))
 }
 
 /// One repetition of the plan's first cell under `engine`.
@@ -432,9 +433,9 @@ impl Progress for Kept {
 }
 
 /// Runs `plan` to its end under `engine` in a fresh database; the store and the run's ID.
-fn whole_run(dir: &Path, plan: &RunPlan, engine: &Scripted, emulated: bool, progress: &Kept) -> (Store, String) {
+fn whole_run(dir: &Path, plan: &RunPlan, engine: &Scripted, emulated: bool, progress: &Kept) -> (ResultsDb, String) {
     let env = lab(dir, engine, emulated);
-    let mut store = Store::open(&dir.join("lab.db")).unwrap();
+    let mut store = ResultsDb::open(&dir.join("lab.db")).unwrap();
     let run_id = store.create_run(&plan.plan).unwrap();
     let store = Arc::new(Mutex::new(store));
     crate::scheduler::execute(store.clone(), &env, plan, &run_id, progress, &AtomicBool::new(false)).unwrap();

@@ -1,0 +1,267 @@
+//! This project's VMM as an engine: `driverlab vm run --config -` with a control socket, read
+//! while the VM runs by a watchdog thread (live counters, the guest's silence, the agent's
+//! frames), and its exit or error line at the end.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use vm_spec::control::{LiveCounters, ShutdownRequest};
+use vm_spec::counters::{IommuCounts, ModelCounters};
+
+use crate::file_watch::{FileWatch, Waker, Woken};
+use crate::model_process::ModelProcess;
+use crate::program::Program;
+use crate::vm_control::ControlClient;
+use crate::vm_process::{VmOutcome, VmProcess};
+use crate::window::AgentFrames;
+use crate::{BootRequest, Booted, CounterSource, Ending, Engine, KILL_GRACE, WATCH_PERIOD, Watch, Window, ms};
+
+/// VMM processes of one program (`driverlab-vmm`, or `driverlab vm run`).
+#[derive(Debug, Clone)]
+pub struct DriverlabEngine {
+    vmm: Program,
+}
+
+impl DriverlabEngine {
+    /// The engine that starts `vmm` for each VM.
+    pub fn new(vmm: Program) -> DriverlabEngine {
+        DriverlabEngine { vmm }
+    }
+}
+
+impl Engine for DriverlabEngine {
+    fn boot(&self, request: BootRequest<'_>) -> Booted {
+        let private = match private_dir() {
+            Ok(dir) => dir,
+            Err(e) => return Booted::failed(Ending::Refused(format!("a folder for the control socket: {e}"))),
+        };
+        let booted = self.run(request, &private.join("vm.sock"));
+        let _ = std::fs::remove_dir_all(&private);
+        booted
+    }
+}
+
+impl DriverlabEngine {
+    /// Runs the request's VM with its control socket at `socket`.
+    fn run(&self, request: BootRequest<'_>, socket: &Path) -> Booted {
+        let BootRequest { spec, watch, model, counters, .. } = request;
+        // The agent's log, watched for its frames from before the VMM opens it.
+        let (agent_watch, waker) = match FileWatch::new(watch.agent_log.as_deref()) {
+            Ok(watched) => watched,
+            Err(e) => return Booted::failed(Ending::Refused(format!("watching the guest agent's log: {e}"))),
+        };
+        let spawned = Instant::now();
+        let vm = match VmProcess::new(&self.vmm, spec, KILL_GRACE).with_control(socket).start() {
+            Ok(vm) => vm,
+            Err(e) => return Booted::failed(Ending::Refused(e.to_string())),
+        };
+        let watchdog = Watchdog::start(socket, watch, spawned, counters.clone(), agent_watch, waker);
+        let outcome = vm.wait();
+        let watched = watchdog.stop();
+        let mut model = model;
+        let model_ended = model.as_mut().and_then(ModelProcess::ended_badly);
+        drop(model);
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => return Booted::failed(Ending::Refused(e.to_string())),
+        };
+        let (iommu, device_counters, device_error) = final_counts(&outcome, watched.last.as_ref());
+        Booted {
+            ending: ending(&outcome),
+            run_ms: outcome.exit.as_ref().map(|e| e.run_ms),
+            iommu,
+            device_counters: device_counters.or_else(|| counters.and_then(|source| source())),
+            device_error,
+            window: watched.window,
+            silent_for: watched.silent_for,
+            answered_ms: watched.answered_ms,
+            model_ended,
+            exit: outcome.exit,
+            error: outcome.error,
+            vmm_stderr: outcome.stderr,
+        }
+    }
+}
+
+/// How the VMM process ended, from its last line (or its absence).
+fn ending(outcome: &VmOutcome) -> Ending {
+    if let Some(error) = &outcome.error {
+        Ending::Refused(format!("the VMM could not run the VM ({:?}): {}", error.kind, error.message))
+    } else if outcome.killed {
+        Ending::Killed
+    } else if let Some(exit) = &outcome.exit {
+        Ending::Stopped { reason: exit.reason, detail: exit.detail.clone() }
+    } else {
+        let how = outcome.signal().map_or(format!("exit code {:?}", outcome.code()), |s| format!("signal {s}"));
+        // Its last words, when it had any (a seccomp violation names its system call).
+        let said = outcome.stderr.lines().rev().find(|l| !l.trim().is_empty()).map(|l| {
+            let l: String = l.trim().chars().take(300).collect();
+            format!(": {l}")
+        });
+        Ending::Unexplained(format!("the VMM ended without its exit line ({how}){}", said.unwrap_or_default()))
+    }
+}
+
+/// The virtio-iommu's and the device's counts over the whole VM and a device's error: from the
+/// exit line, else (the VMM was killed) the last live counters.
+fn final_counts(
+    outcome: &VmOutcome,
+    last: Option<&LiveCounters>,
+) -> (Option<IommuCounts>, Option<ModelCounters>, Option<String>) {
+    match (&outcome.exit, last) {
+        (Some(exit), _) => (
+            exit.viommu.clone(),
+            exit.devices.first().and_then(|d| d.device.counters),
+            exit.devices
+                .iter()
+                .find_map(|d| d.device.error.as_ref().map(|e| format!("device {}: {e}", d.device.device))),
+        ),
+        (None, Some(live)) => (live.viommu.clone(), live.devices.first().and_then(|d| d.counters), None),
+        (None, None) => (None, None, None),
+    }
+}
+
+/// A folder of this process's own, short enough for a Unix socket path.
+fn private_dir() -> std::io::Result<PathBuf> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("driverlab-lab-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    Ok(dir)
+}
+
+/// What the VMM's watchdog saw.
+#[derive(Default)]
+struct Watched {
+    answered_ms: Option<f64>,
+    last: Option<LiveCounters>,
+    silent_for: Option<Duration>,
+    window: Window,
+}
+
+/// The model's counts: through the VMM's control socket (`live`, the model's counters region)
+/// or, where the lab reads them from the model itself, from `source`.
+fn model_counts(live: &LiveCounters, source: Option<&CounterSource>) -> Option<ModelCounters> {
+    live.devices.first().and_then(|d| d.counters).or_else(|| source.and_then(|s| s()))
+}
+
+/// Reads the VMM's live counters while the VM runs; stops a guest whose serial ports stay silent.
+/// The agent's frames are read the moment they are written (the window's counters with them);
+/// the counters and the silence are looked at every [`WATCH_PERIOD`].
+struct Watchdog {
+    waker: Waker,
+    thread: std::thread::JoinHandle<Watched>,
+}
+
+impl Watchdog {
+    fn start(
+        socket: &Path,
+        watch: Watch,
+        spawned: Instant,
+        source: Option<CounterSource>,
+        agent_watch: FileWatch,
+        waker: Waker,
+    ) -> Watchdog {
+        let client = ControlClient::new(socket, Duration::from_secs(2));
+        let mut watching = Watching {
+            client,
+            watch,
+            spawned,
+            source,
+            watched: Watched::default(),
+            bytes_seen: 0,
+            frames: AgentFrames::default(),
+            quiet_since: Instant::now(),
+        };
+        let thread = std::thread::spawn(move || {
+            let mut looked = Instant::now();
+            loop {
+                // Often until the socket answers (that is the VM's start time), then calmly; the
+                // waker ends the watch at once, a write to the agent's log wakes it at once.
+                let period =
+                    if watching.watched.answered_ms.is_some() { WATCH_PERIOD } else { Duration::from_millis(2) };
+                match agent_watch.wait(period.saturating_sub(looked.elapsed())) {
+                    Woken::Stopped => break,
+                    Woken::Written if looked.elapsed() < period => {
+                        watching.frames_arrived();
+                        continue;
+                    }
+                    Woken::Written | Woken::TimedOut => {}
+                }
+                looked = Instant::now();
+                watching.look();
+            }
+            watching.watched
+        });
+        Watchdog { waker, thread }
+    }
+
+    fn stop(self) -> Watched {
+        self.waker.wake();
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// The watchdog thread's state.
+struct Watching {
+    client: ControlClient,
+    watch: Watch,
+    spawned: Instant,
+    source: Option<CounterSource>,
+    watched: Watched,
+    bytes_seen: u64,
+    frames: AgentFrames,
+    quiet_since: Instant,
+}
+
+impl Watching {
+    /// The agent wrote: the window's counters for its fresh frames, read now.
+    fn frames_arrived(&mut self) {
+        let kinds = self.frames.fresh(self.watch.agent_log.as_deref());
+        if kinds.is_empty() {
+            return;
+        }
+        let (client, source) = (&self.client, self.source.as_ref());
+        self.watched.window.saw(
+            &kinds,
+            ms(self.spawned.elapsed()),
+            || client.counters().ok().and_then(|c| c.viommu),
+            || client.counters().ok().and_then(|c| model_counts(&c, source)),
+        );
+    }
+
+    /// A periodic look: the live counters, the guest's silence, and fresh frames.
+    fn look(&mut self) {
+        let Ok(counters) = self.client.counters() else { return };
+        self.watched.answered_ms.get_or_insert(ms(self.spawned.elapsed()));
+        let bytes = counters.serial_bytes + counters.com2_bytes.unwrap_or(0);
+        if bytes != self.bytes_seen {
+            self.bytes_seen = bytes;
+            self.quiet_since = Instant::now();
+        } else if self.quiet_since.elapsed() >= self.watch.silence && self.watched.silent_for.is_none() {
+            tracing::warn!("the guest has been silent for {:?}; stopping it", self.watch.silence);
+            self.watched.silent_for = Some(self.quiet_since.elapsed());
+            let _ = self.client.shutdown(ShutdownRequest { grace_s: Some(0.0) });
+        }
+        let kinds = self.frames.fresh(self.watch.agent_log.as_deref());
+        // The virtio-iommu's counts as read now, once more when the model is read first.
+        let fresh = std::cell::RefCell::new(None::<LiveCounters>);
+        let (client, source) = (&self.client, self.source.as_ref());
+        self.watched.window.saw(
+            &kinds,
+            ms(self.spawned.elapsed()),
+            || match client.counters() {
+                Ok(now) => {
+                    let iommu = now.viommu.clone();
+                    *fresh.borrow_mut() = Some(now);
+                    iommu
+                }
+                Err(_) => counters.viommu.clone(),
+            },
+            || model_counts(fresh.borrow().as_ref().unwrap_or(&counters), source),
+        );
+        self.watched.last = Some(counters);
+    }
+}

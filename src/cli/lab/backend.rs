@@ -1,0 +1,240 @@
+//! Where a `lab` command's work happens: in this process on a results database (`Local`), or
+//! through a daemon (`Remote`). Both give the same types back, so that each command prints its
+//! output once, whichever ran it.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use api::client::Client;
+use api::types::RunEvent;
+use lab::env::LabEnv;
+use lab::images::RunPlan;
+use lab::matrix::Plan;
+use lab::record::Record;
+use lab::results_db::ResultsDb;
+use lab::run::{self, RunError, RunStatus};
+
+use super::daemon::{coded as client_coded, runtime};
+use super::output::{Console, repetition_line};
+use super::{DbArgs, Format};
+use crate::cli::CodedError;
+
+/// How a run that was followed to its end ended.
+pub enum Finished {
+    /// It ended (done, or cancelled): its status.
+    Ended(RunStatus),
+    /// Its daemon went away before it ended: why.
+    Interrupted(String),
+}
+
+/// A run and its records, for `lab show`.
+pub struct Shown {
+    /// Its status.
+    pub status: RunStatus,
+    /// Its records.
+    pub records: Vec<Record>,
+    /// Its artifacts folder, when it is on this host.
+    pub artifacts: Option<PathBuf>,
+}
+
+/// Where the work happens.
+pub enum Backend {
+    /// In this process, on the results database at this path.
+    Local(PathBuf),
+    /// Through the daemon this client talks to.
+    Remote(Client),
+}
+
+/// Ctrl-C: finish the repetitions running, record the rest as MISS, mark the run cancelled.
+static CANCEL: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    CANCEL.store(true, Ordering::SeqCst);
+}
+
+fn catch_interrupt() {
+    // SAFETY: installing a handler that only stores to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t) };
+}
+
+/// A run's error as the CLI's: 2 for the user's mistakes, 1 otherwise.
+pub fn coded(e: RunError) -> anyhow::Error {
+    let code = if e.is_bad_input() { 2 } else { 1 };
+    CodedError { message: e.to_string(), code }.into()
+}
+
+impl Backend {
+    /// The daemon `daemon` names when one answers there, else this process on `db`.
+    pub fn of(daemon: &super::daemon::DaemonArgs, db: &DbArgs) -> anyhow::Result<Backend> {
+        Ok(match daemon.client()? {
+            Some(client) => Backend::Remote(client),
+            None => Backend::Local(db.path()),
+        })
+    }
+
+    fn db(path: &Path) -> anyhow::Result<ResultsDb> {
+        Ok(ResultsDb::open(path)?)
+    }
+
+    /// Runs the matrix at `matrix` to its end, printing `run ID started` first and a line per
+    /// repetition on stderr; `build_here` builds its image recipes on this host first (for a
+    /// daemon that reads this host's image store).
+    pub fn run(&self, matrix: &Path, skip_unrunnable: bool, build_here: bool) -> anyhow::Result<Finished> {
+        match self {
+            Backend::Local(db) => {
+                let plan = Plan::load(matrix).map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
+                let env = crate::cli::lab_env()?;
+                let mut store = Backend::db(db)?;
+                // Images the lab builds (recipes) come first: the first time, a download and a build.
+                let (run, plan) =
+                    run::create(&mut store, &env, plan, skip_unrunnable, &|line| eprintln!("{line}")).map_err(coded)?;
+                println!("run {run} started");
+                execute(store, &env, &plan, &run)
+            }
+            Backend::Remote(client) => {
+                let text = std::fs::read_to_string(matrix)
+                    .map_err(|e| CodedError { message: format!("{}: {e}", matrix.display()), code: 2 })?;
+                let text = if build_here {
+                    let images = guest_images::store::ImageStore::new(guest_images::store::default_root());
+                    lab::images::pin_recipes(matrix, &text, &images, &|line| eprintln!("{line}"))
+                        .map_err(|message| CodedError { message, code: 1 })?
+                } else {
+                    text
+                };
+                let runtime = runtime()?;
+                let run =
+                    runtime.block_on(client.submit_run(text.into_bytes(), skip_unrunnable)).map_err(client_coded)?;
+                println!("run {run} started");
+                runtime.block_on(follow(client, &run))
+            }
+        }
+    }
+
+    /// Runs what `run` has left to run, printing `run ID resumed` first.
+    pub fn resume(&self, run: &str) -> anyhow::Result<Finished> {
+        match self {
+            Backend::Local(db) => {
+                let env = crate::cli::lab_env()?;
+                let mut store = Backend::db(db)?;
+                let plan = run::resumable(&store, &env, run, &|line| eprintln!("{line}")).map_err(coded)?;
+                store.claim_run(run)?;
+                println!("run {run} resumed");
+                execute(store, &env, &plan, run)
+            }
+            Backend::Remote(client) => {
+                let runtime = runtime()?;
+                runtime.block_on(client.resume_run(run)).map_err(client_coded)?;
+                println!("run {run} resumed");
+                runtime.block_on(follow(client, run))
+            }
+        }
+    }
+
+    /// Every run, newest first.
+    pub fn list(&self) -> anyhow::Result<Vec<RunStatus>> {
+        match self {
+            Backend::Local(db) => {
+                let store = Backend::db(db)?;
+                let runs = store.runs()?;
+                Ok(runs.iter().map(|r| run::status(&store, &r.id)).collect::<Result<_, _>>()?)
+            }
+            Backend::Remote(client) => runtime()?.block_on(client.runs()).map_err(client_coded),
+        }
+    }
+
+    /// A run and its records.
+    pub fn show(&self, run: &str) -> anyhow::Result<Shown> {
+        match self {
+            Backend::Local(db) => {
+                let store = Backend::db(db)?;
+                let status = run::status(&store, run)?;
+                let records = store.records(run)?;
+                Ok(Shown { status, records, artifacts: Some(store.artifacts(run)) })
+            }
+            Backend::Remote(client) => {
+                let runtime = runtime()?;
+                let status = runtime.block_on(client.run_status(run)).map_err(client_coded)?;
+                let records = runtime.block_on(client.records(run)).map_err(client_coded)?;
+                Ok(Shown { status, records, artifacts: None })
+            }
+        }
+    }
+
+    /// A run's report in `format`, judged against `baseline` (the matrix's own when none).
+    pub fn report(&self, run: &str, baseline: Option<&str>, format: Format) -> anyhow::Result<String> {
+        match self {
+            Backend::Local(db) => {
+                let store = Backend::db(db)?;
+                let report = run::report(&store, run, baseline).map_err(coded)?;
+                super::render(&report, format)
+            }
+            Backend::Remote(client) => {
+                runtime()?.block_on(client.report(run, baseline, format.media_type())).map_err(client_coded)
+            }
+        }
+    }
+}
+
+/// Executes `run` in this process (Ctrl-C cancels it), progress on stderr.
+fn execute(store: ResultsDb, env: &LabEnv, plan: &RunPlan, run: &str) -> anyhow::Result<Finished> {
+    let done = store.done(run)?.len();
+    let total = plan.plan.cells.len() * plan.plan.matrix.repetitions as usize;
+    let store = Arc::new(Mutex::new(store));
+    let console = Console::new(total, done);
+    catch_interrupt();
+    run::execute(store.clone(), env, plan, run, &console, &CANCEL).map_err(coded)?;
+    console.finish();
+    let store = store.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(Finished::Ended(run::status(&store, run)?))
+}
+
+/// Follows a daemon's run to its end (Ctrl-C cancels it), a line per repetition on stderr.
+async fn follow(client: &Client, run: &str) -> anyhow::Result<Finished> {
+    let canceller = client.clone();
+    let cancelled = run.to_string();
+    let ctrl_c = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("cancelling: the repetitions running finish, the rest are MISS");
+            let _ = canceller.cancel_run(&cancelled).await;
+        }
+    });
+    let console = Console::plain();
+    let mut last: Option<RunStatus> = None;
+    let followed = client
+        .run_events(run, |event| match event {
+            RunEvent::Recorded { cell, label, repetition, status, reason, gbit_s, maps_per_packet, done, total } => {
+                let reason = (!reason.is_empty()).then_some(reason.as_str());
+                let line = repetition_line(
+                    (done, total),
+                    (&cell, &label, repetition),
+                    status,
+                    reason,
+                    (gbit_s, maps_per_packet),
+                );
+                console.repetition(&line, done, &format!("{cell} {status}"));
+                true
+            }
+            RunEvent::Note { line } => {
+                console.line(&line);
+                true
+            }
+            RunEvent::State { status } => {
+                let ended = status.state.ended();
+                last = Some(status);
+                !ended
+            }
+        })
+        .await;
+    ctrl_c.abort();
+    console.finish();
+    match followed {
+        Err(api::client::ClientError::Transport(e)) => return Ok(Finished::Interrupted(e.to_string())),
+        Err(e) => return Err(client_coded(e)),
+        Ok(()) => {}
+    }
+    Ok(match last.filter(|s| s.state.ended()) {
+        Some(status) => Finished::Ended(status),
+        None => Finished::Interrupted("the daemon closed the run's event stream before the run ended".into()),
+    })
+}

@@ -1,0 +1,436 @@
+//! `driverlab lab ...`: run a matrix, list and show runs, report, compare, resume, export,
+//! import; and the devices' leases and quarantines. Each command works in this process or
+//! through a daemon ([`backend`]) and prints the same either way ([`output`]).
+
+mod backend;
+pub mod daemon;
+mod output;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use lab::record::Status;
+use lab::results_db::{self, ResultsDb};
+use lab::run::{self, RunPhase};
+
+use super::CodedError;
+use backend::{Backend, Finished, Shown};
+use daemon::DaemonArgs;
+use output::{last_line, list_header, list_row, record_line};
+
+/// Lab commands.
+#[derive(Subcommand)]
+pub enum LabCommand {
+    /// Run a matrix: every cell, every repetition, then its report. The first line is
+    /// `run ID started`, the last `run ID: N cells, P passed, F failed, E errors` (repetitions).
+    /// Exit code 0 when every repetition passed (or was skipped), 1 otherwise, 2 for a matrix that
+    /// is invalid or cannot run here.
+    Run(RunArgs),
+    /// Finish an interrupted or cancelled run: only the repetitions without a result run.
+    Resume(ResumeArgs),
+    /// List the runs, newest first.
+    List(ListArgs),
+    /// Show one run: its state and every repetition's record.
+    Show(ShowArgs),
+    /// A run's report: per cell n, mean, stddev, min, max, 95% interval, and the change and
+    /// verdict against the baseline.
+    Report(ReportArgs),
+    /// Run B against run A, cell by cell (cells match on image, variant, parameters, workload and
+    /// device).
+    Compare(CompareArgs),
+    /// Export a run for other systems: `--format kcidb` writes KCIDB v4 JSON (KernelCI).
+    Export(ExportArgs),
+    /// Merge the runs of another box's results database into this one (idempotent).
+    Import(ImportArgs),
+    /// The devices' leases and quarantines.
+    Devices(DbArgs),
+    /// Lift a device's quarantine (after fixing it), e.g. `vfio=0000:63:00.0`.
+    Release(ReleaseArgs),
+}
+
+/// The results database.
+#[derive(Args, Clone)]
+pub struct DbArgs {
+    /// The results database [default: $DRIVERLAB_DB, else ~/.local/share/driverlab/lab.db].
+    #[arg(long, value_name = "PATH")]
+    pub db: Option<PathBuf>,
+}
+
+impl DbArgs {
+    /// The database's path.
+    fn path(&self) -> PathBuf {
+        self.db.clone().unwrap_or_else(results_db::default_path)
+    }
+
+    fn open(&self) -> anyhow::Result<ResultsDb> {
+        Ok(ResultsDb::open(&self.path())?)
+    }
+}
+
+/// Report formats.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Format {
+    /// A markdown table.
+    Md,
+    /// The JSON report (docs/lab.md).
+    Json,
+    /// CSV, one row per cell and metric.
+    Csv,
+    /// An SVG chart of throughput and maps per packet per cell.
+    Svg,
+}
+
+impl Format {
+    /// Its media type, as the API's report takes it in `Accept`.
+    pub fn media_type(self) -> &'static str {
+        match self {
+            Format::Md => "text/markdown",
+            Format::Json => "application/json",
+            Format::Csv => "text/csv",
+            Format::Svg => "image/svg+xml",
+        }
+    }
+}
+
+/// Options of `lab run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// The matrix (TOML, docs/lab.md).
+    #[arg(value_name = "MATRIX.toml")]
+    pub matrix: PathBuf,
+    /// Record cells this host cannot run as SKIP (with the reason) instead of refusing the matrix.
+    #[arg(long)]
+    pub skip_unrunnable: bool,
+    /// Build the matrix's image recipes (`kernel = "debian"`, `initrd = "agent"`, `patches`) on
+    /// this host, into its image store, and send the daemon their IDs: for a daemon that reads
+    /// this host's store, such as the nested box.
+    #[arg(long)]
+    pub build_here: bool,
+    /// The report's format.
+    #[arg(long, value_enum, default_value = "md")]
+    pub format: Format,
+    /// The daemon to go through.
+    #[command(flatten)]
+    pub daemon: daemon::DaemonArgs,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab resume`.
+#[derive(Args)]
+pub struct ResumeArgs {
+    /// The run.
+    pub run: String,
+    /// The report's format.
+    #[arg(long, value_enum, default_value = "md")]
+    pub format: Format,
+    /// The daemon to go through.
+    #[command(flatten)]
+    pub daemon: daemon::DaemonArgs,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab list`.
+#[derive(Args)]
+pub struct ListArgs {
+    /// JSON, one object per run.
+    #[arg(long)]
+    pub json: bool,
+    /// The daemon to go through.
+    #[command(flatten)]
+    pub daemon: daemon::DaemonArgs,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab show`.
+#[derive(Args)]
+pub struct ShowArgs {
+    /// The run.
+    pub run: String,
+    /// JSON: the run and every record.
+    #[arg(long)]
+    pub json: bool,
+    /// The daemon to go through.
+    #[command(flatten)]
+    pub daemon: daemon::DaemonArgs,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab report`.
+#[derive(Args)]
+pub struct ReportArgs {
+    /// The run.
+    pub run: String,
+    /// Judge against this variant instead of the matrix's baseline.
+    #[arg(long, value_name = "VARIANT")]
+    pub baseline: Option<String>,
+    /// Where the report goes.
+    #[command(flatten)]
+    pub output: ReportOutput,
+    /// The daemon to go through.
+    #[command(flatten)]
+    pub daemon: daemon::DaemonArgs,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// A report's format and destination.
+#[derive(Args)]
+pub struct ReportOutput {
+    /// Format.
+    #[arg(long, value_enum, default_value = "md")]
+    pub format: Format,
+    /// Write to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// Options of `lab compare`.
+#[derive(Args)]
+pub struct CompareArgs {
+    /// The run compared against.
+    pub a: String,
+    /// The run judged.
+    pub b: String,
+    /// Where the report goes.
+    #[command(flatten)]
+    pub output: ReportOutput,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Export formats.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ExportFormat {
+    /// KCIDB v4 JSON (schema 4.5).
+    Kcidb,
+}
+
+/// Options of `lab export`.
+#[derive(Args)]
+pub struct ExportArgs {
+    /// The run.
+    pub run: String,
+    /// Format.
+    #[arg(long, value_enum)]
+    pub format: ExportFormat,
+    /// Write to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab import`.
+#[derive(Args)]
+pub struct ImportArgs {
+    /// The other database (an existing results database); or, with --url, none: the daemon's.
+    #[arg(value_name = "DB", required_unless_present = "url")]
+    pub other: Option<PathBuf>,
+    /// Import the database of the daemon at this URL (`GET /v1/database`), e.g. a lab box's.
+    #[arg(long, value_name = "URL", env = "DRIVERLAB_URL", requires = "token_file", conflicts_with = "other")]
+    pub url: Option<String>,
+    /// The file whose first line is the daemon's bearer token (for --url).
+    #[arg(long, value_name = "FILE", env = "DRIVERLAB_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// Options of `lab release`.
+#[derive(Args)]
+pub struct ReleaseArgs {
+    /// The device, as `lab devices` lists it.
+    pub device: String,
+    /// Database.
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+impl LabCommand {
+    /// Runs the command.
+    pub fn run(self) -> anyhow::Result<u8> {
+        match self {
+            LabCommand::Run(args) => run_matrix(args),
+            LabCommand::Resume(args) => resume(args),
+            LabCommand::List(args) => list(args),
+            LabCommand::Show(args) => show(args),
+            LabCommand::Report(args) => {
+                let backend = Backend::of(&args.daemon, &args.db)?;
+                let text = backend.report(&args.run, args.baseline.as_deref(), args.output.format)?;
+                write_out(&text, args.output.out.as_deref())?;
+                Ok(0)
+            }
+            LabCommand::Compare(args) => {
+                let store = args.db.open()?;
+                let report = run::compare(&store, &args.a, &args.b).map_err(backend::coded)?;
+                write_report(&report, args.output.format, args.output.out.as_deref())
+            }
+            LabCommand::Export(args) => {
+                let store = args.db.open()?;
+                let info = store.run(&args.run)?;
+                let records = store.records(&args.run)?;
+                let doc = match args.format {
+                    ExportFormat::Kcidb => lab::kcidb::export(&info, &records, &store.artifacts(&args.run)),
+                };
+                write_out(&serde_json::to_string_pretty(&doc)?, args.out.as_deref())?;
+                Ok(0)
+            }
+            LabCommand::Import(args) => {
+                let scratch = tempfile::tempdir()?;
+                let (other, from) = match (&args.url, &args.other) {
+                    (Some(url), _) => {
+                        let daemon =
+                            DaemonArgs { socket: None, url: Some(url.clone()), token_file: args.token_file.clone() };
+                        let client = daemon.client()?.context("no daemon")?;
+                        let copy = scratch.path().join("lab.db");
+                        daemon::runtime()?.block_on(client.database(&copy)).map_err(daemon::coded)?;
+                        (copy, url.clone())
+                    }
+                    (None, Some(other)) => {
+                        if !other.is_file() {
+                            return Err(CodedError {
+                                message: format!("{}: no such results database", other.display()),
+                                code: 2,
+                            }
+                            .into());
+                        }
+                        (other.clone(), other.display().to_string())
+                    }
+                    (None, None) => unreachable!("clap requires DB or --url"),
+                };
+                let mut store = args.db.open()?;
+                let (runs, results) = store.import(&other)?;
+                println!("imported {runs} runs and {results} results from {from}");
+                Ok(0)
+            }
+            LabCommand::Devices(db) => {
+                let store = db.open()?;
+                for (device, holder) in store.leases()? {
+                    println!("leased      {device}: run {} (pid {} on {})", holder.run, holder.pid, holder.host);
+                }
+                for (device, reason, since) in store.quarantine_list()? {
+                    println!("quarantined {device}: {reason} (since {since}; `driverlab lab release {device}`)");
+                }
+                Ok(0)
+            }
+            LabCommand::Release(args) => {
+                let store = args.db.open()?;
+                if store.unquarantine(&args.device)? {
+                    println!("{} is no longer quarantined", args.device);
+                    Ok(0)
+                } else {
+                    Err(CodedError { message: format!("{} is not quarantined", args.device), code: 2 }.into())
+                }
+            }
+        }
+    }
+}
+
+fn write_out(text: &str, out: Option<&Path>) -> anyhow::Result<()> {
+    match out {
+        Some(path) => std::fs::write(path, text).with_context(|| path.display().to_string()),
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(text.as_bytes())?;
+            if !text.ends_with('\n') {
+                stdout.write_all(b"\n")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A report rendered in `format`.
+fn render(report: &lab::report::Report, format: Format) -> anyhow::Result<String> {
+    Ok(match format {
+        Format::Md => report.to_markdown(),
+        Format::Json => report.to_json(),
+        Format::Csv => report.to_csv(),
+        Format::Svg => lab::chart::svg(report)?,
+    })
+}
+
+fn write_report(report: &lab::report::Report, format: Format, out: Option<&Path>) -> anyhow::Result<u8> {
+    write_out(&render(report, format)?, out)?;
+    Ok(0)
+}
+
+/// A followed run's end: its report, then its last line; exit code 0 when every repetition
+/// passed (or was skipped) and the run is done.
+fn finish(backend: &Backend, finished: Finished, format: Format) -> anyhow::Result<u8> {
+    let status = match finished {
+        Finished::Ended(status) => status,
+        Finished::Interrupted(why) => {
+            println!("interrupted: {why}; `driverlab lab resume RUN` once the daemon is back");
+            return Ok(1);
+        }
+    };
+    write_out(&backend.report(&status.id, None, format)?, None)?;
+    let count = |s: Status| status.counts.get(&s).copied().unwrap_or(0);
+    println!("{}", last_line(&status.id, status.cells_total, count, status.state == RunPhase::Cancelled));
+    let clean = count(Status::Fail) + count(Status::Error) + count(Status::Miss) == 0;
+    Ok(if clean && status.state == RunPhase::Done { 0 } else { 1 })
+}
+
+fn run_matrix(args: RunArgs) -> anyhow::Result<u8> {
+    let backend = Backend::of(&args.daemon, &args.db)?;
+    let finished = backend.run(&args.matrix, args.skip_unrunnable, args.build_here)?;
+    finish(&backend, finished, args.format)
+}
+
+fn resume(args: ResumeArgs) -> anyhow::Result<u8> {
+    let backend = Backend::of(&args.daemon, &args.db)?;
+    let finished = backend.resume(&args.run)?;
+    finish(&backend, finished, args.format)
+}
+
+fn list(args: ListArgs) -> anyhow::Result<u8> {
+    let runs = Backend::of(&args.daemon, &args.db)?.list()?;
+    if args.json {
+        for r in &runs {
+            println!("{}", serde_json::to_string(r)?);
+        }
+        return Ok(0);
+    }
+    println!("{}", list_header());
+    for r in &runs {
+        println!("{}", list_row(&r.id, r.state, r.cells_total, r.results, r.results_total, &r.created_at, &r.matrix));
+    }
+    Ok(0)
+}
+
+fn show(args: ShowArgs) -> anyhow::Result<u8> {
+    let Shown { status, records, artifacts } = Backend::of(&args.daemon, &args.db)?.show(&args.run)?;
+    if args.json {
+        let doc = serde_json::json!({"run": status, "artifacts": artifacts, "records": records});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(0);
+    }
+    println!("run {}: matrix {} ({}), {}", status.id, status.matrix, status.matrix_file, status.state);
+    println!(
+        "created {} on {}, {} cells x {} repetitions, {} results",
+        status.created_at, status.host, status.cells_total, status.repetitions, status.results
+    );
+    match artifacts {
+        Some(dir) => println!("artifacts in {}", dir.display()),
+        None => println!("artifacts on the daemon's host"),
+    }
+    for r in &records {
+        println!("{}", record_line(r));
+    }
+    Ok(0)
+}

@@ -1,0 +1,200 @@
+//! The VMM's command line, shared by `driverlab vm run` and the small `driverlab-vmm` binary the
+//! lab starts: a VM spec from a JSON file (`--config`, `-` for stdin) and flags that replace its
+//! fields, run to its end, the exit or error line last on stderr.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use vm_spec::{DeviceSpec, Entry as SpecEntry, ErrorKind, ErrorLine, IommuSpec, Kernel, SerialOutput, VmSpec};
+
+/// Boot protocol choice.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Entry {
+    /// PVH if the ELF has a PVH note, else the 64-bit Linux entry.
+    Auto,
+    /// PVH (the ELF must have a PVH note).
+    Pvh,
+    /// The 64-bit Linux boot protocol entry (ELF e_entry, or bzImage + 0x200).
+    Linux64,
+}
+
+/// Options of `driverlab vm run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// The VM spec as JSON: a file, or `-` for stdin (docs/vmm.md lists its fields).
+    #[arg(long, value_name = "FILE|-")]
+    pub config: Option<PathBuf>,
+    /// Print the spec that the flags and --config give, as JSON, and exit without running it.
+    #[arg(long)]
+    pub print_spec: bool,
+    /// Serve the control socket here: HTTP/JSON on a Unix socket (vm.info, vm.counters,
+    /// vm.shutdown; docs/vmm.md).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Kernel: an ELF vmlinux (PVH or 64-bit entry), a bzImage, or `probe` for the embedded
+    /// probe guest.
+    #[arg(long, value_name = "PATH|probe", required_unless_present = "config")]
+    pub kernel: Option<String>,
+    /// Initial ramdisk.
+    #[arg(long, value_name = "PATH")]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line.
+    #[arg(long, value_name = "STRING")]
+    pub cmdline: Option<String>,
+    /// Guest memory in MiB [default: 256].
+    #[arg(long, value_name = "MiB")]
+    pub memory: Option<u64>,
+    /// Number of vCPUs [default: 1].
+    #[arg(long, value_name = "N")]
+    pub vcpus: Option<u32>,
+    /// Where COM1 (the console) goes: a file, `unix:PATH` (a listening socket), `stdout` or
+    /// `discard` [default: stdout].
+    #[arg(long, value_name = "FILE|unix:PATH|stdout|discard")]
+    pub serial: Option<String>,
+    /// Give the guest COM2 (0x2f8, IRQ 3), for an agent's results apart from the console, and
+    /// send it here (same forms as --serial).
+    #[arg(long, value_name = "FILE|unix:PATH|stdout|discard")]
+    pub com2: Option<String>,
+    /// Stop the VM after this many seconds (exit code 6).
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<f64>,
+    /// Boot protocol [default: auto].
+    #[arg(long, value_enum)]
+    pub entry: Option<Entry>,
+    /// Put a virtio-iommu in front of every PCI endpoint (described to the guest by ACPI VIOT).
+    /// Without it, device DMA is identity-mapped.
+    #[arg(long)]
+    pub iommu: bool,
+    /// With --iommu: whether endpoints the guest has not attached to a domain bypass translation
+    /// (the virtio-iommu `bypass` field at reset) [default: true].
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub iommu_bypass: Option<bool>,
+    /// Pass a device through: `vfio=0000:63:00.0` (a host device bound to vfio-pci) or
+    /// `vfio-user=/path/to/socket` (a device served over vfio-user, e.g. by `driverlab model`).
+    /// Repeatable; devices appear at 00:02.0, 00:03.0, ...
+    #[arg(long = "device", value_name = "vfio=BDF|vfio-user=SOCKET")]
+    pub devices: Vec<DeviceSpec>,
+    /// Debugging only: run without the seccomp filters.
+    #[arg(long)]
+    pub no_seccomp: bool,
+    /// Run without the jail (namespaces, empty root, own uid and cgroup, Landlock; see
+    /// docs/vmm.md): for debugging, or where the jail cannot work.
+    #[arg(long)]
+    pub no_jail: bool,
+}
+
+/// A failure before the VM ran, as the error line reports it.
+struct Refused(ErrorLine);
+
+fn refused(kind: ErrorKind, message: impl Into<String>) -> Refused {
+    Refused(ErrorLine::new(kind, message))
+}
+
+/// The spec the config file and the flags give.
+fn spec_of(args: &RunArgs) -> Result<VmSpec, Refused> {
+    let mut spec = match &args.config {
+        Some(path) => {
+            let mut json = String::new();
+            let read = if path.as_os_str() == "-" {
+                std::io::stdin().read_to_string(&mut json).map(|_| ())
+            } else {
+                std::fs::read_to_string(path).map(|text| json = text)
+            };
+            read.map_err(|e| refused(ErrorKind::Spec, format!("--config {}: {e}", path.display())))?;
+            let name = if path.as_os_str() == "-" { "stdin".into() } else { path.display().to_string() };
+            VmSpec::parse(&json).map_err(|e| refused(ErrorKind::Spec, format!("--config {name}: {e}")))?
+        }
+        None => VmSpec::new(Kernel::Probe),
+    };
+    let usage = |e: vm_spec::SpecError| refused(ErrorKind::Usage, e.to_string());
+    if let Some(kernel) = &args.kernel {
+        spec.kernel = kernel.parse().map_err(usage)?;
+    }
+    if let Some(initrd) = &args.initrd {
+        spec.initrd = Some(initrd.clone());
+    }
+    if let Some(cmdline) = &args.cmdline {
+        spec.cmdline = cmdline.clone();
+    }
+    if let Some(memory) = args.memory {
+        spec.memory_mib = memory;
+    }
+    if let Some(vcpus) = args.vcpus {
+        spec.vcpus = vcpus;
+    }
+    if let Some(serial) = &args.serial {
+        spec.serial.com1 = serial.parse::<SerialOutput>().map_err(usage)?;
+    }
+    if let Some(com2) = &args.com2 {
+        spec.serial.com2 = Some(com2.parse::<SerialOutput>().map_err(usage)?);
+    }
+    if args.timeout.is_some() {
+        spec.timeout_s = args.timeout;
+    }
+    if let Some(entry) = args.entry {
+        spec.entry = match entry {
+            Entry::Auto => SpecEntry::Auto,
+            Entry::Pvh => SpecEntry::Pvh,
+            Entry::Linux64 => SpecEntry::Linux64,
+        };
+    }
+    if args.iommu {
+        spec.iommu.get_or_insert_with(IommuSpec::default);
+    }
+    if let Some(bypass) = args.iommu_bypass {
+        match &mut spec.iommu {
+            Some(iommu) => iommu.bypass = bypass,
+            None => return Err(refused(ErrorKind::Usage, "--iommu-bypass needs --iommu")),
+        }
+    }
+    if !args.devices.is_empty() {
+        spec.devices = args.devices.clone();
+    }
+    if args.no_seccomp {
+        spec.seccomp = false;
+    }
+    if args.no_jail {
+        spec.jail = false;
+    }
+    spec.validate().map_err(|e| refused(ErrorKind::Spec, e.to_string()))?;
+    Ok(spec)
+}
+
+/// Prints the error line (after a human-readable line) and returns its exit code.
+pub fn report_error(line: &ErrorLine) -> u8 {
+    eprintln!("error: {}", line.message);
+    eprintln!("{}", line.to_json());
+    line.exit_code as u8
+}
+
+/// Runs `vm run`: builds the spec, runs the VM (`probe_image` is what `--kernel probe` boots),
+/// prints the exit or error line last on stderr; returns the process's exit code.
+pub fn run(args: RunArgs, probe_image: &'static [u8]) -> u8 {
+    let spec = match spec_of(&args) {
+        Ok(spec) => spec,
+        Err(Refused(line)) => return report_error(&line),
+    };
+    if args.print_spec {
+        println!("{}", serde_json::to_string_pretty(&spec).unwrap_or_default());
+        return 0;
+    }
+    let options = crate::RunOptions { probe_image, control_socket: args.control };
+    match crate::run(&spec, &options) {
+        Ok(summary) => {
+            eprintln!("{}", summary.to_json());
+            summary.exit_code as u8
+        }
+        Err(e) => report_error(&e.to_line()),
+    }
+}
+
+/// What a `vm run` whose flags do not parse prints and returns: clap's message, then the error
+/// line, so that even then its last line is JSON; exit code 2.
+pub fn usage_error(error: &clap::Error) -> u8 {
+    let _ = error.print();
+    let message = error.render().to_string();
+    let first = message.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+    eprintln!("{}", ErrorLine::new(ErrorKind::Usage, first).to_json());
+    vm_spec::exit::code::BAD_INPUT as u8
+}

@@ -466,15 +466,25 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let lan_run = wait_for_results(lab_box, "nested-lan743x", 1, Duration::from_secs(900));
-    let state: Value = serde_json::from_slice(&std::fs::read(lab_box.dir.join("state.json")).unwrap()).unwrap();
-    let qemu_pid = state["qemu"].as_u64().expect("QEMU's PID in state.json") as i32;
-    // SAFETY: kill(2) on the box's QEMU, whose PID the supervisor wrote.
-    unsafe { libc::kill(qemu_pid, libc::SIGKILL) };
+    // The box may die on its own first (TCG: docs/nested-box.md, "Known problem"); then its
+    // run is resumed just as a killed box's would be.
+    let died_first = wait_for_results(lab_box, "nested-lan743x", 1, Duration::from_secs(900)).is_none();
+    if died_first {
+        let console = std::fs::read_to_string(lab_box.dir.join("console.log")).unwrap_or_default();
+        let why = console.lines().find(|l| l.contains("Kernel panic")).unwrap_or("(no panic on its console)");
+        eprintln!("{TEST}: the box died on its own during the lan743x run: {why}; resumed as a killed one");
+    } else {
+        let state: Value = serde_json::from_slice(&std::fs::read(lab_box.dir.join("state.json")).unwrap()).unwrap();
+        let qemu_pid = state["qemu"].as_u64().expect("QEMU's PID in state.json") as i32;
+        // SAFETY: kill(2) on the box's QEMU, whose PID the supervisor wrote.
+        unsafe { libc::kill(qemu_pid, libc::SIGKILL) };
+    }
     let followed = follower.wait_with_output().unwrap();
-    let (_, last) = run_lines(&followed);
+    let (lan_run, last) = run_lines(&followed);
     f.check(
-        followed.status.code() == Some(1) && last.starts_with(&format!("run {lan_run}: interrupted:")),
+        followed.status.code() == Some(1)
+            && !lan_run.is_empty()
+            && last.starts_with(&format!("run {lan_run}: interrupted:")),
         format!("the follower of a killed box: {last}"),
     );
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -560,8 +570,9 @@ fn state_phase(dir: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Waits until the box's newest run of `matrix` has `n` results; returns its ID.
-fn wait_for_results(lab_box: &Box_, matrix: &str, n: u64, limit: Duration) -> String {
+/// Waits until the box's newest run of `matrix` has `n` results; returns its ID, or none when the
+/// box died first.
+fn wait_for_results(lab_box: &Box_, matrix: &str, n: u64, limit: Duration) -> Option<String> {
     let deadline = Instant::now() + limit;
     loop {
         // The box answers slowly while it starts a VM (TCG): a look that fails is tried again.
@@ -571,7 +582,10 @@ fn wait_for_results(lab_box: &Box_, matrix: &str, n: u64, limit: Duration) -> St
             && run["matrix"] == matrix
             && run["results"].as_u64().unwrap_or(0) >= n
         {
-            return run["id"].as_str().unwrap_or_default().to_string();
+            return run["id"].as_str().map(String::from);
+        }
+        if state_phase(&lab_box.dir) == "ended" {
+            return None;
         }
         assert!(Instant::now() < deadline, "the {matrix} run made no {n} results in {limit:?}");
         std::thread::sleep(Duration::from_millis(500));

@@ -15,6 +15,7 @@ pub mod images;
 pub mod listeners;
 pub mod payload;
 pub mod problem;
+pub mod query;
 pub mod results;
 pub mod run_queue;
 pub mod runs;

@@ -2,39 +2,70 @@
 
 use std::sync::Arc;
 
-use axum::extract::{RawQuery, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use lab::record::{Record, Status};
 
 use crate::daemon::Daemon;
 use crate::problem::{Problem, blocking};
-use crate::runs::query;
-
-/// A status, as the `status` query parameter gives it.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code, clippy::upper_case_acronyms, missing_docs)]
-pub enum StatusParam {
-    PASS,
-    FAIL,
-    ERROR,
-    MISS,
-    SKIP,
-}
-
-/// A format, as the `format` query parameter gives it.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code, non_camel_case_types, missing_docs)]
-pub enum FormatParam {
-    json,
-    csv,
-    kcidb,
-}
+use crate::query::Params;
 
 /// The most records one page of `GET /v1/results` holds (and its default `limit`).
 pub const MAX_PAGE: usize = 10_000;
 
-/// What `GET /v1/results` selects.
+/// `GET /v1/results`'s query as it arrives (the next page's link is this with a new offset).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ResultsParams {
+    /// only this run's records
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run: Option<String>,
+    /// only this cell (c01, c02, ...)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cell: Option<String>,
+    /// only this variant
+    #[serde(skip_serializing_if = "Option::is_none")]
+    variant: Option<String>,
+    /// only this status (PASS, FAIL, ERROR, MISS, SKIP; any case)
+    #[serde(default, deserialize_with = "any_case", skip_serializing_if = "Option::is_none")]
+    #[param(value_type = Option<Status>)]
+    status: Option<Status>,
+    /// json (default), csv, or kcidb (KCIDB v4 JSON of one run)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    format: Option<Format>,
+    /// records of the selection to skip (json, csv) [default: 0]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    offset: Option<usize>,
+    /// records per page, 1 to 10000 (json, csv) [default: 10000]; a `Link: <...>; rel="next"` header names the next page when there is one
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<usize>,
+}
+
+/// A status in any case: `pass` is `PASS`.
+fn any_case<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Status>, D::Error> {
+    let text = <String as serde::Deserialize>::deserialize(d)?;
+    let status = text.to_ascii_uppercase().parse().map_err(|_| {
+        serde::de::Error::custom(format!("{text:?} is no status; give PASS, FAIL, ERROR, MISS or SKIP"))
+    })?;
+    Ok(Some(status))
+}
+
+/// A format of `GET /v1/results`.
+#[derive(Debug, Default, PartialEq, Eq, Clone, Copy, serde::Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// The records, a JSON array (docs/lab.md).
+    #[default]
+    Json,
+    /// One CSV line per record.
+    Csv,
+    /// One run's KCIDB v4 export.
+    Kcidb,
+}
+
+/// What `GET /v1/results` selects: its query, checked.
 #[derive(Debug, PartialEq, Eq)]
 struct Filter {
     run: Option<String>,
@@ -48,69 +79,21 @@ struct Filter {
     limit: usize,
 }
 
-impl Default for Filter {
-    fn default() -> Self {
-        Filter {
-            run: None,
-            cell: None,
-            variant: None,
-            status: None,
-            format: Format::default(),
-            offset: 0,
-            limit: MAX_PAGE,
-        }
-    }
-}
+impl TryFrom<ResultsParams> for Filter {
+    type Error = Problem;
 
-#[derive(Debug, Default, PartialEq, Eq, Clone, Copy)]
-enum Format {
-    #[default]
-    Json,
-    Csv,
-    Kcidb,
-}
-
-fn filter(pairs: Vec<(String, String)>) -> Result<Filter, Problem> {
-    let mut f = Filter::default();
-    for (key, value) in pairs {
-        match key.as_str() {
-            "run" => f.run = Some(value),
-            "cell" => f.cell = Some(value),
-            "variant" => f.variant = Some(value),
-            "status" => {
-                f.status = Some(value.to_ascii_uppercase().parse::<Status>().map_err(|_| {
-                    Problem::bad_request(format!("status={value:?}: give PASS, FAIL, ERROR, MISS or SKIP"))
-                })?);
-            }
-            "offset" => {
-                f.offset = value
-                    .parse()
-                    .map_err(|_| Problem::bad_request(format!("offset={value:?}: give a number of records to skip")))?;
-            }
-            "limit" => {
-                f.limit = value.parse().ok().filter(|n| (1..=MAX_PAGE).contains(n)).ok_or_else(|| {
-                    Problem::bad_request(format!("limit={value:?}: give 1 to {MAX_PAGE} records per page"))
-                })?;
-            }
-            "format" => {
-                f.format = match value.as_str() {
-                    "json" => Format::Json,
-                    "csv" => Format::Csv,
-                    "kcidb" => Format::Kcidb,
-                    other => return Err(Problem::bad_request(format!("format={other:?}: give json, csv or kcidb"))),
-                }
-            }
-            other => {
-                return Err(Problem::bad_request(format!(
-                    "unknown query parameter {other:?}; there are run, cell, variant, status, format, offset, limit"
-                )));
-            }
+    fn try_from(p: ResultsParams) -> Result<Filter, Problem> {
+        let limit = p.limit.unwrap_or(MAX_PAGE);
+        if !(1..=MAX_PAGE).contains(&limit) {
+            return Err(Problem::bad_request(format!("limit={limit}: give 1 to {MAX_PAGE} records per page")));
         }
+        let format = p.format.unwrap_or_default();
+        if format == Format::Kcidb && p.run.is_none() {
+            return Err(Problem::bad_request("a KCIDB export is of one run: give run=ID"));
+        }
+        let offset = p.offset.unwrap_or(0);
+        Ok(Filter { run: p.run, cell: p.cell, variant: p.variant, status: p.status, format, offset, limit })
     }
-    if f.format == Format::Kcidb && f.run.is_none() {
-        return Err(Problem::bad_request("a KCIDB export is of one run: give run=ID"));
-    }
-    Ok(f)
 }
 
 impl Filter {
@@ -121,59 +104,59 @@ impl Filter {
     }
 }
 
-/// One CSV line per record.
+/// One CSV line per record, after a header line.
 fn csv(records: &[Record]) -> String {
-    let mut out = String::from(
-        "run,cell,key,variant,workload,device,repetition,status,reason,gbit_s,packets_per_s,maps_per_packet,total_ms\n",
-    );
-    let field =
-        |s: &str| if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.into() };
+    let mut out = csv::Writer::from_writer(Vec::new());
     let number = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
+    let header = [
+        "run",
+        "cell",
+        "key",
+        "variant",
+        "workload",
+        "device",
+        "repetition",
+        "status",
+        "reason",
+        "gbit_s",
+        "packets_per_s",
+        "maps_per_packet",
+        "total_ms",
+    ];
+    // Writing to memory fails only on a record of the wrong length, which these are not.
+    let _ = out.write_record(header);
     for r in records {
-        out.push_str(
-            &[
-                field(&r.run),
-                field(&r.cell.id),
-                field(&r.cell.key()),
-                field(&r.cell.variant),
-                field(&r.cell.workload),
-                field(&r.cell.device),
-                r.repetition.to_string(),
-                r.status.name().into(),
-                field(r.reason.as_deref().unwrap_or_default()),
-                number(r.workload.gbit_s),
-                number(r.workload.packets_per_s),
-                number(r.maps_per_packet),
-                r.timings.total_ms.to_string(),
-            ]
-            .join(","),
-        );
-        out.push('\n');
+        let _ = out.write_record([
+            r.run.clone(),
+            r.cell.id.clone(),
+            r.cell.key(),
+            r.cell.variant.clone(),
+            r.cell.workload.clone(),
+            r.cell.device.clone(),
+            r.repetition.to_string(),
+            r.status.name().into(),
+            r.reason.clone().unwrap_or_default(),
+            number(r.workload.gbit_s),
+            number(r.workload.packets_per_s),
+            number(r.maps_per_packet),
+            r.timings.total_ms.to_string(),
+        ]);
     }
-    out
+    String::from_utf8(out.into_inner().unwrap_or_default()).unwrap_or_default()
 }
 
 /// `GET /v1/results`.
 #[utoipa::path(get, path = "/v1/results", tag = "results",
-    params(
-        ("run" = Option<String>, Query, description = "only this run's records"),
-        ("cell" = Option<String>, Query, description = "only this cell (c01, c02, ...)"),
-        ("variant" = Option<String>, Query, description = "only this variant"),
-        ("status" = Option<StatusParam>, Query, description = "only this status"),
-        ("format" = Option<FormatParam>, Query, description = "json (default), csv, or kcidb (KCIDB v4 JSON of one run)"),
-        ("offset" = Option<usize>, Query, description = "records of the selection to skip (json, csv) [default: 0]"),
-        ("limit" = Option<usize>, Query, description = "records per page, 1 to 10000 (json, csv) [default: 10000]; a `Link: <...>; rel=\"next\"` header names the next page when there is one"),
-    ),
+    params(ResultsParams),
     responses(
         (status = 200, description = "The records (docs/lab.md), a page of them", content(
             (Vec<Object> = "application/json"), (String = "text/csv"))),
         (status = 400, description = "A bad filter", body = crate::types::ErrorBody),
         (status = 404, description = "No such run", body = crate::types::ErrorBody),
     ))]
-pub async fn list(State(daemon): State<Arc<Daemon>>, RawQuery(raw): RawQuery) -> Response {
+pub async fn list(State(daemon): State<Arc<Daemon>>, Params(params): Params<ResultsParams>) -> Response {
     let result = async {
-        let raw_query = query(raw);
-        let filter = filter(raw_query.clone())?;
+        let filter = Filter::try_from(params.clone())?;
         blocking(move || {
             let store = daemon.store()?;
             let runs = match &filter.run {
@@ -209,7 +192,7 @@ pub async fn list(State(daemon): State<Arc<Daemon>>, RawQuery(raw): RawQuery) ->
                     break;
                 }
             }
-            let next = more.then(|| next_page(&raw_query, filter.offset + records.len()));
+            let next = more.then(|| next_page(params, filter.offset + records.len()));
             Ok(match filter.format {
                 Format::Csv => ("text/csv; charset=utf-8", csv(&records), next),
                 _ => ("application/json", serde_json::to_string(&records).expect("records serialize"), next),
@@ -231,43 +214,43 @@ pub async fn list(State(daemon): State<Arc<Daemon>>, RawQuery(raw): RawQuery) ->
 }
 
 /// The next page's path: the same query with `offset` set to `offset`.
-fn next_page(raw: &[(String, String)], offset: usize) -> String {
-    let mut query = form_urlencoded::Serializer::new(String::new());
-    query.extend_pairs(raw.iter().filter(|(k, _)| k != "offset"));
-    query.append_pair("offset", &offset.to_string());
-    format!("/v1/results?{}", query.finish())
+fn next_page(params: ResultsParams, offset: usize) -> String {
+    let params = ResultsParams { offset: Some(offset), ..params };
+    format!("/v1/results?{}", serde_urlencoded::to_string(&params).unwrap_or_default())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn pairs(q: &str) -> Vec<(String, String)> {
-        query(Some(q.into()))
+    fn filter(query: &str) -> Result<Filter, Problem> {
+        let params: ResultsParams =
+            serde_urlencoded::from_str(query).map_err(|e| Problem::bad_request(e.to_string()))?;
+        Filter::try_from(params)
     }
 
     #[test]
     fn filters_parse_and_mistakes_say_what_there_is() {
-        let f = filter(pairs("run=r1&cell=c02&status=pass&format=csv")).unwrap();
+        let f = filter("run=r1&cell=c02&status=pass&format=csv").unwrap();
         assert_eq!(
             (f.run.as_deref(), f.cell.as_deref(), f.status, f.format),
             (Some("r1"), Some("c02"), Some(Status::Pass), Format::Csv)
         );
-        assert!(filter(pairs("status=GREEN")).unwrap_err().message.contains("PASS, FAIL"));
-        assert!(filter(pairs("colour=red")).unwrap_err().message.contains("run, cell, variant"));
-        assert!(filter(pairs("format=kcidb")).unwrap_err().message.contains("give run=ID"));
-        assert!(filter(pairs("format=xml")).is_err());
-        let f = filter(pairs("offset=20&limit=10")).unwrap();
+        assert!(filter("status=GREEN").unwrap_err().message.contains("PASS, FAIL"));
+        assert!(filter("colour=red").unwrap_err().message.contains("`run`, `cell`, `variant`"));
+        assert!(filter("format=kcidb").unwrap_err().message.contains("give run=ID"));
+        assert!(filter("format=xml").unwrap_err().message.contains("`json`, `csv`"));
+        let f = filter("offset=20&limit=10").unwrap();
         assert_eq!((f.offset, f.limit), (20, 10));
-        assert_eq!(filter(pairs("")).unwrap().limit, MAX_PAGE, "a page by default");
-        for bad in ["limit=0", "limit=10001", "limit=x", "offset=-1"] {
-            assert!(filter(pairs(bad)).unwrap_err().message.contains(&bad[..bad.find('=').unwrap()]), "{bad}");
+        assert_eq!(filter("").unwrap().limit, MAX_PAGE, "a page by default");
+        for bad in ["limit=0", "limit=10001"] {
+            assert!(filter(bad).unwrap_err().message.contains("limit="), "{bad}");
         }
-        assert_eq!(
-            next_page(&pairs("run=r 1&offset=5&limit=2"), 7),
-            "/v1/results?run=r+1&limit=2&offset=7",
-            "the same selection, the next offset"
-        );
+        for bad in ["limit=x", "offset=-1"] {
+            assert!(filter(bad).is_err(), "{bad}");
+        }
+        let params = serde_urlencoded::from_str("run=r 1&offset=5&limit=2").unwrap();
+        assert_eq!(next_page(params, 7), "/v1/results?run=r+1&offset=7&limit=2", "the same selection, the next offset");
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -13,6 +13,7 @@ use tokio::sync::broadcast;
 use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
+use crate::query::{Params, ReportParams, SubmitParams};
 use crate::run_queue::status_from_db;
 use crate::types::{Created, RunEvent, RunStatus};
 
@@ -24,20 +25,6 @@ fn status(daemon: &Daemon, run: &str) -> Result<RunStatus, Problem> {
         status.eta_s = eta;
     }
     Ok(status)
-}
-
-/// The query's `key=value` pairs.
-pub fn query(raw: Option<String>) -> Vec<(String, String)> {
-    raw.map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect()).unwrap_or_default()
-}
-
-/// A query flag: absent, `true` or `false`.
-fn flag(pairs: &[(String, String)], name: &str) -> Result<bool, Problem> {
-    match pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()) {
-        None | Some("false") => Ok(false),
-        Some("true") => Ok(true),
-        Some(other) => Err(Problem::bad_request(format!("{name}={other:?}: give true or false"))),
-    }
 }
 
 /// A matrix's mistake as an answer: 400 for one that does not parse (TOML or JSON syntax, an
@@ -72,7 +59,7 @@ fn matrix_request(payload: &Payload) -> Result<lab::request::Request, Problem> {
 
 /// `POST /v1/runs`: checks a matrix and queues its run.
 #[utoipa::path(post, path = "/v1/runs", tag = "runs",
-    params(("skip_unrunnable" = Option<bool>, Query, description = "record cells this host cannot run as SKIP instead of refusing the matrix")),
+    params(SubmitParams),
     request_body(content((String = "application/toml"), (Object = "application/json")),
         description = "A matrix (docs/lab.md): images are `probe` or image IDs, devices a model on its generator or a registered device by name alone"),
     responses(
@@ -83,9 +70,12 @@ fn matrix_request(payload: &Payload) -> Result<lab::request::Request, Problem> {
         (status = 422, description = "The matrix does not check out, or names cells this host cannot run", body = crate::types::ErrorBody),
         (status = 429, description = "The queue is full", body = crate::types::ErrorBody),
     ))]
-pub async fn submit(State(daemon): State<Arc<Daemon>>, RawQuery(raw): RawQuery, payload: Payload) -> Response {
+pub async fn submit(
+    State(daemon): State<Arc<Daemon>>,
+    Params(SubmitParams { skip_unrunnable }): Params<SubmitParams>,
+    payload: Payload,
+) -> Response {
     let result = async {
-        let skip_unrunnable = flag(&query(raw), "skip_unrunnable")?;
         let request = matrix_request(&payload)?;
         let daemon = daemon.clone();
         blocking(move || {
@@ -264,8 +254,7 @@ fn report_format(headers: &HeaderMap) -> Result<&'static str, Problem> {
 /// `GET /v1/runs/{id}/report`: the lab's report, as `Accept` asks: JSON (the contract of
 /// `docs/lab.md`), markdown, CSV, an SVG chart, or an HTML page with the table and the chart.
 #[utoipa::path(get, path = "/v1/runs/{id}/report", tag = "runs",
-    params(("id" = String, Path, description = "The run"),
-        ("baseline" = Option<String>, Query, description = "judge against this variant instead of the matrix's baseline")),
+    params(("id" = String, Path, description = "The run"), ReportParams),
     responses(
         (status = 200, description = "The report", content(
             (Object = "application/json"), (String = "text/markdown"), (String = "text/csv"),
@@ -276,12 +265,11 @@ fn report_format(headers: &HeaderMap) -> Result<&'static str, Problem> {
 pub async fn report(
     State(daemon): State<Arc<Daemon>>,
     Path(id): Path<String>,
-    RawQuery(raw): RawQuery,
+    Params(ReportParams { baseline }): Params<ReportParams>,
     headers: HeaderMap,
 ) -> Response {
     let result = async {
         let format = report_format(&headers)?;
-        let baseline = query(raw).into_iter().find(|(k, _)| k == "baseline").map(|(_, v)| v);
         blocking(move || {
             let store = daemon.store()?;
             let report = lab::run::report(&store, &id, baseline.as_deref())?;

@@ -33,7 +33,7 @@ use crate::{bench, devices, images, results, runs, vms};
         vms::start, vms::list, vms::show, vms::counters, vms::stop, vms::remove, vms::serial,
         bench::boot,
     ),
-    components(schemas(results::StatusParam, results::FormatParam)),
+    components(schemas(results::Format)),
     modifiers(&TokenOverTcp),
     tags(
         (name = "daemon", description = "The daemon and its host"),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use engines::device::DeviceSource;
@@ -18,7 +18,7 @@ use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, SerialSpec, VmSpec};
 use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
-use crate::runs::query;
+use crate::query::{Params, SerialParams};
 use crate::types::{Created, VmRequest, VmStatus};
 use crate::vm_table::{Phase, Vm};
 use guest_images::store::{ImageId, ImageKind};
@@ -280,19 +280,18 @@ pub async fn remove(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
 /// streams until the VM ends.
 #[utoipa::path(get, path = "/v1/vms/{id}/serial", tag = "vms",
     params(("id" = String, Path, description = "The VM"),
-        ("follow" = Option<bool>, Query, description = "keep streaming until the VM ends")),
+        SerialParams),
     responses(
         (status = 200, description = "The serial output", content_type = "text/plain", body = String),
         (status = 400, description = "A bad query", body = crate::types::ErrorBody),
         (status = 404, description = "No such VM", body = crate::types::ErrorBody),
         (status = 429, description = "As many streams are open as the daemon takes", body = crate::types::ErrorBody),
     ))]
-pub async fn serial(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>, RawQuery(raw): RawQuery) -> Response {
-    let follow = match query(raw).iter().find(|(k, _)| k == "follow").map(|(_, v)| v.as_str()) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => return Problem::bad_request(format!("follow={other:?}: give true or false")).into_response(),
-    };
+pub async fn serial(
+    State(daemon): State<Arc<Daemon>>,
+    Path(id): Path<String>,
+    Params(SerialParams { follow }): Params<SerialParams>,
+) -> Response {
     let vm = match daemon.vms.get(&id) {
         Ok(vm) => vm,
         Err(p) => return p.into_response(),

@@ -365,8 +365,10 @@ fn boot_once(mut command: Command, engine: LinuxEngine, run: usize) -> Result<Bo
     let to_exit = match exit.recv_timeout(BOOT_LIMIT.saturating_sub(start.elapsed())) {
         Ok(to_exit) => to_exit,
         Err(_) => {
-            // SAFETY: kill(2) on the child's PID; it is not reaped until the waiter's wait returns.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            // The child's PID: it is not reaped until the waiter's wait returns.
+            if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
             let _ = waiter.join();
             let console = reader.join().unwrap_or_default();
             let stderr = errors.join().unwrap_or_default();

@@ -94,8 +94,8 @@ impl Jailed {
     /// removing `files` afterwards), or records that the jail is off. Blocks SIGINT and SIGTERM
     /// for every thread (they are waited for, see [`exit_on_signal`]).
     fn enter(name: &str, files: &[PathBuf], on: bool) -> Result<Jailed, ProcessError> {
-        let spec =
-            jail::JailSpec::from_env(name, MODEL_MEMORY, MODEL_THREADS, MODEL_CPUS).map_err(ProcessError::Setup)?;
+        let spec = jail::JailSpec::from_env(name, MODEL_MEMORY, MODEL_THREADS, MODEL_CPUS)
+            .map_err(|e| ProcessError::Setup(e.to_string()))?;
         let mut confinement = jail::Confinement { jailed: on, ..jail::Confinement::default() };
         let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
         let namespaces = on.then(|| jail::enter_namespaces(&mut confinement, &paths, jail::Signals::Forward));

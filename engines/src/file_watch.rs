@@ -4,12 +4,13 @@
 //! from another thread at once.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vmm_sys_util::eventfd::EventFd;
+use rustix::event::{EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::fs::inotify;
 
 /// What ended a wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,47 +27,34 @@ pub enum Woken {
 #[derive(Debug)]
 pub struct FileWatch {
     inotify: Option<OwnedFd>,
-    stop: Arc<EventFd>,
+    stop: Arc<OwnedFd>,
 }
 
 /// Ends a [`FileWatch::wait`] from another thread, and every wait after it.
 #[derive(Debug, Clone)]
 pub struct Waker {
-    stop: Arc<EventFd>,
+    /// An eventfd.
+    stop: Arc<OwnedFd>,
 }
 
 impl Waker {
     /// Wakes the watch: its current and every later wait returns [`Woken::Stopped`].
     pub fn wake(&self) {
         // Only a counter at its maximum refuses a write, and then the watch is awake anyway.
-        let _ = self.stop.write(1);
+        let _ = rustix::io::write(&*self.stop, &1u64.to_ne_bytes());
     }
-}
-
-fn owned(fd: libc::c_int) -> io::Result<OwnedFd> {
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl FileWatch {
     /// A watch on writes to `file` (created empty if it is missing, so that the watch is on the
     /// file the writer opens), or, with `None`, a watch that only times out or is woken.
     pub fn new(file: Option<&Path>) -> io::Result<(FileWatch, Waker)> {
-        let stop = Arc::new(EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)?);
+        let stop = Arc::new(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
         let inotify = match file {
             Some(file) => {
                 std::fs::OpenOptions::new().create(true).append(true).open(file)?;
-                // SAFETY: inotify_init1(2) with valid flags; the result is checked by `owned`.
-                let fd = owned(unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) })?;
-                let path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes())
-                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))?;
-                // SAFETY: `fd` is an inotify instance and `path` a NUL-terminated string.
-                if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), libc::IN_MODIFY) } < 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
+                inotify::add_watch(&fd, file, inotify::WatchFlags::MODIFY)?;
                 Some(fd)
             }
             None => None,
@@ -78,24 +66,22 @@ impl FileWatch {
     /// Waits up to `timeout` for a write to the file or the waker. Writes that came since the
     /// last wait end this one at once; all of them count as one.
     pub fn wait(&self, timeout: Duration) -> Woken {
-        let mut fds = vec![libc::pollfd { fd: self.stop.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        let mut fds = vec![PollFd::new(&*self.stop, PollFlags::IN)];
         if let Some(inotify) = &self.inotify {
-            fds.push(libc::pollfd { fd: inotify.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            fds.push(PollFd::new(inotify, PollFlags::IN));
         }
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: `fds` is a live array of `fds.len()` pollfd structures.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if ready <= 0 {
-            return Woken::TimedOut;
+        let timeout = Timespec::try_from(timeout).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 });
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(ready) if ready > 0 => {}
+            _ => return Woken::TimedOut,
         }
-        if fds[0].revents != 0 {
+        if !fds[0].revents().is_empty() {
             return Woken::Stopped;
         }
         if let Some(inotify) = &self.inotify {
             // Drain the events: one wake stands for every write so far.
             let mut buf = [0u8; 4096];
-            // SAFETY: reads at most `buf.len()` bytes into `buf` from a non-blocking fd we own.
-            while unsafe { libc::read(inotify.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+            while rustix::io::read(inotify, &mut buf).is_ok_and(|n| n > 0) {}
         }
         Woken::Written
     }

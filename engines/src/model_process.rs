@@ -92,15 +92,13 @@ impl ModelProcess {
                 let _ = std::fs::remove_dir_all(&dir);
                 start_error(std::io::Error::new(e.kind(), format!("network namespace {}: {e}", path.display())))
             })?;
-            use std::os::fd::AsRawFd;
             use std::os::unix::process::CommandExt;
             // SAFETY: the closure runs in the forked child before exec and makes one system call
             // on a descriptor it owns (the namespace's file, open until the command is dropped).
             unsafe {
                 command.pre_exec(move || {
-                    if libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
+                    let network = Some(rustix::thread::LinkNameSpaceType::Network);
+                    rustix::thread::move_into_link_name_space(std::os::fd::AsFd::as_fd(&namespace), network)?;
                     Ok(())
                 });
             }
@@ -211,11 +209,17 @@ impl ModelProcess {
 
     /// Sends SIGTERM, waits for the model to exit, and returns its exit code and stdout.
     pub fn terminate(mut self) -> std::io::Result<(Option<i32>, String)> {
-        // SAFETY: kill(2) on our own child's PID, which it stays until we wait for it.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.signal(rustix::process::Signal::TERM);
         let status = self.child.wait()?;
         let out = self.take_stdout()?;
         Ok((status.code(), out))
+    }
+
+    /// Sends `signal` to the model: our own child, whose PID it stays until we wait for it.
+    fn signal(&self, signal: rustix::process::Signal) {
+        if let Some(pid) = i32::try_from(self.child.id()).ok().and_then(rustix::process::Pid::from_raw) {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
     }
 
     /// What the model printed on its stdout (its report lines), once it has ended; appended to
@@ -237,9 +241,8 @@ impl ModelProcess {
 
 impl Drop for ModelProcess {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's PID, which it stays until we wait for it: SIGTERM
-        // first, so that a model still serving prints its final report line.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        // SIGTERM first, so that a model still serving prints its final report line.
+        self.signal(rustix::process::Signal::TERM);
         let deadline = Instant::now() + Duration::from_secs(2);
         while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));

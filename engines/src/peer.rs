@@ -365,8 +365,7 @@ impl Drop for WireNamespace {
 
 /// Whether this process may create network namespaces (it runs as root).
 pub fn can_create() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 #[cfg(test)]

@@ -26,8 +26,7 @@ fn alive(pid: u32) -> bool {
 /// them.
 pub fn remove_stale_in(tmp: &Path) -> Vec<PathBuf> {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = rustix::process::geteuid().as_raw();
     let Ok(entries) = std::fs::read_dir(tmp) else { return Vec::new() };
     let mut removed = Vec::new();
     for entry in entries.flatten() {

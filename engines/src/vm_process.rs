@@ -191,9 +191,7 @@ pub fn die_with_parent(command: &mut Command) {
     // async-signal-safe and touches no memory of the parent.
     unsafe {
         command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
             Ok(())
         });
     }
@@ -231,7 +229,7 @@ mod tests {
         assert_eq!((out.code(), out.serial.as_str(), out.killed), (Some(3), "serial\n", false));
         assert!(out.exit.is_none(), "not an exit line");
         let out = VmProcess::with_args(&fake, ["slow"], Duration::from_millis(50)).run().unwrap();
-        assert!(out.killed && out.signal() == Some(libc::SIGKILL));
+        assert!(out.killed && out.signal() == Some(rustix::process::Signal::KILL.as_raw()));
         assert!(out.wall < Duration::from_secs(4));
         let nowhere = Program::driverlab_vm("/nonexistent/driverlab");
         let missing = VmProcess::with_args(&nowhere, Vec::<String>::new(), Duration::from_secs(1));

@@ -9,10 +9,10 @@
 use std::path::Path;
 
 use crate::initramfs::{Node, Tree};
-use crate::initramfs_build::{BUSYBOX, libraries, which};
+use crate::initramfs_build::{libraries, which};
 use crate::kernel_image::KernelManifest;
 use crate::modules::ModuleTree;
-use crate::store::{ImageError, ImageStore, read, run_tool, sha256};
+use crate::store::{ImageError, ImageStore, read, sha256};
 
 /// The box's `/init`, a POSIX sh script.
 pub static INIT: &str = include_str!("../box/init");
@@ -62,13 +62,7 @@ pub fn build(store: &ImageStore, kernel: &KernelManifest, driverlab: &Path) -> R
     tree.add("dev/console", Node::CharDevice { major: 5, minor: 1 });
     tree.file("init", 0o755, INIT.as_bytes().to_vec());
 
-    let busybox = read(Path::new(BUSYBOX))
-        .map_err(|_| ImageError::Invalid(format!("no {BUSYBOX}: apt-get install busybox-static")))?;
-    let applets = run_tool(std::process::Command::new(BUSYBOX).arg("--list"), "busybox --list")?;
-    for applet in String::from_utf8_lossy(&applets.stdout).lines().filter(|a| !a.is_empty() && *a != "busybox") {
-        tree.add(&format!("bin/{applet}"), Node::Symlink("busybox".into()));
-    }
-    tree.file("bin/busybox", 0o755, busybox);
+    crate::initramfs_build::add_busybox(&mut tree)?;
 
     let mut programs = vec![("driverlab".to_string(), driverlab.to_path_buf())];
     // The small VMM binary beside it, when it is there: what the box's lab starts for each VM.

@@ -124,15 +124,7 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
     }
     tree.add("dev/console", Node::CharDevice { major: 5, minor: 1 });
     tree.file("init", 0o755, crate::AGENT.as_bytes().to_vec());
-
-    // Programs.
-    let busybox = read(Path::new(BUSYBOX))
-        .map_err(|_| ImageError::Invalid(format!("no {BUSYBOX}: apt-get install busybox-static")))?;
-    let applets = run_tool(Command::new(BUSYBOX).arg("--list"), "busybox --list")?;
-    for applet in String::from_utf8_lossy(&applets.stdout).lines().filter(|a| !a.is_empty() && *a != "busybox") {
-        tree.add(&format!("bin/{applet}"), Node::Symlink("busybox".into()));
-    }
-    tree.file("bin/busybox", 0o755, busybox);
+    add_busybox(&mut tree)?;
     for program in PROGRAMS {
         let path = which(program)?;
         tree.file(&format!("bin/{program}"), 0o755, read(&path)?);
@@ -141,68 +133,8 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
             tree.file(&lib.to_string_lossy(), 0o755, data);
         }
     }
-
-    // Modules: the variants replace the kernel's own.
-    let mut extra: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut from: BTreeMap<String, String> = BTreeMap::new();
-    let mut patches = Vec::new();
-    let mut drivers: Vec<String> = request.drivers.iter().map(|d| canonical(d)).collect();
-    for module in &request.modules {
-        let (name, data, source) = if module.starts_with("module-") {
-            let manifest: ModuleManifest = store.manifest(module)?;
-            if manifest.kernel != kernel.id {
-                return Err(ImageError::Invalid(format!(
-                    "{module} was built for {} ({}), not {} ({})",
-                    manifest.kernel, manifest.release, kernel.id, kernel.release
-                )));
-            }
-            let main = manifest
-                .main_module()
-                .ok_or_else(|| ImageError::Invalid(format!("{module}: which of its modules is the driver?")))?;
-            patches.extend(manifest.patches.clone());
-            let data = read(&store.dir(module).join(&main.file))?;
-            (main.modinfo.name.clone(), data, module.clone())
-        } else {
-            let path = PathBuf::from(module);
-            let data = crate::modules::read(&path)?;
-            let info = modinfo(&data, &path)?;
-            (info.name, data, format!("file {}", path.display()))
-        };
-        from.insert(name.clone(), source);
-        extra.insert(name.clone(), data);
-        if !drivers.contains(&name) {
-            drivers.push(name);
-        }
-    }
-    if drivers.is_empty() {
-        // The default driver folder's driver (the AQC100's atlantic).
-        let default = crate::module_build::DEFAULT_DRIVER_FOLDER.rsplit('/').next().unwrap_or_default();
-        drivers.push(default.into());
-    }
-    let mut modules = Vec::new();
-    let mut groups: Vec<(String, Vec<String>)> = vec![("iommu".into(), vec!["virtio_iommu".into()])];
-    groups.extend(drivers.iter().map(|d| (d.clone(), vec![d.clone()])));
-    for (group, roots) in groups {
-        let order = tree_index.closure(&roots, &extra)?;
-        let mut list = String::new();
-        for (name, data) in order {
-            list.push_str(&name);
-            list.push('\n');
-            if modules.iter().any(|m: &ImageModule| m.name == name) {
-                continue;
-            }
-            let info = modinfo(&data, Path::new(&name))?;
-            modules.push(ImageModule {
-                name: name.clone(),
-                sha256: sha256(&data),
-                from: from.get(&name).cloned().unwrap_or_else(|| "kernel".into()),
-                params: info.params,
-            });
-            tree.file(&format!("lib/modules/{name}.ko"), 0o644, data);
-        }
-        tree.file(&format!("etc/driverlab/modules.{group}"), 0o644, list.into_bytes());
-    }
-
+    let variants = Variants::of(store, &kernel, request)?;
+    let modules = add_modules(&mut tree, &tree_index, &variants)?;
     let archive = tree.cpio_gz();
     let id = image_id(crate::store::ImageKind::Initramfs, &[&archive]);
     let files = tree
@@ -221,9 +153,9 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
         release: kernel.release.clone(),
         archive: "initramfs.cpio.gz".into(),
         size: archive.len() as u64,
-        drivers,
+        drivers: variants.drivers,
         modules,
-        patches,
+        patches: variants.patches,
         files,
     };
     if store.manifest::<InitramfsManifest>(&id).is_err() {
@@ -234,6 +166,105 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
         store.commit(&scratch, &id)?;
     }
     Ok(manifest)
+}
+
+/// Static busybox at `bin/busybox`, with a link per applet.
+pub(crate) fn add_busybox(tree: &mut Tree) -> Result<(), ImageError> {
+    let busybox = read(Path::new(BUSYBOX))
+        .map_err(|_| ImageError::Invalid(format!("no {BUSYBOX}: apt-get install busybox-static")))?;
+    let applets = run_tool(Command::new(BUSYBOX).arg("--list"), "busybox --list")?;
+    for applet in String::from_utf8_lossy(&applets.stdout).lines().filter(|a| !a.is_empty() && *a != "busybox") {
+        tree.add(&format!("bin/{applet}"), Node::Symlink("busybox".into()));
+    }
+    tree.file("bin/busybox", 0o755, busybox);
+    Ok(())
+}
+
+/// The drivers an initramfs loads and the variant modules that replace the kernel's own.
+struct Variants {
+    /// The drivers to load, by module name.
+    drivers: Vec<String>,
+    /// The variants' modules, by name.
+    modules: BTreeMap<String, Vec<u8>>,
+    /// Where each variant came from (its module image, or its file).
+    from: BTreeMap<String, String>,
+    /// The variants' patches.
+    patches: Vec<crate::patches::Patch>,
+}
+
+impl Variants {
+    /// The request's drivers and variant modules (module images built for `kernel`, or files).
+    fn of(store: &ImageStore, kernel: &KernelManifest, request: &InitramfsRequest) -> Result<Variants, ImageError> {
+        let mut variants = Variants {
+            drivers: request.drivers.iter().map(|d| canonical(d)).collect(),
+            modules: BTreeMap::new(),
+            from: BTreeMap::new(),
+            patches: Vec::new(),
+        };
+        for module in &request.modules {
+            let (name, data, source) = if module.starts_with("module-") {
+                let manifest: ModuleManifest = store.manifest(module)?;
+                if manifest.kernel != kernel.id {
+                    return Err(ImageError::Invalid(format!(
+                        "{module} was built for {} ({}), not {} ({})",
+                        manifest.kernel, manifest.release, kernel.id, kernel.release
+                    )));
+                }
+                let main = manifest
+                    .main_module()
+                    .ok_or_else(|| ImageError::Invalid(format!("{module}: which of its modules is the driver?")))?;
+                variants.patches.extend(manifest.patches.clone());
+                let data = read(&store.dir(module).join(&main.file))?;
+                (main.modinfo.name.clone(), data, module.clone())
+            } else {
+                let path = PathBuf::from(module);
+                let data = crate::modules::read(&path)?;
+                let info = modinfo(&data, &path)?;
+                (info.name, data, format!("file {}", path.display()))
+            };
+            variants.from.insert(name.clone(), source);
+            variants.modules.insert(name.clone(), data);
+            if !variants.drivers.contains(&name) {
+                variants.drivers.push(name);
+            }
+        }
+        if variants.drivers.is_empty() {
+            // The default driver folder's driver (the AQC100's atlantic).
+            let default = crate::module_build::DEFAULT_DRIVER_FOLDER.rsplit('/').next().unwrap_or_default();
+            variants.drivers.push(default.into());
+        }
+        Ok(variants)
+    }
+}
+
+/// The virtio-iommu's and each driver's modules with their dependencies into `tree`, the
+/// variants in place of the kernel's own, and a load list per group (`modules.iommu`,
+/// `modules.DRIVER`); each module once.
+fn add_modules(tree: &mut Tree, tree_index: &ModuleTree, variants: &Variants) -> Result<Vec<ImageModule>, ImageError> {
+    let mut modules = Vec::new();
+    let mut groups: Vec<(String, Vec<String>)> = vec![("iommu".into(), vec!["virtio_iommu".into()])];
+    groups.extend(variants.drivers.iter().map(|d| (d.clone(), vec![d.clone()])));
+    for (group, roots) in groups {
+        let order = tree_index.closure(&roots, &variants.modules)?;
+        let mut list = String::new();
+        for (name, data) in order {
+            list.push_str(&name);
+            list.push('\n');
+            if modules.iter().any(|m: &ImageModule| m.name == name) {
+                continue;
+            }
+            let info = modinfo(&data, Path::new(&name))?;
+            modules.push(ImageModule {
+                name: name.clone(),
+                sha256: sha256(&data),
+                from: variants.from.get(&name).cloned().unwrap_or_else(|| "kernel".into()),
+                params: info.params,
+            });
+            tree.file(&format!("lib/modules/{name}.ko"), 0o644, data);
+        }
+        tree.file(&format!("etc/driverlab/modules.{group}"), 0o644, list.into_bytes());
+    }
+    Ok(modules)
 }
 
 #[cfg(test)]

@@ -230,38 +230,10 @@ pub fn build(store: &ImageStore, request: &ModuleRequest) -> Result<ModuleManife
     if driver.is_empty() || driver.split('/').any(|p| p == ".." || p.is_empty()) {
         return Err(ImageError::Invalid(format!("--driver {:?}: give a folder of the kernel tree", request.driver)));
     }
-    let headers = request
-        .headers
-        .clone()
-        .or_else(|| kernel.headers_dir(store))
-        .unwrap_or_else(|| PathBuf::from(format!("/usr/src/linux-headers-{}", kernel.release)));
-    if !headers.join("Makefile").exists() {
-        return Err(ImageError::Invalid(format!(
-            "no kernel headers at {}: `driverlab image kernel` keeps a Debian kernel's headers in its image \
-             (run it again for an image made before it did); for a kernel built from a tree, give --headers TREE",
-            headers.display(),
-        )));
-    }
-    let mut series = Vec::new();
-    for file in &request.patches {
-        let text = read(file)?;
-        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        series.extend(patches::parse(&name, &String::from_utf8_lossy(&text))?);
-    }
-
+    let headers = headers(store, &kernel, request)?;
+    let series = read_series(&request.patches)?;
     let config = String::from_utf8_lossy(&read(&store.dir(&kernel.id).join(&kernel.config))?).into_owned();
-    let mut outside = Vec::new();
-    let mut cut = Vec::new();
-    for patch in &series {
-        let (inside, changes) = patches::split(patch, &driver);
-        for (file, section) in changes {
-            let note = outside_note(&file, &section, &config)
-                .map_err(|why| ImageError::Invalid(format!("{} ({}): {why}", patch.file, patch.subject)))?;
-            outside.push(OutsideChange { patch: patch.file.clone(), file, note });
-        }
-        cut.push(inside);
-    }
-
+    let (cut, outside) = cut_to_driver(&series, &driver, &config)?;
     let scratch = store.scratch("module")?;
     let tree = scratch.join("src");
     let source = copy_sources(&request.source, &driver, &tree)?;
@@ -280,63 +252,10 @@ pub fn build(store: &ImageStore, request: &ModuleRequest) -> Result<ModuleManife
         let _ = std::fs::remove_dir_all(&scratch);
         return Ok(existing);
     }
-    let mut make = Command::new("make");
-    make.arg("-C").arg(&headers).arg(format!("M={}", dir.display())).arg("-j2");
-    if request.only.is_empty() {
-        make.arg("modules");
-    } else {
-        // Kbuild's single targets: just these modules of the folder.
-        make.args(request.only.iter().map(|m| format!("{m}.ko")));
-    }
-    run_tool(&mut make, &format!("building {driver} against {}", headers.display()))?;
-    let mut built: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map_err(|source| ImageError::Io { path: dir.clone(), source })?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "ko"))
-        .filter(|p| {
-            request.only.is_empty()
-                || p.file_stem().is_some_and(|s| request.only.iter().any(|o| *o == s.to_string_lossy()))
-        })
-        .collect();
-    built.sort();
-    if built.is_empty() {
-        return Err(ImageError::Tool { what: format!("building {driver}"), detail: "make built no .ko".into() });
-    }
-    // The kernel's own vermagic, from any module of its tree.
-    let tree_index = ModuleTree::open(&kernel.modules_dir(store))?;
-    let reference = tree_index
-        .path(built[0].file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default().as_str())
-        .or_else(|| tree_index.path("virtio_iommu"))
-        .map(Path::to_path_buf);
-    let kernel_vermagic = match &reference {
-        Some(path) => Some(modinfo(&crate::modules::read(path)?, path)?.vermagic),
-        None => None,
-    };
-
+    let built = make_modules(&headers, &dir, &driver, &request.only)?;
     let image = scratch.join("image");
     mkdir(&image)?;
-    let mut modules = Vec::new();
-    for ko in &built {
-        // Debian ships its modules without debug information; BTF stays.
-        run_tool(Command::new("strip").arg("--strip-debug").arg(ko), "stripping the module")?;
-        let data = read(ko)?;
-        let info = modinfo(&data, ko)?;
-        if let Some(expected) = &kernel_vermagic
-            && info.vermagic != *expected
-        {
-            return Err(ImageError::Invalid(format!(
-                "{}: vermagic {:?}, but kernel {} wants {:?}: the headers do not match the kernel",
-                ko.display(),
-                info.vermagic,
-                kernel.release,
-                expected
-            )));
-        }
-        let file = ko.file_name().expect("a .ko").to_string_lossy().into_owned();
-        write(&image.join(&file), &data)?;
-        modules.push(BuiltModule { file, sha256: sha256(&data), modinfo: info });
-    }
+    let modules = keep_modules(store, &kernel, &built, &image)?;
     let manifest = ModuleManifest {
         id: id.clone(),
         kind: "module".into(),
@@ -352,6 +271,124 @@ pub fn build(store: &ImageStore, request: &ModuleRequest) -> Result<ModuleManife
     store.commit(&image, &id)?;
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(manifest)
+}
+
+/// The headers to build against: the request's, else the kernel image's own, else Debian's
+/// installed ones; refused when they are not there.
+fn headers(store: &ImageStore, kernel: &KernelManifest, request: &ModuleRequest) -> Result<PathBuf, ImageError> {
+    let headers = request
+        .headers
+        .clone()
+        .or_else(|| kernel.headers_dir(store))
+        .unwrap_or_else(|| PathBuf::from(format!("/usr/src/linux-headers-{}", kernel.release)));
+    if !headers.join("Makefile").exists() {
+        return Err(ImageError::Invalid(format!(
+            "no kernel headers at {}: `driverlab image kernel` keeps a Debian kernel's headers in its image \
+             (run it again for an image made before it did); for a kernel built from a tree, give --headers TREE",
+            headers.display(),
+        )));
+    }
+    Ok(headers)
+}
+
+/// The patches of the files `patches` (each a patch, a mail or an mbox), in order.
+fn read_series(patches: &[PathBuf]) -> Result<Vec<patches::Patch>, ImageError> {
+    let mut series = Vec::new();
+    for file in patches {
+        let text = read(file)?;
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        series.extend(patches::parse(&name, &String::from_utf8_lossy(&text))?);
+    }
+    Ok(series)
+}
+
+/// Each patch cut to the driver's folder, and what it changes outside it (each with why that
+/// is fine for the kernel's `config`, or the refusal).
+fn cut_to_driver(
+    series: &[patches::Patch],
+    driver: &str,
+    config: &str,
+) -> Result<(Vec<patches::Patch>, Vec<OutsideChange>), ImageError> {
+    let mut outside = Vec::new();
+    let mut cut = Vec::new();
+    for patch in series {
+        let (inside, changes) = patches::split(patch, driver);
+        for (file, section) in changes {
+            let note = outside_note(&file, &section, config)
+                .map_err(|why| ImageError::Invalid(format!("{} ({}): {why}", patch.file, patch.subject)))?;
+            outside.push(OutsideChange { patch: patch.file.clone(), file, note });
+        }
+        cut.push(inside);
+    }
+    Ok((cut, outside))
+}
+
+/// Builds the folder `dir` out of tree against `headers` (`only` these modules, when given);
+/// the `.ko` files made, in order.
+fn make_modules(headers: &Path, dir: &Path, driver: &str, only: &[String]) -> Result<Vec<PathBuf>, ImageError> {
+    let mut make = Command::new("make");
+    make.arg("-C").arg(headers).arg(format!("M={}", dir.display())).arg("-j2");
+    if only.is_empty() {
+        make.arg("modules");
+    } else {
+        // Kbuild's single targets: just these modules of the folder.
+        make.args(only.iter().map(|m| format!("{m}.ko")));
+    }
+    run_tool(&mut make, &format!("building {driver} against {}", headers.display()))?;
+    let mut built: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|source| ImageError::Io { path: dir.to_path_buf(), source })?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ko"))
+        .filter(|p| only.is_empty() || p.file_stem().is_some_and(|s| only.iter().any(|o| *o == s.to_string_lossy())))
+        .collect();
+    built.sort();
+    if built.is_empty() {
+        return Err(ImageError::Tool { what: format!("building {driver}"), detail: "make built no .ko".into() });
+    }
+    Ok(built)
+}
+
+/// The built modules stripped of debug information (BTF stays, as in Debian's) into `image`,
+/// each checked to carry the kernel's vermagic.
+fn keep_modules(
+    store: &ImageStore,
+    kernel: &KernelManifest,
+    built: &[PathBuf],
+    image: &Path,
+) -> Result<Vec<BuiltModule>, ImageError> {
+    // The kernel's own vermagic, from any module of its tree.
+    let tree_index = ModuleTree::open(&kernel.modules_dir(store))?;
+    let first = built.first().and_then(|ko| ko.file_stem()).map(|s| s.to_string_lossy().into_owned());
+    let reference = tree_index
+        .path(first.unwrap_or_default().as_str())
+        .or_else(|| tree_index.path("virtio_iommu"))
+        .map(Path::to_path_buf);
+    let kernel_vermagic = match &reference {
+        Some(path) => Some(modinfo(&crate::modules::read(path)?, path)?.vermagic),
+        None => None,
+    };
+    let mut modules = Vec::new();
+    for ko in built {
+        run_tool(Command::new("strip").arg("--strip-debug").arg(ko), "stripping the module")?;
+        let data = read(ko)?;
+        let info = modinfo(&data, ko)?;
+        if let Some(expected) = &kernel_vermagic
+            && info.vermagic != *expected
+        {
+            return Err(ImageError::Invalid(format!(
+                "{}: vermagic {:?}, but kernel {} wants {:?}: the headers do not match the kernel",
+                ko.display(),
+                info.vermagic,
+                kernel.release,
+                expected
+            )));
+        }
+        let file = ko.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        write(&image.join(&file), &data)?;
+        modules.push(BuiltModule { file, sha256: sha256(&data), modinfo: info });
+    }
+    Ok(modules)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::error::JailError;
 use crate::{JailSpec, MEMORY_OVERHEAD, THREAD_ALLOWANCE};
 
 const ROOT: &str = "/sys/fs/cgroup";
@@ -37,18 +38,35 @@ impl Joined {
     }
 }
 
-fn write(path: &Path, value: &str) -> Result<(), String> {
-    std::fs::write(path, value).map_err(|e| format!("writing {value:?} to {}: {e}", path.display()))
+fn write(path: &Path, value: &str) -> Result<(), JailError> {
+    std::fs::write(path, value).map_err(|source| JailError::File {
+        what: format!("writing {value:?} to"),
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn create(dir: &Path) -> Result<(), JailError> {
+    std::fs::create_dir_all(dir).map_err(|source| JailError::File {
+        what: "creating".into(),
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 /// The process's cgroup in the hierarchy of `controller` (v1), or in the unified one (`None`).
-fn own_cgroup(controller: Option<&str>) -> Result<String, String> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+fn own_cgroup(controller: Option<&str>) -> Result<String, JailError> {
+    let path = "/proc/self/cgroup";
+    let text = std::fs::read_to_string(path).map_err(|source| JailError::File {
+        what: "reading".into(),
+        path: path.into(),
+        source,
+    })?;
     cgroup_of(&text, controller)
 }
 
 /// The cgroup `/proc/PID/cgroup` (`text`) names for `controller` (v1) or the unified hierarchy.
-fn cgroup_of(text: &str, controller: Option<&str>) -> Result<String, String> {
+fn cgroup_of(text: &str, controller: Option<&str>) -> Result<String, JailError> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.splitn(3, ':');
@@ -60,7 +78,9 @@ fn cgroup_of(text: &str, controller: Option<&str>) -> Result<String, String> {
             wanted.then(|| path.to_string())
         })
         .next()
-        .ok_or_else(|| format!("/proc/self/cgroup names no {} hierarchy", controller.unwrap_or("unified")))
+        .ok_or_else(|| {
+            JailError::Host(format!("/proc/self/cgroup names no {} hierarchy", controller.unwrap_or("unified")))
+        })
 }
 
 /// Removes the empty cgroups earlier processes of `prefix` left in `parent`.
@@ -75,21 +95,21 @@ fn sweep(parent: &Path, prefix: &str) {
 }
 
 /// Makes cgroup `KIND-PID` in `parent`, removing the empty ones of the same kind.
-fn make(parent: &Path, kind: &str, pid: u32) -> Result<PathBuf, String> {
-    std::fs::create_dir_all(parent).map_err(|e| format!("creating {}: {e}", parent.display()))?;
+fn make(parent: &Path, kind: &str, pid: u32) -> Result<PathBuf, JailError> {
+    create(parent)?;
     sweep(parent, &format!("{kind}-"));
     let dir = parent.join(format!("{kind}-{pid}"));
     match std::fs::create_dir(&dir) {
         Ok(()) => Ok(dir),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(dir),
-        Err(e) => Err(format!("creating {}: {e}", dir.display())),
+        Err(source) => Err(JailError::File { what: "creating".into(), path: dir, source }),
     }
 }
 
 /// Makes cgroup `KIND-PID` in `parent` (see [`make`]), writes `limits` (file, value) into it and
 /// moves this process in. Another process's sweep may remove the new cgroup while it is still
 /// empty, between its creation and the move: then it is made again (a few times at most).
-fn make_and_enter(parent: &Path, kind: &str, pid: u32, limits: &[(&str, String)]) -> Result<(), String> {
+fn make_and_enter(parent: &Path, kind: &str, pid: u32, limits: &[(&str, String)]) -> Result<(), JailError> {
     const ATTEMPTS: usize = 4;
     let mut attempt = 0;
     loop {
@@ -107,7 +127,7 @@ fn make_and_enter(parent: &Path, kind: &str, pid: u32, limits: &[(&str, String)]
 }
 
 /// Makes the process's cgroup and moves it there.
-pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, String> {
+pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, JailError> {
     let memory = spec.memory.saturating_add(MEMORY_OVERHEAD);
     let pids = spec.threads + THREAD_ALLOWANCE;
     let cpu_quota = spec.cpus as u64 * CPU_PERIOD_US + CPU_PERIOD_US / 10;
@@ -119,9 +139,12 @@ pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, Strin
         let parent = own_dir.join(&spec.cgroup_parent);
         // The controllers must be on for the children of the process's cgroup and of the parent.
         for dir in [&own_dir, &parent] {
-            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            create(dir)?;
             write(&dir.join("cgroup.subtree_control"), "+memory +pids +cpu").map_err(|e| {
-                format!("{e} (a cgroup with processes cannot give its children controllers: start driverlab in a delegated cgroup)")
+                JailError::Host(format!(
+                    "{e} (a cgroup with processes cannot give its children controllers: start driverlab in a \
+                     delegated cgroup)"
+                ))
             })?;
         }
         let limits = [
@@ -142,7 +165,10 @@ pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, Strin
     for (controller, limit, value) in limits {
         let hierarchy = root.join(controller);
         if !hierarchy.is_dir() {
-            return Err(format!("no cgroup v2 at {ROOT} and no v1 {controller} hierarchy at {}", hierarchy.display()));
+            return Err(JailError::Host(format!(
+                "no cgroup v2 at {ROOT} and no v1 {controller} hierarchy at {}",
+                hierarchy.display()
+            )));
         }
         let own = own_cgroup(Some(controller))?;
         let parent = hierarchy.join(own.trim_start_matches('/')).join(&spec.cgroup_parent);
@@ -166,7 +192,7 @@ mod tests {
         assert_eq!(cgroup_of(v1, Some("pids")).unwrap(), "/");
         assert_eq!(cgroup_of(v1, None).unwrap(), "/");
         assert_eq!(cgroup_of("3:cpu,cpuacct:/a\n", Some("cpuacct")).unwrap(), "/a");
-        assert!(cgroup_of("4:memory:/x\n", Some("pids")).unwrap_err().contains("no pids hierarchy"));
+        assert!(cgroup_of("4:memory:/x\n", Some("pids")).unwrap_err().to_string().contains("no pids hierarchy"));
     }
 
     #[test]
@@ -195,7 +221,7 @@ mod tests {
         // A parent that cannot be made is an error that names it, not a loop.
         let file = dir.path().join("file");
         std::fs::write(&file, "").unwrap();
-        let err = make_and_enter(&file.join("sub"), "vm", 9, &[]).unwrap_err();
+        let err = make_and_enter(&file.join("sub"), "vm", 9, &[]).unwrap_err().to_string();
         assert!(err.contains("creating"), "{err}");
     }
 }

@@ -1,20 +1,17 @@
 //! The process's identity: a uid and gid of its own, no supplementary groups, no capabilities
 //! (not even in the bounding set), and `no_new_privs`.
 
-fn check(what: &str, result: libc::c_int) -> Result<(), String> {
-    if result == 0 { Ok(()) } else { Err(format!("{what}: {}", std::io::Error::last_os_error())) }
-}
+use crate::error::{JailError, check};
 
 /// Whether the process runs as root.
 pub(crate) fn is_root() -> bool {
-    // SAFETY: geteuid has no arguments and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 /// Becomes uid and gid `id`: empties the capability bounding set first (so nothing can come
 /// back through an exec), then the groups, the gid and the uid. Leaving uid 0 for good clears
 /// the permitted, effective and ambient capabilities; that is checked.
-pub(crate) fn drop_to(id: u32) -> Result<(), String> {
+pub(crate) fn drop_to(id: u32) -> Result<(), JailError> {
     // SAFETY: prctl, setgroups, setresgid, setresuid and capget with integer arguments or live
     // buffers; they change only this process's credentials.
     unsafe {
@@ -29,13 +26,13 @@ pub(crate) fn drop_to(id: u32) -> Result<(), String> {
     }
     let effective = effective_capabilities()?;
     if effective != 0 {
-        return Err(format!("capabilities {effective:#x} are still effective after the uid change"));
+        return Err(JailError::Host(format!("capabilities {effective:#x} are still effective after the uid change")));
     }
     Ok(())
 }
 
 /// The effective capability set, from capget(2).
-fn effective_capabilities() -> Result<u64, String> {
+fn effective_capabilities() -> Result<u64, JailError> {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -57,7 +54,7 @@ fn effective_capabilities() -> Result<u64, String> {
 }
 
 /// Sets `no_new_privs`: no exec can ever grant privileges again (set-uid, file capabilities).
-pub(crate) fn no_new_privs() -> Result<(), String> {
-    // SAFETY: prctl with integer arguments.
-    check("PR_SET_NO_NEW_PRIVS", unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })
+pub(crate) fn no_new_privs() -> Result<(), JailError> {
+    rustix::thread::set_no_new_privs(true)
+        .map_err(|e| JailError::Call { call: "PR_SET_NO_NEW_PRIVS", source: e.into() })
 }

@@ -19,6 +19,7 @@
 //! ([`seccomp`] builds and installs them; each process names what it may call).
 
 mod cgroup;
+mod error;
 mod identity;
 mod limits;
 mod namespaces;
@@ -27,6 +28,7 @@ mod root;
 mod ruleset;
 pub mod seccomp;
 
+pub use error::JailError;
 pub use namespaces::{Namespaces, Signals, enter_namespaces, termination_signals};
 pub use preflight::{Readiness, preflight};
 pub use vm_spec::confinement::Confinement;
@@ -78,14 +80,17 @@ impl JailSpec {
 
     /// The same, with the uid range and cgroup parent from [`UID_BASE_ENV`] and
     /// [`CGROUP_PARENT_ENV`] where they are set; an invalid value is an error that names it.
-    pub fn from_env(name: &str, memory: u64, threads: u64, cpus: u32) -> Result<JailSpec, String> {
+    pub fn from_env(name: &str, memory: u64, threads: u64, cpus: u32) -> Result<JailSpec, JailError> {
         let mut spec = JailSpec::new(name, memory, threads, cpus);
+        fn setting(name: &'static str, value: &str) -> impl FnOnce(String) -> JailError + use<> {
+            let value = value.to_string();
+            move |why| JailError::Setting { name, value, why }
+        }
         if let Ok(value) = std::env::var(UID_BASE_ENV) {
-            spec.uid_base = parse_uid_base(&value).map_err(|e| format!("{UID_BASE_ENV}={value}: {e}"))?;
+            spec.uid_base = parse_uid_base(&value).map_err(setting(UID_BASE_ENV, &value))?;
         }
         if let Ok(value) = std::env::var(CGROUP_PARENT_ENV) {
-            spec.cgroup_parent =
-                parse_cgroup_parent(&value).map_err(|e| format!("{CGROUP_PARENT_ENV}={value}: {e}"))?;
+            spec.cgroup_parent = parse_cgroup_parent(&value).map_err(setting(CGROUP_PARENT_ENV, &value))?;
         }
         Ok(spec)
     }
@@ -135,16 +140,16 @@ pub fn confine(spec: &JailSpec, namespaces: &Namespaces, confinement: &mut Confi
             confinement.done("cgroup", joined.describe());
             confinement.cgroup = Some(joined.path);
         }
-        Err(e) => confinement.missed("cgroup", e),
+        Err(e) => confinement.missed("cgroup", e.to_string()),
     }
     match limits::apply(spec, root_user) {
         Ok(detail) => confinement.done("rlimits", detail),
-        Err(e) => confinement.missed("rlimits", e),
+        Err(e) => confinement.missed("rlimits", e.to_string()),
     }
     if namespaces.entered {
         match root::pivot_to_empty_root(&spec.name) {
             Ok(how) => confinement.done("root", how),
-            Err(e) => confinement.missed("root", e),
+            Err(e) => confinement.missed("root", e.to_string()),
         }
     } else {
         confinement.missed("root", "no mount namespace of its own (see namespaces)");
@@ -158,18 +163,18 @@ pub fn confine(spec: &JailSpec, namespaces: &Namespaces, confinement: &mut Confi
                 confinement.done("identity", format!("uid and gid {id}, no supplementary groups, no capabilities"));
                 confinement.uid = Some(id);
             }
-            Err(e) => confinement.missed("identity", e),
+            Err(e) => confinement.missed("identity", e.to_string()),
         }
     } else {
         confinement.missed("identity", "not root: it keeps the uid it was started with");
     }
     match identity::no_new_privs() {
         Ok(()) => confinement.done("no_new_privs", "set"),
-        Err(e) => confinement.missed("no_new_privs", e),
+        Err(e) => confinement.missed("no_new_privs", e.to_string()),
     }
     match ruleset::deny_everything() {
         Ok(detail) => confinement.done("landlock", detail),
-        Err(e) => confinement.missed("landlock", e),
+        Err(e) => confinement.missed("landlock", e.to_string()),
     }
 }
 

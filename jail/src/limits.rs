@@ -2,6 +2,7 @@
 //! pinning of the guest's RAM, open files, threads (counted per uid, and the uid is the
 //! process's own), and no core dumps (a core would hold the guest's memory).
 
+use crate::error::JailError;
 use crate::{JailSpec, MEMORY_OVERHEAD, OPEN_FILES, THREAD_ALLOWANCE};
 
 fn set(resource: libc::__rlimit_resource_t, what: &str, value: u64) -> Result<(), String> {
@@ -31,7 +32,7 @@ fn hard(resource: libc::__rlimit_resource_t) -> u64 {
 
 /// Applies the limits for `spec`; says what they are. The thread limit counts every process of
 /// the uid, so it is set only when the process gets a uid of its own (`own_uid`).
-pub(crate) fn apply(spec: &JailSpec, own_uid: bool) -> Result<String, String> {
+pub(crate) fn apply(spec: &JailSpec, own_uid: bool) -> Result<String, JailError> {
     let mut said = Vec::new();
     let mut failed = Vec::new();
     // A higher limit the starter gave (unlimited for root's VFIO) stays.
@@ -69,5 +70,5 @@ pub(crate) fn apply(spec: &JailSpec, own_uid: bool) -> Result<String, String> {
         Ok(()) => said.push("no core dumps".to_string()),
         Err(e) => failed.push(e),
     }
-    if failed.is_empty() { Ok(said.join(", ")) } else { Err(failed.join("; ")) }
+    if failed.is_empty() { Ok(said.join(", ")) } else { Err(JailError::Host(failed.join("; "))) }
 }

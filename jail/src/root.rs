@@ -14,9 +14,7 @@ fn c(path: &str) -> CString {
     CString::new(path).expect("no NUL in a path")
 }
 
-fn check(what: &str, result: libc::c_int) -> Result<(), String> {
-    if result == 0 { Ok(()) } else { Err(format!("{what}: {}", std::io::Error::last_os_error())) }
-}
+use crate::error::{JailError, check};
 
 /// The mount points of this namespace, deepest first.
 fn mount_points() -> Vec<String> {
@@ -28,7 +26,7 @@ fn mount_points() -> Vec<String> {
 }
 
 /// Makes an empty read-only tmpfs this process's root; says how.
-pub(crate) fn pivot_to_empty_root(name: &str) -> Result<&'static str, String> {
+pub(crate) fn pivot_to_empty_root(name: &str) -> Result<&'static str, JailError> {
     let none = std::ptr::null::<libc::c_char>();
     let root = c("/");
     // The mount point for the new root: /tmp exists on every Linux host driverlab runs on;
@@ -75,7 +73,7 @@ pub(crate) fn pivot_to_empty_root(name: &str) -> Result<&'static str, String> {
             check("chdir /", libc::chdir(root.as_ptr()))?;
             how = "an empty read-only tmpfs moved over the initramfs root (which cannot be pivoted away); every other mount is detached";
         } else {
-            return Err(format!("pivot_root: {}", std::io::Error::last_os_error()));
+            return Err(JailError::last("pivot_root"));
         }
     }
     // SAFETY: as above.

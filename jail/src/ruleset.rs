@@ -4,18 +4,20 @@
 
 use landlock::{ABI, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetStatus, Scope};
 
+use crate::error::JailError;
+
 /// The newest ABI this code knows; older kernels enforce the part they have.
 const NEWEST: ABI = ABI::V6;
 
 /// Restricts this thread (and the threads it starts) to no filesystem access at all.
-pub(crate) fn deny_everything() -> Result<String, String> {
+pub(crate) fn deny_everything() -> Result<String, JailError> {
     let status = Ruleset::default()
         .handle_access(AccessFs::from_all(NEWEST))
         .and_then(|r| r.handle_access(AccessNet::from_all(NEWEST)))
         .and_then(|r| r.scope(Scope::from_all(NEWEST)))
         .and_then(|r| r.create())
         .and_then(|r| r.restrict_self())
-        .map_err(|e| format!("landlock: {e}"))?;
+        .map_err(|e| JailError::Host(format!("landlock: {e}")))?;
     match status.ruleset {
         RulesetStatus::FullyEnforced => {
             Ok("no filesystem or TCP access; signals and abstract sockets only within".into())
@@ -24,7 +26,7 @@ pub(crate) fn deny_everything() -> Result<String, String> {
             Ok("no filesystem access (the kernel's Landlock is older than ABI 6: TCP or scopes not enforced)".into())
         }
         RulesetStatus::NotEnforced => {
-            Err("this kernel has no Landlock (or it is not enabled at boot: lsm=...,landlock)".into())
+            Err(JailError::Host("this kernel has no Landlock (or it is not enabled at boot: lsm=...,landlock)".into()))
         }
     }
 }

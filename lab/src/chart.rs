@@ -129,8 +129,8 @@ mod tests {
                 reasons: Vec::new(),
                 crashes: Vec::new(),
                 notes: Vec::new(),
-                bus_link: None,
-                bus_profile: None,
+                link: None,
+                link_profile: None,
             }
         };
         let report = Report {

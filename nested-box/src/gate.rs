@@ -83,8 +83,10 @@ fn iperf3_server(netns: &str, limit_s: u64, pidfile: &Path) -> i32 {
     if let Some(pid) = std::fs::read_to_string(pidfile).ok().and_then(|t| t.trim().parse::<i32>().ok()) {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if String::from_utf8_lossy(&cmdline).contains("iperf3") {
-            // SAFETY: kill(2) of the process group the last server ran in (its own, below).
-            unsafe { libc::kill(-pid, libc::SIGTERM) };
+            // The process group the last server ran in (its own, below).
+            if let Some(group) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::TERM);
+            }
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             while std::path::Path::new(&format!("/proc/{pid}")).exists() && std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(20));

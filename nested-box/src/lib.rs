@@ -333,7 +333,6 @@ pub struct Lock {
 impl Lock {
     /// Takes the lock, or `None` when another process holds it.
     pub fn try_take(path: &Path) -> Result<Option<Lock>, BoxError> {
-        use std::os::fd::AsRawFd;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -341,13 +340,11 @@ impl Lock {
             .mode(0o600)
             .open(path)
             .map_err(io(path))?;
-        // SAFETY: flock on a descriptor this function owns; no memory is passed.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc == 0 {
-            return Ok(Some(Lock { _file: file }));
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(Some(Lock { _file: file })),
+            Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+            Err(e) => Err(io(path)(e.into())),
         }
-        let error = std::io::Error::last_os_error();
-        if error.raw_os_error() == Some(libc::EWOULDBLOCK) { Ok(None) } else { Err(io(path)(error)) }
     }
 }
 
@@ -486,10 +483,19 @@ fn wait_up(
     }
 }
 
-/// Whether process `pid` exists.
+/// Whether process `pid` exists (and this process may signal it).
 pub fn alive(pid: u32) -> bool {
-    // SAFETY: kill with signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid as i32, 0) == 0 }
+    i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .is_some_and(|pid| rustix::process::test_kill_process(pid).is_ok())
+}
+
+/// Sends `signal` to process `pid`, if there is one.
+pub(crate) fn signal(pid: u32, signal: rustix::process::Signal) {
+    if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
 }
 
 /// Stops the box in `dir`: SIGTERM to its supervisor, which stops QEMU, the models and the
@@ -499,15 +505,14 @@ pub fn down(dir: &BoxDir, grace: Duration) -> Result<BoxState, BoxError> {
     if !dir.locked() {
         return Err(BoxError::NotUp(dir.root().to_path_buf()));
     }
-    // SAFETY: kill(2) on the supervisor's PID, which holds the folder's lock.
-    unsafe { libc::kill(state.supervisor as i32, libc::SIGTERM) };
+    // The supervisor's PID, which holds the folder's lock.
+    signal(state.supervisor, rustix::process::Signal::TERM);
     let start = Instant::now();
     while dir.locked() && start.elapsed() < grace {
         std::thread::sleep(Duration::from_millis(100));
     }
     if dir.locked() {
-        // SAFETY: as above.
-        unsafe { libc::kill(state.supervisor as i32, libc::SIGKILL) };
+        signal(state.supervisor, rustix::process::Signal::KILL);
         while dir.locked() && start.elapsed() < grace + Duration::from_secs(5) {
             std::thread::sleep(Duration::from_millis(100));
         }

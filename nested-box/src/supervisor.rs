@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{BoxDir, BoxError, BoxPlan, BoxState, Lock, box_args, io, read_token};
+use super::{BoxDir, BoxError, BoxPlan, BoxState, Lock, box_args, io, read_token, signal};
 use engines::model_process::ModelProcess;
 use engines::peer::{Addresses, TAP, WireNamespace};
 
@@ -27,9 +27,7 @@ pub fn spawn(driverlab: &Path, dir: &BoxDir) -> Result<u32, BoxError> {
     // SAFETY: setsid in the forked child before exec touches no memory of the parent.
     unsafe {
         command.pre_exec(|| {
-            if libc::setsid() == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
+            rustix::process::setsid()?;
             Ok(())
         });
     }
@@ -162,8 +160,8 @@ fn run(dir: &BoxDir, mut plan: BoxPlan, state: &mut BoxState, stop: &AtomicBool)
             ));
         }
         if stop.load(Ordering::SeqCst) {
-            // SAFETY: kill(2) on our own child's PID, which it stays until we wait for it.
-            unsafe { libc::kill(qemu_child.0.id() as i32, libc::SIGTERM) };
+            // Our own child's PID, which it stays until we wait for it.
+            signal(qemu_child.0.id(), rustix::process::Signal::TERM);
             let deadline = Instant::now() + Duration::from_secs(10);
             while Instant::now() < deadline && matches!(qemu_child.0.try_wait(), Ok(None)) {
                 std::thread::sleep(Duration::from_millis(50));

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use guest_images::store::{ImageError, ImageStore};
+use guest_images::store::{ImageError, ImageId, ImageKind, ImageStore};
 use guest_images::{initramfs_build, kernel_image, module_build};
 
 use super::CodedError;
@@ -160,100 +160,11 @@ impl ImageCommand {
     /// Runs the command.
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
-            ImageCommand::Kernel(args) => {
-                let store = args.store.store();
-                eprintln!("image store {}", store.root().display());
-                let manifest = match &args.tree {
-                    Some(tree) => kernel_image::from_tree(&store, tree, args.modules.as_deref()),
-                    None => kernel_image::from_package(&store, args.package.as_deref()),
-                }
-                .map_err(image_error)?;
-                let facts: Vec<String> = manifest.facts.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                eprintln!("kernel {} from {}: {}", manifest.release, manifest.source, facts.join(" "));
-                if let Some(refusal) = manifest.viommu_refusal() {
-                    eprintln!("note: {refusal}; cells behind the virtio-iommu will refuse it");
-                }
-                println!("{}", manifest.id);
-            }
-            ImageCommand::Module(args) => {
-                let store = args.store.store();
-                let request = module_build::ModuleRequest {
-                    driver: args.driver,
-                    patches: args.patches,
-                    source: match (args.tree, args.source) {
-                        (Some(tree), _) => module_build::SourceSpec::Tree(tree),
-                        (None, Some(source)) => module_build::SourceSpec::Package(source),
-                        (None, None) => module_build::SourceSpec::default(),
-                    },
-                    kernel: args.kernel,
-                    headers: args.headers,
-                    only: args.only,
-                };
-                let manifest = module_build::build(&store, &request).map_err(image_error)?;
-                for patch in &manifest.patches {
-                    eprintln!("patch {}: {}", patch.file, patch.subject);
-                }
-                for m in &manifest.modules {
-                    let params: Vec<&str> = m.modinfo.params.keys().map(String::as_str).collect();
-                    eprintln!("{} vermagic {:?} params {}", m.file, m.modinfo.vermagic, params.join(","));
-                }
-                eprintln!("module image {}", manifest.id);
-                let main = manifest.main_module().context("the build gave no module named after the driver")?;
-                println!("{}", store.dir(&manifest.id).join(&main.file).display());
-            }
-            ImageCommand::Initramfs(args) => {
-                let store = args.store.store();
-                let request = initramfs_build::InitramfsRequest {
-                    kernel: args.kernel,
-                    modules: args.modules,
-                    drivers: args.drivers,
-                };
-                let manifest = initramfs_build::build(&store, &request).map_err(image_error)?;
-                let modules: Vec<String> =
-                    manifest.modules.iter().map(|m| format!("{} ({})", m.name, m.from)).collect();
-                eprintln!("initramfs {}: {} bytes, modules {}", manifest.id, manifest.size, modules.join(", "));
-                println!("{}", manifest.archive_path(&store).display());
-            }
-            ImageCommand::List(args) => {
-                let store = args.store();
-                for (id, manifest) in store.list().map_err(image_error)? {
-                    let what = match manifest["kind"].as_str() {
-                        Some("kernel") => format!(
-                            "{} ({})",
-                            manifest["release"].as_str().unwrap_or("?"),
-                            manifest["source"].as_str().unwrap_or("")
-                        ),
-                        Some("module") => format!(
-                            "{} for {}, {} patch(es)",
-                            manifest["driver"].as_str().unwrap_or("?"),
-                            manifest["release"].as_str().unwrap_or("?"),
-                            manifest["patches"].as_array().map_or(0, Vec::len)
-                        ),
-                        Some("initramfs") => format!(
-                            "for {}, drivers {}",
-                            manifest["release"].as_str().unwrap_or("?"),
-                            manifest["drivers"]
-                                .as_array()
-                                .map(|d| d.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(","))
-                                .unwrap_or_default()
-                        ),
-                        _ => String::new(),
-                    };
-                    println!("{id:<28} {what}");
-                }
-            }
-            ImageCommand::Path { id, file, store } => {
-                let store = store.store();
-                let _: serde_json::Value = store.manifest(&id).map_err(image_error)?;
-                let mut path = store.dir(&id);
-                if let Some(file) = file {
-                    if file.contains('/') || file.starts_with('.') || !path.join(&file).exists() {
-                        return Err(image_error(ImageError::Invalid(format!("image {id} has no file {file:?}"))));
-                    }
-                    path = path.join(file);
-                }
-                println!("{}", path.display());
-            }
+            ImageCommand::Kernel(args) => kernel(args)?,
+            ImageCommand::Module(args) => module(args)?,
+            ImageCommand::Initramfs(args) => initramfs(args)?,
+            ImageCommand::List(args) => list(&args.store())?,
+            ImageCommand::Path { id, file, store } => path(&store.store(), &id, file.as_deref())?,
             ImageCommand::Show { id, store } => {
                 let manifest: serde_json::Value = store.store().manifest(&id).map_err(image_error)?;
                 println!("{}", serde_json::to_string_pretty(&manifest)?);
@@ -277,4 +188,100 @@ impl ImageCommand {
         }
         Ok(0)
     }
+}
+
+/// `image kernel`: its facts on stderr, its ID last.
+fn kernel(args: KernelArgs) -> anyhow::Result<()> {
+    let store = args.store.store();
+    eprintln!("image store {}", store.root().display());
+    let manifest = match &args.tree {
+        Some(tree) => kernel_image::from_tree(&store, tree, args.modules.as_deref()),
+        None => kernel_image::from_package(&store, args.package.as_deref()),
+    }
+    .map_err(image_error)?;
+    let facts: Vec<String> = manifest.facts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    eprintln!("kernel {} from {}: {}", manifest.release, manifest.source, facts.join(" "));
+    if let Some(refusal) = manifest.viommu_refusal() {
+        eprintln!("note: {refusal}; cells behind the virtio-iommu will refuse it");
+    }
+    println!("{}", manifest.id);
+    Ok(())
+}
+
+/// `image module`: its patches and modules on stderr, the driver's `.ko` last.
+fn module(args: ModuleArgs) -> anyhow::Result<()> {
+    let store = args.store.store();
+    let request = module_build::ModuleRequest {
+        driver: args.driver,
+        patches: args.patches,
+        source: match (args.tree, args.source) {
+            (Some(tree), _) => module_build::SourceSpec::Tree(tree),
+            (None, Some(source)) => module_build::SourceSpec::Package(source),
+            (None, None) => module_build::SourceSpec::default(),
+        },
+        kernel: args.kernel,
+        headers: args.headers,
+        only: args.only,
+    };
+    let manifest = module_build::build(&store, &request).map_err(image_error)?;
+    for patch in &manifest.patches {
+        eprintln!("patch {}: {}", patch.file, patch.subject);
+    }
+    for m in &manifest.modules {
+        let params: Vec<&str> = m.modinfo.params.keys().map(String::as_str).collect();
+        eprintln!("{} vermagic {:?} params {}", m.file, m.modinfo.vermagic, params.join(","));
+    }
+    eprintln!("module image {}", manifest.id);
+    let main = manifest.main_module().context("the build gave no module named after the driver")?;
+    println!("{}", store.dir(&manifest.id).join(&main.file).display());
+    Ok(())
+}
+
+/// `image initramfs`: its modules on stderr, the archive's path last.
+fn initramfs(args: InitramfsArgs) -> anyhow::Result<()> {
+    let store = args.store.store();
+    let request =
+        initramfs_build::InitramfsRequest { kernel: args.kernel, modules: args.modules, drivers: args.drivers };
+    let manifest = initramfs_build::build(&store, &request).map_err(image_error)?;
+    let modules: Vec<String> = manifest.modules.iter().map(|m| format!("{} ({})", m.name, m.from)).collect();
+    eprintln!("initramfs {}: {} bytes, modules {}", manifest.id, manifest.size, modules.join(", "));
+    println!("{}", manifest.archive_path(&store).display());
+    Ok(())
+}
+
+/// `image list`: one line per image, its ID and what it is.
+fn list(store: &ImageStore) -> anyhow::Result<()> {
+    for (id, manifest) in store.list().map_err(image_error)? {
+        let Ok(image) = id.parse::<ImageId>() else { continue };
+        let text = |key: &str| manifest[key].as_str().unwrap_or("?").to_string();
+        let what = match image.kind() {
+            ImageKind::Kernel => format!("{} ({})", text("release"), text("source")),
+            ImageKind::Module => format!(
+                "{} for {}, {} patch(es)",
+                text("driver"),
+                text("release"),
+                manifest["patches"].as_array().map_or(0, Vec::len)
+            ),
+            ImageKind::Initramfs => {
+                let drivers = manifest["drivers"].as_array().map(|d| d.iter().filter_map(|v| v.as_str()).collect());
+                format!("for {}, drivers {}", text("release"), drivers.unwrap_or_else(Vec::new).join(","))
+            }
+        };
+        println!("{id:<28} {what}");
+    }
+    Ok(())
+}
+
+/// `image path`: the image's folder, or one of its files.
+fn path(store: &ImageStore, id: &str, file: Option<&str>) -> anyhow::Result<()> {
+    let _: serde_json::Value = store.manifest(id).map_err(image_error)?;
+    let mut path = store.dir(id);
+    if let Some(file) = file {
+        if file.contains('/') || file.starts_with('.') || !path.join(file).exists() {
+            return Err(image_error(ImageError::Invalid(format!("image {id} has no file {file:?}"))));
+        }
+        path = path.join(file);
+    }
+    println!("{}", path.display());
+    Ok(())
 }

@@ -109,7 +109,7 @@ pub enum Error {
     Platform(String),
     /// The jail's settings (from the environment) are invalid.
     #[error("jail: {0}")]
-    Jail(String),
+    Jail(#[from] jail::JailError),
     /// Another system call failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),

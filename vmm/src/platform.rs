@@ -103,6 +103,24 @@ fn requester_id(device: u8) -> u16 {
     (device as u16) << 3
 }
 
+/// The legacy devices on the port bus: COM1 (and COM2), the ACPI power block and its button,
+/// i8042, pvpanic, the POST port, the CMOS clock.
+struct Legacy {
+    serial: Arc<Mutex<SerialPort>>,
+    serial_stats: Arc<SerialStats>,
+    com2: Option<(Arc<Mutex<SerialPort>>, Arc<SerialStats>)>,
+    power_button: EventFd,
+}
+
+/// What a passed-through device needs of the platform.
+struct PassthroughContext<'a> {
+    ram: &'a GuestRam,
+    interrupts: &'a Arc<dyn MsiInterrupts>,
+    slots: &'a Arc<dyn GuestMemorySlots>,
+    iommu: Option<&'a IommuHandle>,
+    pci: &'a Arc<Mutex<PciRoot>>,
+}
+
 /// Builds the platform for a VM.
 pub fn build(
     vm: &VmFd,
@@ -114,16 +132,52 @@ pub fn build(
 ) -> Result<Platform, Error> {
     let io_bus = Arc::new(Bus::new());
     let mmio_bus = Arc::new(Bus::new());
+    let legacy = legacy_devices(vm, &io_bus, events, config.com1, config.com2)?;
+    let pci = Arc::new(Mutex::new(PciRoot::new(mmio_bus.clone(), io_bus.clone())));
+    io_bus.insert(CONFIG_IO_BASE, CONFIG_IO_LEN, Arc::new(Mutex::new(PciConfigIo::new(pci.clone()))))?;
+    mmio_bus.insert(PCI_ECAM_BASE, PCI_ECAM_SIZE, Arc::new(Mutex::new(PciConfigMmio::new(pci.clone()))))?;
+    let mut windows = BarWindows::new(pci_mmio64_start(ram.layout.end()))?;
+    let passthrough_devices: Vec<u8> = (0..config.devices.len()).map(|i| FIRST_PASSTHROUGH_DEVICE + i as u8).collect();
+    let (iommu, viot) = match config.iommu {
+        Some(options) => {
+            let (handle, viot) = add_iommu(&pci, ram, &interrupts, &mut windows, &passthrough_devices, options)?;
+            (Some(handle), Some(viot))
+        }
+        None => (None, None),
+    };
+    let context = PassthroughContext { ram, interrupts: &interrupts, slots: &slots, iommu: iommu.as_ref(), pci: &pci };
+    let mut passthrough = Vec::new();
+    for (spec, &number) in config.devices.iter().zip(&passthrough_devices) {
+        passthrough.push(add_passthrough(&context, &mut windows, spec, number)?);
+    }
+    let acpi = AcpiPlatform {
+        vcpus: config.vcpus,
+        pci_mmio64_start: pci_mmio64_start(ram.layout.end()),
+        viommu: viot,
+        com2: legacy.com2.is_some(),
+        power_button_gsi: POWER_BUTTON_GSI,
+    };
+    let Legacy { serial, serial_stats, com2, power_button } = legacy;
+    Ok(Platform { io_bus, mmio_bus, serial, serial_stats, com2, power_button, pci, iommu, acpi, passthrough })
+}
 
+/// The legacy devices on `io_bus`, their interrupts as irqfds.
+fn legacy_devices(
+    vm: &VmFd,
+    io_bus: &Arc<Bus>,
+    events: Arc<dyn GuestEventSink>,
+    com1: Box<dyn Write + Send>,
+    com2: Option<Box<dyn Write + Send>>,
+) -> Result<Legacy, Error> {
     let irq_line = |gsi: u32, what: &'static str| -> Result<EventFd, Error> {
         let fd = EventFd::new(EFD_NONBLOCK).map_err(Error::Io)?;
         vm.register_irqfd(&fd, gsi).map_err(|source| Error::Kvm { what, source })?;
         Ok(fd)
     };
-    let (serial, serial_stats) = SerialPort::new(irq_line(COM1_IRQ, "KVM_IRQFD (COM1)")?, config.com1);
+    let (serial, serial_stats) = SerialPort::new(irq_line(COM1_IRQ, "KVM_IRQFD (COM1)")?, com1);
     let serial = Arc::new(Mutex::new(serial));
     io_bus.insert(COM1_BASE, UART_LEN, serial.clone())?;
-    let com2 = match config.com2 {
+    let com2 = match com2 {
         Some(sink) => {
             let (port, stats) = SerialPort::new(irq_line(COM2_IRQ, "KVM_IRQFD (COM2)")?, sink);
             let port = Arc::new(Mutex::new(port));
@@ -138,85 +192,86 @@ pub fn build(
     io_bus.insert(PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic::new(events))))?;
     io_bus.insert(0x80, 1, Arc::new(Mutex::new(PostCode)))?;
     io_bus.insert(RTC_BASE, RTC_LEN, Arc::new(Mutex::new(CmosRtc::default())))?;
+    Ok(Legacy { serial, serial_stats, com2, power_button })
+}
 
-    let pci = Arc::new(Mutex::new(PciRoot::new(mmio_bus.clone(), io_bus.clone())));
-    io_bus.insert(CONFIG_IO_BASE, CONFIG_IO_LEN, Arc::new(Mutex::new(PciConfigIo::new(pci.clone()))))?;
-    mmio_bus.insert(PCI_ECAM_BASE, PCI_ECAM_SIZE, Arc::new(Mutex::new(PciConfigMmio::new(pci.clone()))))?;
-    let mut windows = BarWindows::new(pci_mmio64_start(ram.layout.end()))?;
-    let passthrough_devices: Vec<u8> = (0..config.devices.len()).map(|i| FIRST_PASSTHROUGH_DEVICE + i as u8).collect();
-
-    let mut iommu = None;
-    let mut viot = None;
-    if let Some(options) = config.iommu {
-        // Every function on bus 0 but the IOMMU itself is behind it: the host bridge and the
-        // passed-through devices.
-        let mut endpoints: Vec<u32> = lock(&pci).functions().into_iter().map(u32::from).collect();
-        endpoints.extend(passthrough_devices.iter().map(|&d| requester_id(d) as u32));
-        let ram_ranges = ram.layout.ranges.iter().map(|&(addr, size)| (addr, addr + size)).collect();
-        let device = VirtioIommu::new(endpoints, ram_ranges, options.bypass);
-        iommu = Some(device.handle());
-        let transport = VirtioPciDevice::new(
-            "virtio-iommu",
-            device,
-            iommu::PCI_CLASS,
-            ram.memory.clone(),
-            interrupts.clone(),
-            windows.place(VIRTIO_BAR_SIZE, BarKind::Memory64).map_err(|e| Error::Platform(e.to_string()))?,
-        )
+/// The virtio-iommu on bus 0, in front of every function of bus 0 but itself (the host bridge
+/// and the passed-through devices at `passthrough_devices`); its handle and its VIOT topology.
+fn add_iommu(
+    pci: &Arc<Mutex<PciRoot>>,
+    ram: &GuestRam,
+    interrupts: &Arc<dyn MsiInterrupts>,
+    windows: &mut BarWindows,
+    passthrough_devices: &[u8],
+    options: IommuSpec,
+) -> Result<(IommuHandle, ViotTopology), Error> {
+    let mut endpoints: Vec<u32> = lock(pci).functions().into_iter().map(u32::from).collect();
+    endpoints.extend(passthrough_devices.iter().map(|&d| requester_id(d) as u32));
+    let ram_ranges = ram.layout.ranges.iter().map(|&(addr, size)| (addr, addr + size)).collect();
+    let device = VirtioIommu::new(endpoints, ram_ranges, options.bypass);
+    let handle = device.handle();
+    let transport = VirtioPciDevice::new(
+        "virtio-iommu",
+        device,
+        iommu::PCI_CLASS,
+        ram.memory.clone(),
+        interrupts.clone(),
+        windows.place(VIRTIO_BAR_SIZE, BarKind::Memory64).map_err(|e| Error::Platform(e.to_string()))?,
+    )
+    .map_err(|e| Error::Platform(format!("virtio-iommu: {e}")))?;
+    lock(pci)
+        .add_device(VIOMMU_DEVICE, Arc::new(Mutex::new(transport)))
         .map_err(|e| Error::Platform(format!("virtio-iommu: {e}")))?;
-        lock(&pci)
-            .add_device(VIOMMU_DEVICE, Arc::new(Mutex::new(transport)))
-            .map_err(|e| Error::Platform(format!("virtio-iommu: {e}")))?;
-        let own = requester_id(VIOMMU_DEVICE);
-        viot = Some(ViotTopology { iommu: own, endpoints: vec![(0, own - 1), (own + 8, 0xff)] });
-    }
+    let own = requester_id(VIOMMU_DEVICE);
+    Ok((handle, ViotTopology { iommu: own, endpoints: vec![(0, own - 1), (own + 8, 0xff)] }))
+}
 
-    let mut passthrough = Vec::new();
-    for (spec, &number) in config.devices.iter().zip(&passthrough_devices) {
-        let bdf = format!("00:{number:02x}.0");
-        // A vfio-user peer's failures are the peer's; kernel VFIO's are the host's.
-        let failure = match spec {
-            DeviceSpec::Vfio(_) => DeviceFailure::Host,
-            DeviceSpec::VfioUser(_) => DeviceFailure::Peer,
-        };
-        let fail = |reason: String| Error::Device { device: spec.to_string(), failure, reason };
-        let backend_error = |e: BackendError| match e {
-            BackendError::NotFound(reason) | BackendError::Invalid(reason) => {
-                Error::Device { device: spec.to_string(), failure: DeviceFailure::NotFound, reason }
-            }
-            other => fail(other.to_string()),
-        };
-        let backend: Box<dyn VfioBackend> = match spec {
-            DeviceSpec::Vfio(host_bdf) => Box::new(KernelVfio::open(*host_bdf, ram.dma_view()).map_err(backend_error)?),
-            DeviceSpec::VfioUser(socket) => Box::new(
-                VfioUserClient::connect(socket, ram.dma_view(), vfio_user::DEFAULT_TIMEOUT).map_err(backend_error)?,
-            ),
-        };
-        let backend: SharedBackend = Arc::new(Mutex::new(backend));
-        let device = PciPassthroughDevice::new(backend.clone(), interrupts.clone(), slots.clone(), |_, size, kind| {
-            windows.place(size, kind)
-        })
-        .map_err(|e| fail(e.to_string()))?;
-        let mirror = Arc::new(DmaMirror::new(backend, ram.dma_view()));
-        match &iommu {
-            Some(handle) => handle
-                .set_listener(requester_id(number) as u32, mirror.clone())
-                .map_err(|e| fail(format!("initial DMA mapping: {e}")))?,
-            None => mirror.map_identity().map_err(|e| fail(format!("mapping guest RAM for DMA: {e}")))?,
-        }
-        let device = Arc::new(Mutex::new(device));
-        lock(&pci).add_device(number, device.clone()).map_err(|e| fail(e.to_string()))?;
-        passthrough.push(Passthrough { spec: spec.clone(), bdf, device, mirror });
-    }
-
-    let acpi = AcpiPlatform {
-        vcpus: config.vcpus,
-        pci_mmio64_start: pci_mmio64_start(ram.layout.end()),
-        viommu: viot,
-        com2: com2.is_some(),
-        power_button_gsi: POWER_BUTTON_GSI,
+/// Device `spec` passed through at device `number` of bus 0: its backend opened, its BARs
+/// placed, its DMA mirrored (through the virtio-iommu, or identity-mapped without one).
+fn add_passthrough(
+    context: &PassthroughContext<'_>,
+    windows: &mut BarWindows,
+    spec: &DeviceSpec,
+    number: u8,
+) -> Result<Passthrough, Error> {
+    let bdf = format!("00:{number:02x}.0");
+    // A vfio-user peer's failures are the peer's; kernel VFIO's are the host's.
+    let failure = match spec {
+        DeviceSpec::Vfio(_) => DeviceFailure::Host,
+        DeviceSpec::VfioUser(_) => DeviceFailure::Peer,
     };
-    Ok(Platform { io_bus, mmio_bus, serial, serial_stats, com2, power_button, pci, iommu, acpi, passthrough })
+    let fail = |reason: String| Error::Device { device: spec.to_string(), failure, reason };
+    let backend_error = |e: BackendError| match e {
+        BackendError::NotFound(reason) | BackendError::Invalid(reason) => {
+            Error::Device { device: spec.to_string(), failure: DeviceFailure::NotFound, reason }
+        }
+        other => fail(other.to_string()),
+    };
+    let ram = context.ram;
+    let backend: Box<dyn VfioBackend> = match spec {
+        DeviceSpec::Vfio(host_bdf) => Box::new(KernelVfio::open(*host_bdf, ram.dma_view()).map_err(backend_error)?),
+        DeviceSpec::VfioUser(socket) => Box::new(
+            VfioUserClient::connect(socket, ram.dma_view(), vfio_user::DEFAULT_TIMEOUT).map_err(backend_error)?,
+        ),
+    };
+    let backend: SharedBackend = Arc::new(Mutex::new(backend));
+    let device = PciPassthroughDevice::new(
+        backend.clone(),
+        context.interrupts.clone(),
+        context.slots.clone(),
+        |_, size, kind| windows.place(size, kind),
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    let mirror = Arc::new(DmaMirror::new(backend, ram.dma_view()));
+    match context.iommu {
+        Some(handle) => handle
+            .set_listener(requester_id(number) as u32, mirror.clone())
+            .map_err(|e| fail(format!("initial DMA mapping: {e}")))?,
+        None => mirror.map_identity().map_err(|e| fail(format!("mapping guest RAM for DMA: {e}")))?,
+    }
+    let device = Arc::new(Mutex::new(device));
+    lock(context.pci).add_device(number, device.clone()).map_err(|e| fail(e.to_string()))?;
+    Ok(Passthrough { spec: spec.clone(), bdf, device, mirror })
 }
 
 /// Where BARs go: the 32-bit window, or the 64-bit one for large 64-bit BARs (or when the 32-bit

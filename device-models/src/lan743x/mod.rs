@@ -12,6 +12,7 @@
 //! DMA reaches only what the client mapped ([`DmaSpace`]): anything else is refused, counted as a
 //! fault, and the frame is dropped.
 
+pub mod channel;
 pub mod nic;
 pub mod phy;
 pub mod regs;

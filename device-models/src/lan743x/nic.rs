@@ -3,9 +3,9 @@
 //! map, the DMA controller's commands, and the statistics. The rings' data path is in
 //! [`super::rings`].
 
+use super::channel::{Channel, RunState};
 use super::phy::{self, Phy};
 use super::regs::*;
-use super::rings::Channel;
 use crate::dma::DmaSpace;
 use crate::nic_model::{NicCounters, NicRegisters};
 use crate::wire::backend::FrameSink;
@@ -19,15 +19,6 @@ const MAC_RX_RESET: u32 = 0x05ee_0000;
 const MAC_CR_RESET: u32 = 0x0000_1800;
 
 pub use crate::nic_model::Effects;
-
-/// A DMA channel's run state as `DMAC_CMD` reads it back: (started, stop requested).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RunState {
-    /// START was the last command.
-    pub started: bool,
-    /// STOP was the last command.
-    pub stopped: bool,
-}
 
 /// The NIC's state.
 pub struct Nic {

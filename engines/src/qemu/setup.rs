@@ -6,7 +6,6 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -75,8 +74,7 @@ pub fn set_up(root: &Path, mirror: Option<&str>, note: &dyn Fn(&str)) -> Result<
     if let Ok(qemu) = Qemu::find(root) {
         return Ok(qemu);
     }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         return Err(SetupError::NotRoot);
     }
     let parent = root.parent().unwrap_or(Path::new("/"));
@@ -84,10 +82,8 @@ pub fn set_up(root: &Path, mirror: Option<&str>, note: &dyn Fn(&str)) -> Result<
     // Two set-ups at once must not debootstrap into the same folder.
     let lock_path = root.with_extension("lock");
     let lock = File::create(&lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
-    // SAFETY: `lock` is an open file for the duration of the call.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io(format!("locking {}", lock_path.display()))(std::io::Error::last_os_error()));
-    }
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| io(format!("locking {}", lock_path.display()))(e.into()))?;
     // Another set-up may have finished while this one waited.
     if let Ok(qemu) = Qemu::find(root) {
         return Ok(qemu);

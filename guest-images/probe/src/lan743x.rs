@@ -11,6 +11,7 @@ use crate::dma::DeviceDma;
 use crate::json;
 use crate::nic::NicOptions;
 use crate::pci::{Ecam, Function};
+use crate::receive::{Measured, Stopwatch, Tally};
 use crate::rx_buffers::{Buffer, RxBuffers};
 use crate::viommu::Viommu;
 use crate::{interrupts, mmio, report, time};
@@ -64,7 +65,6 @@ const DMAC_RXFRM0: u32 = 1 << 16;
 const VECTOR: u8 = 0x51;
 const RING: u32 = 128;
 const BUFFER_LEN: u32 = 1518;
-const SEQUENCE_OFFSET: usize = 42;
 const TIMEOUT_US: u64 = 2_000_000;
 
 #[repr(C, align(4096))]
@@ -104,18 +104,9 @@ impl Regs {
 }
 
 struct Outcome {
-    mac: [u8; 6],
-    phy_id: u32,
-    link_mbps: u32,
-    rx_frames: u64,
-    rx_bytes: u64,
-    sequence: crate::sequence::SequenceCheck,
-    slots_ok: bool,
+    phy: Phy,
+    received: Received,
     counted: u32,
-    initial_maps: u64,
-    receive_maps: u64,
-    elapsed_ns: u64,
-    rx_interrupts: u64,
     sw_interrupt: bool,
 }
 
@@ -137,39 +128,40 @@ pub fn run(ecam: Ecam, functions: &[Function], viommu: Option<&mut Viommu>, opti
     };
     match drive(ecam, f, &mut dma, options, spacing) {
         Ok(o) => {
-            let mac = json::mac(o.mac);
+            let Received { tally, slots_ok, measured } = &o.received;
+            let mac = json::mac(o.phy.mac);
             json::section("nic", |s| {
                 s.str("id", "1055:7430")
                     .str("mac", mac.as_str())
-                    .u64("phy_id", o.phy_id as u64)
-                    .u64("link_mbps", o.link_mbps as u64)
+                    .u64("phy_id", o.phy.id as u64)
+                    .u64("link_mbps", o.phy.link_mbps as u64)
                     .u64("descriptor_spacing", spacing as u64)
                     .str("rx_strategy", options.strategy.name())
-                    .u64("rx_frames", o.rx_frames)
-                    .u64("rx_bytes", o.rx_bytes)
+                    .u64("rx_frames", tally.frames)
+                    .u64("rx_bytes", tally.bytes)
                     .u64("rx_counted", o.counted as u64)
                     .bool("iommu", dma.translated_by_iommu())
                     .u64("iommu_maps", dma.maps)
                     .u64("iommu_unmaps", dma.unmaps)
-                    .u64("initial_maps", o.initial_maps)
-                    .ratio("maps_per_frame", o.receive_maps, o.rx_frames)
-                    .u64("elapsed_ns", o.elapsed_ns)
-                    .bool("in_order", o.sequence.in_order())
-                    .u64("missing_frames", o.sequence.missing)
-                    .u64("reordered_frames", o.sequence.reordered)
-                    .bool("slots_ok", o.slots_ok)
-                    .u64("rx_interrupts", o.rx_interrupts)
+                    .u64("initial_maps", measured.initial_maps)
+                    .ratio("maps_per_frame", measured.receive_maps, tally.frames)
+                    .u64("elapsed_ns", measured.elapsed_ns)
+                    .bool("in_order", tally.sequence.in_order())
+                    .u64("missing_frames", tally.sequence.missing)
+                    .u64("reordered_frames", tally.sequence.reordered)
+                    .bool("slots_ok", *slots_ok)
+                    .u64("rx_interrupts", measured.rx_interrupts)
                     .bool("sw_interrupt", o.sw_interrupt)
-                    .bool("msix", o.sw_interrupt && (o.rx_frames == 0 || o.rx_interrupts > 0));
+                    .bool("msix", o.sw_interrupt && (tally.frames == 0 || measured.rx_interrupts > 0));
             });
             for (ok, what) in [
-                (o.sequence.in_order(), "nic: frames arrived out of sequence"),
-                (o.slots_ok, "nic: a write-back was not where the descriptor spacing puts it"),
+                (tally.sequence.in_order(), "nic: frames arrived out of sequence"),
+                (*slots_ok, "nic: a write-back was not where the descriptor spacing puts it"),
                 (o.sw_interrupt, "nic: the software interrupt did not arrive as MSI-X"),
-                (o.rx_frames == 0 || o.rx_interrupts > 0, "nic: RX interrupts did not arrive as MSI-X"),
+                (tally.frames == 0 || measured.rx_interrupts > 0, "nic: RX interrupts did not arrive as MSI-X"),
                 // The NIC also counts what it put in the ring after the last frame the probe took.
                 (
-                    (o.rx_frames..=o.rx_frames + RING as u64).contains(&(o.counted as u64)),
+                    (tally.frames..=tally.frames + RING as u64).contains(&(o.counted as u64)),
                     "nic: the NIC's frame counter does not match the frames received",
                 ),
             ] {
@@ -212,9 +204,45 @@ fn drive(
     if f.bars[0].1 < 0x2000 {
         return Err("nic: BAR 0 is missing or smaller than 8 KiB");
     }
-    let command = ecam.read16(f.device, f.function, 4);
-    ecam.write16(f.device, f.function, 4, command | 0x6);
+    ecam.enable_memory_and_bus_master(f);
     let regs = Regs(f.bars[0].0);
+    let phy = bring_up(&regs)?;
+    start_dma_controller(ecam, f, &regs, spacing)?;
+    let rings = Rings::map(dma, spacing)?;
+    let buffers = RxBuffers::start(options.strategy);
+    let mut slots = [Buffer::default(); RING as usize];
+    for (i, slot) in (0..RING).zip(slots.iter_mut()) {
+        *slot = buffers.take(dma)?;
+        post(spacing, i, slot);
+    }
+    rings.start_channel(&regs)?;
+    let counted_before = regs.read(STAT_RX_TOTAL_FRAMES);
+    regs.write(INT_VEC_EN_SET, 1);
+    let sw_interrupt = software_interrupt(&regs);
+    regs.write(INT_VEC_EN_SET, 1);
+    let received = receive(&regs, dma, buffers, &mut slots, options.frames, spacing)?;
+    let counted = regs.read(STAT_RX_TOTAL_FRAMES).wrapping_sub(counted_before);
+
+    // Stop, then give back every mapping.
+    regs.write(MAC_RX, regs.read(MAC_RX) & !1);
+    regs.write(FCT_RX_CTL, 1 << 24);
+    regs.write(DMAC_CMD, 1);
+    regs.write(INT_EN_CLR, !0);
+    // The ring's own buffers were taken from the pool too; release_all returns them.
+    buffers.release_all(dma)?;
+    rings.unmap(dma)?;
+    Ok(Outcome { phy, received, counted, sw_interrupt })
+}
+
+/// What the bring-up read: the MAC, the PHY's ID and its link speed.
+struct Phy {
+    mac: [u8; 6],
+    id: u32,
+    link_mbps: u32,
+}
+
+/// Checks the chip ID, resets the chip and its PHY, reads the MAC and the PHY's link over MDIO.
+fn bring_up(regs: &Regs) -> Result<Phy, &'static str> {
     if regs.read(ID_REV) & 0xfff0_0000 != 0x7430_0000 {
         return Err("nic: ID_REV is not a LAN743x's");
     }
@@ -235,8 +263,11 @@ fn drive(
         return Err("nic: the PHY reports no link");
     }
     let link_mbps = if regs.mdio_read(10).is_some_and(|s| s & 0x0800 != 0) { 1000 } else { 100 };
+    Ok(Phy { mac, id: id1 << 16 | id2, link_mbps })
+}
 
-    // The DMA controller at the chosen spacing; RX channel 0 on vector 0.
+/// The DMA controller at the chosen spacing; RX channel 0 on vector 0.
+fn start_dma_controller(ecam: Ecam, f: &Function, regs: &Regs, spacing: u32) -> Result<(), &'static str> {
     regs.write(DMAC_CMD, 1 << 31);
     regs.write(DMAC_CFG, 0x0001_0060 | spacing.trailing_zeros().saturating_sub(4));
     regs.write(INT_VEC_EN_CLR, !0);
@@ -245,79 +276,109 @@ fn drive(
         return Err("nic: no MSI-X capability");
     }
     regs.write(INT_EN_SET, INT_BIT_MAS);
-    let mem = memory();
-    let ring_len = (RING * spacing) as u64;
-    let ring = dma.map(mem.ring.as_ptr() as u64, ring_len.next_multiple_of(4096))?;
-    let writeback = dma.map(mem.writeback.as_ptr() as u64, 4096)?;
-    mem.ring.fill(0);
-    mem.writeback.fill(0);
-    let buffers = RxBuffers::start(options.strategy);
-    let mut slots = [Buffer::default(); RING as usize];
-    for i in 0..RING {
-        slots[i as usize] = buffers.take(dma)?;
-        post(spacing, i, &slots[i as usize]);
+    Ok(())
+}
+
+/// The descriptor ring and the head write-back word, mapped once: their IOVAs.
+struct Rings {
+    ring: u64,
+    ring_len: u64,
+    writeback: u64,
+}
+
+impl Rings {
+    fn map(dma: &mut DeviceDma, spacing: u32) -> Result<Rings, &'static str> {
+        let mem = memory();
+        let ring_len = ((RING * spacing) as u64).next_multiple_of(4096);
+        let rings = Rings {
+            ring: dma.map(mem.ring.as_ptr() as u64, ring_len)?,
+            ring_len,
+            writeback: dma.map(mem.writeback.as_ptr() as u64, 4096)?,
+        };
+        mem.ring.fill(0);
+        mem.writeback.fill(0);
+        Ok(rings)
     }
-    let initial_maps = dma.maps;
-    regs.write(DMAC_CMD, 1 << 8);
-    regs.write(RX_BASE_ADDRH, (ring >> 32) as u32);
-    regs.write(RX_BASE_ADDRL, ring as u32);
-    regs.write(RX_HEAD_WRITEBACK_ADDRH, (writeback >> 32) as u32);
-    regs.write(RX_HEAD_WRITEBACK_ADDRL, writeback as u32);
-    regs.write(RX_CFG_A, 0x4710_0420);
-    regs.write(RX_CFG_B, 0x0004_0000 | RING);
-    regs.write(RX_CFG_C, 0x48);
-    regs.write(RX_TAIL, RING - 1);
-    if regs.read(RX_HEAD) != 0 {
-        return Err("nic: RX_HEAD is not 0 after the channel's reset");
+
+    /// Points RX channel 0 at the ring, starts it and the MAC's receive path.
+    fn start_channel(&self, regs: &Regs) -> Result<(), &'static str> {
+        regs.write(DMAC_CMD, 1 << 8);
+        regs.write(RX_BASE_ADDRH, (self.ring >> 32) as u32);
+        regs.write(RX_BASE_ADDRL, self.ring as u32);
+        regs.write(RX_HEAD_WRITEBACK_ADDRH, (self.writeback >> 32) as u32);
+        regs.write(RX_HEAD_WRITEBACK_ADDRL, self.writeback as u32);
+        regs.write(RX_CFG_A, 0x4710_0420);
+        regs.write(RX_CFG_B, 0x0004_0000 | RING);
+        regs.write(RX_CFG_C, 0x48);
+        regs.write(RX_TAIL, RING - 1);
+        if regs.read(RX_HEAD) != 0 {
+            return Err("nic: RX_HEAD is not 0 after the channel's reset");
+        }
+        regs.write(INT_EN_SET, INT_BIT_DMA_RX0);
+        regs.write(DMAC_INT_STS, DMAC_RXFRM0);
+        regs.write(DMAC_INT_EN_SET, DMAC_RXFRM0);
+        regs.write(DMAC_CMD, 1 << 4);
+        regs.write(FCT_RX_CTL, 1 << 28);
+        regs.write(RFE_CTL, 1 << 8);
+        Ok(())
     }
-    regs.write(INT_EN_SET, INT_BIT_DMA_RX0);
-    regs.write(DMAC_INT_STS, DMAC_RXFRM0);
-    regs.write(DMAC_INT_EN_SET, DMAC_RXFRM0);
-    regs.write(DMAC_CMD, 1 << 4);
-    regs.write(FCT_RX_CTL, 1 << 28);
-    regs.write(RFE_CTL, 1 << 8);
-    let counted_before = regs.read(STAT_RX_TOTAL_FRAMES);
-    let tsc_khz = time::tsc_khz().unwrap_or(1);
-    regs.write(INT_VEC_EN_SET, 1);
-    // The software interrupt, as the lan743x driver tests its vectors at open: it must arrive
-    // whether or not frames do (a host NIC's check receives none).
+
+    fn unmap(&self, dma: &mut DeviceDma) -> Result<(), &'static str> {
+        dma.unmap(self.ring, self.ring_len)?;
+        dma.unmap(self.writeback, 4096)
+    }
+}
+
+/// The software interrupt, as the lan743x driver tests its vectors at open: it must arrive
+/// whether or not frames do (a host NIC's check receives none). Whether it arrived.
+fn software_interrupt(regs: &Regs) -> bool {
     let before = interrupts::count(VECTOR);
     regs.write(INT_EN_SET, INT_BIT_SW_GP);
     regs.write(INT_SET, INT_BIT_SW_GP);
-    let sw_interrupt =
-        time::wait_until(time::deadline_after_micros(TIMEOUT_US), || interrupts::count(VECTOR) != before);
+    let arrived = time::wait_until(time::deadline_after_micros(TIMEOUT_US), || interrupts::count(VECTOR) != before);
     regs.write(INT_EN_CLR, INT_BIT_SW_GP);
     regs.write(INT_STS, INT_BIT_SW_GP);
-    regs.write(INT_VEC_EN_SET, 1);
-    let first_irqs = interrupts::count(VECTOR);
-    let start = time::tsc();
-    regs.write(MAC_RX, regs.read(MAC_RX) | 1);
+    arrived
+}
 
-    let (mut received, mut bytes, mut slots_ok) = (0u64, 0u64, true);
-    let mut sequence = crate::sequence::SequenceCheck::default();
+/// What the receive loop saw.
+struct Received {
+    tally: Tally,
+    slots_ok: bool,
+    measured: Measured,
+}
+
+/// Enables the MAC's receiver and receives `frames` frames: waits for the head write-back to
+/// move, takes each frame, checks its write-back landed in its slot, reposts the slot.
+fn receive(
+    regs: &Regs,
+    dma: &mut DeviceDma,
+    buffers: &mut RxBuffers,
+    slots: &mut [Buffer; RING as usize],
+    frames: u32,
+    spacing: u32,
+) -> Result<Received, &'static str> {
+    let stopwatch = Stopwatch::start(VECTOR, dma);
+    regs.write(MAC_RX, regs.read(MAC_RX) | 1);
+    let (mut tally, mut slots_ok) = (Tally::default(), true);
     let (mut head, mut tail) = (0u32, RING - 1);
-    let head_written = || mmio::read::<u32>(mem.writeback.as_ptr() as u64);
-    while received < options.frames as u64 {
+    let writeback = memory().writeback.as_ptr() as u64;
+    let head_written = || mmio::read::<u32>(writeback);
+    while !tally.has(frames) {
         if !time::wait_until(time::deadline_after_micros(TIMEOUT_US), || head_written() != head) {
             return Err("nic: frames stopped arriving");
         }
         let now = head_written() % RING;
-        while head != now && received < options.frames as u64 {
+        while head != now && !tally.has(frames) {
             let at = slot(spacing, head);
             let (data0, data1): (u32, u32) = (mmio::read(at), mmio::read(at + 4));
             // The write-back must be in this slot: owned by the host, first and last buffer.
             slots_ok &= data0 & RX_OWN == 0 && data0 & RX_FS_LS == RX_FS_LS;
+            slots_ok &= data1 & RX_STATUS_ERRORS & !1 == 0;
             let len = (data0 >> 16) & 0x3fff;
             let buffer = slots[head as usize];
-            let frame = mmio::bytes(buffer.gpa, (len as usize).min(BUFFER_LEN as usize));
-            slots_ok &= data1 & RX_STATUS_ERRORS & !1 == 0;
-            if frame.len() >= SEQUENCE_OFFSET + 8 {
-                let seq =
-                    u64::from_be_bytes(frame[SEQUENCE_OFFSET..SEQUENCE_OFFSET + 8].try_into().unwrap_or_default());
-                sequence.saw(seq);
-            }
-            received += 1;
-            bytes += len.saturating_sub(4) as u64;
+            tally.sequence_in(mmio::bytes(buffer.gpa, (len as usize).min(BUFFER_LEN as usize)));
+            tally.count(len.saturating_sub(4) as u64);
             buffers.release(buffer, dma)?;
             let fresh = buffers.take(dma)?;
             slots[head as usize] = fresh;
@@ -327,34 +388,5 @@ fn drive(
         }
         regs.write(RX_TAIL, TAIL_REARM | tail);
     }
-    let elapsed_ns = (time::tsc() - start) * 1_000_000 / tsc_khz;
-    let rx_interrupts = interrupts::count(VECTOR) - first_irqs;
-    let receive_maps = dma.maps - initial_maps;
-    let counted = regs.read(STAT_RX_TOTAL_FRAMES).wrapping_sub(counted_before);
-
-    // Stop, then give back every mapping.
-    regs.write(MAC_RX, regs.read(MAC_RX) & !1);
-    regs.write(FCT_RX_CTL, 1 << 24);
-    regs.write(DMAC_CMD, 1);
-    regs.write(INT_EN_CLR, !0);
-    buffers.release_all(dma)?;
-    // The ring's own buffers were taken from the pool too; release_all returned them.
-    dma.unmap(ring, ring_len.next_multiple_of(4096))?;
-    dma.unmap(writeback, 4096)?;
-
-    Ok(Outcome {
-        mac,
-        phy_id: id1 << 16 | id2,
-        link_mbps,
-        rx_frames: received,
-        rx_bytes: bytes,
-        sequence,
-        slots_ok,
-        counted,
-        initial_maps,
-        receive_maps,
-        elapsed_ns,
-        rx_interrupts,
-        sw_interrupt,
-    })
+    Ok(Received { tally, slots_ok, measured: stopwatch.stop(dma) })
 }

@@ -19,6 +19,7 @@ mod pci;
 mod port;
 mod power;
 mod power_button;
+mod receive;
 mod report;
 mod rx_buffers;
 mod sequence;

@@ -10,6 +10,7 @@ use core::fmt::Write;
 use crate::dma::DeviceDma;
 use crate::json::{self, StackString};
 use crate::pci::{Ecam, Function};
+use crate::receive::{Measured, Stopwatch, Tally};
 use crate::rx_buffers::{Buffer, RxBuffers, Strategy};
 use crate::viommu::Viommu;
 use crate::{interrupts, mmio, report, time};
@@ -71,8 +72,6 @@ const REFILL_BATCH: u32 = 32;
 /// Frames the probe transmits.
 const TX_FRAMES: u32 = 32;
 const TX_FRAME_LEN: usize = 1514;
-/// Where the generator puts its sequence number.
-const SEQUENCE_OFFSET: usize = 42;
 /// The generator's MAC, the probe's transmit target.
 const PEER_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x00, 0x00, 0x01];
 const TIMEOUT_US: u64 = 2_000_000;
@@ -148,17 +147,9 @@ struct Outcome {
     fw: u32,
     mac: [u8; 6],
     link_mbps: u32,
-    rx_frames: u64,
-    rx_bytes: u64,
-    sequence: crate::sequence::SequenceCheck,
-    checksums_ok: bool,
-    msix: bool,
+    received: Received,
     tx_frames: u32,
     tx_counted: u32,
-    initial_maps: u64,
-    receive_maps: u64,
-    elapsed_ns: u64,
-    rx_interrupts: u64,
 }
 
 fn memory() -> &'static mut DmaMemory {
@@ -179,6 +170,7 @@ pub fn run(ecam: Ecam, functions: &[Function], viommu: Option<&mut Viommu>, opti
     };
     match drive(ecam, f, &mut dma, options) {
         Ok(outcome) => {
+            let Received { tally, checksums_ok, msix, measured } = &outcome.received;
             let mut fw = StackString::<16>::new();
             let _ = write!(fw, "{}.{}.{}", outcome.fw >> 24, (outcome.fw >> 16) & 0xff, outcome.fw & 0xffff);
             let mac = json::mac(outcome.mac);
@@ -188,27 +180,27 @@ pub fn run(ecam: Ecam, functions: &[Function], viommu: Option<&mut Viommu>, opti
                     .str("mac", mac.as_str())
                     .u64("link_mbps", outcome.link_mbps as u64)
                     .str("rx_strategy", options.strategy.name())
-                    .u64("rx_frames", outcome.rx_frames)
-                    .u64("rx_bytes", outcome.rx_bytes)
+                    .u64("rx_frames", tally.frames)
+                    .u64("rx_bytes", tally.bytes)
                     .u64("tx_frames", outcome.tx_frames as u64)
                     .u64("tx_counted", outcome.tx_counted as u64)
                     .bool("iommu", dma.translated_by_iommu())
                     .u64("iommu_maps", dma.maps)
                     .u64("iommu_unmaps", dma.unmaps)
-                    .u64("initial_maps", outcome.initial_maps)
-                    .ratio("maps_per_frame", outcome.receive_maps, outcome.rx_frames)
-                    .u64("elapsed_ns", outcome.elapsed_ns)
-                    .bool("in_order", outcome.sequence.in_order())
-                    .u64("missing_frames", outcome.sequence.missing)
-                    .u64("reordered_frames", outcome.sequence.reordered)
-                    .bool("checksums_ok", outcome.checksums_ok)
-                    .u64("rx_interrupts", outcome.rx_interrupts)
-                    .bool("msix", outcome.msix);
+                    .u64("initial_maps", measured.initial_maps)
+                    .ratio("maps_per_frame", measured.receive_maps, tally.frames)
+                    .u64("elapsed_ns", measured.elapsed_ns)
+                    .bool("in_order", tally.sequence.in_order())
+                    .u64("missing_frames", tally.sequence.missing)
+                    .u64("reordered_frames", tally.sequence.reordered)
+                    .bool("checksums_ok", *checksums_ok)
+                    .u64("rx_interrupts", measured.rx_interrupts)
+                    .bool("msix", *msix);
             });
             for (ok, what) in [
-                (outcome.sequence.in_order(), "nic: frames arrived out of sequence"),
-                (outcome.checksums_ok, "nic: a frame's checksum status was not good"),
-                (outcome.msix, "nic: RX interrupts did not arrive as MSI-X"),
+                (tally.sequence.in_order(), "nic: frames arrived out of sequence"),
+                (*checksums_ok, "nic: a frame's checksum status was not good"),
+                (*msix, "nic: RX interrupts did not arrive as MSI-X"),
                 (outcome.tx_counted == outcome.tx_frames, "nic: the NIC did not count every transmitted frame"),
             ] {
                 if !ok {
@@ -268,11 +260,37 @@ fn drive(ecam: Ecam, f: &Function, dma: &mut DeviceDma, options: NicOptions) -> 
     if f.bars[0].1 < 0x1_0000 {
         return Err("nic: BAR 0 is missing or smaller than 64 KiB");
     }
-    let command = ecam.read16(f.device, f.function, 4);
-    ecam.write16(f.device, f.function, 4, command | 0x6);
+    ecam.enable_memory_and_bus_master(f);
     let regs = Regs(f.bars[0].0);
+    let (fw, mac) = bring_up(&regs)?;
+    route_interrupts(ecam, f, &regs)?;
+    let rings = Rings::map(dma)?;
+    rings.program(&regs, mac);
+    regs.write(FW_CONTROL, RATE_10G);
+    if !regs.wait(|r| r.read(FW_STATE) & RATE_10G != 0) {
+        return Err("nic: the link did not come up at 10G");
+    }
+    regs.write(RX_BUFFER_ENABLE, 1);
+    regs.write(TX_BUFFER_ENABLE, 1);
 
-    reset(&regs)?;
+    let buffers = RxBuffers::start(options.strategy);
+    let received = receive(&regs, dma, buffers, options.frames)?;
+    let tx_counted = transmit(&regs, &rings, mac)?;
+
+    // Stop the NIC, then give back every mapping.
+    regs.write(IMCR, !0);
+    regs.write(RX_BUFFER_ENABLE, 0);
+    regs.write(TX_BUFFER_ENABLE, 0);
+    regs.write(RX_RING + RING_CONTROL, 0);
+    regs.write(TX_RING + RING_CONTROL, 0);
+    buffers.release_all(dma)?;
+    rings.unmap(dma)?;
+    Ok(Outcome { fw, mac, link_mbps: 10_000, received, tx_frames: TX_FRAMES, tx_counted })
+}
+
+/// Resets the NIC and reads its firmware version and its MAC from the eFuse.
+fn bring_up(regs: &Regs) -> Result<(u32, [u8; 6]), &'static str> {
+    reset(regs)?;
     let fw = regs.read(FW_VERSION);
     if !(2..=4).contains(&(fw >> 24)) {
         return Err("nic: firmware version is not 2.x, 3.x or 4.x");
@@ -284,9 +302,11 @@ fn drive(ecam: Ecam, f: &Function, dma: &mut DeviceDma, options: NicOptions) -> 
     let mut words = [0u32; 2];
     regs.mif_read(efuse + 160, &mut words)?;
     let (a, b) = (words[0].to_be_bytes(), words[1].to_be_bytes());
-    let mac = [a[0], a[1], a[2], a[3], b[0], b[1]];
+    Ok((fw, [a[0], a[1], a[2], a[3], b[0], b[1]]))
+}
 
-    // Interrupts: MSI-X, everything auto-masked, RX and TX of ring 0 on vector 0.
+/// Interrupts: MSI-X, everything auto-masked, RX and TX of ring 0 on vector 0.
+fn route_interrupts(ecam: Ecam, f: &Function, regs: &Regs) -> Result<(), &'static str> {
     regs.write(IRQ_GLOBAL_CONTROL, 0x2000_0022);
     regs.write(IAMR, !0);
     regs.write(IMCR, !0);
@@ -295,52 +315,97 @@ fn drive(ecam: Ecam, f: &Function, dma: &mut DeviceDma, options: NicOptions) -> 
     if !ecam.route_msix_vector0(f, VECTOR) {
         return Err("nic: no MSI-X capability");
     }
+    Ok(())
+}
 
-    // Rings and TX buffers: mapped once, like coherent DMA memory.
-    let mem = memory();
-    let rx_ring = dma.map(mem.rx_ring.as_ptr() as u64, 4096)?;
-    let tx_ring = dma.map(mem.tx_ring.as_ptr() as u64, 4096)?;
-    let tx_buffers = dma.map(mem.tx_buffers.as_ptr() as u64, mem.tx_buffers.len() as u64)?;
-    regs.write(RX_RING, rx_ring as u32);
-    regs.write(RX_RING + 4, (rx_ring >> 32) as u32);
-    regs.write(RX_RING + RX_BUFFER_SIZE, 2);
-    regs.write(RX_RING + RING_CONTROL, RING_ENABLE | (RX_RING_SIZE / 8) << 3);
-    regs.write(TX_RING, tx_ring as u32);
-    regs.write(TX_RING + 4, (tx_ring >> 32) as u32);
-    regs.write(TX_RING + RING_CONTROL, RING_ENABLE | (TX_RING_SIZE / 8) << 3);
-    regs.write(UNICAST_FILTER_LO, u32::from_be_bytes([mac[2], mac[3], mac[4], mac[5]]));
-    regs.write(UNICAST_FILTER_HI, 1 << 31 | u16::from_be_bytes([mac[0], mac[1]]) as u32);
-    regs.write(RX_CHECKSUM_CONTROL, 3);
-    regs.write(TX_CHECKSUM_CONTROL, 3);
+/// The rings and the TX buffers, mapped once like coherent DMA memory: their IOVAs.
+struct Rings {
+    rx_ring: u64,
+    tx_ring: u64,
+    tx_buffers: u64,
+}
 
-    regs.write(FW_CONTROL, RATE_10G);
-    if !regs.wait(|r| r.read(FW_STATE) & RATE_10G != 0) {
-        return Err("nic: the link did not come up at 10G");
+impl Rings {
+    fn map(dma: &mut DeviceDma) -> Result<Rings, &'static str> {
+        let mem = memory();
+        Ok(Rings {
+            rx_ring: dma.map(mem.rx_ring.as_ptr() as u64, 4096)?,
+            tx_ring: dma.map(mem.tx_ring.as_ptr() as u64, 4096)?,
+            tx_buffers: dma.map(mem.tx_buffers.as_ptr() as u64, mem.tx_buffers.len() as u64)?,
+        })
     }
-    regs.write(RX_BUFFER_ENABLE, 1);
-    regs.write(TX_BUFFER_ENABLE, 1);
 
-    let buffers = RxBuffers::start(options.strategy);
-    let mut slots = [Buffer::default(); RX_RING_SIZE as usize];
-    for slot in 0..RX_RING_SIZE - 1 {
-        slots[slot as usize] = buffers.take(dma)?;
-        write_rx_descriptor(slot, &slots[slot as usize]);
+    /// Tells the NIC where its rings are, its unicast filter and its checksum offloads.
+    fn program(&self, regs: &Regs, mac: [u8; 6]) {
+        regs.write(RX_RING, self.rx_ring as u32);
+        regs.write(RX_RING + 4, (self.rx_ring >> 32) as u32);
+        regs.write(RX_RING + RX_BUFFER_SIZE, 2);
+        regs.write(RX_RING + RING_CONTROL, RING_ENABLE | (RX_RING_SIZE / 8) << 3);
+        regs.write(TX_RING, self.tx_ring as u32);
+        regs.write(TX_RING + 4, (self.tx_ring >> 32) as u32);
+        regs.write(TX_RING + RING_CONTROL, RING_ENABLE | (TX_RING_SIZE / 8) << 3);
+        regs.write(UNICAST_FILTER_LO, u32::from_be_bytes([mac[2], mac[3], mac[4], mac[5]]));
+        regs.write(UNICAST_FILTER_HI, 1 << 31 | u16::from_be_bytes([mac[0], mac[1]]) as u32);
+        regs.write(RX_CHECKSUM_CONTROL, 3);
+        regs.write(TX_CHECKSUM_CONTROL, 3);
     }
-    let initial_maps = dma.maps;
-    let (mut head, mut tail) = (0u32, RX_RING_SIZE - 1);
-    let tsc_khz = time::tsc_khz().unwrap_or(1);
-    let start = time::tsc();
-    let first_irqs = interrupts::count(VECTOR);
-    let mut last_irqs = first_irqs;
+
+    fn unmap(&self, dma: &mut DeviceDma) -> Result<(), &'static str> {
+        dma.unmap(self.rx_ring, 4096)?;
+        dma.unmap(self.tx_ring, 4096)?;
+        dma.unmap(self.tx_buffers, memory().tx_buffers.len() as u64)
+    }
+}
+
+/// What the receive loop saw.
+struct Received {
+    tally: Tally,
+    checksums_ok: bool,
+    msix: bool,
+    measured: Measured,
+}
+
+/// The RX ring as the driver keeps it: the buffer in each slot, the next slot the NIC writes
+/// back (`head`), the next the driver fills (`tail`), and refills not yet handed over.
+struct RxRing {
+    slots: [Buffer; RX_RING_SIZE as usize],
+    head: u32,
+    tail: u32,
+    unflushed: u32,
+}
+
+impl RxRing {
+    /// Every slot but one holds a fresh buffer.
+    fn fill(buffers: &mut RxBuffers, dma: &mut DeviceDma) -> Result<RxRing, &'static str> {
+        let mut ring =
+            RxRing { slots: [Buffer::default(); RX_RING_SIZE as usize], head: 0, tail: RX_RING_SIZE - 1, unflushed: 0 };
+        for slot in 0..RX_RING_SIZE - 1 {
+            ring.slots[slot as usize] = buffers.take(dma)?;
+            write_rx_descriptor(slot, &ring.slots[slot as usize]);
+        }
+        Ok(ring)
+    }
+
+    /// Hands the refilled slots to the NIC.
+    fn flush(&mut self, regs: &Regs) {
+        regs.write(RX_RING + RING_TAIL, self.tail);
+        self.unflushed = 0;
+    }
+}
+
+/// Receives `frames` frames: waits for an interrupt (or a written-back descriptor), drains the
+/// ring, refills it in batches, unmasks the interrupt, until all have arrived.
+fn receive(regs: &Regs, dma: &mut DeviceDma, buffers: &mut RxBuffers, frames: u32) -> Result<Received, &'static str> {
+    let mut ring = RxRing::fill(buffers, dma)?;
+    let stopwatch = Stopwatch::start(VECTOR, dma);
+    let mut last_irqs = interrupts::count(VECTOR);
     regs.write(IMSR, 1);
-    regs.write(RX_RING + RING_TAIL, tail);
+    ring.flush(regs);
 
-    let (mut received, mut bytes, mut checksums_ok, mut msix) = (0u64, 0u64, true, true);
-    let mut sequence = crate::sequence::SequenceCheck::default();
-    let mut unflushed = 0;
-    while received < options.frames as u64 {
+    let (mut tally, mut checksums_ok, mut msix) = (Tally::default(), true, true);
+    while !tally.has(frames) {
         let woke = time::wait_until(time::deadline_after_micros(TIMEOUT_US), || {
-            interrupts::count(VECTOR) != last_irqs || rx_writeback(head).0 & RXD_DD != 0
+            interrupts::count(VECTOR) != last_irqs || rx_writeback(ring.head).0 & RXD_DD != 0
         });
         if !woke {
             return Err("nic: frames stopped arriving");
@@ -351,48 +416,57 @@ fn drive(ecam: Ecam, f: &Function, dma: &mut DeviceDma, options: NicOptions) -> 
             msix &= time::wait_until(time::deadline_after_micros(TIMEOUT_US), || interrupts::count(VECTOR) != irqs);
         }
         last_irqs = interrupts::count(VECTOR);
-        while received < options.frames as u64 {
-            let (status, len) = rx_writeback(head);
-            if status & RXD_DD == 0 {
-                break;
-            }
-            let buffer = slots[head as usize];
-            if status & RXD_EOP == 0 || status & RXD_ERRORS != 0 {
-                checksums_ok = false;
-            } else {
-                checksums_ok &= status & RXD_L4_VALID != 0;
-                let frame = mmio::bytes(buffer.gpa, len as usize);
-                if frame.len() >= SEQUENCE_OFFSET + 8 {
-                    let seq =
-                        u64::from_be_bytes(frame[SEQUENCE_OFFSET..SEQUENCE_OFFSET + 8].try_into().unwrap_or_default());
-                    sequence.saw(seq);
-                }
-            }
-            received += 1;
-            bytes += len as u64;
-            buffers.release(buffer, dma)?;
-            let fresh = buffers.take(dma)?;
-            slots[tail as usize] = fresh;
-            write_rx_descriptor(tail, &fresh);
-            tail = (tail + 1) % RX_RING_SIZE;
-            head = (head + 1) % RX_RING_SIZE;
-            unflushed += 1;
-            if unflushed >= REFILL_BATCH {
-                regs.write(RX_RING + RING_TAIL, tail);
-                unflushed = 0;
-            }
-        }
-        if unflushed > 0 {
-            regs.write(RX_RING + RING_TAIL, tail);
-            unflushed = 0;
-        }
+        checksums_ok &= drain(regs, dma, buffers, &mut ring, &mut tally, frames)?;
         regs.write(IMSR, 1);
     }
-    let elapsed_ns = (time::tsc() - start) * 1_000_000 / tsc_khz;
-    let rx_interrupts = interrupts::count(VECTOR) - first_irqs;
-    let receive_maps = dma.maps - initial_maps;
+    Ok(Received { tally, checksums_ok, msix, measured: stopwatch.stop(dma) })
+}
 
-    // Transmit: UDP frames to the peer, checksums left to the NIC.
+/// Takes every written-back frame (up to `frames` in all), refilling each slot; whether every
+/// frame's checksum status was good.
+fn drain(
+    regs: &Regs,
+    dma: &mut DeviceDma,
+    buffers: &mut RxBuffers,
+    ring: &mut RxRing,
+    tally: &mut Tally,
+    frames: u32,
+) -> Result<bool, &'static str> {
+    let mut checksums_ok = true;
+    while !tally.has(frames) {
+        let (status, len) = rx_writeback(ring.head);
+        if status & RXD_DD == 0 {
+            break;
+        }
+        let buffer = ring.slots[ring.head as usize];
+        if status & RXD_EOP == 0 || status & RXD_ERRORS != 0 {
+            checksums_ok = false;
+        } else {
+            checksums_ok &= status & RXD_L4_VALID != 0;
+            tally.sequence_in(mmio::bytes(buffer.gpa, len as usize));
+        }
+        tally.count(len as u64);
+        buffers.release(buffer, dma)?;
+        let fresh = buffers.take(dma)?;
+        ring.slots[ring.tail as usize] = fresh;
+        write_rx_descriptor(ring.tail, &fresh);
+        ring.tail = (ring.tail + 1) % RX_RING_SIZE;
+        ring.head = (ring.head + 1) % RX_RING_SIZE;
+        ring.unflushed += 1;
+        if ring.unflushed >= REFILL_BATCH {
+            ring.flush(regs);
+        }
+    }
+    if ring.unflushed > 0 {
+        ring.flush(regs);
+    }
+    Ok(checksums_ok)
+}
+
+/// Transmits `TX_FRAMES` UDP frames to the peer, checksums left to the NIC; how many the NIC
+/// counted.
+fn transmit(regs: &Regs, rings: &Rings, mac: [u8; 6]) -> Result<u32, &'static str> {
+    let mem = memory();
     let counted_before = regs.read(TX_GOOD_FRAMES);
     for i in 0..TX_FRAMES as usize {
         let frame = &mut mem.tx_buffers[i * 2048..i * 2048 + TX_FRAME_LEN];
@@ -400,7 +474,7 @@ fn drive(ecam: Ecam, f: &Function, dma: &mut DeviceDma, options: NicOptions) -> 
         let desc = &mut mem.tx_ring[i * 16..i * 16 + 16];
         let control =
             TXD_DATA | (TX_FRAME_LEN as u32) << 4 | TXD_EOP | TXD_WRITEBACK | TXD_IP_CHECKSUM | TXD_L4_CHECKSUM;
-        desc[..8].copy_from_slice(&(tx_buffers + i as u64 * 2048).to_le_bytes());
+        desc[..8].copy_from_slice(&(rings.tx_buffers + i as u64 * 2048).to_le_bytes());
         desc[8..12].copy_from_slice(&control.to_le_bytes());
         desc[12..16].copy_from_slice(&((TX_FRAME_LEN as u32) << 14).to_le_bytes());
     }
@@ -408,35 +482,7 @@ fn drive(ecam: Ecam, f: &Function, dma: &mut DeviceDma, options: NicOptions) -> 
     if !regs.wait(|r| r.read(TX_RING + RING_HEAD) == TX_FRAMES) {
         return Err("nic: transmitted descriptors were not completed");
     }
-    let tx_counted = regs.read(TX_GOOD_FRAMES).wrapping_sub(counted_before);
-
-    // Stop the NIC, then give back every mapping.
-    regs.write(IMCR, !0);
-    regs.write(RX_BUFFER_ENABLE, 0);
-    regs.write(TX_BUFFER_ENABLE, 0);
-    regs.write(RX_RING + RING_CONTROL, 0);
-    regs.write(TX_RING + RING_CONTROL, 0);
-    buffers.release_all(dma)?;
-    dma.unmap(rx_ring, 4096)?;
-    dma.unmap(tx_ring, 4096)?;
-    dma.unmap(tx_buffers, mem.tx_buffers.len() as u64)?;
-
-    Ok(Outcome {
-        fw,
-        mac,
-        link_mbps: 10_000,
-        rx_frames: received,
-        rx_bytes: bytes,
-        sequence,
-        checksums_ok,
-        msix,
-        tx_frames: TX_FRAMES,
-        tx_counted,
-        initial_maps,
-        receive_maps,
-        elapsed_ns,
-        rx_interrupts,
-    })
+    Ok(regs.read(TX_GOOD_FRAMES).wrapping_sub(counted_before))
 }
 
 /// A UDP/IPv4 frame from `mac` to the peer with sequence number `seq`; checksums left zero.

@@ -72,6 +72,12 @@ impl Ecam {
         mmio::write(self.addr(device, function, offset), value)
     }
 
+    /// Lets `f` answer memory accesses and master the bus (the command register's bits 1 and 2).
+    pub fn enable_memory_and_bus_master(&self, f: &Function) {
+        let command = self.read16(f.device, f.function, 4);
+        self.write16(f.device, f.function, 4, command | 0x6);
+    }
+
     /// All capabilities: `(id, offset)`.
     pub fn capabilities(&self, device: u8, function: u8) -> impl Iterator<Item = (u8, u16)> + '_ {
         let status = self.read16(device, function, 0x06);

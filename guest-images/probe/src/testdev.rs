@@ -84,8 +84,7 @@ pub fn run(ecam: Ecam, functions: &[Function], viommu: Option<&mut Viommu>) {
         report::fail("testdev: BAR 0 or BAR 2 missing");
         return;
     }
-    let command = ecam.read16(f.device, f.function, 4);
-    ecam.write16(f.device, f.function, 4, command | 0x6);
+    ecam.enable_memory_and_bus_master(f);
     let mut dev = TestDevice { bar0, irqs_ok: true };
 
     dev.set(REG_SCRATCH, 0x5a5a_1234);

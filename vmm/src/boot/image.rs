@@ -1,16 +1,10 @@
 //! Recognising and checking kernel images before anything is written to guest memory, so that a
 //! bad image is a one-line error and not a loader failure half-way through.
 
-use crate::memory::RamLayout;
+use object::elf::{self, FileHeader64, ProgramHeader64};
+use object::{LittleEndian, pod};
 
-/// `\x7fELF`.
-const ELF_MAGIC: [u8; 4] = [0x7f, b'E', b'L', b'F'];
-const ELFCLASS64: u8 = 2;
-const ELFDATA2LSB: u8 = 1;
-const EM_X86_64: u16 = 62;
-const PT_LOAD: u32 = 1;
-const ELF64_EHDR_SIZE: usize = 64;
-const ELF64_PHDR_SIZE: usize = 56;
+use crate::memory::RamLayout;
 
 /// Offset of the setup header in a bzImage.
 const SETUP_HEADER_OFFSET: usize = 0x1f1;
@@ -84,7 +78,7 @@ impl KernelImage {
 
     /// The same from the first bytes of an image of `len` bytes: its headers must lie in them.
     pub fn parse_head(data: &[u8], len: u64, ram: &RamLayout) -> Result<KernelImage, ImageError> {
-        if data.starts_with(&ELF_MAGIC) {
+        if data.starts_with(&elf::ELFMAG) {
             return parse_elf(data, len, ram).map(KernelImage::Elf);
         }
         if read_u32(data, SETUP_HEADER_OFFSET + 0x11) == Some(SETUP_MAGIC) {
@@ -107,55 +101,28 @@ fn read_u32(data: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?))
 }
 
-fn read_u64(data: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?))
-}
-
 fn parse_elf(data: &[u8], len: u64, ram: &RamLayout) -> Result<ElfInfo, ImageError> {
-    if data.len() < ELF64_EHDR_SIZE {
+    let Ok((header, _)) = pod::from_bytes::<FileHeader64<LittleEndian>>(data) else {
         return Err(ImageError::TruncatedElf(format!("{len} bytes, shorter than an ELF header")));
-    }
-    if data[4] != ELFCLASS64 {
+    };
+    if header.e_ident.class != elf::ELFCLASS64 {
         return Err(ImageError::UnsupportedElf("not a 64-bit ELF"));
     }
-    if data[5] != ELFDATA2LSB {
+    if header.e_ident.data != elf::ELFDATA2LSB {
         return Err(ImageError::UnsupportedElf("not little-endian"));
     }
-    if read_u16(data, 18) != Some(EM_X86_64) {
+    let le = LittleEndian;
+    if header.e_machine.get(le) != elf::EM_X86_64 {
         return Err(ImageError::UnsupportedElf("not an x86-64 ELF"));
     }
-    let entry = read_u64(data, 24).unwrap_or(0);
-    let phoff = read_u64(data, 32).unwrap_or(0);
-    let phentsize = read_u16(data, 54).unwrap_or(0) as usize;
-    let phnum = read_u16(data, 56).unwrap_or(0) as u64;
-    if phentsize != ELF64_PHDR_SIZE {
-        return Err(ImageError::UnsupportedElf("program header size is not 56"));
-    }
-    if phoff < ELF64_EHDR_SIZE as u64 {
-        return Err(ImageError::UnsupportedElf("program headers overlap the ELF header"));
-    }
-    let table_end = phnum.checked_mul(ELF64_PHDR_SIZE as u64).and_then(|n| n.checked_add(phoff));
-    if table_end.is_none_or(|end| end > len) {
-        return Err(ImageError::TruncatedElf(format!(
-            "{phnum} program headers at offset {phoff:#x}, file is {len} bytes"
-        )));
-    }
-    if table_end.is_none_or(|end| end > data.len() as u64) {
-        return Err(ImageError::UnsupportedElf("program headers beyond the file's first 64 KiB"));
-    }
+    let segments = program_headers(header, data, len)?;
     let mut end = 0;
     let mut loads = 0;
-    for i in 0..phnum as usize {
-        let ph = phoff as usize + i * ELF64_PHDR_SIZE;
-        if read_u32(data, ph) != Some(PT_LOAD) {
-            continue;
-        }
-        let offset = read_u64(data, ph + 8).unwrap_or(0);
-        let paddr = read_u64(data, ph + 24).unwrap_or(0);
-        let filesz = read_u64(data, ph + 32).unwrap_or(0);
-        let memsz = read_u64(data, ph + 40).unwrap_or(0);
+    for (i, ph) in segments.iter().enumerate() {
+        let (offset, paddr) = (ph.p_offset.get(le), ph.p_paddr.get(le));
+        let (filesz, memsz) = (ph.p_filesz.get(le), ph.p_memsz.get(le));
         // A segment with nothing in the file (all `.bss`) still takes its memory.
-        if filesz == 0 && memsz == 0 {
+        if ph.p_type.get(le) != elf::PT_LOAD || (filesz == 0 && memsz == 0) {
             continue;
         }
         loads += 1;
@@ -178,10 +145,38 @@ fn parse_elf(data: &[u8], len: u64, ram: &RamLayout) -> Result<ElfInfo, ImageErr
     if loads == 0 {
         return Err(ImageError::UnsupportedElf("no loadable segment"));
     }
+    let entry = header.e_entry.get(le);
     if entry < crate::layout::HIGH_MEMORY_START || !ram.contains(entry, 1) {
         return Err(ImageError::UnsupportedElf("entry point outside the loaded kernel"));
     }
     Ok(ElfInfo { entry, end })
+}
+
+/// The program header table of an ELF of `len` bytes whose first bytes are `data`.
+fn program_headers<'a>(
+    header: &FileHeader64<LittleEndian>,
+    data: &'a [u8],
+    len: u64,
+) -> Result<&'a [ProgramHeader64<LittleEndian>], ImageError> {
+    let le = LittleEndian;
+    let (phoff, phnum) = (header.e_phoff.get(le), header.e_phnum.get(le) as u64);
+    if header.e_phentsize.get(le) as usize != size_of::<ProgramHeader64<LittleEndian>>() {
+        return Err(ImageError::UnsupportedElf("program header size is not 56"));
+    }
+    if phoff < size_of::<FileHeader64<LittleEndian>>() as u64 {
+        return Err(ImageError::UnsupportedElf("program headers overlap the ELF header"));
+    }
+    let table_end =
+        phnum.checked_mul(size_of::<ProgramHeader64<LittleEndian>>() as u64).and_then(|n| n.checked_add(phoff));
+    if table_end.is_none_or(|end| end > len) {
+        return Err(ImageError::TruncatedElf(format!(
+            "{phnum} program headers at offset {phoff:#x}, file is {len} bytes"
+        )));
+    }
+    data.get(phoff as usize..)
+        .and_then(|table| pod::slice_from_bytes(table, phnum as usize).ok())
+        .map(|(headers, _)| headers)
+        .ok_or(ImageError::UnsupportedElf("program headers beyond the file's first 64 KiB"))
 }
 
 fn parse_bzimage(data: &[u8], len: u64, ram: &RamLayout) -> Result<BzImageInfo, ImageError> {
@@ -240,19 +235,19 @@ pub(crate) mod tests {
     /// A minimal x86-64 ELF with one PT_LOAD segment of `filesz` bytes at `paddr`.
     pub(crate) fn elf(paddr: u64, filesz: u64, memsz: u64) -> Vec<u8> {
         let mut d = vec![0u8; 0x1000 + filesz as usize];
-        d[..4].copy_from_slice(&ELF_MAGIC);
-        d[4] = ELFCLASS64;
-        d[5] = ELFDATA2LSB;
+        d[..4].copy_from_slice(&elf::ELFMAG);
+        d[4] = elf::ELFCLASS64;
+        d[5] = elf::ELFDATA2LSB;
         d[6] = 1;
         d[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-        d[18..20].copy_from_slice(&EM_X86_64.to_le_bytes());
+        d[18..20].copy_from_slice(&elf::EM_X86_64.to_le_bytes());
         d[24..32].copy_from_slice(&paddr.to_le_bytes());
         d[32..40].copy_from_slice(&64u64.to_le_bytes());
         d[52..54].copy_from_slice(&64u16.to_le_bytes());
         d[54..56].copy_from_slice(&56u16.to_le_bytes());
         d[56..58].copy_from_slice(&1u16.to_le_bytes());
         let ph = 64;
-        d[ph..ph + 4].copy_from_slice(&PT_LOAD.to_le_bytes());
+        d[ph..ph + 4].copy_from_slice(&elf::PT_LOAD.to_le_bytes());
         d[ph + 8..ph + 16].copy_from_slice(&0x1000u64.to_le_bytes());
         d[ph + 16..ph + 24].copy_from_slice(&paddr.to_le_bytes());
         d[ph + 24..ph + 32].copy_from_slice(&paddr.to_le_bytes());

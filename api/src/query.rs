@@ -1,0 +1,71 @@
+//! Query strings: each route's parameters are a type axum's `Query` deserializes; a mistake is a
+//! 400 problem whose message names the parameter and what it takes (serde's words).
+
+use axum::extract::{FromRequestParts, Query};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use crate::problem::Problem;
+
+/// A route's query parameters, deserialized into `T`.
+#[derive(Debug)]
+pub struct Params<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(params)) => Ok(Params(params)),
+            Err(rejection) => Err(Problem::bad_request(rejection.body_text())),
+        }
+    }
+}
+
+/// `POST /v1/runs?skip_unrunnable=true`.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SubmitParams {
+    /// record cells this host cannot run as SKIP instead of refusing the matrix
+    #[serde(default)]
+    pub skip_unrunnable: bool,
+}
+
+/// `GET /v1/runs/{id}/report?baseline=VARIANT`.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReportParams {
+    /// judge against this variant instead of the matrix's baseline
+    pub baseline: Option<String>,
+}
+
+/// `GET /v1/vms/{id}/serial?follow=true`.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SerialParams {
+    /// keep streaming until the VM ends
+    #[serde(default)]
+    pub follow: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Request;
+
+    async fn params<T: DeserializeOwned>(uri: &str) -> Result<T, Problem> {
+        let (mut parts, ()) = Request::get(uri).body(()).unwrap().into_parts();
+        Params::<T>::from_request_parts(&mut parts, &()).await.map(|Params(p)| p)
+    }
+
+    #[tokio::test]
+    async fn flags_take_true_or_false_and_a_mistake_names_the_parameter() {
+        assert!(params::<SubmitParams>("/v1/runs?skip_unrunnable=true").await.unwrap().skip_unrunnable);
+        assert!(!params::<SubmitParams>("/v1/runs").await.unwrap().skip_unrunnable);
+        let e = params::<SerialParams>("/v1/vms/a/serial?follow=yes").await.unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("follow"), "{}", e.message);
+        let report = params::<ReportParams>("/v1/runs/r/report?baseline=pool").await.unwrap();
+        assert_eq!(report.baseline.as_deref(), Some("pool"));
+    }
+}

@@ -1,0 +1,261 @@
+//! Checking a matrix as written: each section on its own, then that its parts go together. The
+//! first mistake is the error, with its file, line and field.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::path::Path;
+
+use super::{
+    DeviceSource, EngineKind, Image, KernelRef, MAX_REPETITIONS, Matrix, MatrixError, MatrixErrorKind, ParamValues,
+    Workload,
+};
+
+/// The line of `text` where `span` starts.
+pub(super) fn line_of(text: &str, span: Range<usize>) -> usize {
+    text[..span.start.min(text.len())].matches('\n').count() + 1
+}
+
+/// Checks a matrix as written, naming the file, line and field of its first mistake.
+pub(super) struct Checker<'a> {
+    /// The matrix file.
+    pub(super) file: &'a Path,
+    /// The text the matrix's spans point into, when errors can give lines.
+    pub(super) text: Option<&'a str>,
+}
+
+impl Checker<'_> {
+    pub(super) fn error(
+        &self,
+        span: Option<Range<usize>>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> MatrixError {
+        MatrixError {
+            kind: MatrixErrorKind::Invalid,
+            file: self.file.to_path_buf(),
+            line: span.zip(self.text).map(|(s, text)| line_of(text, s)),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn unique<'n>(
+        &self,
+        what: &str,
+        names: impl Iterator<Item = (&'n str, Range<usize>)>,
+    ) -> Result<BTreeSet<&'n str>, MatrixError> {
+        let mut seen = BTreeSet::new();
+        for (i, (name, span)) in names.enumerate() {
+            if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '/' || c == '[') {
+                return Err(self.error(Some(span), format!("{what}[{i}].name"), "a name is one word without / or ["));
+            }
+            if !seen.insert(name) {
+                return Err(self.error(Some(span), format!("{what}[{i}].name"), format!("{name:?} is used twice")));
+            }
+        }
+        Ok(seen)
+    }
+
+    /// Checks `m`; its devices' typed forms, by name.
+    pub(super) fn check(&self, m: &Matrix) -> Result<BTreeMap<String, DeviceSource>, MatrixError> {
+        self.check_top(m)?;
+        self.unique("device", m.devices.iter().map(|d| (d.get_ref().name.as_str(), d.span())))?;
+        let images = self.unique("image", m.images.iter().map(|i| (i.get_ref().name.as_str(), i.span())))?;
+        let variants = self.unique("variant", m.variants.iter().map(|v| (v.get_ref().name.as_str(), v.span())))?;
+        self.unique("workload", m.workloads.iter().map(|w| (w.get_ref().name(), w.span())))?;
+        let sources = self.check_devices(m)?;
+        self.check_images(m)?;
+        self.check_variants(m, &images, &variants)?;
+        self.check_workloads(m)?;
+        self.check_compatibility(m)?;
+        Ok(sources)
+    }
+
+    /// The matrix's own fields, and that every section has an entry.
+    fn check_top(&self, m: &Matrix) -> Result<(), MatrixError> {
+        if m.name.trim().is_empty() {
+            return Err(self.error(None, "name", "give the matrix a name"));
+        }
+        if m.repetitions == 0 || m.repetitions > MAX_REPETITIONS {
+            return Err(self.error(None, "repetitions", format!("must be between 1 and {MAX_REPETITIONS}")));
+        }
+        for (field, value) in [("timeout_s", m.timeout_s), ("silence_s", m.silence_s)] {
+            if !(value.is_finite() && value > 0.0 && value <= vm_spec::spec::MAX_TIMEOUT_S) {
+                return Err(self.error(None, field, "must be a positive number of seconds"));
+            }
+        }
+        for (what, empty) in [
+            ("device", m.devices.is_empty()),
+            ("image", m.images.is_empty()),
+            ("variant", m.variants.is_empty()),
+            ("workload", m.workloads.is_empty()),
+        ] {
+            if empty {
+                return Err(self.error(None, what, format!("at least one [[{what}]] is needed")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each device, into its typed form.
+    fn check_devices(&self, m: &Matrix) -> Result<BTreeMap<String, DeviceSource>, MatrixError> {
+        let mut sources = BTreeMap::new();
+        for (i, d) in m.devices.iter().enumerate() {
+            match d.get_ref().source() {
+                Ok(source) => sources.insert(d.get_ref().name.clone(), source),
+                Err((field, message)) => {
+                    return Err(self.error(Some(d.span()), format!("device[{i}]{field}"), message));
+                }
+            };
+        }
+        Ok(sources)
+    }
+
+    /// Each image: the VM limits, and that its parts go together.
+    fn check_images(&self, m: &Matrix) -> Result<(), MatrixError> {
+        for (i, image) in m.images.iter().enumerate() {
+            let (span, image) = (image.span(), image.get_ref());
+            // The VM limits every VM has (vm-spec's), on what the image fixes.
+            let probe = vm_spec::VmSpec {
+                memory_mib: image.memory_mib,
+                vcpus: image.vcpus,
+                cmdline: image.cmdline.clone(),
+                ..vm_spec::VmSpec::new(vm_spec::Kernel::Probe)
+            };
+            if let Err(e) = probe.validate() {
+                return Err(self.error(Some(span), format!("image[{i}]"), e.to_string()));
+            }
+            if image.is_probe() && image.initrd.is_some() {
+                return Err(self.error(Some(span), format!("image[{i}].initrd"), "the probe takes no initrd"));
+            }
+            let agent = image.is_agent_initrd();
+            if !image.patches.is_empty() && !agent {
+                return Err(self.error(
+                    Some(span),
+                    format!("image[{i}].patches"),
+                    "patches build the driver into the initramfs the lab makes: give initrd = \"agent\"",
+                ));
+            }
+            if agent && !matches!(image.kernel, KernelRef::Debian { .. } | KernelRef::Store(_)) {
+                return Err(self.error(
+                    Some(span),
+                    format!("image[{i}].initrd"),
+                    "initrd = \"agent\" is built for a kernel image: give kernel = \"debian\" or a kernel image's ID",
+                ));
+            }
+            if image.engine == EngineKind::Driverlab && image.accel != engines::qemu::Accel::Tcg {
+                return Err(self.error(Some(span), format!("image[{i}].accel"), "accel is for engine = \"qemu\""));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each variant's image and parameters, and the baseline.
+    fn check_variants(
+        &self,
+        m: &Matrix,
+        images: &BTreeSet<&str>,
+        variants: &BTreeSet<&str>,
+    ) -> Result<(), MatrixError> {
+        for (i, v) in m.variants.iter().enumerate() {
+            let v = v.get_ref();
+            if !images.contains(v.image.get_ref().as_str()) {
+                return Err(self.error(
+                    Some(v.image.span()),
+                    format!("variant[{i}].image"),
+                    format!("no image is called {:?}", v.image.get_ref()),
+                ));
+            }
+            for (key, values) in &v.params {
+                let field = format!("variant[{i}].params.{key}");
+                if key.is_empty() || key.contains(|c: char| c.is_whitespace() || c == '=') {
+                    return Err(self.error(None, field, "a parameter is module.name, without spaces or ="));
+                }
+                let list = match values {
+                    ParamValues::One(v) => std::slice::from_ref(v),
+                    ParamValues::Many(list) if list.is_empty() => {
+                        return Err(self.error(None, field, "an empty list of values"));
+                    }
+                    ParamValues::Many(list) => list.as_slice(),
+                };
+                if list.iter().any(|value| value.to_string().contains(char::is_whitespace)) {
+                    return Err(self.error(None, field, "a value is one word"));
+                }
+            }
+        }
+        if let Some(baseline) = &m.baseline
+            && !variants.contains(baseline.get_ref().as_str())
+        {
+            return Err(self.error(
+                Some(baseline.span()),
+                "baseline",
+                format!("no variant is called {:?}", baseline.get_ref()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Each workload's ranges.
+    fn check_workloads(&self, m: &Matrix) -> Result<(), MatrixError> {
+        for (i, w) in m.workloads.iter().enumerate() {
+            let (span, w) = (w.span(), w.get_ref());
+            match w {
+                Workload::ProbeRx { frames, .. } if *frames == 0 => {
+                    return Err(self.error(Some(span), format!("workload[{i}].frames"), "at least one frame"));
+                }
+                Workload::Iperf3 { ip, duration_s, streams, mtu, .. } => {
+                    if *ip != 4 && *ip != 6 {
+                        return Err(self.error(Some(span), format!("workload[{i}].ip"), "4 or 6"));
+                    }
+                    if !(duration_s.is_finite() && *duration_s > 0.0 && *duration_s <= 3600.0) {
+                        return Err(self.error(Some(span), format!("workload[{i}].duration_s"), "0 to 3600 seconds"));
+                    }
+                    if *streams == 0 || *streams > 128 {
+                        return Err(self.error(Some(span), format!("workload[{i}].streams"), "1 to 128"));
+                    }
+                    if !(68..=16_000).contains(mtu) {
+                        return Err(self.error(Some(span), format!("workload[{i}].mtu"), "68 to 16000"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// That the parts go together: every variant runs under some workload (a probe image takes
+    /// probe workloads, a Linux image the others), and the probe drives every device a probe
+    /// cell runs on.
+    fn check_compatibility(&self, m: &Matrix) -> Result<(), MatrixError> {
+        for (i, v) in m.variants.iter().enumerate() {
+            let v = v.get_ref();
+            let image = m.images.iter().map(|i| i.get_ref()).find(|i| i.name == *v.image.get_ref());
+            let probe = image.is_some_and(Image::is_probe);
+            if !m.workloads.iter().any(|w| matches!(w.get_ref(), Workload::ProbeRx { .. }) == probe) {
+                let wanted = if probe { "a probe-rx workload" } else { "an iperf3 workload" };
+                return Err(self.error(
+                    Some(v.image.span()),
+                    format!("variant[{i}]"),
+                    format!("its image {:?} needs {wanted}, and the matrix has none", v.image.get_ref()),
+                ));
+            }
+        }
+        // The probe drives only the NICs driverlab knows, and a probe-rx cell runs on every device.
+        let probe_cells = m.variants.iter().any(|v| {
+            m.images.iter().any(|i| i.get_ref().name == *v.get_ref().image.get_ref() && i.get_ref().is_probe())
+        });
+        if probe_cells && let Some((i, d)) = m.devices.iter().enumerate().find(|(_, d)| d.get_ref().nic().is_none()) {
+            return Err(self.error(
+                Some(d.span()),
+                format!("device[{i}].driver"),
+                format!(
+                    "the probe guest drives {} ({}), not a {:?} device: run Linux images on it",
+                    vm_spec::NicKind::names(),
+                    vm_spec::NicKind::ALL.map(vm_spec::NicKind::linux_driver).join(", "),
+                    d.get_ref().linux_driver()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,396 @@
+//! Matrix specs: a TOML file naming devices, images, driver variants (with module parameters),
+//! workloads and repetitions, checked before anything runs and expanded into cells.
+//!
+//! ```toml
+//! name = "probe-rx-strategies"
+//! repetitions = 5
+//! baseline = "flip"
+//!
+//! [[device]]
+//! name = "aqc100"
+//! model = "aqc100"          # a software model, fresh for each VM; or bdf = "0000:63:00.0"
+//! generate = "size=1514"
+//!
+//! [[image]]
+//! name = "probe"
+//! kernel = "probe"
+//!
+//! [[variant]]
+//! name = "flip"
+//! image = "probe"
+//! params = { "probe.rx" = "flip" }    # an array of values expands into one cell per value
+//!
+//! [[workload]]
+//! name = "rx"
+//! kind = "probe-rx"
+//! frames = 20000
+//! ```
+//!
+//! A cell is one variant (with one value per parameter) under one workload on one device; it runs
+//! `repetitions` times. `docs/lab.md` documents every field.
+
+mod check;
+mod device;
+mod plan;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+pub use crate::image_ref::{InitrdRef, KernelRef};
+pub use device::{Device, interface_name};
+pub use engines::agent::Direction;
+pub use engines::device::{DeviceSource, HostPeer, Wire};
+pub use plan::{Cell, Plan};
+
+/// Most results (cells x repetitions) one run may have.
+pub const MAX_RESULTS: usize = 100_000;
+/// Most repetitions of one cell.
+pub const MAX_REPETITIONS: u32 = 1000;
+/// Most cells one matrix may expand into.
+pub const MAX_CELLS: usize = 10_000;
+
+/// What kind of mistake a [`MatrixError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixErrorKind {
+    /// The file cannot be read.
+    Unreadable,
+    /// It does not parse: TOML syntax, an unknown field, a value of the wrong type.
+    Syntax,
+    /// It parses and does not check out.
+    Invalid,
+}
+
+/// A matrix that does not check out, with the file, line and field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}: {field}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct MatrixError {
+    /// What kind of mistake it is.
+    pub kind: MatrixErrorKind,
+    /// The matrix file.
+    pub file: PathBuf,
+    /// The line, when known.
+    pub line: Option<usize>,
+    /// The field, e.g. `variant[2].image`.
+    pub field: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+/// The matrix as written.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Matrix {
+    /// A name for reports.
+    pub name: String,
+    /// What the matrix is for.
+    #[serde(default)]
+    pub description: String,
+    /// Runs of each cell.
+    #[serde(default = "one")]
+    pub repetitions: u32,
+    /// The variant the others are compared against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Spanned<String>>,
+    /// Seconds one repetition may take before its VM is stopped.
+    #[serde(default = "default_timeout")]
+    pub timeout_s: f64,
+    /// Seconds the guest may stay silent on its serial ports before it counts as hung.
+    #[serde(default = "default_silence")]
+    pub silence_s: f64,
+    /// The devices.
+    #[serde(default, rename = "device")]
+    pub devices: Vec<Spanned<Device>>,
+    /// The images.
+    #[serde(default, rename = "image")]
+    pub images: Vec<Spanned<Image>>,
+    /// The variants.
+    #[serde(default, rename = "variant")]
+    pub variants: Vec<Spanned<Variant>>,
+    /// The workloads.
+    #[serde(default, rename = "workload")]
+    pub workloads: Vec<Spanned<Workload>>,
+}
+
+impl Matrix {
+    /// Parses a matrix's TOML `text`, read from `file`: its syntax and its types, not yet what
+    /// [`Plan::from_matrix`] checks.
+    pub fn from_toml(file: &Path, text: &str) -> Result<Matrix, MatrixError> {
+        toml::from_str(text).map_err(|e| MatrixError {
+            kind: MatrixErrorKind::Syntax,
+            file: file.to_path_buf(),
+            line: e.span().map(|s| check::line_of(text, s)),
+            field: "syntax".into(),
+            message: e.message().to_string(),
+        })
+    }
+
+    /// The matrix as TOML text, which parses into the same matrix.
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
+    }
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_timeout() -> f64 {
+    300.0
+}
+
+fn default_silence() -> f64 {
+    60.0
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A guest image: the probe, a kernel (and initrd) on this host or in the image store, or a
+/// recipe the lab builds into the store before the run (`kernel = "debian"`, `initrd = "agent"`,
+/// `patches = [...]`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Image {
+    /// Its name.
+    pub name: String,
+    /// `probe`; a kernel path (relative paths from the matrix file's folder); a kernel image's ID;
+    /// `debian` (the newest Debian 6.12 kernel package, as `driverlab image kernel` makes it) or
+    /// `debian:PACKAGE`.
+    pub kernel: KernelRef,
+    /// An initrd path; an initramfs image's ID; or `agent`: the initramfs `driverlab image
+    /// initramfs` builds for the kernel, with the driver built from `patches` when there are any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<InitrdRef>,
+    /// Patches to the driver (`initrd = "agent"` only): the variant's module is built with them.
+    #[serde(default)]
+    pub patches: Vec<PathBuf>,
+    /// The driver's folder in the kernel tree, for `patches`.
+    #[serde(default = "default_driver_folder")]
+    pub driver: String,
+    /// The driver module the agent's initramfs carries (`initrd = "agent"`) [default: the
+    /// driver folder's last part, e.g. `atlantic`; `lan743x` for `drivers/net/ethernet/microchip`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// What runs it: `driverlab` (this project's VMM) or `qemu` (the reference engine).
+    #[serde(default)]
+    pub engine: EngineKind,
+    /// How the QEMU engine runs guest code: `tcg` (default) or `kvm`.
+    #[serde(default)]
+    pub accel: engines::qemu::Accel,
+    /// Command line words every cell of this image gets.
+    #[serde(default)]
+    pub cmdline: String,
+    /// Guest memory in MiB.
+    #[serde(default = "default_memory")]
+    pub memory_mib: u64,
+    /// vCPUs.
+    #[serde(default = "one")]
+    pub vcpus: u32,
+    /// The device behind a virtio-iommu (the point of the lab: its maps are counted).
+    #[serde(default = "yes")]
+    pub iommu: bool,
+}
+
+fn default_driver_folder() -> String {
+    guest_images::module_build::DEFAULT_DRIVER_FOLDER.into()
+}
+
+/// What runs an image's VMs.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::IntoStaticStr,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum EngineKind {
+    /// This project's VMM (`driverlab vm run`).
+    #[default]
+    Driverlab,
+    /// QEMU 11 from Debian forky (`driverlab engine setup qemu`).
+    Qemu,
+}
+
+impl EngineKind {
+    /// Its name in records and reports.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
+
+fn default_memory() -> u64 {
+    256
+}
+
+impl Image {
+    /// Whether the kernel is the recipe `debian` or `debian:PACKAGE`.
+    pub fn is_debian_kernel(&self) -> bool {
+        matches!(self.kernel, KernelRef::Debian { .. })
+    }
+
+    /// Whether the initrd is the recipe `agent`.
+    pub fn is_agent_initrd(&self) -> bool {
+        self.initrd == Some(InitrdRef::Agent)
+    }
+
+    /// The driver module of the agent's initramfs: the one named, else the driver folder's
+    /// last part, the LAN7430's for Microchip's folder (which holds several drivers).
+    pub fn module_name(&self) -> String {
+        self.module.clone().unwrap_or_else(|| match self.driver.trim_end_matches('/').rsplit('/').next() {
+            Some("microchip") => vm_spec::NicKind::Lan743x.linux_driver().into(),
+            Some(last) if !last.is_empty() => last.into(),
+            _ => vm_spec::NicKind::Aqc100.linux_driver().into(),
+        })
+    }
+
+    /// Whether this is the embedded probe guest.
+    pub fn is_probe(&self) -> bool {
+        self.kernel == KernelRef::Probe
+    }
+}
+
+/// A driver variant: module parameters and command-line words on one image.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Variant {
+    /// Its name.
+    pub name: String,
+    /// The image it runs on.
+    pub image: Spanned<String>,
+    /// Extra command-line words.
+    #[serde(default)]
+    pub cmdline: String,
+    /// Module parameters, `module.param = value` (on the kernel command line); an array of
+    /// values expands into one cell per value.
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamValues>,
+}
+
+/// One parameter's value, or the values to try.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum ParamValues {
+    /// One value.
+    One(ParamValue),
+    /// Values to expand over.
+    Many(Vec<ParamValue>),
+}
+
+/// A parameter value as TOML gives it.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum ParamValue {
+    /// A boolean (written 1 or 0, as the kernel takes it for module parameters, `Y`/`N`).
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A word.
+    Text(String),
+}
+
+impl fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParamValue::Bool(b) => write!(f, "{}", if *b { "1" } else { "0" }),
+            ParamValue::Int(i) => write!(f, "{i}"),
+            ParamValue::Text(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// What runs in the guest once it is up.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Workload {
+    /// The probe guest's RX test: it receives `frames` frames from the device's wire with the RX
+    /// buffer strategy its variant picks (`probe.rx`).
+    ProbeRx {
+        /// Its name.
+        name: String,
+        /// Frames to receive.
+        #[serde(default = "default_frames")]
+        frames: u32,
+    },
+    /// iperf3 between the guest and the peer on the device's wire (Linux images).
+    Iperf3 {
+        /// Its name.
+        name: String,
+        /// `rx` (the guest receives: `iperf3 -R`), `tx`, or `bidir`.
+        #[serde(default)]
+        direction: Direction,
+        /// Seconds of traffic.
+        #[serde(default = "default_duration")]
+        duration_s: f64,
+        /// 4 or 6.
+        #[serde(default = "default_ip")]
+        ip: u8,
+        /// The interface MTU.
+        #[serde(default = "default_mtu")]
+        mtu: u32,
+        /// Parallel streams (`-P`).
+        #[serde(default = "one")]
+        streams: u32,
+        /// `tcp` or `udp`.
+        #[serde(default)]
+        protocol: Protocol,
+        /// The sender's rate in Mbit/s (`-b`; 0, the default: as fast as it can, which for UDP
+        /// mostly measures loss).
+        #[serde(default)]
+        bitrate_mbit: u32,
+    },
+}
+
+fn default_frames() -> u32 {
+    20_000
+}
+
+fn default_duration() -> f64 {
+    10.0
+}
+
+fn default_ip() -> u8 {
+    4
+}
+
+fn default_mtu() -> u32 {
+    1500
+}
+
+/// Transport protocol.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, strum::Display)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum Protocol {
+    /// TCP.
+    #[default]
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl Workload {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        match self {
+            Workload::ProbeRx { name, .. } | Workload::Iperf3 { name, .. } => name,
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The report as an HTML page.
+
+use std::fmt::Write as _;
+
+use super::Report;
+use super::tables::LINK_NOTE;
+
+impl Report {
+    /// The report as a page for a browser: the table and `chart` (an SVG document), with no
+    /// script and nothing fetched from elsewhere.
+    pub fn to_html(&self, chart: &str) -> String {
+        let mut out = String::new();
+        let title = format!("{} — run {} ({})", self.matrix, self.run, self.state);
+        let _ = write!(
+            out,
+            "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n\
+             <link rel=\"icon\" href=\"data:,\">\n<style>\n\
+             body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}\n\
+             table {{ border-collapse: collapse; }}\n\
+             th, td {{ border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }}\n\
+             th {{ background: #f3f3f3; }}\n\
+             td:nth-child(-n+4), td:nth-child(6), td:last-child {{ text-align: left; }}\n\
+             </style>\n</head>\n<body>\n<h1>{}</h1>\n",
+            escape(&title),
+            escape(&title)
+        );
+        if let Some(rule) = self.rule() {
+            let _ = writeln!(out, "<p>{}</p>", escape(&rule));
+        }
+        let _ = writeln!(out, "<table id=\"cells\">\n<thead><tr>");
+        for column in Report::COLUMNS {
+            let _ = write!(out, "<th>{}</th>", escape(column));
+        }
+        let _ = writeln!(out, "</tr></thead>\n<tbody>");
+        for row in self.rows() {
+            let cells: String = row.iter().map(|v| format!("<td>{}</td>", escape(v))).collect();
+            let _ = writeln!(out, "<tr>{cells}</tr>");
+        }
+        let _ = writeln!(out, "</tbody>\n</table>");
+        let bus = self.link_rows();
+        if !bus.is_empty() {
+            let _ = writeln!(out, "<p>{}</p>\n<table id=\"bus\">\n<thead><tr>", escape(LINK_NOTE));
+            for column in Report::LINK_COLUMNS {
+                let _ = write!(out, "<th>{}</th>", escape(column));
+            }
+            let _ = writeln!(out, "</tr></thead>\n<tbody>");
+            for row in bus {
+                let cells: String = row.iter().map(|v| format!("<td>{}</td>", escape(v))).collect();
+                let _ = writeln!(out, "<tr>{cells}</tr>");
+            }
+            let _ = writeln!(out, "</tbody>\n</table>");
+            for parameters in self.link_parameters() {
+                let _ = writeln!(out, "<p>{}</p>", escape(&parameters));
+            }
+        }
+        for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
+            let _ = writeln!(out, "<p>{}: {}</p>", escape(&c.cell), escape(&c.notes.join("; ")));
+        }
+        for c in self.cells.iter().filter(|c| !c.reasons.is_empty()) {
+            let _ = writeln!(out, "<p>{} did not always pass: {}</p>", escape(&c.cell), escape(&c.reasons.join("; ")));
+        }
+        // The chart inline, without its XML declaration.
+        let svg = chart.find("<svg").map_or("", |i| &chart[i..]);
+        let _ = writeln!(out, "<figure id=\"chart\">\n{svg}\n</figure>\n</body>\n</html>");
+        out
+    }
+}
+
+/// Text safe inside HTML elements and attribute values.
+pub(super) fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}

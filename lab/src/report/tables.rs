@@ -1,0 +1,182 @@
+//! The report's tables as rows of text, shared by markdown and HTML: the cells, the PCIe link
+//! figures of the models' cells, and the Linux cells' time to readiness.
+
+use super::{CellReport, Report};
+use crate::matrix::Direction;
+use crate::metric::Metric;
+
+impl Report {
+    /// The table's header: what [`Report::rows`] gives for each cell.
+    pub const COLUMNS: [&'static str; 11] = [
+        "cell",
+        "variant",
+        "workload",
+        "device",
+        "n",
+        "status",
+        "Gbit/s",
+        "change",
+        "maps/packet",
+        "change",
+        "verdict",
+    ];
+
+    /// One row per cell, as the markdown and HTML tables show them.
+    pub fn rows(&self) -> Vec<[String; 11]> {
+        self.cells
+            .iter()
+            .map(|c| {
+                let status: Vec<String> =
+                    c.status.iter().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{n} {s}")).collect();
+                let (gbit, gbit_change) = cell_metric(c, Metric::GbitS, 3);
+                // Maps per packet of the side the workload moves, where a cell splits them.
+                let side = match c.direction {
+                    Some(Direction::Tx) => Metric::TxMapsPerPacket,
+                    _ => Metric::RxMapsPerPacket,
+                };
+                let maps_metric = if c.metrics.contains_key(&side) { side } else { Metric::MapsPerPacket };
+                let (maps, maps_change) = cell_metric(c, maps_metric, 4);
+                let verdict = c.verdict.map_or(String::from("-"), |v| v.to_string());
+                [
+                    c.cell.clone(),
+                    self.label(c),
+                    c.workload.clone(),
+                    c.device.clone(),
+                    c.n.to_string(),
+                    status.join(", "),
+                    gbit,
+                    gbit_change,
+                    maps,
+                    maps_change,
+                    verdict,
+                ]
+            })
+            .collect()
+    }
+
+    pub(super) fn rule(&self) -> Option<String> {
+        self.baseline.as_ref().map(|b| {
+            format!(
+                "Against {b}; a change is called real at 5 % or more with Welch's p < 0.05 (and, below 10 samples, non-overlapping ranges)."
+            )
+        })
+    }
+
+    /// The bus table's header: what [`Report::link_rows`] gives for each cell with bus figures.
+    pub const LINK_COLUMNS: [&'static str; 11] = [
+        "cell",
+        "variant",
+        "link (modelled)",
+        "RX TLPs/packet",
+        "RX descriptor reads/packet",
+        "TX TLPs/packet",
+        "TX descriptor reads/packet",
+        "partial writes/packet RX, TX",
+        "RX bus ns/packet (modelled)",
+        "TX bus ns/packet (modelled)",
+        "bus ns/packet, both (modelled)",
+    ];
+
+    /// One row per cell that has bus figures: what its model put on the link per packet, and
+    /// the bus time the cost model gives (with what bounds it).
+    pub fn link_rows(&self) -> Vec<[String; 11]> {
+        self.cells
+            .iter()
+            .filter_map(|c| {
+                let link = c.link.clone()?;
+                let value = |name: Metric, digits: usize| cell_metric(c, name, digits).0;
+                Some([
+                    c.cell.clone(),
+                    self.label(c),
+                    link,
+                    value(Metric::BusRxTlpsPerPacket, 2),
+                    value(Metric::BusRxDescriptorReadsPerPacket, 3),
+                    value(Metric::BusTxTlpsPerPacket, 2),
+                    value(Metric::BusTxDescriptorReadsPerPacket, 3),
+                    format!(
+                        "{}, {}",
+                        value(Metric::BusRxPartialWritesPerPacket, 2),
+                        value(Metric::BusTxPartialWritesPerPacket, 2)
+                    ),
+                    value(Metric::BusRxNsPerPacket, 1),
+                    value(Metric::BusTxNsPerPacket, 1),
+                    value(Metric::BusNsPerPacket, 1),
+                ])
+            })
+            .collect()
+    }
+
+    /// The readiness table's header: what [`Report::ready_rows`] gives for each Linux cell.
+    pub const READY_COLUMNS: [&'static str; 5] =
+        ["cell", "variant", "agent up, median ms", "workload start, median ms", "VM run, median ms"];
+
+    /// One row per cell whose repetitions timed the guest's way to its workload (Linux cells):
+    /// the medians from spawning the VMM to the agent's first frame and to `workload-begin`,
+    /// and of the VM's run.
+    pub fn ready_rows(&self) -> Vec<[String; 5]> {
+        let median = |c: &CellReport, name: Metric| {
+            c.metrics.get(&name).map_or("-".into(), |m| format!("{:.0}", m.moments.median))
+        };
+        self.cells
+            .iter()
+            .filter(|c| c.metrics.contains_key(&Metric::WorkloadStartMs))
+            .map(|c| {
+                [
+                    c.cell.clone(),
+                    self.label(c),
+                    median(c, Metric::AgentReadyMs),
+                    median(c, Metric::WorkloadStartMs),
+                    median(c, Metric::VmRunMs),
+                ]
+            })
+            .collect()
+    }
+
+    /// The cost model's parameters, one sentence per link the cells' models assumed.
+    pub fn link_parameters(&self) -> Vec<String> {
+        let mut seen: Vec<&vm_spec::pcie_link::LinkProfile> = Vec::new();
+        for p in self.cells.iter().filter_map(|c| c.link_profile.as_ref()) {
+            if !seen.contains(&p) {
+                seen.push(p);
+            }
+        }
+        seen.iter()
+            .map(|p| {
+                format!(
+                    "Modelled {}: {} GT/s x{} at {:.3} payload per bit, {} bytes per TLP beyond its payload, \
+                     {}-byte read requests, {}-byte lines, {}-byte descriptor bursts, a {} ns read round trip, \
+                     {} reads in flight.",
+                    p.link,
+                    p.gt_per_s,
+                    p.lanes,
+                    p.encoding,
+                    p.tlp_overhead,
+                    p.max_read_request,
+                    p.cache_line,
+                    p.descriptor_burst,
+                    p.read_latency_ns,
+                    p.outstanding_reads
+                )
+            })
+            .collect()
+    }
+}
+
+/// What the link table is.
+pub(super) const LINK_NOTE: &str = "What the device model put on its PCIe link per packet, counted as the chip would issue it, \
+     and the link time a cost model of that link gives for it (modelled, not measured; docs/lab.md has the rules).";
+
+/// `mean ± ci half-width` and `+12.3 %` of a metric, or dashes.
+fn cell_metric(c: &CellReport, name: Metric, digits: usize) -> (String, String) {
+    let Some(m) = c.metrics.get(&name) else { return ("-".into(), "-".into()) };
+    let value = match m.moments.ci95 {
+        Some([lo, hi]) => format!("{:.digits$} ± {:.digits$}", m.moments.mean, (hi - lo) / 2.0),
+        None => format!("{:.digits$}", m.moments.mean),
+    };
+    let change = match m.change.and_then(|c| c.change_pct) {
+        Some(pct) => format!("{pct:+.1} %"),
+        None if m.change.is_some() => "from 0".into(),
+        None => "-".into(),
+    };
+    (value, change)
+}

@@ -1,0 +1,349 @@
+//! A run's rows: the run, its cells, one result per repetition; what is done, counted, left.
+
+use rusqlite::{OptionalExtension, params};
+
+use super::processes::holder_alive;
+use super::{ResultsDb, ResultsDbError, RunState, host_name};
+use crate::matrix::{Cell, Plan};
+use crate::record::{Record, Status, now_rfc3339};
+
+/// A run as the database holds it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunInfo {
+    /// Its ID.
+    pub id: String,
+    /// The matrix's name.
+    pub matrix: String,
+    /// The matrix file it came from.
+    pub matrix_file: String,
+    /// The baseline variant.
+    pub baseline: Option<String>,
+    /// Repetitions per cell.
+    pub repetitions: u32,
+    /// Cells.
+    pub cells_total: usize,
+    /// Results recorded so far.
+    pub results: usize,
+    /// Its state (`running` with a lab process that is gone reads as `interrupted`).
+    pub state: RunState,
+    /// Where it ran.
+    pub host: String,
+    /// When it was created.
+    pub created_at: String,
+    /// When it finished.
+    pub finished_at: Option<String>,
+}
+
+impl ResultsDb {
+    /// Records a new run of `plan` by this process; returns its ID.
+    pub fn create_run(&mut self, plan: &Plan) -> Result<String, ResultsDbError> {
+        let id = new_run_id();
+        let sql = self.sql();
+        let tx = self.conn.transaction().map_err(&sql)?;
+        tx.execute(
+            "INSERT INTO runs (id, matrix_name, matrix_file, matrix_toml, baseline, repetitions, cells_total,
+                               state, host, pid, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9, ?10)",
+            params![
+                id,
+                plan.matrix.name,
+                plan.file.display().to_string(),
+                plan.text,
+                plan.baseline(),
+                plan.matrix.repetitions,
+                plan.cells.len(),
+                host_name(),
+                std::process::id(),
+                now_rfc3339(),
+            ],
+        )
+        .map_err(&sql)?;
+        for cell in &plan.cells {
+            let json = serde_json::to_string(cell).expect("a cell always serializes");
+            tx.execute(
+                "INSERT INTO cells (run_id, idx, key, cell) VALUES (?1, ?2, ?3, ?4)",
+                params![id, cell.index, cell.key(), json],
+            )
+            .map_err(&sql)?;
+        }
+        tx.commit().map_err(&sql)?;
+        Ok(id)
+    }
+
+    /// Marks `run` as worked on by this process again (resume). Its MISS records, repetitions
+    /// that should have run and did not, go: they run now.
+    pub fn claim_run(&mut self, run: &str) -> Result<(), ResultsDbError> {
+        let sql = self.sql();
+        let tx = self.conn.transaction().map_err(&sql)?;
+        tx.execute(
+            "UPDATE runs SET state = 'running', pid = ?2, host = ?3, claimed_at = ?4, finished_at = NULL WHERE id = ?1",
+            params![run, std::process::id(), host_name(), now_rfc3339()],
+        )
+        .map_err(&sql)?;
+        tx.execute("DELETE FROM results WHERE run_id = ?1 AND status = 'MISS'", params![run]).map_err(&sql)?;
+        tx.commit().map_err(&sql)?;
+        Ok(())
+    }
+
+    /// Sets a run's final state.
+    pub fn finish_run(&self, run: &str, state: RunState) -> Result<(), ResultsDbError> {
+        self.conn
+            .execute("UPDATE runs SET state = ?2, finished_at = ?3 WHERE id = ?1", params![run, state, now_rfc3339()])
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Stores one repetition's record; a record already there for the same repetition is kept
+    /// (returns false), so a resumed run never duplicates one.
+    pub fn record(&self, record: &Record) -> Result<bool, ResultsDbError> {
+        let json = serde_json::to_string(record).expect("a record always serializes");
+        let n = self
+            .conn
+            .execute(
+                "INSERT OR IGNORE INTO results (run_id, cell_idx, repetition, status, reason, record, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    record.run,
+                    record.cell.index,
+                    record.repetition,
+                    record.status,
+                    record.reason,
+                    json,
+                    now_rfc3339()
+                ],
+            )
+            .map_err(self.sql())?;
+        Ok(n == 1)
+    }
+
+    /// Records `records` in one transaction (what a cancel marks MISS); returns how many were
+    /// new.
+    pub fn record_all(&mut self, records: &[Record]) -> Result<usize, ResultsDbError> {
+        let sql = self.sql();
+        let tx = self.conn.transaction().map_err(&sql)?;
+        let mut fresh = 0;
+        {
+            let mut insert = tx
+                .prepare(
+                    "INSERT OR IGNORE INTO results (run_id, cell_idx, repetition, status, reason, record, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .map_err(&sql)?;
+            let now = now_rfc3339();
+            for record in records {
+                let json = serde_json::to_string(record).expect("a record always serializes");
+                fresh += insert
+                    .execute(params![
+                        record.run,
+                        record.cell.index,
+                        record.repetition,
+                        record.status,
+                        record.reason,
+                        json,
+                        now
+                    ])
+                    .map_err(&sql)?;
+            }
+        }
+        tx.commit().map_err(&sql)?;
+        Ok(fresh)
+    }
+
+    /// A run's results counted in the database, without reading them: per cell index, and per
+    /// status.
+    pub fn result_counts(&self, run: &str) -> Result<ResultCounts, ResultsDbError> {
+        let sql = self.sql();
+        let mut per_cell = std::collections::BTreeMap::new();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT cell_idx, COUNT(*) FROM results WHERE run_id = ?1 GROUP BY cell_idx")
+            .map_err(&sql)?;
+        for row in stmt.query_map(params![run], |r| Ok((r.get::<_, usize>(0)?, r.get::<_, usize>(1)?))).map_err(&sql)? {
+            let (cell, n) = row.map_err(&sql)?;
+            per_cell.insert(cell, n);
+        }
+        let mut by_status = std::collections::BTreeMap::new();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT status, COUNT(*) FROM results WHERE run_id = ?1 GROUP BY status")
+            .map_err(&sql)?;
+        for row in
+            stmt.query_map(params![run], |r| Ok((r.get::<_, Status>(0)?, r.get::<_, usize>(1)?))).map_err(&sql)?
+        {
+            let (status, n) = row.map_err(&sql)?;
+            by_status.insert(status, n);
+        }
+        Ok(ResultCounts { per_cell, by_status })
+    }
+
+    fn run_row(&self, run: &str) -> Result<RunInfo, ResultsDbError> {
+        let row = self
+            .conn
+            .query_row(
+                "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
+                        created_at, finished_at,
+                        (SELECT COUNT(*) FROM results WHERE run_id = runs.id), claimed_at
+                 FROM runs WHERE id = ?1",
+                params![run],
+                run_info,
+            )
+            .optional()
+            .map_err(self.sql())?;
+        row.ok_or_else(|| ResultsDbError::NoRun(run.to_string()))
+    }
+
+    /// One run.
+    pub fn run(&self, run: &str) -> Result<RunInfo, ResultsDbError> {
+        self.run_row(run)
+    }
+
+    /// Every run, newest first.
+    pub fn runs(&self) -> Result<Vec<RunInfo>, ResultsDbError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
+                        created_at, finished_at,
+                        (SELECT COUNT(*) FROM results WHERE run_id = runs.id), claimed_at
+                 FROM runs ORDER BY created_at DESC, id DESC",
+            )
+            .map_err(self.sql())?;
+        let rows = stmt.query_map([], run_info).map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+
+    /// A run's matrix text, its file name and its stored cells.
+    pub fn run_plan(&self, run: &str) -> Result<(String, String, Vec<Cell>), ResultsDbError> {
+        let (file, toml): (String, String) = self
+            .conn
+            .query_row("SELECT matrix_file, matrix_toml FROM runs WHERE id = ?1", params![run], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+            .map_err(self.sql())?
+            .ok_or_else(|| ResultsDbError::NoRun(run.to_string()))?;
+        let mut stmt =
+            self.conn.prepare("SELECT cell FROM cells WHERE run_id = ?1 ORDER BY idx").map_err(self.sql())?;
+        let cells = stmt
+            .query_map(params![run], |r| r.get::<_, String>(0))
+            .map_err(self.sql())?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.sql())?;
+        let cells = cells
+            .iter()
+            .map(|json| serde_json::from_str(json))
+            .collect::<Result<Vec<Cell>, _>>()
+            .map_err(|e| ResultsDbError::Corrupt { run: run.to_string(), what: "cells", reason: e.to_string() })?;
+        Ok((file, toml, cells))
+    }
+
+    /// Hands `run`'s records to `visit` one at a time, by cell and repetition, until it returns
+    /// false: a page of a large run costs the page, not the run.
+    pub fn visit_records(&self, run: &str, mut visit: impl FnMut(Record) -> bool) -> Result<(), ResultsDbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT record FROM results WHERE run_id = ?1 ORDER BY cell_idx, repetition")
+            .map_err(self.sql())?;
+        let mut rows = stmt.query(params![run]).map_err(self.sql())?;
+        while let Some(row) = rows.next().map_err(self.sql())? {
+            let json: String = row.get(0).map_err(self.sql())?;
+            let record = serde_json::from_str(&json).map_err(|e| ResultsDbError::Corrupt {
+                run: run.to_string(),
+                what: "records",
+                reason: e.to_string(),
+            })?;
+            if !visit(record) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every record of a run, by cell and repetition.
+    pub fn records(&self, run: &str) -> Result<Vec<Record>, ResultsDbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT record FROM results WHERE run_id = ?1 ORDER BY cell_idx, repetition")
+            .map_err(self.sql())?;
+        let rows = stmt
+            .query_map(params![run], |r| r.get::<_, String>(0))
+            .map_err(self.sql())?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.sql())?;
+        rows.iter()
+            .map(|json| serde_json::from_str(json))
+            .collect::<Result<Vec<Record>, _>>()
+            .map_err(|e| ResultsDbError::Corrupt { run: run.to_string(), what: "records", reason: e.to_string() })
+    }
+
+    /// The (cell index, repetition) pairs of a run that have a result.
+    pub fn done(&self, run: &str) -> Result<Vec<(usize, u32)>, ResultsDbError> {
+        let mut stmt =
+            self.conn.prepare("SELECT cell_idx, repetition FROM results WHERE run_id = ?1").map_err(self.sql())?;
+        let rows = stmt.query_map(params![run], |r| Ok((r.get(0)?, r.get(1)?))).map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+}
+
+fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
+    let mut state: RunState = r.get(6)?;
+    let host: String = r.get(7)?;
+    let pid: Option<u32> = r.get(8)?;
+    let created_at: String = r.get(9)?;
+    let claimed_at: Option<String> = r.get(12)?;
+    let since = claimed_at.as_deref().unwrap_or(&created_at);
+    if state == RunState::Running && !pid.is_some_and(|pid| holder_alive(&host, pid, since)) {
+        state = RunState::Interrupted;
+    }
+    Ok(RunInfo {
+        id: r.get(0)?,
+        matrix: r.get(1)?,
+        matrix_file: r.get(2)?,
+        baseline: r.get(3)?,
+        repetitions: r.get(4)?,
+        cells_total: r.get(5)?,
+        state,
+        host,
+        created_at,
+        finished_at: r.get(10)?,
+        results: r.get(11)?,
+    })
+}
+
+/// A new run ID: UTC date and time, then random hex (`20261201-153012-a3f9`).
+fn new_run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let stamp: String = now.chars().filter(char::is_ascii_digit).collect();
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher
+        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher.write_u32(std::process::id());
+    format!("{}-{}-{:04x}", &stamp[..8], &stamp[8..14], hasher.finish() & 0xffff)
+}
+
+/// Counts of a run's records by status.
+/// A run's results as counts ([`ResultsDb::result_counts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResultCounts {
+    /// Results per cell index.
+    pub per_cell: std::collections::BTreeMap<usize, usize>,
+    /// Results per status.
+    pub by_status: std::collections::BTreeMap<Status, usize>,
+}
+
+impl ResultCounts {
+    /// Every result.
+    pub fn total(&self) -> usize {
+        self.per_cell.values().sum()
+    }
+}
+
+/// Counts records by status.
+pub fn status_counts(records: &[Record]) -> std::collections::BTreeMap<Status, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for r in records {
+        *counts.entry(r.status).or_insert(0) += 1;
+    }
+    counts
+}

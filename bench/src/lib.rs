@@ -60,6 +60,9 @@ pub struct BootBench {
     pub driverlab_in_vm: Vec<Duration>,
     /// driverlab wall times with `--no-jail`: what the jail costs, measured in the same run.
     pub driverlab_unjailed: Vec<Duration>,
+    /// Wall times of `driverlab vm run` of the one big binary, when `vmm` was the small one:
+    /// what the small binary saves, measured in the same run.
+    pub driverlab_one_binary: Vec<Duration>,
     /// QEMU wall times, spawn to exit, if QEMU was run.
     pub qemu: Vec<Duration>,
     /// Cloud Hypervisor wall times, spawn to exit, if it was run.
@@ -86,6 +89,8 @@ fn ratio(ours: &[Duration], theirs: &[Duration]) -> Option<f64> {
 pub struct BootBenchConfig<'a> {
     /// driverlab's VMM (`driverlab-vmm`, or `driverlab vm run`).
     pub vmm: &'a engines::Program,
+    /// `driverlab vm run` of the big binary, to time beside the small `vmm`.
+    pub one_binary: Option<&'a engines::Program>,
     /// The probe ELF, for the other VMMs.
     pub probe_elf: &'a Path,
     /// QEMU, if it should run alongside.
@@ -104,12 +109,14 @@ pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
     let memory = config.memory_mib.to_string();
     let spec = VmSpec { memory_mib: config.memory_mib, ..VmSpec::new(Kernel::Probe) };
     let unjailed = VmSpec { jail: false, ..spec.clone() };
+    let one_binary = config.one_binary.map(|program| VmProcess::new(program, spec.clone(), Duration::from_secs(30)));
     let ours = VmProcess::new(config.vmm, spec, Duration::from_secs(30));
     let ours_unjailed = VmProcess::new(config.vmm, unjailed, Duration::from_secs(30));
     let mut result = BootBench {
         driverlab: Vec::new(),
         driverlab_in_vm: Vec::new(),
         driverlab_unjailed: Vec::new(),
+        driverlab_one_binary: Vec::new(),
         qemu: Vec::new(),
         cloud_hypervisor: Vec::new(),
     };
@@ -129,6 +136,14 @@ pub fn boot(config: &BootBenchConfig) -> Result<BootBench, BenchError> {
             return Err(BenchError::BadRun { engine: "driverlab --no-jail", run, detail });
         }
         result.driverlab_unjailed.push(out.wall);
+        if let Some(one_binary) = &one_binary {
+            let out = one_binary.run()?;
+            if out.code() != Some(0) {
+                let detail = probe_unfinished(&out.stderr);
+                return Err(BenchError::BadRun { engine: "driverlab vm run", run, detail });
+            }
+            result.driverlab_one_binary.push(out.wall);
+        }
         if let Some(qemu) = config.qemu {
             let mut command = Command::new(qemu);
             command

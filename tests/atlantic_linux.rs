@@ -9,6 +9,8 @@
 //! /init). It needs root (network namespaces, TAP) and the forky chroot with QEMU 11.1 that
 //! `scripts/test.sh` prepares; it runs where `DRIVERLAB_LINUX_CHECK=1` says that was done.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use std::process::Command;

@@ -2,6 +2,8 @@
 //! `DRIVERLAB_HW_DEVICE=BDF` names a device bound to vfio-pci (lab hosts, labelled CI runners)
 //! and skip with that reason elsewhere. docs/hardware.md describes the host set-up.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use common::{driverlab_cmd, kvm_available, vm_run};

@@ -4,6 +4,8 @@
 //! packages and need the kernel headers, which `scripts/test.sh` installs before it sets
 //! `DRIVERLAB_IMAGE_TESTS=1`.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use std::path::{Path, PathBuf};

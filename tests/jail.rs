@@ -2,6 +2,8 @@
 //! through /proc, and a hostile helper in the same confinement (the VMM's own code path) that
 //! tries what a guest that broke out would try.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use std::os::unix::fs::MetadataExt;

@@ -1,6 +1,8 @@
 //! The lab through the real binary: the embedded default matrix end to end, kill -9 and resume,
 //! hung and panicking guests, a device that fails its health check, cells this host cannot run.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use std::path::{Path, PathBuf};

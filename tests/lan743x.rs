@@ -4,6 +4,8 @@
 //! and of 64 (before seed 004), each write-back checked in its slot, with each RX strategy's
 //! maps counted by the probe, the VMM's virtio-iommu and the model.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use common::{kvm_available, start_model, vm_run};

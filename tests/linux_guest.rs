@@ -8,6 +8,8 @@
 //!   dies in KVM's emulator; the bzImage's decompressor dies early. Both must end cleanly with the
 //!   `kvm-internal-error` exit reason.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@
 //! 1. `nested-box up`, a second `up` refused, `status`;
 //! 2. the probe's health check of both cards through the box's API; the Linux boot benchmark
 //!    on the box (`bench boot --linux ID --url`), driverlab beside QEMU microvm with KVM;
-//! 3. the hardware workflow's matrix step: `scripts/ci-matrix.sh` against the box, then
+//! 3. the hardware workflow's matrix step: `lab pin` (here: the box reads this host's store), then
 //!    `lab run --url --token-file` of seeds 000 and 001: stock, rxpageorder=3 and page_pool;
 //! 4. the LAN7430 card with the stock lan743x driver, UDP both ways, and the box killed during
 //!    that run's second cell: the host's CLI says the run was interrupted; a new box and `lab
@@ -20,6 +20,8 @@
 //! where `DRIVERLAB_NESTED_BOX=1` says `scripts/test.sh` prepared both. It runs the release
 //! binary (`DRIVERLAB_RELEASE_BIN`, which test.sh builds): the box carries it and runs it
 //! under TCG.
+
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
 
 mod common;
 
@@ -343,16 +345,15 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
     on_a_live_box(lab_box, f, phase, &mut |lab_box, f| bench_boot(lab_box, f));
 
     // 3. The hardware workflow's matrix step against the box.
-    phase("ci-matrix.sh");
+    phase("lab pin");
     let matrix = scratch.join("matrix.toml");
-    let filled = Command::new("bash")
-        .arg(root.join("scripts/ci-matrix.sh"))
+    // The box reads this host's image store: the recipes are built here.
+    let filled = Command::new(&lab_box.bin)
+        .args(["lab", "pin"])
         .arg(root.join("examples/nested-box-matrix.toml"))
-        .env("DRIVERLAB_BUILD_HERE", "1")
-        .env("DRIVERLAB", &lab_box.bin)
         .output()
         .unwrap();
-    f.check(filled.status.success(), format!("ci-matrix.sh: {}", String::from_utf8_lossy(&filled.stderr)));
+    f.check(filled.status.success(), format!("lab pin: {}", String::from_utf8_lossy(&filled.stderr)));
     std::fs::write(&matrix, &filled.stdout).unwrap();
     phase("seeds 000 and 001 in the box");
     let (run, last, out) = run_surviving(lab_box, &matrix.display().to_string(), phase);
@@ -548,18 +549,18 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
 /// The box's matrix for the host's QEMU engine: the same images, the AQC100 model as its device,
 /// the stock and order-3 variants, one repetition each.
 fn qemu_twin(matrix: &str) -> String {
-    let mut text = matrix
-        .replace("name = \"nested-atlantic-rx\"", "name = \"nested-atlantic-rx-qemu\"")
-        .replace("repetitions = 2", "repetitions = 1")
-        .replace("memory_mib = 512", "memory_mib = 512\nengine = \"qemu\"")
-        .replace(
-            "name = \"aqc100\"                      # the box registers its card under the model's name",
-            "name = \"aqc100\"\nmodel = \"aqc100\"",
-        );
-    let pool = text.find("[[variant]]\nname = \"page-pool\"").expect("the page-pool variant");
-    let end = text[pool..].find("[[workload]]").map(|e| pool + e).expect("a workload");
-    text.replace_range(pool..end, "");
-    text
+    let mut m: toml::Table = matrix.parse().expect("the pinned matrix is TOML");
+    m.insert("name".into(), "nested-atlantic-rx-qemu".into());
+    m.insert("repetitions".into(), 1.into());
+    for image in m["image"].as_array_mut().expect("images").iter_mut().filter_map(|i| i.as_table_mut()) {
+        image.insert("engine".into(), "qemu".into());
+    }
+    for device in m["device"].as_array_mut().expect("devices").iter_mut().filter_map(|d| d.as_table_mut()) {
+        device.insert("model".into(), "aqc100".into());
+    }
+    let variants = m["variant"].as_array_mut().expect("variants");
+    variants.retain(|v| v.get("name").and_then(|n| n.as_str()) != Some("page-pool"));
+    toml::to_string(&m).expect("a matrix")
 }
 
 fn state_phase(dir: &Path) -> String {

@@ -3,6 +3,8 @@
 //! atlantic-style driver receives frames with each RX buffer strategy while the maps are counted
 //! on three sides: the probe, the VMM's virtio-iommu, and the model.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use std::process::Command;

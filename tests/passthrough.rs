@@ -1,6 +1,8 @@
 //! Passthrough end to end: the real binary serves the conformance device over vfio-user, another
 //! boots the probe against it, with and without the virtio-iommu in front.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use std::path::Path;

@@ -1,6 +1,8 @@
 //! The platform the guest sees: ACPI tables, PCI enumeration through ECAM, and the virtio-iommu
 //! driven by the probe guest, whose counts must agree with the VMM's.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use common::{kvm_available, vm_run};

@@ -4,6 +4,8 @@
 //! disagree. The report of such a mixed run judges maps per packet across the engines and leaves
 //! throughput unjudged, saying why.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use std::process::Command;

@@ -2,6 +2,8 @@
 //! the control socket answers while the guest runs and stops it on request, COM2 carries what the
 //! guest sends it.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use std::time::{Duration, Instant};

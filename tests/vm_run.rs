@@ -1,6 +1,8 @@
 //! `driverlab vm run` end to end: the real binary boots the probe guest (and tiny hand-made
 //! guests) under KVM; exit codes, the exit line and the probe's report are checked.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 mod common;
 
 use common::{driverlab_cmd, kvm_available, tiny_elf, vm_run, write_file};

@@ -172,7 +172,7 @@ pub enum ClientError {
     Write {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },
@@ -217,6 +217,35 @@ impl Client {
     /// `GET /v1/version`.
     pub async fn version(&self) -> Result<crate::types::Version, ClientError> {
         let answer = self.expect(("GET", "/v1/version"), &[], None, 200).await?;
+        Ok(serde_json::from_slice(&answer.body)?)
+    }
+
+    /// `POST /v1/images/kernel`: a kernel image of Debian's `package` (the newest 6.12 when none).
+    pub async fn build_kernel(
+        &self,
+        request: &crate::types::BuildKernel,
+    ) -> Result<crate::types::ImageSummary, ClientError> {
+        self.build("/v1/images/kernel", serde_json::to_vec(request)?).await
+    }
+
+    /// `POST /v1/images/module`: a driver variant built from patches.
+    pub async fn build_module(
+        &self,
+        request: &crate::types::BuildModule,
+    ) -> Result<crate::types::ImageSummary, ClientError> {
+        self.build("/v1/images/module", serde_json::to_vec(request)?).await
+    }
+
+    /// `POST /v1/images/initramfs`: the agent's initramfs with drivers.
+    pub async fn build_initramfs(
+        &self,
+        request: &crate::types::BuildInitramfs,
+    ) -> Result<crate::types::ImageSummary, ClientError> {
+        self.build("/v1/images/initramfs", serde_json::to_vec(request)?).await
+    }
+
+    async fn build(&self, path: &str, body: Vec<u8>) -> Result<crate::types::ImageSummary, ClientError> {
+        let answer = self.expect(("POST", path), &[("content-type", "application/json")], Some(body), 201).await?;
         Ok(serde_json::from_slice(&answer.body)?)
     }
 

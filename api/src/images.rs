@@ -8,6 +8,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use guest_images::patches::PatchFile;
 use guest_images::store::{ImageId, ImageKind};
 use guest_images::{initramfs_build, kernel_image, module_build};
 
@@ -125,15 +126,13 @@ pub async fn build_module(State(daemon): State<Arc<Daemon>>, payload: Payload) -
         }
         blocking(move || {
             one_build(&daemon, || {
-                // The patches as files of the daemon's own, in a private folder.
-                let dir =
-                    tempfile::tempdir().map_err(|e| Problem::internal(format!("a folder for the patches: {e}")))?;
-                let mut patches = Vec::new();
-                for (i, text) in request.patches.iter().enumerate() {
-                    let path = dir.path().join(format!("{:03}.patch", i + 1));
-                    std::fs::write(&path, text).map_err(|e| Problem::internal(format!("writing a patch: {e}")))?;
-                    patches.push(path);
-                }
+                // The patches' texts, named in their order; no file is written or read.
+                let patches = request
+                    .patches
+                    .iter()
+                    .enumerate()
+                    .map(|(i, text)| PatchFile { name: format!("{:03}.patch", i + 1), text: text.clone() })
+                    .collect();
                 let build = module_build::ModuleRequest {
                     driver: request.driver.clone().unwrap_or_else(|| module_build::DEFAULT_DRIVER_FOLDER.into()),
                     patches,

@@ -61,14 +61,14 @@ fn matrix_request(payload: &Payload) -> Result<lab::request::Request, Problem> {
 #[utoipa::path(post, path = "/v1/runs", tag = "runs",
     params(SubmitParams),
     request_body(content((String = "application/toml"), (Object = "application/json")),
-        description = "A matrix (docs/lab.md): images are `probe` or image IDs, devices a model on its generator or a registered device by name alone"),
+        description = "A matrix (docs/lab.md): images are `probe`, image IDs or recipes the daemon builds (`kernel = \"debian\"`, `initrd = \"agent\"`, patches as `{name, text}`), devices a model on its generator or a registered device by name alone"),
     responses(
         (status = 201, description = "The run, queued", body = Created),
         (status = 400, description = "A malformed body or query", body = crate::types::ErrorBody),
         (status = 413, description = "The body is too large", body = crate::types::ErrorBody),
         (status = 415, description = "Neither TOML nor JSON", body = crate::types::ErrorBody),
         (status = 422, description = "The matrix does not check out, or names cells this host cannot run", body = crate::types::ErrorBody),
-        (status = 429, description = "The queue is full", body = crate::types::ErrorBody),
+        (status = 429, description = "The queue is full, or the matrix's recipes need a build while another runs", body = crate::types::ErrorBody),
     ))]
 pub async fn submit(
     State(daemon): State<Arc<Daemon>>,
@@ -84,6 +84,14 @@ pub async fn submit(
             let mut store = daemon.store()?;
             let registered = |name: &str| store.device(name).ok().flatten();
             let plan = lab::request::plan(request, &registered).map_err(matrix_problem)?;
+            // Recipes are built now, one build at a time (the same images again are found built).
+            let recipes = plan.matrix.images.iter().any(|i| lab::recipe::is_recipe(i.get_ref()));
+            let _only = match recipes {
+                true => Some(daemon.builds.try_lock().map_err(|_| {
+                    Problem::busy("an image build is running and this matrix's recipes need one; try again after it")
+                })?),
+                false => None,
+            };
             let note = |line: &str| tracing::info!("{line}");
             let (run, plan) = lab::run::create(&mut store, &daemon.env, plan, skip_unrunnable, &note)?;
             daemon.runs.enqueue(place, &run, plan)?;

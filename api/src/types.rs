@@ -94,7 +94,7 @@ pub struct HealthResult {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuarantineRequest {
-    /// Why.
+    /// What went wrong, in words.
     pub reason: String,
 }
 
@@ -222,7 +222,7 @@ pub enum RunEvent {
         status: lab::record::Status,
         /// Why, for anything but PASS.
         reason: String,
-        /// Goodput.
+        /// Goodput: payload Gbit/s as the workload measured it.
         gbit_s: Option<f64>,
         /// IOMMU maps per packet: RX buffer maps per packet received where the record splits
         /// maps by direction (Linux guests), else all of the workload's maps per packet.

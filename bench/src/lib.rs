@@ -46,7 +46,7 @@ pub enum BenchError {
         engine: &'static str,
         /// Its binary.
         binary: PathBuf,
-        /// Why.
+        /// The system's error.
         source: std::io::Error,
     },
 }

@@ -20,7 +20,7 @@ pub enum CommandError {
     Control {
         /// The socket.
         socket: String,
-        /// Why.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },

@@ -14,7 +14,7 @@ use vm_spec::pcie_link::LinkProfile;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("DMA of {len} bytes at IOVA {iova:#x} is not mapped{}", if *.read_only { " writable" } else { "" })]
 pub struct DmaFault {
-    /// Where.
+    /// The IOVA: the address the device sees.
     pub iova: u64,
     /// How much.
     pub len: usize,

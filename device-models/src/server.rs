@@ -33,7 +33,7 @@ pub enum ServeError {
     Socket {
         /// The path.
         path: String,
-        /// Why.
+        /// What went wrong, in words.
         reason: String,
     },
 }

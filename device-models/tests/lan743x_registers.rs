@@ -4,6 +4,8 @@
 //! atlantic driver, and `scripts/test.sh` exports its folder as DRIVERLAB_LAN743X_SOURCE). A
 //! changed mask or offset fails the test; it skips, saying why, where the source is absent.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 

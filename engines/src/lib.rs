@@ -61,7 +61,7 @@ pub enum Ending {
     Unexplained(String),
     /// The VM stopped, for the reason its exit line gives, with its details.
     Stopped {
-        /// Why.
+        /// The exit reason the VMM reported.
         reason: ExitReason,
         /// Details, for errors.
         detail: Option<String>,

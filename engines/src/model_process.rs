@@ -21,7 +21,7 @@ pub enum ModelError {
     Start {
         /// Which model.
         kind: String,
-        /// Why.
+        /// The system's error.
         source: std::io::Error,
     },
     /// The model never created its socket (it exited, or refused its arguments).

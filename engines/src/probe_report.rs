@@ -24,7 +24,7 @@ pub struct Done {
 pub struct E820Entry {
     /// First address.
     pub addr: u64,
-    /// Length.
+    /// Its length in bytes.
     pub size: u64,
     /// E820 type (1 = RAM).
     #[serde(rename = "type")]

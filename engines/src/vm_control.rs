@@ -22,7 +22,7 @@ pub enum ControlError {
     Io {
         /// The socket.
         path: PathBuf,
-        /// Why.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },

@@ -20,7 +20,7 @@ pub enum ProcessError {
     Spawn {
         /// The binary.
         binary: PathBuf,
-        /// Why.
+        /// The system's error.
         source: std::io::Error,
     },
     /// Waiting for it failed.

@@ -90,7 +90,7 @@ pub enum Node {
     File {
         /// Permission bits, e.g. 0o755.
         perm: u32,
-        /// Contents.
+        /// The file's bytes.
         data: Vec<u8>,
     },
     /// A symbolic link.

@@ -18,7 +18,7 @@ pub enum KernelError {
     Decompress {
         /// The compression.
         format: &'static str,
-        /// Why.
+        /// What went wrong, in words.
         reason: String,
     },
     /// The payload did not hold an ELF.

@@ -40,8 +40,8 @@ impl Default for SourceSpec {
 pub struct ModuleRequest {
     /// The driver's folder in the kernel tree, e.g. `drivers/net/ethernet/aquantia/atlantic`.
     pub driver: String,
-    /// Patch files, applied in order.
-    pub patches: Vec<PathBuf>,
+    /// Files of patches, applied in order.
+    pub patches: Vec<patches::PatchFile>,
     /// The sources.
     pub source: SourceSpec,
     /// The kernel image to build against.
@@ -292,12 +292,10 @@ fn headers(store: &ImageStore, kernel: &KernelManifest, request: &ModuleRequest)
 }
 
 /// The patches of the files `patches` (each a patch, a mail or an mbox), in order.
-fn read_series(patches: &[PathBuf]) -> Result<Vec<patches::Patch>, ImageError> {
+fn read_series(files: &[patches::PatchFile]) -> Result<Vec<patches::Patch>, ImageError> {
     let mut series = Vec::new();
-    for file in patches {
-        let text = read(file)?;
-        let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        series.extend(patches::parse(&name, &String::from_utf8_lossy(&text))?);
+    for file in files {
+        series.extend(file.parse()?);
     }
     Ok(series)
 }

@@ -17,7 +17,7 @@ pub enum ModuleError {
     Io {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },

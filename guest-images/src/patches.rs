@@ -10,6 +10,32 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::{ImageError, sha256};
 
+/// A file of patches as it was sent (a format-patch file, a mail, an mbox of a series): its name
+/// and its text. What a module build takes, whether the file was read here or its text came over
+/// the API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchFile {
+    /// Its file name (what the module's manifest and errors call it).
+    pub name: String,
+    /// Its text.
+    pub text: String,
+}
+
+impl PatchFile {
+    /// Reads the file at `path` (a patch's bytes that are not UTF-8 are replaced).
+    pub fn read(path: &Path) -> Result<PatchFile, ImageError> {
+        let bytes = crate::store::read(path)?;
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        Ok(PatchFile { name, text: String::from_utf8_lossy(&bytes).into_owned() })
+    }
+
+    /// Its patches.
+    pub fn parse(&self) -> Result<Vec<Patch>, ImageError> {
+        parse(&self.name, &self.text)
+    }
+}
+
 /// One patch of a series.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Patch {

@@ -25,7 +25,7 @@ pub enum ImageError {
     Io {
         /// The path.
         path: PathBuf,
-        /// Why.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },

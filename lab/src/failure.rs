@@ -102,12 +102,12 @@ pub enum Failure {
     },
     /// The device failed its health check or is quarantined (ERROR).
     DeviceUnhealthy {
-        /// Why.
+        /// What went wrong, in words.
         why: String,
     },
     /// Not run: the host cannot run the cell (SKIP).
     Unrunnable {
-        /// Why.
+        /// What went wrong, in words.
         why: String,
     },
     /// Not run: the run was cancelled (MISS).

@@ -1,6 +1,8 @@
 //! What a matrix's image boots: its kernel ([`KernelRef`]) and its initrd ([`InitrdRef`]), each
 //! one of a few kinds written as one word in TOML (`kernel = "probe"`, `"debian:PKG"`, an image
-//! ID, a path). Parsed once, here; the rest of the lab matches on the kind.
+//! ID, a path), and the patches its driver is built with ([`PatchRef`]: a file here, or its name
+//! and text as a matrix sent over the API carries it). Parsed once, here; the rest of the lab
+//! matches on the kind.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -123,6 +125,27 @@ impl From<InitrdRef> for String {
     }
 }
 
+/// A patch file of an image's driver (`patches = [...]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PatchRef {
+    /// A file on this host (relative paths are from the matrix file's folder).
+    Path(PathBuf),
+    /// The file's name and text (`{ name = "...", text = "..." }`): what the CLI sends a daemon
+    /// in place of a path, and all a daemon takes.
+    Text(guest_images::patches::PatchFile),
+}
+
+impl PatchRef {
+    /// Its file name.
+    pub fn name(&self) -> String {
+        match self {
+            PatchRef::Path(path) => path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            PatchRef::Text(file) => file.name.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +193,21 @@ mod tests {
         assert_eq!(toml::to_string(&image).unwrap(), "kernel = \"debian\"\ninitrd = \"agent\"\n");
         let err = toml::from_str::<Image>("kernel = \"\"").unwrap_err();
         assert!(err.message().contains("give `probe`"), "{err}");
+    }
+
+    #[test]
+    fn a_patch_is_a_path_or_its_name_and_text() {
+        #[derive(Debug, Deserialize, Serialize)]
+        struct Image {
+            patches: Vec<PatchRef>,
+        }
+        let image: Image =
+            toml::from_str("patches = [\"p/000.patch\", { name = \"001.patch\", text = \"Subject: x\" }]").unwrap();
+        assert_eq!(image.patches[0], PatchRef::Path("p/000.patch".into()));
+        assert_eq!(image.patches[1].name(), "001.patch");
+        assert!(matches!(&image.patches[1], PatchRef::Text(f) if f.text == "Subject: x"));
+        assert!(toml::from_str::<Image>("patches = [{ name = \"x\" }]").is_err(), "a text is needed");
+        let back: Image = toml::from_str(&toml::to_string(&image).unwrap()).unwrap();
+        assert_eq!(back.patches, image.patches);
     }
 }

@@ -4,13 +4,14 @@
 //! driver patched by `patches`): the builds are content-addressed, so a second run reuses them.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use guest_images::initramfs_build::InitramfsManifest;
 use guest_images::kernel_image::KernelManifest;
 use guest_images::store::ImageStore;
 
 use crate::matrix::{Image, InitrdRef, KernelRef, Plan};
+use crate::recipe;
 
 /// An image's files, resolved.
 #[derive(Debug, Clone)]
@@ -28,9 +29,10 @@ pub struct Resolved {
 /// Why a matrix's images cannot be had.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ImagesError {
-    /// Building a recipe failed (a download, a patch, a compiler).
-    #[error("{0}")]
-    Build(String),
+    /// Building a recipe failed (a download, a compiler), or its inputs are wrong (a patch that
+    /// does not apply).
+    #[error(transparent)]
+    Build(#[from] crate::recipe::RecipeError),
     /// A file or image the matrix names is missing, or does not fit its kernel.
     #[error("{0}")]
     Missing(String),
@@ -66,13 +68,13 @@ impl RunPlan {
 
 /// Resolves a Linux image of `plan` (not the probe), building what its recipe asks for.
 fn resolve(plan: &Plan, image: &Image, store: &ImageStore, note: &dyn Fn(&str)) -> Result<Resolved, ImagesError> {
-    let (kernel_ref, initrd_ref) = if is_recipe(image) {
+    let (kernel_ref, initrd_ref) = if recipe::is_recipe(image) {
         let what = match image.patches.len() {
             0 => String::new(),
             n => format!(", {} built with {n} patch(es)", image.driver.rsplit('/').next().unwrap_or_default()),
         };
         note(&format!("image {}: kernel {}, initrd {}{what}", image.name, image.kernel, initrd_name(image)));
-        let (kernel, initrd) = build_recipe(&|p| plan.resolve(p), image, store).map_err(ImagesError::Build)?;
+        let (kernel, initrd) = recipe::build(&|p| plan.resolve(p), image, store)?;
         let built = initrd.as_ref().map(|i| format!(", {i}")).unwrap_or_default();
         note(&format!("image {}: {kernel}{built}", image.name));
         (kernel, initrd)
@@ -139,95 +141,6 @@ fn resolve_initrd(
 
 fn initrd_name(image: &Image) -> String {
     image.initrd.as_ref().map_or("none".into(), InitrdRef::to_string)
-}
-
-/// Whether the lab builds `image` (a `debian` kernel or the `agent` initramfs).
-pub fn is_recipe(image: &Image) -> bool {
-    image.is_debian_kernel() || image.is_agent_initrd()
-}
-
-/// Builds an image's recipe: the image's kernel and initrd with a recipe replaced by the ID of
-/// what it built (the image's own for one that is no recipe); the builds are content-addressed,
-/// so what is in the store already is reused. `resolve` turns the matrix's relative paths
-/// (patches) into paths.
-fn build_recipe(
-    resolve: &dyn Fn(&Path) -> PathBuf,
-    image: &Image,
-    store: &ImageStore,
-) -> Result<(KernelRef, Option<InitrdRef>), String> {
-    if !is_recipe(image) {
-        return Ok((image.kernel.clone(), image.initrd.clone()));
-    }
-    let agent = image.is_agent_initrd();
-    let patches: Vec<PathBuf> = image.patches.iter().map(|p| resolve(p)).collect();
-    let module = image.module_name();
-    let what = |e: guest_images::store::ImageError| format!("image {:?}: {e}", image.name);
-    let kernel = match &image.kernel {
-        KernelRef::Debian { package } => {
-            let package = package.as_deref();
-            tracing::info!("image {:?}: the Debian kernel {}", image.name, package.unwrap_or("(newest 6.12)"));
-            guest_images::kernel_image::from_package(store, package).map_err(what)?.id
-        }
-        KernelRef::Store(id) => id.to_string(),
-        other => {
-            return Err(format!("image {:?}: initrd = \"agent\" is built for a kernel image, not {other}", image.name));
-        }
-    };
-    let initrd = if agent {
-        let mut modules = Vec::new();
-        if !patches.is_empty() {
-            tracing::info!("image {:?}: building {} with {} patch(es)", image.name, image.driver, patches.len());
-            let request = guest_images::module_build::ModuleRequest {
-                driver: image.driver.clone(),
-                patches: patches.clone(),
-                source: guest_images::module_build::SourceSpec::default(),
-                kernel: kernel.clone(),
-                headers: None,
-                // The folder's own module builds as the folder; another one alone.
-                only: if image.driver.ends_with(&format!("/{module}")) { Vec::new() } else { vec![module.clone()] },
-            };
-            modules.push(guest_images::module_build::build(store, &request).map_err(what)?.id);
-        }
-        let drivers = if modules.is_empty() { vec![module.clone()] } else { Vec::new() };
-        let request = guest_images::initramfs_build::InitramfsRequest { kernel: kernel.clone(), modules, drivers };
-        let id = guest_images::initramfs_build::build(store, &request).map_err(what)?.id;
-        Some(InitrdRef::Store(id.parse().map_err(|e| format!("image {:?}: {e}", image.name))?))
-    } else {
-        image.initrd.clone()
-    };
-    let kernel = KernelRef::Store(kernel.parse().map_err(|e| format!("image {:?}: {e}", image.name))?);
-    Ok((kernel, initrd))
-}
-
-/// The matrix `text` (read from `file`) with every recipe image built here, into `store`, and
-/// named by its store IDs instead (`kernel`, `initrd`; `patches`, `driver` and `module` gone):
-/// what a daemon that reads this host's image store but builds nothing (the nested lab box) is
-/// sent. Progress through `note`. The rest of the matrix is left as it is, for the daemon to
-/// check with its own devices.
-pub fn pin_recipes(file: &Path, text: &str, store: &ImageStore, note: &dyn Fn(&str)) -> Result<String, String> {
-    let mut table: toml::Table = text.parse().map_err(|e| format!("{}: {e}", file.display()))?;
-    let base = file.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let resolve = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
-    let Some(toml::Value::Array(images)) = table.get_mut("image") else { return Ok(text.to_string()) };
-    for entry in images.iter_mut() {
-        let image: Image = entry.clone().try_into().map_err(|e| format!("{}: image: {e}", file.display()))?;
-        if !is_recipe(&image) {
-            continue;
-        }
-        let (kernel, initrd) = build_recipe(&resolve, &image, store)?;
-        let toml::Value::Table(fields) = entry else { continue };
-        fields.insert("kernel".into(), toml::Value::String(kernel.to_string()));
-        match &initrd {
-            Some(initrd) => fields.insert("initrd".into(), toml::Value::String(initrd.to_string())),
-            None => fields.remove("initrd"),
-        };
-        for key in ["patches", "driver", "module"] {
-            fields.remove(key);
-        }
-        let initrd = initrd.map(|i| format!(", initrd {i}")).unwrap_or_default();
-        note(&format!("image {}: built here: kernel {kernel}{initrd}", image.name));
-    }
-    toml::to_string(&table).map_err(|e| e.to_string())
 }
 
 fn manifest_kernel(manifest: &InitramfsManifest) -> Option<String> {

@@ -1,7 +1,7 @@
 //! The lab: the layer between requests (the CLI, the HTTP API) and the engines that run VMs.
 //!
 //! A matrix ([`matrix`]; over the API, [`request`]) is checked once into a [`matrix::Plan`],
-//! whose images are built and resolved once into an [`images::RunPlan`]. [`run`] creates a run
+//! whose images are built ([`recipe`]) and resolved once into an [`images::RunPlan`]. [`run`] creates a run
 //! of it in the results database ([`results_db`]) and executes it: the [`scheduler`] gives each
 //! device a worker (leases, health checks, quarantine, retries of repetitions the host spoiled)
 //! and the [`runner`] runs one repetition in phases under an engine from the [`env::LabEnv`]
@@ -18,6 +18,7 @@ pub mod kcidb;
 pub mod matrix;
 pub mod metric;
 pub mod pcie_link;
+pub mod recipe;
 pub mod record;
 pub mod report;
 pub mod request;

@@ -50,7 +50,7 @@ pub enum Metric {
     BusTxPartialWritesPerPacket,
     /// TX transaction-layer packets per packet.
     BusTxTlpsPerPacket,
-    /// Goodput.
+    /// Goodput: payload Gbit/s as the workload measured it.
     GbitS,
     /// IOMMU maps per packet over the workload.
     MapsPerPacket,

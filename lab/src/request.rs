@@ -1,14 +1,15 @@
 //! A matrix that arrives over the API (TOML, or the same as JSON). It names no host resource:
-//! its images are the probe or image IDs from the store, and its devices are either a model
-//! with its frame generator or a device registered with the daemon, named alone. The registered
-//! definitions are written into the matrix, so the run stores (and resumes from) the matrix as
-//! it ran.
+//! its images are the probe, image IDs from the store or recipes the daemon builds (`kernel =
+//! "debian"`, `initrd = "agent"` with its patches' names and texts, never their paths), and its
+//! devices are either a model with its frame generator or a device registered with the daemon,
+//! named alone. The registered definitions are written into the matrix, so the run stores (and
+//! resumes from) the matrix as it ran.
 //!
 //! Both forms parse into the typed [`Matrix`]; the API's rules are checked on its fields.
 
 use std::path::Path;
 
-use crate::matrix::{Device, InitrdRef, KernelRef, Matrix, MatrixError, MatrixErrorKind, Plan};
+use crate::matrix::{Device, Image, InitrdRef, KernelRef, Matrix, MatrixError, MatrixErrorKind, PatchRef, Plan};
 
 /// The name a matrix from the API has in errors and in the run.
 pub const REQUEST_FILE: &str = "request.toml";
@@ -83,36 +84,44 @@ fn host_field(device: &Device) -> Option<&'static str> {
     .find_map(|(field, given)| given.then_some(field))
 }
 
+/// Checks that image `i` names no host file: its kernel is the probe, an image ID or a Debian
+/// recipe; its initrd an image ID or the agent's recipe; its patches texts.
+fn check_image(i: usize, image: &Image) -> Result<(), MatrixError> {
+    if let KernelRef::Path(path) = &image.kernel {
+        return Err(error(
+            format!("image[{i}].kernel"),
+            format!(
+                "{:?}: over the API a kernel is `probe`, `debian`, `debian:PACKAGE` or a kernel image's ID \
+                 (GET /v1/images), never a file of the server's",
+                path.display().to_string()
+            ),
+        ));
+    }
+    if let Some(InitrdRef::Path(path)) = &image.initrd {
+        return Err(error(
+            format!("image[{i}].initrd"),
+            format!(
+                "{:?}: over the API an initrd is `agent` or an initramfs image's ID (GET /v1/images)",
+                path.display().to_string()
+            ),
+        ));
+    }
+    if let Some(j) = image.patches.iter().position(|p| matches!(p, PatchRef::Path(_))) {
+        return Err(error(
+            format!("image[{i}].patches[{j}]"),
+            "a path: over the API a patch is its file's name and text, `{ name = \"...\", text = \"...\" }` \
+             (`driverlab lab run --url` sends them so)",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks that the request names no host resource, fills in its registered devices
 /// (`registered` gives a device by name), and checks and expands it.
 pub fn plan(request: Request, registered: &dyn Fn(&str) -> Option<Device>) -> Result<Plan, MatrixError> {
     let Request { mut matrix, text } = request;
     for (i, image) in matrix.images.iter().map(|i| i.get_ref()).enumerate() {
-        if !matches!(image.kernel, KernelRef::Probe | KernelRef::Store(_)) {
-            return Err(error(
-                format!("image[{i}].kernel"),
-                format!(
-                    "{:?}: over the API a kernel is `probe` or a kernel image's ID (GET /v1/images); \
-                     the server's owner adds images with `driverlab image kernel`",
-                    image.kernel.to_string()
-                ),
-            ));
-        }
-        if !image.patches.is_empty() {
-            return Err(error(
-                format!("image[{i}].patches"),
-                "patches are files on the server: build the variant with POST /v1/images/module and \
-                 /v1/images/initramfs, and give the initramfs image's ID as initrd",
-            ));
-        }
-        if let Some(initrd) = &image.initrd
-            && !matches!(initrd, InitrdRef::Store(_))
-        {
-            return Err(error(
-                format!("image[{i}].initrd"),
-                format!("{:?}: over the API an initrd is an initramfs image's ID (GET /v1/images)", initrd.to_string()),
-            ));
-        }
+        check_image(i, image)?;
     }
     let mut filled = false;
     for (i, device) in matrix.devices.iter_mut().enumerate() {
@@ -196,6 +205,32 @@ mod tests {
         let plan = plan(from_toml(&named).unwrap(), &registered).unwrap();
         assert_eq!(plan.device("lab-nic").unwrap().bdf, Some("0000:63:00.0".parse().unwrap()));
         assert!(plan.text.contains("bdf = \"0000:63:00.0\""), "{}", plan.text);
+    }
+
+    #[test]
+    fn recipes_are_taken_with_their_patches_texts_and_a_patch_path_is_not() {
+        let recipe = PROBE
+            .replace(
+                "kernel = \"probe\"",
+                "kernel = \"debian\"\ninitrd = \"agent\"\npatches = [{ name = \"000.patch\", text = \"Subject: x\" }]",
+            )
+            .replace("params = { \"probe.rx\" = \"flip\" }\n", "")
+            .replace("kind = \"probe-rx\"\nframes = 100", "kind = \"iperf3\"\nduration_s = 5");
+        let planned = plan(from_toml(&recipe).unwrap(), &none).unwrap();
+        let image = planned.matrix.images[0].get_ref();
+        assert_eq!(image.kernel, KernelRef::Debian { package: None });
+        assert!(matches!(&image.patches[0], PatchRef::Text(f) if f.text == "Subject: x"));
+        // What the run stores parses again, texts and all (resume).
+        assert_eq!(
+            Plan::parse(Path::new(REQUEST_FILE), &planned.text).unwrap().matrix.images[0].get_ref().patches.len(),
+            1
+        );
+        let by_path = recipe.replace("{ name = \"000.patch\", text = \"Subject: x\" }", "\"/etc/shadow\"");
+        let err = plan(from_toml(&by_path).unwrap(), &none).unwrap_err();
+        assert_eq!(err.field, "image[0].patches[0]", "{err}");
+        assert!(err.message.contains("name and text"), "{err}");
+        let initrd_path = recipe.replace("initrd = \"agent\"", "initrd = \"/boot/initrd.img\"");
+        assert_eq!(plan(from_toml(&initrd_path).unwrap(), &none).unwrap_err().field, "image[0].initrd");
     }
 
     #[test]

@@ -59,7 +59,9 @@ impl RunError {
             RunError::Matrix(_)
                 | RunError::NoBaseline { .. }
                 | RunError::Lab(LabError::Unrunnable(_))
-                | RunError::Images(ImagesError::Missing(_))
+                | RunError::Images(
+                    ImagesError::Missing(_) | ImagesError::Build(crate::recipe::RecipeError::Refused(_))
+                )
         )
     }
 }
@@ -116,7 +118,7 @@ pub struct RunStatus {
     pub state: RunPhase,
     /// Cells whose every repetition has a result.
     pub cells_done: usize,
-    /// Cells.
+    /// Cells in the run's plan.
     pub cells_total: usize,
     /// Repetitions with a result.
     pub results: usize,

@@ -13,15 +13,15 @@ use statrs::statistics::Median;
 pub struct Summary {
     /// Number of samples.
     pub n: usize,
-    /// Smallest.
+    /// The smallest sample.
     pub min: f64,
     /// 10th percentile.
     pub p10: f64,
-    /// Median.
+    /// The median sample.
     pub median: f64,
     /// 90th percentile.
     pub p90: f64,
-    /// Largest.
+    /// The largest sample.
     pub max: f64,
 }
 
@@ -59,15 +59,15 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 /// Mean, spread and a 95% confidence interval of a sample.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Moments {
-    /// Samples.
+    /// How many samples.
     pub n: usize,
     /// Arithmetic mean.
     pub mean: f64,
     /// Sample standard deviation (n - 1); 0 for one sample.
     pub stddev: f64,
-    /// Smallest.
+    /// The smallest sample.
     pub min: f64,
-    /// Largest.
+    /// The largest sample.
     pub max: f64,
     /// The middle sample (the mean of the two middle ones for an even count).
     pub median: f64,

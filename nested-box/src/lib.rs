@@ -81,7 +81,7 @@ pub enum BoxError {
     Io {
         /// The path.
         path: PathBuf,
-        /// Why.
+        /// The system's error.
         source: std::io::Error,
     },
     /// The box did not come up.

@@ -86,7 +86,7 @@ impl RegionInfo {
 pub struct RamRange {
     /// Guest-physical address.
     pub gpa: u64,
-    /// Length.
+    /// Its length in bytes.
     pub size: u64,
     /// Where the VMM has it mapped.
     pub host_addr: u64,

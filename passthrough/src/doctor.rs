@@ -22,7 +22,7 @@ pub enum Status {
 pub struct Check {
     /// Short name (`iommu`, `vfio`, ...).
     pub name: &'static str,
-    /// Outcome.
+    /// Whether it passed.
     pub status: Status,
     /// What was found.
     pub detail: String,

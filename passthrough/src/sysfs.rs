@@ -15,7 +15,7 @@ pub enum SysfsError {
     Attribute {
         /// The attribute file.
         path: PathBuf,
-        /// Why.
+        /// What went wrong, in words.
         reason: String,
     },
 }

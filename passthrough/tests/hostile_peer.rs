@@ -1,6 +1,8 @@
 //! vfio-user servers that misbehave: every one ends the device's use with an error naming the
 //! problem, never a panic or a hang.
 
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;

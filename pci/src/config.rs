@@ -49,7 +49,7 @@ pub struct PciIds {
     pub subsystem: u16,
     /// Class code: class, subclass, programming interface.
     pub class: [u8; 3],
-    /// Revision.
+    /// The revision ID.
     pub revision: u8,
 }
 

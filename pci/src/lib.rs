@@ -28,7 +28,7 @@ pub enum PciError {
     Bar {
         /// BAR index.
         index: usize,
-        /// Why.
+        /// What is wrong with it.
         reason: &'static str,
     },
     /// Configuration space is full.

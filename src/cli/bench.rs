@@ -7,7 +7,7 @@ use bench::{self, BootBenchConfig, linux_boot};
 use clap::Subcommand;
 use lab::stats::Summary;
 
-/// Benchmarks.
+/// Benchmarks that print figures next to a reference measured in the same run.
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Boot-to-poweroff of the probe guest, many runs, side by side with QEMU

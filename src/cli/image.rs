@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use guest_images::patches::PatchFile;
 use guest_images::store::{ImageError, ImageId, ImageKind, ImageStore};
 use guest_images::{initramfs_build, kernel_image, module_build};
 
@@ -211,9 +212,10 @@ fn kernel(args: KernelArgs) -> anyhow::Result<()> {
 /// `image module`: its patches and modules on stderr, the driver's `.ko` last.
 fn module(args: ModuleArgs) -> anyhow::Result<()> {
     let store = args.store.store();
+    let patches = args.patches.iter().map(|p| PatchFile::read(p)).collect::<Result<_, _>>().map_err(image_error)?;
     let request = module_build::ModuleRequest {
         driver: args.driver,
-        patches: args.patches,
+        patches,
         source: match (args.tree, args.source) {
             (Some(tree), _) => module_build::SourceSpec::Tree(tree),
             (None, Some(source)) => module_build::SourceSpec::Package(source),

@@ -22,7 +22,7 @@ pub enum BusError {
     InvalidRange {
         /// First address.
         base: u64,
-        /// Length.
+        /// Its length in bytes.
         len: u64,
     },
     /// The range overlaps one already registered.
@@ -30,7 +30,7 @@ pub enum BusError {
     Overlap {
         /// First address.
         base: u64,
-        /// Length.
+        /// Its length in bytes.
         len: u64,
     },
 }

@@ -9,7 +9,7 @@
 pub struct DmaMapError {
     /// What could not be done, e.g. "DMA_MAP 0x1000+0x1000".
     pub what: String,
-    /// Why.
+    /// The backend's error.
     #[source]
     pub source: Box<dyn std::error::Error + Send + Sync>,
 }

@@ -9,7 +9,7 @@ use vmm_sys_util::eventfd::EventFd;
 pub struct MsiMessage {
     /// Address (0xFEEx_xxxx on x86).
     pub address: u64,
-    /// Data.
+    /// The MSI data word (the vector and delivery mode).
     pub data: u32,
 }
 
@@ -27,7 +27,7 @@ pub enum InterruptError {
     Hypervisor {
         /// The operation, e.g. "KVM_IRQFD gsi 24".
         what: String,
-        /// Why.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },

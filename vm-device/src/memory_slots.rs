@@ -12,7 +12,7 @@ pub enum SlotError {
     Hypervisor {
         /// The operation, e.g. "KVM_SET_USER_MEMORY_REGION slot 3".
         what: String,
-        /// Why.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },

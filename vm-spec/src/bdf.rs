@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 pub struct Bdf {
     /// PCI segment (domain).
     pub segment: u16,
-    /// Bus.
+    /// The bus number.
     pub bus: u8,
     /// Device (0-31).
     pub device: u8,

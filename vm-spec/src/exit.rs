@@ -180,7 +180,7 @@ pub struct ExitSummary {
     pub detail: Option<String>,
     /// The boot protocol used ("pvh", "linux64").
     pub entry: String,
-    /// vCPUs.
+    /// Virtual CPUs.
     pub vcpus: u32,
     /// Guest memory in MiB.
     pub memory_mib: u64,

@@ -145,7 +145,7 @@ pub struct LinkProfile {
     pub link: String,
     /// Transfer rate per lane, GT/s.
     pub gt_per_s: f64,
-    /// Lanes.
+    /// The link's width in lanes.
     pub lanes: u32,
     /// Payload bits per transferred bit (8b/10b: 0.8; 128b/130b: 128/130).
     pub encoding: f64,

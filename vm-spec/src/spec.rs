@@ -48,7 +48,7 @@ pub struct VmSpec {
     /// Guest memory in MiB.
     #[serde(default = "default_memory")]
     pub memory_mib: u64,
-    /// vCPUs.
+    /// Virtual CPUs.
     #[serde(default = "default_vcpus")]
     pub vcpus: u32,
     /// Which boot entry to use.

@@ -33,7 +33,7 @@ pub enum ConfigError {
     Kernel {
         /// The path.
         path: PathBuf,
-        /// Why.
+        /// What went wrong, in words.
         reason: String,
     },
     /// A serial output cannot be opened.
@@ -41,7 +41,7 @@ pub enum ConfigError {
     Serial {
         /// The path.
         path: PathBuf,
-        /// Why.
+        /// What went wrong, in words.
         reason: String,
     },
 }

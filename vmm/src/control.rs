@@ -42,7 +42,7 @@ pub enum ControlError {
     Bind {
         /// The path.
         path: PathBuf,
-        /// Why.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },

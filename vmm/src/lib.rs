@@ -98,7 +98,7 @@ pub enum Error {
         device: String,
         /// Whose failure it is.
         failure: DeviceFailure,
-        /// Why.
+        /// What went wrong, in words.
         reason: String,
     },
     /// The control socket cannot be served.

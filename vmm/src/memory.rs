@@ -27,7 +27,7 @@ pub enum MemoryError {
 pub enum E820Type {
     /// Usable RAM.
     Ram = 1,
-    /// Reserved.
+    /// Reserved: zero.
     Reserved = 2,
     /// ACPI tables, reclaimable.
     Acpi = 3,

@@ -22,9 +22,9 @@ pub use vm_spec::model_control::GeneratorConfig;
 /// What the guest transmitted into the generator.
 #[derive(Debug, Default)]
 pub struct SinkCounts {
-    /// Frames.
+    /// Frames sent.
     pub frames: AtomicU64,
-    /// Bytes.
+    /// Bytes sent.
     pub bytes: AtomicU64,
 }
 

@@ -91,7 +91,7 @@ pub struct Machine<'a> {
     pub cmdline: &'a str,
     /// Guest memory in MiB.
     pub memory_mib: u64,
-    /// vCPUs.
+    /// Virtual CPUs.
     pub vcpus: u32,
     /// TCG or KVM.
     pub accel: Accel,

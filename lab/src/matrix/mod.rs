@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-pub use crate::image_ref::{InitrdRef, KernelRef};
+pub use crate::image_ref::{InitrdRef, KernelRef, PatchRef};
 pub use device::{Device, interface_name};
 pub use engines::agent::Direction;
 pub use engines::device::{DeviceSource, HostPeer, Wire};
@@ -169,8 +169,9 @@ pub struct Image {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd: Option<InitrdRef>,
     /// Patches to the driver (`initrd = "agent"` only): the variant's module is built with them.
-    #[serde(default)]
-    pub patches: Vec<PathBuf>,
+    /// Files here, or (over the API) each file's name and text.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patches: Vec<PatchRef>,
     /// The driver's folder in the kernel tree, for `patches`.
     #[serde(default = "default_driver_folder")]
     pub driver: String,
@@ -190,7 +191,7 @@ pub struct Image {
     /// Guest memory in MiB.
     #[serde(default = "default_memory")]
     pub memory_mib: u64,
-    /// vCPUs.
+    /// Virtual CPUs.
     #[serde(default = "one")]
     pub vcpus: u32,
     /// The device behind a virtio-iommu (the point of the lab: its maps are counted).

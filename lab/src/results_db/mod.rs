@@ -87,7 +87,7 @@ pub enum ResultsDbError {
     Sqlite {
         /// The database file.
         path: PathBuf,
-        /// Why.
+        /// SQLite's error.
         #[source]
         source: rusqlite::Error,
     },
@@ -96,7 +96,7 @@ pub enum ResultsDbError {
     Create {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },
@@ -105,7 +105,7 @@ pub enum ResultsDbError {
     Folder {
         /// The folder.
         path: PathBuf,
-        /// Why.
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },
@@ -117,9 +117,9 @@ pub enum ResultsDbError {
     Corrupt {
         /// The run.
         run: String,
-        /// What.
+        /// What did not parse (the matrix, the cells).
         what: &'static str,
-        /// Why.
+        /// What went wrong, in words.
         reason: String,
     },
     /// The database was written by a newer driverlab.
@@ -129,7 +129,7 @@ pub enum ResultsDbError {
         path: PathBuf,
         /// Its version.
         found: i64,
-        /// Ours.
+        /// Records the database already had.
         known: usize,
     },
 }

@@ -20,7 +20,7 @@ pub struct RunInfo {
     pub baseline: Option<String>,
     /// Repetitions per cell.
     pub repetitions: u32,
-    /// Cells.
+    /// Cells in the run's plan.
     pub cells_total: usize,
     /// Results recorded so far.
     pub results: usize,

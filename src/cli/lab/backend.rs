@@ -8,9 +8,12 @@ use std::sync::{Arc, Mutex};
 
 use api::client::Client;
 use api::types::RunEvent;
+use guest_images::initramfs_build::InitramfsRequest;
+use guest_images::module_build::ModuleRequest;
 use lab::env::LabEnv;
 use lab::images::RunPlan;
 use lab::matrix::Plan;
+use lab::recipe::{RecipeBuilder, RecipeError};
 use lab::record::Record;
 use lab::results_db::ResultsDb;
 use lab::run::{self, RunError, RunStatus};
@@ -95,12 +98,14 @@ impl Backend {
             Backend::Remote(client) => {
                 let text = std::fs::read_to_string(matrix)
                     .map_err(|e| CodedError { message: format!("{}: {e}", matrix.display()), code: 2 })?;
+                // The daemon builds the recipes (or, with `build_here`, this host does, into the
+                // store the daemon reads); it is sent the patches' texts, never their paths.
                 let text = if build_here {
                     let images = guest_images::store::ImageStore::new(guest_images::store::default_root());
-                    lab::images::pin_recipes(matrix, &text, &images, &|line| eprintln!("{line}"))
-                        .map_err(|message| CodedError { message, code: 1 })?
+                    lab::recipe::pin_recipes(matrix, &text, &images, &|line| eprintln!("built here: {line}"))
+                        .map_err(|e| CodedError { message: e.to_string(), code: 1 })?
                 } else {
-                    text
+                    lab::recipe::inline_patches(matrix, &text).map_err(|message| CodedError { message, code: 2 })?
                 };
                 let runtime = runtime()?;
                 let run =
@@ -109,6 +114,29 @@ impl Backend {
                 runtime.block_on(follow(client, &run))
             }
         }
+    }
+
+    /// The matrix at `matrix` with its image recipes built (in this host's image store, or by
+    /// the daemon) and named by their image IDs: `lab pin`. Progress on stderr.
+    pub fn pin(&self, matrix: &Path) -> anyhow::Result<String> {
+        let text = std::fs::read_to_string(matrix)
+            .map_err(|e| CodedError { message: format!("{}: {e}", matrix.display()), code: 2 })?;
+        let note = |line: &str| eprintln!("{line}");
+        let pinned = match self {
+            Backend::Local(_) => {
+                let images = crate::cli::lab_env()?.images;
+                lab::recipe::pin_recipes(matrix, &text, &images, &note)
+            }
+            Backend::Remote(client) => {
+                let runtime = runtime()?;
+                eprintln!("building the recipes on the daemon (the first time, a download and builds: minutes)");
+                lab::recipe::pin_recipes(matrix, &text, &DaemonBuilder { client, runtime: &runtime }, &note)
+            }
+        };
+        pinned.map_err(|e| {
+            let code = if matches!(e, RecipeError::Refused(_)) { 2 } else { 1 };
+            CodedError { message: e.to_string(), code }.into()
+        })
     }
 
     /// Runs what `run` has left to run, printing `run ID resumed` first.
@@ -237,4 +265,44 @@ async fn follow(client: &Client, run: &str) -> anyhow::Result<Finished> {
         Some(status) => Finished::Ended(status),
         None => Finished::Interrupted("the daemon closed the run's event stream before the run ended".into()),
     })
+}
+
+/// A daemon builds a matrix's recipes through its image endpoints.
+struct DaemonBuilder<'a> {
+    client: &'a Client,
+    runtime: &'a tokio::runtime::Runtime,
+}
+
+impl RecipeBuilder for DaemonBuilder<'_> {
+    fn kernel(&self, package: Option<&str>) -> Result<String, RecipeError> {
+        let request = api::types::BuildKernel { package: package.map(String::from) };
+        self.runtime.block_on(self.client.build_kernel(&request)).map(|i| i.id).map_err(recipe_error)
+    }
+
+    fn module(&self, request: &ModuleRequest) -> Result<String, RecipeError> {
+        let request = api::types::BuildModule {
+            kernel: request.kernel.clone(),
+            driver: Some(request.driver.clone()),
+            patches: request.patches.iter().map(|p| p.text.clone()).collect(),
+            only: request.only.clone(),
+        };
+        self.runtime.block_on(self.client.build_module(&request)).map(|i| i.id).map_err(recipe_error)
+    }
+
+    fn initramfs(&self, request: &InitramfsRequest) -> Result<String, RecipeError> {
+        let request = api::types::BuildInitramfs {
+            kernel: request.kernel.clone(),
+            modules: request.modules.clone(),
+            drivers: request.drivers.clone(),
+        };
+        self.runtime.block_on(self.client.build_initramfs(&request)).map(|i| i.id).map_err(recipe_error)
+    }
+}
+
+/// A daemon's refusal of the build's inputs (404, 422) as the recipe's; anything else failed.
+fn recipe_error(e: api::client::ClientError) -> RecipeError {
+    match e {
+        api::client::ClientError::Refused { status: 404 | 422, .. } => RecipeError::Refused(e.to_string()),
+        e => RecipeError::Failed(e.to_string()),
+    }
 }

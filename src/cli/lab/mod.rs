@@ -30,6 +30,11 @@ pub enum LabCommand {
     Run(RunArgs),
     /// Finish an interrupted or cancelled run: only the repetitions without a result run.
     Resume(ResumeArgs),
+    /// Build a matrix's image recipes (`kernel = "debian"`, `initrd = "agent"`, `patches`) in this
+    /// host's image store or, with --url or --socket, on the daemon, and print the matrix with the
+    /// images' IDs in their place (TOML on stdout; progress on stderr): a matrix whose images are
+    /// fixed, for CI to run and keep. The same inputs give the same IDs.
+    Pin(PinArgs),
     /// List the runs, newest first.
     List(ListArgs),
     /// Show one run: its state and every repetition's record.
@@ -114,9 +119,20 @@ pub struct RunArgs {
     /// The daemon to go through.
     #[command(flatten)]
     pub daemon: daemon::DaemonArgs,
-    /// Database.
+    /// The results database (`--db`).
     #[command(flatten)]
     pub db: DbArgs,
+}
+
+/// Options of `lab pin`.
+#[derive(Args)]
+pub struct PinArgs {
+    /// The matrix (TOML, docs/lab.md).
+    #[arg(value_name = "MATRIX.toml")]
+    pub matrix: PathBuf,
+    /// The daemon that builds the images.
+    #[command(flatten)]
+    pub daemon: daemon::DaemonArgs,
 }
 
 /// Options of `lab resume`.
@@ -130,7 +146,7 @@ pub struct ResumeArgs {
     /// The daemon to go through.
     #[command(flatten)]
     pub daemon: daemon::DaemonArgs,
-    /// Database.
+    /// The results database (`--db`).
     #[command(flatten)]
     pub db: DbArgs,
 }
@@ -144,7 +160,7 @@ pub struct ListArgs {
     /// The daemon to go through.
     #[command(flatten)]
     pub daemon: daemon::DaemonArgs,
-    /// Database.
+    /// The results database (`--db`).
     #[command(flatten)]
     pub db: DbArgs,
 }
@@ -160,7 +176,7 @@ pub struct ShowArgs {
     /// The daemon to go through.
     #[command(flatten)]
     pub daemon: daemon::DaemonArgs,
-    /// Database.
+    /// The results database (`--db`).
     #[command(flatten)]
     pub db: DbArgs,
 }
@@ -179,7 +195,7 @@ pub struct ReportArgs {
     /// The daemon to go through.
     #[command(flatten)]
     pub daemon: daemon::DaemonArgs,
-    /// Database.
+    /// The results database (`--db`).
     #[command(flatten)]
     pub db: DbArgs,
 }
@@ -187,7 +203,7 @@ pub struct ReportArgs {
 /// A report's format and destination.
 #[derive(Args)]
 pub struct ReportOutput {
-    /// Format.
+    /// The report's format.
     #[arg(long, value_enum, default_value = "md")]
     pub format: Format,
     /// Write to this file instead of stdout.
@@ -205,7 +221,7 @@ pub struct CompareArgs {
     /// Where the report goes.
     #[command(flatten)]
     pub output: ReportOutput,
-    /// Database.
+    /// The results database (`--db`).
     #[command(flatten)]
     pub db: DbArgs,
 }
@@ -222,13 +238,13 @@ pub enum ExportFormat {
 pub struct ExportArgs {
     /// The run.
     pub run: String,
-    /// Format.
+    /// The export's format.
     #[arg(long, value_enum)]
     pub format: ExportFormat,
     /// Write to this file instead of stdout.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// Database.
+    /// The results database (`--db`).
     #[command(flatten)]
     pub db: DbArgs,
 }
@@ -245,7 +261,7 @@ pub struct ImportArgs {
     /// The file whose first line is the daemon's bearer token (for --url).
     #[arg(long, value_name = "FILE", env = "DRIVERLAB_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// Database.
+    /// The results database (`--db`).
     #[command(flatten)]
     pub db: DbArgs,
 }
@@ -255,7 +271,7 @@ pub struct ImportArgs {
 pub struct ReleaseArgs {
     /// The device, as `lab devices` lists it.
     pub device: String,
-    /// Database.
+    /// The results database (`--db`).
     #[command(flatten)]
     pub db: DbArgs,
 }
@@ -266,6 +282,11 @@ impl LabCommand {
         match self {
             LabCommand::Run(args) => run_matrix(args),
             LabCommand::Resume(args) => resume(args),
+            LabCommand::Pin(args) => {
+                let backend = Backend::of(&args.daemon, &DbArgs { db: None })?;
+                print!("{}", backend.pin(&args.matrix)?);
+                Ok(0)
+            }
             LabCommand::List(args) => list(args),
             LabCommand::Show(args) => show(args),
             LabCommand::Report(args) => {

@@ -115,7 +115,7 @@ pub enum BootError {
     Image {
         /// What the image was called.
         path: String,
-        /// Why.
+        /// What is wrong with the image.
         source: ImageError,
     },
     /// PVH was asked for but the kernel has no PVH note.
@@ -137,7 +137,7 @@ pub enum BootError {
     Initrd {
         /// The initrd path.
         path: PathBuf,
-        /// Why.
+        /// What went wrong, in words.
         reason: String,
     },
     /// linux-loader refused the image after the checks passed.
@@ -153,7 +153,7 @@ pub enum BootError {
     GuestMemory {
         /// Which structure.
         what: &'static str,
-        /// Why.
+        /// What went wrong, in words.
         reason: String,
     },
 }

@@ -11,7 +11,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 pub struct RequestHead {
     /// The request type (`T_ATTACH`, ...).
     pub kind: u8,
-    /// Reserved.
+    /// Reserved: zero.
     pub reserved: [u8; 3],
 }
 
@@ -37,7 +37,7 @@ pub struct Detach {
     pub domain: U32,
     /// The endpoint.
     pub endpoint: U32,
-    /// Reserved.
+    /// Reserved: zero.
     pub reserved: [u8; 8],
 }
 
@@ -77,7 +77,7 @@ pub struct Unmap {
 pub struct Probe {
     /// The endpoint.
     pub endpoint: U32,
-    /// Reserved.
+    /// Reserved: zero.
     pub reserved: [u8; 64],
 }
 
@@ -87,7 +87,7 @@ pub struct Probe {
 pub struct RequestTail {
     /// `Status`.
     pub status: u8,
-    /// Reserved.
+    /// Reserved: zero.
     pub reserved: [u8; 3],
 }
 
@@ -101,7 +101,7 @@ pub struct ProbeResvMem {
     pub length: U16,
     /// `RESV_MEM_T_*`.
     pub subtype: u8,
-    /// Reserved.
+    /// Reserved: zero.
     pub reserved: [u8; 3],
     /// First address.
     pub start: U64,
@@ -127,7 +127,7 @@ pub struct Config {
     pub probe_size: U32,
     /// Whether unattached endpoints bypass translation.
     pub bypass: u8,
-    /// Reserved.
+    /// Reserved: zero.
     pub reserved: [u8; 3],
 }
 

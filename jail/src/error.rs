@@ -37,7 +37,7 @@ pub enum JailError {
         /// Its value.
         value: String,
         /// What it must be.
-        why: String,
+        why: crate::SettingError,
     },
 }
 

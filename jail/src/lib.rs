@@ -82,7 +82,7 @@ impl JailSpec {
     /// [`CGROUP_PARENT_ENV`] where they are set; an invalid value is an error that names it.
     pub fn from_env(name: &str, memory: u64, threads: u64, cpus: u32) -> Result<JailSpec, JailError> {
         let mut spec = JailSpec::new(name, memory, threads, cpus);
-        fn setting(name: &'static str, value: &str) -> impl FnOnce(String) -> JailError + use<> {
+        fn setting(name: &'static str, value: &str) -> impl FnOnce(SettingError) -> JailError + use<> {
             let value = value.to_string();
             move |why| JailError::Setting { name, value, why }
         }
@@ -96,20 +96,37 @@ impl JailSpec {
     }
 }
 
+/// Why a jail setting is not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    /// The uid range's start is no whole number.
+    #[error("not a uid (a whole number)")]
+    NotAUid,
+    /// The uid range would overlap system or login uids, or run past the invalid uid.
+    #[error("must be from 65536 to {highest}, so that its {UID_COUNT} uids are nobody else's")]
+    UidOutOfRange {
+        /// The highest start that fits.
+        highest: u32,
+    },
+    /// The cgroup parent is no relative path of plain names.
+    #[error("must be a relative path of plain names (letters, digits, . _ -), e.g. driverlab or lab/ci")]
+    CgroupParent,
+}
+
 /// Checks a uid range start: at least 65536 (above every system and login uid) and low enough
 /// that the whole range ([`UID_COUNT`] uids) fits below the invalid uid 4294967295.
-pub fn parse_uid_base(text: &str) -> Result<u32, String> {
-    let base: u32 = text.trim().parse().map_err(|_| "not a uid (a whole number)".to_string())?;
+pub fn parse_uid_base(text: &str) -> Result<u32, SettingError> {
+    let base: u32 = text.trim().parse().map_err(|_| SettingError::NotAUid)?;
     let highest = u32::MAX - 1 - UID_COUNT;
     if !(65536..=highest).contains(&base) {
-        return Err(format!("must be from 65536 to {highest}, so that its {UID_COUNT} uids are nobody else's"));
+        return Err(SettingError::UidOutOfRange { highest });
     }
     Ok(base)
 }
 
 /// Checks a cgroup parent: a relative path of plain names (letters, digits, `.`, `_`, `-`),
 /// created under the cgroup the process was started in.
-pub fn parse_cgroup_parent(text: &str) -> Result<String, String> {
+pub fn parse_cgroup_parent(text: &str) -> Result<String, SettingError> {
     let plain = |part: &str| {
         !part.is_empty()
             && part != "."
@@ -117,7 +134,7 @@ pub fn parse_cgroup_parent(text: &str) -> Result<String, String> {
             && part.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
     };
     if text.starts_with('/') || !text.split('/').all(plain) {
-        return Err("must be a relative path of plain names (letters, digits, . _ -), e.g. driverlab or lab/ci".into());
+        return Err(SettingError::CgroupParent);
     }
     Ok(text.to_string())
 }
@@ -185,7 +202,7 @@ mod tests {
     #[test]
     fn the_operators_settings_are_checked() {
         assert_eq!(parse_uid_base("200000000"), Ok(200_000_000));
-        assert!(parse_uid_base("1000").unwrap_err().contains("from 65536"));
+        assert!(parse_uid_base("1000").unwrap_err().to_string().contains("from 65536"));
         assert!(parse_uid_base("4294967000").is_err(), "the range would pass 4294967295");
         assert!(parse_uid_base("x").is_err());
         assert_eq!(parse_cgroup_parent("lab/ci-1").as_deref(), Ok("lab/ci-1"));

@@ -11,6 +11,20 @@ use std::str::FromStr;
 use guest_images::store::{ImageId, ImageKind};
 use serde::{Deserialize, Serialize};
 
+/// Why a word is no kernel or initrd.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RefError {
+    /// An empty kernel.
+    #[error("give `probe`, `debian`, a kernel image's ID or a kernel path")]
+    NoKernel,
+    /// `debian:` without its package.
+    #[error("`debian:` needs a package, e.g. debian:linux-image-6.12.48+deb13-amd64-unsigned")]
+    NoPackage,
+    /// An empty initrd.
+    #[error("give `agent`, an initramfs image's ID or an initrd path")]
+    NoInitrd,
+}
+
 /// An image's kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -30,17 +44,15 @@ pub enum KernelRef {
 }
 
 impl FromStr for KernelRef {
-    type Err = String;
+    type Err = RefError;
 
-    fn from_str(text: &str) -> Result<KernelRef, String> {
+    fn from_str(text: &str) -> Result<KernelRef, RefError> {
         match text {
-            "" => Err("give `probe`, `debian`, a kernel image's ID or a kernel path".into()),
+            "" => Err(RefError::NoKernel),
             "probe" => Ok(KernelRef::Probe),
             "debian" => Ok(KernelRef::Debian { package: None }),
             _ => match text.strip_prefix("debian:") {
-                Some("") => {
-                    Err("`debian:` needs a package, e.g. debian:linux-image-6.12.48+deb13-amd64-unsigned".into())
-                }
+                Some("") => Err(RefError::NoPackage),
                 Some(package) => Ok(KernelRef::Debian { package: Some(package.into()) }),
                 None => Ok(ImageId::of_kind(text, ImageKind::Kernel)
                     .map_or_else(|| KernelRef::Path(text.into()), KernelRef::Store)),
@@ -62,9 +74,9 @@ impl fmt::Display for KernelRef {
 }
 
 impl TryFrom<String> for KernelRef {
-    type Error = String;
+    type Error = RefError;
 
-    fn try_from(text: String) -> Result<KernelRef, String> {
+    fn try_from(text: String) -> Result<KernelRef, RefError> {
         text.parse()
     }
 }
@@ -89,11 +101,11 @@ pub enum InitrdRef {
 }
 
 impl FromStr for InitrdRef {
-    type Err = String;
+    type Err = RefError;
 
-    fn from_str(text: &str) -> Result<InitrdRef, String> {
+    fn from_str(text: &str) -> Result<InitrdRef, RefError> {
         match text {
-            "" => Err("give `agent`, an initramfs image's ID or an initrd path".into()),
+            "" => Err(RefError::NoInitrd),
             "agent" => Ok(InitrdRef::Agent),
             _ => Ok(ImageId::of_kind(text, ImageKind::Initramfs)
                 .map_or_else(|| InitrdRef::Path(text.into()), InitrdRef::Store)),
@@ -112,9 +124,9 @@ impl fmt::Display for InitrdRef {
 }
 
 impl TryFrom<String> for InitrdRef {
-    type Error = String;
+    type Error = RefError;
 
-    fn try_from(text: String) -> Result<InitrdRef, String> {
+    fn try_from(text: String) -> Result<InitrdRef, RefError> {
         text.parse()
     }
 }

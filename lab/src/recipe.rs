@@ -192,14 +192,14 @@ fn pin(fields: &mut toml::Table, kernel: &KernelRef, initrd: Option<&InitrdRef>)
 /// The matrix `text` (read from `file`) with each patch file an image names replaced by its
 /// name and text (`{ name = "...", text = "..." }`): what a daemon is sent, since it opens no
 /// file a request names.
-pub fn inline_patches(file: &Path, text: &str) -> Result<String, String> {
+pub fn inline_patches(file: &Path, text: &str) -> Result<String, RecipeError> {
     let resolve = beside(file);
     edit_images(text, &mut |image, fields| {
         if image.patches.iter().all(|p| matches!(p, PatchRef::Text(_))) {
             return Ok(false);
         }
-        let files = patch_files(&image, &resolve).map_err(|e| format!("image {:?}: {e}", image.name))?;
-        let texts = toml::Value::try_from(files).map_err(|e| e.to_string())?;
+        let files = patch_files(&image, &resolve).map_err(|e| RecipeError::from(e).of(&image.name))?;
+        let texts = toml::Value::try_from(files).map_err(|e| RecipeError::Failed(e.to_string()))?;
         fields.insert("patches".into(), texts);
         Ok(true)
     })
@@ -312,6 +312,6 @@ mod tests {
         let plain = MATRIX.replace("patches = [\"p/000.patch\"]\n", "");
         assert_eq!(inline_patches(&file, &plain).unwrap(), plain, "nothing to send: the text as written");
         let missing = inline_patches(&dir.path().join("elsewhere/m.toml"), MATRIX).unwrap_err();
-        assert!(missing.contains("patched"), "{missing}");
+        assert!(matches!(&missing, RecipeError::Refused(e) if e.contains("patched")), "{missing}");
     }
 }

@@ -508,3 +508,40 @@ fn the_hardware_workflow_is_valid_and_its_matrix_builds_through_a_daemon() {
         }
     }
 }
+
+#[test]
+fn a_followed_run_whose_daemon_dies_ends_with_its_interrupted_line() {
+    let test = "a_followed_run_whose_daemon_dies_ends_with_its_interrupted_line";
+    if !kvm_available(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::start(dir.path(), &[]);
+    // Long enough that it is still running when its daemon is killed.
+    let matrix = dir.path().join("long.toml");
+    let text = std::fs::read_to_string(probe_matrix()).unwrap().replace("repetitions = 5", "repetitions = 200");
+    std::fs::write(&matrix, text).unwrap();
+    let mut follower = Command::new(driverlab())
+        .args(["lab", "run"])
+        .arg(&matrix)
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(follower.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let run = first.trim().strip_prefix("run ").and_then(|l| l.strip_suffix(" started")).expect(&first).to_string();
+    daemon.child.kill().unwrap();
+    let rest: Vec<String> = stdout.lines().map_while(Result::ok).collect();
+    let status = follower.wait().unwrap();
+    let last = rest.last().cloned().unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{last}");
+    assert!(
+        last.starts_with(&format!("run {run}: interrupted: "))
+            && last.ends_with(&format!("`driverlab lab resume {run}` once the daemon is back")),
+        "the contract's last line (docs/lab.md): {last}"
+    );
+}

@@ -55,15 +55,26 @@ pub struct Device {
     pub peer_counters: bool,
 }
 
+/// Why a name is no network interface name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InterfaceNameError {
+    /// Empty, or longer than IFNAMSIZ less its NUL.
+    #[error("{0} bytes; an interface name is 1 to 15")]
+    Length(usize),
+    /// A character Linux refuses, or `.` or `..`.
+    #[error("not an interface name: no '/', ':', spaces or control characters, not . or ..")]
+    Characters,
+}
+
 /// Whether `name` is a network interface name Linux takes: 1 to 15 bytes (IFNAMSIZ less its
 /// NUL), none of them `/`, `:`, whitespace or control characters, and not `.` or `..`.
-pub fn interface_name(name: &str) -> Result<(), String> {
+pub fn interface_name(name: &str) -> Result<(), InterfaceNameError> {
     if name.is_empty() || name.len() > 15 {
-        return Err(format!("{} bytes; an interface name is 1 to 15", name.len()));
+        return Err(InterfaceNameError::Length(name.len()));
     }
     if name == "." || name == ".." || name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
     {
-        return Err("not an interface name: no '/', ':', spaces or control characters, not . or ..".into());
+        return Err(InterfaceNameError::Characters);
     }
     Ok(())
 }

@@ -27,8 +27,13 @@ use crate::cli::CodedError;
 pub enum Finished {
     /// It ended (done, or cancelled): its status.
     Ended(RunStatus),
-    /// Its daemon went away before it ended: why.
-    Interrupted(String),
+    /// Its daemon went away before it ended.
+    Interrupted {
+        /// The run.
+        run: String,
+        /// Why the CLI stopped following it.
+        why: String,
+    },
 }
 
 /// A run and its records, for `lab show`.
@@ -105,7 +110,8 @@ impl Backend {
                     lab::recipe::pin_recipes(matrix, &text, &images, &|line| eprintln!("built here: {line}"))
                         .map_err(|e| CodedError { message: e.to_string(), code: 1 })?
                 } else {
-                    lab::recipe::inline_patches(matrix, &text).map_err(|message| CodedError { message, code: 2 })?
+                    lab::recipe::inline_patches(matrix, &text)
+                        .map_err(|e| CodedError { message: e.to_string(), code: 2 })?
                 };
                 let runtime = runtime()?;
                 let run =
@@ -257,13 +263,18 @@ async fn follow(client: &Client, run: &str) -> anyhow::Result<Finished> {
     ctrl_c.abort();
     console.finish();
     match followed {
-        Err(api::client::ClientError::Transport(e)) => return Ok(Finished::Interrupted(e.to_string())),
+        Err(api::client::ClientError::Transport(e)) => {
+            return Ok(Finished::Interrupted { run: run.to_string(), why: e.to_string() });
+        }
         Err(e) => return Err(client_coded(e)),
         Ok(()) => {}
     }
     Ok(match last.filter(|s| s.state.ended()) {
         Some(status) => Finished::Ended(status),
-        None => Finished::Interrupted("the daemon closed the run's event stream before the run ended".into()),
+        None => Finished::Interrupted {
+            run: run.to_string(),
+            why: "the daemon closed the run's event stream before the run ended".into(),
+        },
     })
 }
 

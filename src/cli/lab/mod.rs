@@ -395,8 +395,8 @@ fn write_report(report: &lab::report::Report, format: Format, out: Option<&Path>
 fn finish(backend: &Backend, finished: Finished, format: Format) -> anyhow::Result<u8> {
     let status = match finished {
         Finished::Ended(status) => status,
-        Finished::Interrupted(why) => {
-            println!("interrupted: {why}; `driverlab lab resume RUN` once the daemon is back");
+        Finished::Interrupted { run, why } => {
+            println!("{}", output::interrupted_line(&run, &why));
             return Ok(1);
         }
     };

@@ -156,3 +156,27 @@ impl Progress for Console {
         self.line(line);
     }
 }
+/// The last line of a run the CLI stopped following because its daemon went away (docs/lab.md:
+/// `run ID: interrupted: WHY; ...resume...`).
+pub fn interrupted_line(run: &str, why: &str) -> String {
+    format!("run {run}: interrupted: {why}; `driverlab lab resume {run}` once the daemon is back")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_lines_are_the_documented_ones() {
+        let count = |s: Status| match s {
+            Status::Pass => 5,
+            Status::Skip => 1,
+            _ => 0,
+        };
+        assert_eq!(last_line("r1", 3, count, false), "run r1: 3 cells, 5 passed, 0 failed, 0 errors, 1 skipped");
+        assert_eq!(
+            interrupted_line("r1", "HTTP: gone"),
+            "run r1: interrupted: HTTP: gone; `driverlab lab resume r1` once the daemon is back"
+        );
+    }
+}

@@ -10,8 +10,8 @@ pub const CONFIG_SIZE: usize = 256;
 const REGS: usize = CONFIG_SIZE / 4;
 
 use super::regs::{
-    BAR0, CACHE_LINE_SIZE, CAPABILITIES_POINTER, COMMAND, HEADER_END as FIRST_CAPABILITY, INTERRUPT_LINE, STATUS,
-    STATUS_CAPABILITIES, SUBSYSTEM_VENDOR_ID,
+    BAR0, BRIDGE_BUS_NUMBERS, BRIDGE_IO_WINDOW, BRIDGE_MEMORY_WINDOW, CACHE_LINE_SIZE, CAPABILITIES_POINTER, COMMAND,
+    HEADER_END as FIRST_CAPABILITY, HEADER_TYPE, INTERRUPT_LINE, STATUS, STATUS_CAPABILITIES, SUBSYSTEM_VENDOR_ID,
 };
 
 /// Command register: I/O space decoding.
@@ -94,6 +94,66 @@ impl PciConfiguration {
         c.writable[CACHE_LINE_SIZE / 4] = 0x0000_ffff;
         c.writable[INTERRUPT_LINE / 4] = 0x0000_00ff;
         c
+    }
+
+    /// A type-1 (PCI-to-PCI bridge) header for `ids`: writable bus numbers and a 32-bit memory
+    /// window, no I/O and no prefetchable window (their registers read 0, which tells the guest
+    /// the bridge forwards neither), write-1-to-clear secondary status, a writable bridge control.
+    /// A bridge has no BARs of its own here.
+    pub fn bridge(ids: PciIds) -> Self {
+        let mut c = PciConfiguration::new(ids);
+        c.set_byte(HEADER_TYPE, 1);
+        // 0x2c is the prefetchable base's upper half in a type-1 header, not a subsystem ID.
+        c.regs[SUBSYSTEM_VENDOR_ID / 4] = 0;
+        // Primary, secondary and subordinate bus numbers; the secondary latency timer.
+        c.writable[BRIDGE_BUS_NUMBERS / 4] = 0xffff_ffff;
+        // Secondary status (upper half of the I/O base/limit dword): its error bits.
+        c.w1c[BRIDGE_IO_WINDOW / 4] = (STATUS_W1C as u32) << 16;
+        // Memory base and limit: address bits 31:20 of each.
+        c.writable[BRIDGE_MEMORY_WINDOW / 4] = 0xfff0_fff0;
+        // Closed until assigned: base above limit.
+        c.regs[BRIDGE_MEMORY_WINDOW / 4] = 0x0000_fff0;
+        // Bridge control: parity, SERR, ISA, VGA, VGA 16-bit, master abort, secondary bus reset.
+        c.writable[INTERRUPT_LINE / 4] = 0x007f_00ff;
+        c
+    }
+
+    /// Makes the bits of `mask` at byte `offset` write-1-to-clear (a capability's status bits).
+    pub fn set_write_one_to_clear(&mut self, offset: usize, mask: &[u8]) {
+        for (i, &m) in mask.iter().enumerate() {
+            let at = offset + i;
+            if at < CONFIG_SIZE {
+                self.w1c[at / 4] |= (m as u32) << ((at % 4) * 8);
+            }
+        }
+    }
+
+    /// The 32-bit memory window a bridge forwards, `[base, limit]` inclusive; none while the
+    /// limit is below the base.
+    pub fn bridge_memory_window(&self) -> Option<(u64, u64)> {
+        let window = self.regs[BRIDGE_MEMORY_WINDOW / 4];
+        let base = ((window & 0xfff0) as u64) << 16;
+        let limit = ((window >> 16 & 0xfff0) as u64) << 16 | 0xf_ffff;
+        (limit > base).then_some((base, limit))
+    }
+
+    /// Sets a bridge's 32-bit memory window to `[base, limit]` (1 MiB granules), as firmware does.
+    pub fn set_bridge_memory_window(&mut self, base: u64, limit: u64) {
+        let value = (base >> 16) as u32 & 0xfff0 | ((limit >> 16) as u32 & 0xfff0) << 16;
+        self.regs[BRIDGE_MEMORY_WINDOW / 4] = value;
+    }
+
+    /// A bridge's (primary, secondary, subordinate) bus numbers.
+    pub fn bridge_buses(&self) -> (u8, u8, u8) {
+        let b = self.regs[BRIDGE_BUS_NUMBERS / 4].to_le_bytes();
+        (b[0], b[1], b[2])
+    }
+
+    /// Sets a bridge's bus numbers, as firmware does.
+    pub fn set_bridge_buses(&mut self, primary: u8, secondary: u8, subordinate: u8) {
+        let latency = self.regs[BRIDGE_BUS_NUMBERS / 4] & 0xff00_0000;
+        self.regs[BRIDGE_BUS_NUMBERS / 4] =
+            latency | primary as u32 | (secondary as u32) << 8 | (subordinate as u32) << 16;
     }
 
     /// Declares BAR `index` of `size` bytes (a power of two; at least 16 for memory, 4 for I/O).
@@ -309,6 +369,32 @@ mod tests {
         c.add_bar(0, 0x1000, BarKind::Memory64).unwrap();
         assert!(c.add_bar(1, 0x1000, BarKind::Memory32).is_err(), "upper half of BAR 0");
         assert!(c.add_bar(0, 0x1000, BarKind::Memory32).is_err());
+    }
+
+    #[test]
+    fn a_bridge_header_has_bus_numbers_a_memory_window_and_nothing_else() {
+        let mut c = PciConfiguration::bridge(ids());
+        assert_eq!(read32(&c, 0x0c) >> 16 & 0x7f, 1, "header type 1");
+        c.write(0x18, &[0, 3, 5, 0]);
+        assert_eq!(c.bridge_buses(), (0, 3, 5));
+        c.write(0x1c, &[0xff, 0xff]);
+        assert_eq!(read32(&c, 0x1c) & 0xffff, 0, "no I/O window");
+        c.write(0x24, &[0xff; 4]);
+        assert_eq!(read32(&c, 0x24), 0, "no prefetchable window");
+        assert_eq!(c.bridge_memory_window(), None, "closed at reset: base above limit");
+        c.write(0x20, &0xc0f0_c010u32.to_le_bytes());
+        assert_eq!(c.bridge_memory_window(), Some((0xc010_0000, 0xc0ff_ffff)));
+        c.set_bridge_memory_window(0xc200_0000, 0xc3ff_ffff);
+        assert_eq!(read32(&c, 0x20), 0xc3f0_c200);
+        c.set(0x1e, &0x8000u16.to_le_bytes());
+        c.write(0x1e, &0x8000u16.to_le_bytes());
+        assert_eq!(read32(&c, 0x1c) >> 16, 0, "secondary status clears on a 1");
+        c.write(0x3e, &0xffffu16.to_le_bytes());
+        assert_eq!(read32(&c, 0x3c) >> 16, 0x7f, "bridge control");
+        c.set(0x40, &[0x0f]);
+        c.set_write_one_to_clear(0x40, &[0x05]);
+        c.write(0x40, &[0xff]);
+        assert_eq!(read32(&c, 0x40) & 0xff, 0x0a, "only the marked bits clear");
     }
 
     #[test]

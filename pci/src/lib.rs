@@ -1,5 +1,6 @@
 //! PCI for driverlab: configuration space, the device trait, the root complex with its two
-//! configuration mechanisms (0xCF8/0xCFC and ECAM), MSI and MSI-X.
+//! configuration mechanisms (0xCF8/0xCFC and ECAM), PCIe root ports with hot-plug slots, MSI and
+//! MSI-X.
 //!
 //! Its own crate, as Cloud Hypervisor keeps `pci` apart from `devices`: the VMM's emulated
 //! devices (virtio) and passed-through devices implement [`PciDevice`], the [`PciRoot`] maps their
@@ -10,15 +11,18 @@ pub mod config;
 pub mod device;
 pub mod msi;
 pub mod msix;
+pub mod pcie;
 pub mod regs;
 pub mod root;
+pub mod root_port;
 mod vector;
 
 pub use config::{BarKind, PciConfiguration, PciIds};
 pub use device::{BarMapping, PciDevice};
 pub use msi::MsiConfig;
 pub use msix::MsixConfig;
-pub use root::{PciConfigIo, PciConfigMmio, PciRoot};
+pub use root::{Arrival, PciConfigIo, PciConfigMmio, PciRoot, Removal, SlotError};
+pub use root_port::RootPort;
 
 /// Errors building PCI devices and the bus.
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,4 @@
-//! Offsets and bits of the PCI type-0 configuration header, in one place for everything that
+//! Offsets and bits of the PCI type-0 (and type-1) configuration header, in one place for everything that
 //! reads or builds one (the emulated configuration space, the passthrough shadow, the models).
 
 /// Vendor ID (16 bits).
@@ -31,6 +31,16 @@ pub const BAR_END: usize = 0x28;
 pub const SUBSYSTEM_VENDOR_ID: usize = 0x2c;
 /// Subsystem ID (16 bits).
 pub const SUBSYSTEM_ID: usize = 0x2e;
+/// Type-1 header: primary, secondary and subordinate bus numbers, secondary latency timer.
+pub const BRIDGE_BUS_NUMBERS: usize = 0x18;
+/// Type-1 header: I/O base and limit, then the secondary status.
+pub const BRIDGE_IO_WINDOW: usize = 0x1c;
+/// Type-1 header: memory base and limit.
+pub const BRIDGE_MEMORY_WINDOW: usize = 0x20;
+/// Type-1 header: bridge control (16 bits, after interrupt line and pin).
+pub const BRIDGE_CONTROL: usize = 0x3e;
+/// Bridge control: secondary bus reset.
+pub const BRIDGE_CONTROL_BUS_RESET: u16 = 1 << 6;
 /// Expansion ROM base address.
 pub const ROM_BASE: usize = 0x30;
 /// Capabilities pointer.

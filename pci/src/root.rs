@@ -1,11 +1,13 @@
-//! The root complex: bus 0 with a host bridge, configuration access through 0xCF8/0xCFC and an
-//! ECAM window, and BARs mapped onto the MMIO bus wherever the guest programs them.
+//! The root complex: bus 0 with a host bridge, root ports whose secondary buses hold one adapter
+//! each, configuration access through 0xCF8/0xCFC and an ECAM window, and BARs mapped onto the
+//! MMIO bus wherever the guest programs them.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use super::config::{PciConfiguration, PciIds};
 use super::device::{BarMapping, PciDevice, decoded_bars};
+use super::root_port::RootPort;
 use super::{BarKind, PciError};
 use vm_device::bus::{Bus, BusDevice};
 
@@ -13,7 +15,7 @@ use vm_device::bus::{Bus, BusDevice};
 pub const DEVICES_PER_BUS: u8 = 32;
 /// Bytes of configuration space per function in the ECAM window.
 pub const ECAM_FUNCTION_SIZE: u64 = 4096;
-/// ECAM window for bus 0: 32 devices x 8 functions x 4 KiB.
+/// ECAM window of one bus: 32 devices x 8 functions x 4 KiB.
 pub const ECAM_BUS_SIZE: u64 = 256 * ECAM_FUNCTION_SIZE;
 
 fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -85,9 +87,54 @@ struct Slot {
     mapped: Vec<BarMapping>,
 }
 
-/// Bus 0 and what is plugged into it.
+impl Slot {
+    fn new(device: Arc<Mutex<dyn PciDevice>>) -> Self {
+        Slot { device, mapped: Vec::new() }
+    }
+}
+
+/// A root port on bus 0 and the adapter in its slot, if any.
+struct Port {
+    port: Arc<Mutex<RootPort>>,
+    adapter: Option<Slot>,
+}
+
+/// Why a slot operation was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SlotError {
+    /// No root port at that device number.
+    #[error("no root port at 00:{0:02x}.0")]
+    NoPort(u8),
+    /// The slot holds an adapter already.
+    #[error("the slot of root port 00:{0:02x}.0 is occupied")]
+    Occupied(u8),
+    /// The slot is empty.
+    #[error("the slot of root port 00:{0:02x}.0 is empty")]
+    Empty(u8),
+}
+
+/// How an adapter arrives in a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// It was there when the guest started: no hot-plug event.
+    AtBoot,
+    /// Plugged in while the guest runs: presence and link change events.
+    HotPlug,
+}
+
+/// How an adapter leaves a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Pulled without notice (a cable pulled): presence and link change events.
+    Surprise,
+    /// After the guest let it go (it turned the slot's power off): no event.
+    Released,
+}
+
+/// Bus 0, the root ports on it and the adapters in their slots.
 pub struct PciRoot {
     slots: BTreeMap<u8, Slot>,
+    ports: BTreeMap<u8, Port>,
     mmio: Arc<Bus>,
     io: Arc<Bus>,
 }
@@ -95,8 +142,8 @@ pub struct PciRoot {
 impl PciRoot {
     /// A root complex with its host bridge at 00:00.0, mapping BARs onto `mmio` and `io`.
     pub fn new(mmio: Arc<Bus>, io: Arc<Bus>) -> Self {
-        let mut root = PciRoot { slots: BTreeMap::new(), mmio, io };
-        root.slots.insert(0, Slot { device: Arc::new(Mutex::new(HostBridge::new())), mapped: Vec::new() });
+        let mut root = PciRoot { slots: BTreeMap::new(), ports: BTreeMap::new(), mmio, io };
+        root.slots.insert(0, Slot::new(Arc::new(Mutex::new(HostBridge::new()))));
         root
     }
 
@@ -107,58 +154,143 @@ impl PciRoot {
             return Err(PciError::Slot(device_number));
         }
         let devfn = device_number << 3;
-        self.slots.insert(devfn, Slot { device, mapped: Vec::new() });
-        self.refresh_bars(devfn);
+        self.slots.insert(devfn, Slot::new(device));
+        self.refresh_bars(Target::Bus0(devfn));
         Ok(())
     }
 
-    /// The devices on the bus, by device/function number.
+    /// Adds root port `port` as device number `device_number` of bus 0, its slot empty.
+    pub fn add_root_port(&mut self, device_number: u8, port: Arc<Mutex<RootPort>>) -> Result<(), PciError> {
+        self.add_device(device_number, port.clone())?;
+        self.ports.insert(device_number, Port { port, adapter: None });
+        Ok(())
+    }
+
+    /// Puts `device` into the slot of the root port at `device_number`, as function 0 of device 0
+    /// on the port's secondary bus.
+    pub fn plug(
+        &mut self,
+        device_number: u8,
+        device: Arc<Mutex<dyn PciDevice>>,
+        how: Arrival,
+    ) -> Result<(), SlotError> {
+        let entry = self.ports.get_mut(&device_number).ok_or(SlotError::NoPort(device_number))?;
+        if entry.adapter.is_some() {
+            return Err(SlotError::Occupied(device_number));
+        }
+        entry.adapter = Some(Slot::new(device));
+        let port = entry.port.clone();
+        self.refresh_bars(Target::Adapter(device_number));
+        match how {
+            Arrival::AtBoot => lock(&port).insert_at_boot(),
+            Arrival::HotPlug => lock(&port).hot_plug(),
+        }
+        Ok(())
+    }
+
+    /// Takes the adapter out of the slot of the root port at `device_number`: its BARs leave the
+    /// bus, the port reports the change as `how` says. Returns the device.
+    pub fn unplug(&mut self, device_number: u8, how: Removal) -> Result<Arc<Mutex<dyn PciDevice>>, SlotError> {
+        let entry = self.ports.get_mut(&device_number).ok_or(SlotError::NoPort(device_number))?;
+        let adapter = entry.adapter.take().ok_or(SlotError::Empty(device_number))?;
+        if how == Removal::Surprise {
+            lock(&entry.port).surprise_removal();
+        }
+        for old in &adapter.mapped {
+            self.bus_for(old.kind).remove(old.addr);
+        }
+        Ok(adapter.device)
+    }
+
+    /// The devices on bus 0, by device/function number.
     pub fn functions(&self) -> Vec<u8> {
         self.slots.keys().copied().collect()
     }
 
+    /// The function at `bus`/`devfn`: on bus 0, or the adapter of the root port whose secondary
+    /// bus is `bus` (only device 0 exists behind a root port).
+    fn target(&self, bus: u8, devfn: u8) -> Option<Target> {
+        if bus == 0 {
+            return self.slots.contains_key(&devfn).then_some(Target::Bus0(devfn));
+        }
+        if devfn != 0 {
+            return None;
+        }
+        self.ports
+            .iter()
+            .find(|(_, p)| p.adapter.is_some() && lock(&p.port).secondary_bus() == Some(bus))
+            .map(|(&number, _)| Target::Adapter(number))
+    }
+
+    fn slot(&self, target: Target) -> Option<&Slot> {
+        match target {
+            Target::Bus0(devfn) => self.slots.get(&devfn),
+            Target::Adapter(number) => self.ports.get(&number)?.adapter.as_ref(),
+        }
+    }
+
+    fn slot_mut(&mut self, target: Target) -> Option<&mut Slot> {
+        match target {
+            Target::Bus0(devfn) => self.slots.get_mut(&devfn),
+            Target::Adapter(number) => self.ports.get_mut(&number)?.adapter.as_mut(),
+        }
+    }
+
     /// Reads dword `reg` of the function at `bus`/`devfn`; absent functions read all ones.
     pub fn config_read(&self, bus: u8, devfn: u8, reg: usize) -> u32 {
-        match (bus, self.slots.get(&devfn)) {
-            (0, Some(slot)) => lock(&slot.device).config_read(reg),
-            _ => 0xffff_ffff,
+        match self.target(bus, devfn).and_then(|t| self.slot(t)) {
+            Some(slot) => lock(&slot.device).config_read(reg),
+            None => 0xffff_ffff,
         }
     }
 
     /// Writes configuration space of the function at `bus`/`devfn`, then moves its BARs if the
     /// write changed where they decode.
     pub fn config_write(&mut self, bus: u8, devfn: u8, offset: usize, data: &[u8]) {
-        if bus != 0 {
-            return;
-        }
-        let Some(slot) = self.slots.get(&devfn) else { return };
+        let Some(target) = self.target(bus, devfn) else { return };
+        let Some(slot) = self.slot(target) else { return };
         lock(&slot.device).config_write(offset, data);
-        self.refresh_bars(devfn);
+        self.refresh_bars(target);
     }
 
-    fn refresh_bars(&mut self, devfn: u8) {
-        let Some(slot) = self.slots.get_mut(&devfn) else { return };
+    fn bus_for(&self, kind: BarKind) -> &Arc<Bus> {
+        if kind == BarKind::Io { &self.io } else { &self.mmio }
+    }
+
+    fn refresh_bars(&mut self, target: Target) {
+        let (mmio, io) = (self.mmio.clone(), self.io.clone());
+        let Some(slot) = self.slot_mut(target) else { return };
         let wanted = lock(&slot.device).bar_mappings();
         if wanted == slot.mapped {
             return;
         }
+        let bus_for = |kind| if kind == BarKind::Io { &io } else { &mmio };
         for old in slot.mapped.drain(..) {
-            let bus = if old.kind == BarKind::Io { &self.io } else { &self.mmio };
-            bus.remove(old.addr);
+            bus_for(old.kind).remove(old.addr);
         }
         for mapping in wanted {
-            let bus = if mapping.kind == BarKind::Io { &self.io } else { &self.mmio };
             let region = Arc::new(Mutex::new(BarRegion { device: slot.device.clone(), bar: mapping.bar }));
-            match bus.insert(mapping.addr, mapping.size, region) {
+            match bus_for(mapping.kind).insert(mapping.addr, mapping.size, region) {
                 Ok(()) => slot.mapped.push(mapping),
-                Err(e) => tracing::warn!(
-                    "{:02x}.{}: BAR {} at {:#x} not mapped: {e}",
-                    devfn >> 3,
-                    devfn & 7,
-                    mapping.bar,
-                    mapping.addr
-                ),
+                Err(e) => tracing::warn!("{target}: BAR {} at {:#x} not mapped: {e}", mapping.bar, mapping.addr),
             }
+        }
+    }
+}
+
+/// Where a function sits: on bus 0 (by device/function number), or in the slot of the root
+/// port with that device number.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Bus0(u8),
+    Adapter(u8),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Bus0(devfn) => write!(f, "00:{:02x}.{}", devfn >> 3, devfn & 7),
+            Target::Adapter(port) => write!(f, "the slot of 00:{port:02x}.0"),
         }
     }
 }
@@ -218,7 +350,7 @@ impl BusDevice for PciConfigIo {
     }
 }
 
-/// The ECAM window: configuration space memory-mapped, 4 KiB per function (bus 0 only).
+/// The ECAM window: configuration space memory-mapped, 4 KiB per function, 1 MiB per bus.
 pub struct PciConfigMmio {
     root: Arc<Mutex<PciRoot>>,
 }
@@ -339,5 +471,66 @@ mod tests {
         assert_eq!(mmio.read(0xc000_0010, &mut data), vm_device::bus::Access::Unclaimed);
         assert!(matches!(lock(&root).add_device(1, echo()), Err(PciError::Slot(1))));
         assert!(matches!(lock(&root).add_device(32, echo()), Err(PciError::Slot(32))));
+    }
+
+    fn root_with_port(number: u8) -> (Arc<Mutex<PciRoot>>, Arc<Bus>, Arc<Mutex<RootPort>>) {
+        let mmio = Arc::new(Bus::new());
+        let root = Arc::new(Mutex::new(PciRoot::new(mmio.clone(), Arc::new(Bus::new()))));
+        let interrupts = Arc::new(vm_device::interrupt::RecordingInterrupts::default());
+        let port = Arc::new(Mutex::new(RootPort::new(1, interrupts).unwrap()));
+        lock(&port).assign(1, (0xc000_0000, 0xc0ff_ffff));
+        lock(&root).add_root_port(number, port.clone()).unwrap();
+        (root, mmio, port)
+    }
+
+    #[test]
+    fn an_adapter_answers_on_its_ports_secondary_bus_only() {
+        let (root, mmio, port) = root_with_port(2);
+        let mut ecam = PciConfigMmio::new(root.clone());
+        let mut io = PciConfigIo::new(root.clone());
+        let vendor = |ecam: &mut PciConfigMmio, offset: u64| {
+            let mut id = [0u8; 4];
+            ecam.read(offset, &mut id);
+            u32::from_le_bytes(id)
+        };
+        assert_eq!(vendor(&mut ecam, 2 << 15), 0x000c_1b36, "the port on bus 0");
+        assert_eq!(vendor(&mut ecam, 1 << 20), 0xffff_ffff, "empty slot");
+        lock(&root).plug(2, echo(), Arrival::AtBoot).unwrap();
+        assert!(lock(&port).occupied());
+        assert_eq!(lock(&port).slot_status() & crate::pcie::SLOT_STATUS_EVENTS, 0);
+        assert_eq!(vendor(&mut ecam, 1 << 20), 0x5678_1234, "01:00.0");
+        assert_eq!(io_read32(&mut io, CONFIG_ENABLE | 1 << 16), 0x5678_1234, "the same through 0xCF8");
+        assert_eq!(vendor(&mut ecam, (1 << 20) | (1 << 15)), 0xffff_ffff, "only device 0 behind a port");
+        assert_eq!(vendor(&mut ecam, 2 << 20), 0xffff_ffff, "bus 2 is nobody's");
+        // The guest renumbers the port's secondary bus; the adapter follows.
+        ecam.write((2 << 15) + 0x19, &[4]);
+        assert_eq!(vendor(&mut ecam, 1 << 20), 0xffff_ffff);
+        assert_eq!(vendor(&mut ecam, 4 << 20), 0x5678_1234);
+        // Its BARs decode once the guest turns memory decoding on, as on bus 0.
+        ecam.write((4 << 20) + 4, &2u16.to_le_bytes());
+        let mut data = [0u8; 1];
+        assert_eq!(mmio.read(0xc000_0010, &mut data), vm_device::bus::Access::Handled);
+    }
+
+    #[test]
+    fn plug_and_unplug_refuse_what_does_not_fit_and_leave_no_bar_behind() {
+        let (root, mmio, port) = root_with_port(3);
+        let mut root = lock(&root);
+        assert_eq!(root.plug(4, echo(), Arrival::HotPlug).unwrap_err(), SlotError::NoPort(4));
+        assert_eq!(root.unplug(3, Removal::Surprise).err(), Some(SlotError::Empty(3)));
+        root.plug(3, echo(), Arrival::HotPlug).unwrap();
+        assert_eq!(lock(&port).slot_status() & crate::pcie::SLOT_STATUS_PDC, crate::pcie::SLOT_STATUS_PDC);
+        assert_eq!(root.plug(3, echo(), Arrival::HotPlug).unwrap_err(), SlotError::Occupied(3));
+        root.config_write(1, 0, 4, &2u16.to_le_bytes());
+        let mut data = [0u8; 1];
+        assert_eq!(mmio.read(0xc000_0000, &mut data), vm_device::bus::Access::Handled);
+        let device = root.unplug(3, Removal::Surprise).unwrap();
+        assert_eq!(lock(&device).name(), "echo");
+        assert_eq!(mmio.read(0xc000_0000, &mut data), vm_device::bus::Access::Unclaimed, "BAR gone");
+        assert_eq!(root.config_read(1, 0, 0), 0xffff_ffff);
+        assert!(!lock(&port).occupied());
+        root.plug(3, echo(), Arrival::HotPlug).unwrap();
+        root.unplug(3, Removal::Released).unwrap();
+        assert_eq!(root.unplug(3, Removal::Released).err(), Some(SlotError::Empty(3)));
     }
 }

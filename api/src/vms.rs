@@ -76,7 +76,7 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
             Problem::unprocessable(format!("devices: no device is registered as {name:?} (GET /v1/devices)"))
         })?;
         match device.source() {
-            Ok(DeviceSource::Host { bdf, .. }) => devices.push(DeviceSpec::Vfio(bdf)),
+            Ok(DeviceSource::Host { bdf, .. }) => devices.push(DeviceSpec::vfio(bdf)),
             Ok(DeviceSource::Model { nic, wire }) => models.push((nic, wire.model_args())),
             Err((field, message)) => {
                 return Err(Problem::unprocessable(format!("devices: {name:?}: device{field}: {message}")));

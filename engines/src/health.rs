@@ -155,7 +155,7 @@ pub fn check_device(
     nic: Option<NicKind>,
 ) -> Result<Health, String> {
     let (spec, frames, _model) = match source {
-        DeviceSource::Host { bdf, .. } => (DeviceSpec::Vfio(*bdf), 0, None),
+        DeviceSource::Host { bdf, .. } => (DeviceSpec::vfio(*bdf), 0, None),
         DeviceSource::Model { nic, wire } => {
             let args = wire.model_args();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -163,7 +163,7 @@ impl ModelProcess {
 
     /// The device as a VM spec names it.
     pub fn device_spec(&self) -> vm_spec::DeviceSpec {
-        vm_spec::DeviceSpec::VfioUser(self.socket.clone())
+        vm_spec::DeviceSpec::vfio_user(self.socket.clone())
     }
 
     /// The model's status line over its control socket (the NIC models; `None` for models

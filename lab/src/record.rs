@@ -69,6 +69,37 @@ impl rusqlite::types::FromSql for Status {
     }
 }
 
+/// The default domain type of an IOMMU group, as Linux's sysfs `type` names it
+/// (`iommu_group_show_type()` in drivers/iommu/iommu.c).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum IommuDomain {
+    /// Strict translation: every unmap waits for the IOMMU's invalidation.
+    #[serde(rename = "DMA")]
+    Dma,
+    /// Lazy translation: unmaps are flushed in batches (a flush queue).
+    #[serde(rename = "DMA-FQ")]
+    DmaFq,
+    /// No translation.
+    #[serde(rename = "identity")]
+    Identity,
+    /// Anything else the kernel says (`blocked`, `unmanaged`, `unknown`).
+    #[serde(other, rename = "other")]
+    Other,
+}
+
+/// How a Linux guest treated its device's DMA, from the agent's `iommu-group` step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct GuestDma {
+    /// Where the device sat (the cell's device's slot).
+    pub slot: vm_spec::Slot,
+    /// Its IOMMU group's domain type.
+    pub domain: IommuDomain,
+    /// Whether the kernel marked it untrusted (sysfs `removable`).
+    pub untrusted: bool,
+    /// Whether the kernel has a swiotlb bounce pool.
+    pub swiotlb: bool,
+}
+
 /// Milliseconds each phase took; `None` where the phase did not happen or cannot be seen.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timings {
@@ -172,6 +203,10 @@ pub struct Record {
     /// RX descriptors the driver ran with (`ethtool -g` after `driverlab.rxring`, Linux guests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rx_ring: Option<u64>,
+    /// How the guest's kernel treated the device's DMA (Linux guests): its IOMMU domain, whether
+    /// it took the device for an untrusted one, whether it had a bounce pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_dma: Option<GuestDma>,
     /// IOMMU mappings still alive when the agent had unloaded the driver (Linux guests): what
     /// the driver's teardown leaked.
     #[serde(default)]
@@ -235,6 +270,7 @@ impl Record {
             model_maps_per_packet: None,
             page_reuse: None,
             rx_ring: None,
+            guest_dma: None,
             mappings_after_unload: None,
             device_counters: None,
             model_confinement: None,

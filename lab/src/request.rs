@@ -62,9 +62,9 @@ pub fn from_json(value: serde_json::Value) -> Result<Request, MatrixError> {
     Ok(Request { matrix, text: None })
 }
 
-/// Whether `device` is a name alone: a registered device.
+/// Whether `device` is a name alone (with a slot, perhaps): a registered device.
 fn name_alone(device: &Device) -> bool {
-    *device == Device { name: device.name.clone(), ..Device::default() }
+    *device == Device { name: device.name.clone(), slot: device.slot, ..Device::default() }
 }
 
 /// The field of `device` that names a host resource, if one does: what only a registered
@@ -134,7 +134,8 @@ pub fn plan(request: Request, registered: &dyn Fn(&str) -> Option<Device>) -> Re
                     format!("no device is registered as {:?} (GET /v1/devices)", inline.name),
                 )
             })?;
-            *device = toml::Spanned::new(span, found);
+            let slot = inline.slot.or(found.slot);
+            *device = toml::Spanned::new(span, Device { slot, ..found });
             filled = true;
         } else if let Some(field) = host_field(inline) {
             return Err(error(
@@ -231,6 +232,32 @@ mod tests {
         assert!(err.message.contains("name and text"), "{err}");
         let initrd_path = recipe.replace("initrd = \"agent\"", "initrd = \"/boot/initrd.img\"");
         assert_eq!(plan(from_toml(&initrd_path).unwrap(), &none).unwrap_err().field, "image[0].initrd");
+    }
+
+    #[test]
+    fn a_registered_device_named_with_a_slot_takes_that_slot() {
+        let linux = PROBE
+            .replace("kernel = \"probe\"", "kernel = \"debian\"\ninitrd = \"agent\"")
+            .replace("params = { \"probe.rx\" = \"flip\" }\n", "")
+            .replace("kind = \"probe-rx\"\nframes = 100", "kind = \"iperf3\"");
+        let registered = |name: &str| {
+            (name == "lab-nic").then(|| Device {
+                name: "lab-nic".into(),
+                bdf: Some("0000:63:00.0".parse().unwrap()),
+                ..Device::default()
+            })
+        };
+        let named =
+            |extra: &str| linux.replace("name = \"aq\"\nmodel = \"aqc100\"", &format!("name = \"lab-nic\"{extra}"));
+        let plain = plan(from_toml(&named("")).unwrap(), &registered).unwrap();
+        assert_eq!(plain.device("lab-nic").unwrap().slot, None);
+        let placed = plan(from_toml(&named("\nslot = \"thunderbolt\"")).unwrap(), &registered).unwrap();
+        let device = placed.device("lab-nic").unwrap();
+        assert_eq!(
+            (device.slot, device.bdf),
+            (Some(vm_spec::Slot::Thunderbolt), Some("0000:63:00.0".parse().unwrap()))
+        );
+        assert!(placed.text.contains("slot = \"thunderbolt\""), "{}", placed.text);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use vm_spec::DeviceSpec;
+use vm_spec::{DeviceBackend, DeviceSpec};
 
 /// Options of `driverlab probe`.
 #[derive(Args)]
@@ -20,9 +20,9 @@ pub struct ProbeArgs {
 /// Prints the one-line verdict, then the JSON; exit code 0 healthy, 1 not.
 pub fn run(args: ProbeArgs) -> anyhow::Result<u8> {
     let driverlab = std::env::current_exe().context("locating the driverlab binary")?;
-    let frames = args.frames.unwrap_or(match args.device {
-        DeviceSpec::Vfio(_) => 0,
-        DeviceSpec::VfioUser(_) => 64,
+    let frames = args.frames.unwrap_or(match args.device.backend {
+        DeviceBackend::Vfio(_) => 0,
+        DeviceBackend::VfioUser(_) => 64,
     });
     // The probe's serial log goes into a folder of its own, gone with the check.
     let dir = tempfile::tempdir().context("a folder for the probe's serial log")?;

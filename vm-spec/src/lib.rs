@@ -6,6 +6,7 @@
 //!   as JSON, and the flags build the same value.
 //! - [`exit`]: how a run ends: the exit codes, the exit line (`{"vmm":"exit",...}`) and the error
 //!   line (`{"vmm":"error",...}`) on stderr.
+//! - [`device`]: a device to pass through and its slot (root bus or Thunderbolt).
 //! - [`counters`]: what the virtio-iommu and driverlab's device models count, in the exit line
 //!   and on the control socket; the layout of a model's counters region.
 //! - [`control`]: the control socket's routes and messages (`vm.info`, `vm.counters`,
@@ -23,6 +24,7 @@ pub mod bdf;
 pub mod confinement;
 pub mod control;
 pub mod counters;
+pub mod device;
 pub mod exit;
 pub mod host;
 pub mod model_control;
@@ -35,4 +37,6 @@ pub use exit::{
     AddressCount, DeviceCounters, DeviceSummary, ErrorKind, ErrorLine, ExitCounts, ExitReason, ExitSummary,
 };
 pub use nic::NicKind;
-pub use spec::{DeviceSpec, Entry, IommuSpec, Kernel, SerialOutput, SerialSpec, SpecError, VmSpec};
+pub use spec::{
+    DeviceBackend, DeviceSpec, Entry, IommuSpec, Kernel, SerialOutput, SerialSpec, Slot, SpecError, VmSpec,
+};

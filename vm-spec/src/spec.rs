@@ -9,13 +9,12 @@
 //! Every field but `kernel` has a default. Unknown fields are refused, so a misspelt option is an
 //! error and never silently ignored.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bdf::Bdf;
+pub use crate::device::{DeviceBackend, DeviceSpec, DeviceSpecError, Slot};
 
 /// Least guest memory, in MiB.
 pub const MIN_MEMORY_MIB: u64 = 4;
@@ -165,7 +164,7 @@ impl VmSpec {
             return Err(SpecError::TooManyDevices(self.devices.len()));
         }
         for (i, device) in self.devices.iter().enumerate() {
-            if self.devices[..i].contains(device) {
+            if self.devices[..i].iter().any(|d| d.backend == device.backend) {
                 return Err(SpecError::DuplicateDevice(device.to_string()));
             }
         }
@@ -289,43 +288,6 @@ impl Default for IommuSpec {
     }
 }
 
-/// A device to pass through: `{"vfio": "0000:63:00.0"}` or `{"vfio-user": "/path/to/socket"}`
-/// in JSON, `vfio=0000:63:00.0` or `vfio-user=/path/to/socket` on the command line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub enum DeviceSpec {
-    /// A host PCI device bound to vfio-pci.
-    Vfio(Bdf),
-    /// A device served over vfio-user on a Unix socket.
-    VfioUser(PathBuf),
-}
-
-/// A device argument that does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct DeviceSpecError(String);
-
-impl FromStr for DeviceSpec {
-    type Err = DeviceSpecError;
-
-    fn from_str(s: &str) -> Result<Self, DeviceSpecError> {
-        match s.split_once('=') {
-            Some(("vfio", bdf)) => bdf.parse().map(DeviceSpec::Vfio).map_err(|e| DeviceSpecError(e.to_string())),
-            Some(("vfio-user", path)) if !path.is_empty() => Ok(DeviceSpec::VfioUser(PathBuf::from(path))),
-            _ => Err(DeviceSpecError(format!("{s:?}: write vfio=0000:63:00.0 or vfio-user=/path/to/socket"))),
-        }
-    }
-}
-
-impl fmt::Display for DeviceSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceSpec::Vfio(bdf) => write!(f, "vfio={bdf}"),
-            DeviceSpec::VfioUser(path) => write!(f, "vfio-user={}", path.display()),
-        }
-    }
-}
-
 /// Where the serial ports' output goes.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -395,7 +357,7 @@ mod tests {
         assert_eq!(spec.kernel, Kernel::Path("/boot/vmlinux".into()));
         assert_eq!(spec.iommu, Some(IommuSpec { bypass: false }));
         assert_eq!(spec.devices[0].to_string(), "vfio=0000:63:00.0");
-        assert_eq!(spec.devices[1], DeviceSpec::VfioUser("/tmp/a.sock".into()));
+        assert_eq!(spec.devices[1], DeviceSpec::vfio_user("/tmp/a.sock"));
         assert_eq!(spec.serial.com2, Some(SerialOutput::Unix("/tmp/agent.sock".into())));
         assert_eq!(VmSpec::from_json(&spec.to_json()).unwrap(), spec);
     }
@@ -412,9 +374,13 @@ mod tests {
             (r#"{"kernel":"probe","vcpus":0}"#, "vcpus (--vcpus) 0"),
             (r#"{"kernel":"probe","timeout_s":0}"#, "timeout_s (--timeout) 0"),
             (r#"{"kernel":"probe","timeout_s":-1}"#, "timeout_s"),
-            (r#"{"kernel":"probe","devices":[{"usb":"1"}]}"#, "unknown variant `usb`"),
+            (r#"{"kernel":"probe","devices":[{"usb":"1"}]}"#, "unknown field `usb`"),
             (r#"{"kernel":"probe","devices":[{"vfio":"63:00"}]}"#, "not a PCI address"),
             (r#"{"kernel":"probe","devices":[{"vfio-user":"/a"},{"vfio-user":"/a"}]}"#, "given twice"),
+            (
+                r#"{"kernel":"probe","devices":[{"vfio-user":"/a"},{"vfio-user":"/a","slot":"thunderbolt"}]}"#,
+                "given twice",
+            ),
             (r#"{"kernel":"probe","serial":{"com3":"stdout"}}"#, "unknown field `com3`"),
             (r#"{"kernel":"probe","iommu":{"bypas":true}}"#, "unknown field `bypas`"),
             (r#"{"kernel":"probe","cmdline":"a\u0000b"}"#, "cmdline (--cmdline): it holds a NUL byte"),
@@ -433,11 +399,6 @@ mod tests {
 
     #[test]
     fn command_line_forms_parse() {
-        assert_eq!("vfio=0000:63:00.0".parse::<DeviceSpec>().unwrap().to_string(), "vfio=0000:63:00.0");
-        assert_eq!("vfio-user=/tmp/x.sock".parse::<DeviceSpec>(), Ok(DeviceSpec::VfioUser("/tmp/x.sock".into())));
-        assert!("vfio=63:00".parse::<DeviceSpec>().unwrap_err().to_string().contains("not a PCI address"));
-        assert!("usb=1".parse::<DeviceSpec>().unwrap_err().to_string().contains("vfio-user="));
-        assert!("vfio-user=".parse::<DeviceSpec>().is_err());
         assert_eq!("unix:/tmp/a".parse::<SerialOutput>(), Ok(SerialOutput::Unix("/tmp/a".into())));
         assert_eq!("/tmp/a.log".parse::<SerialOutput>(), Ok(SerialOutput::File("/tmp/a.log".into())));
         assert_eq!("discard".parse::<SerialOutput>(), Ok(SerialOutput::Discard));

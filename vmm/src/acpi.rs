@@ -1,5 +1,6 @@
 //! ACPI tables, the way Linux 6.12 expects them on a hardware-reduced x86 platform: RSDP, XSDT,
-//! FADT, MADT, MCFG, DSDT and, with a virtio-iommu, VIOT. Encoded with the `acpi_tables` crate
+//! FADT, MADT, MCFG, DSDT (with `_OSC` on the host bridge and a node per root port) and, with a
+//! virtio-iommu, VIOT. Encoded with the `acpi_tables` crate
 //! and placed in the BIOS area, where the RSDP is also found by scanning.
 
 use acpi_tables::Aml;
@@ -18,8 +19,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use zerocopy::{Immutable, IntoBytes};
 
 use crate::layout::{
-    ACPI_RSDP_ADDR, ACPI_TABLES_ADDR, ACPI_TABLES_END, IOAPIC_ADDR, LAPIC_ADDR, PCI_ECAM_BASE, PCI_MMIO32_SIZE,
-    PCI_MMIO32_START, PCI_MMIO64_SIZE,
+    ACPI_RSDP_ADDR, ACPI_TABLES_ADDR, ACPI_TABLES_END, IOAPIC_ADDR, LAPIC_ADDR, PCI_ECAM_BASE, PCI_LAST_BUS,
+    PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE,
 };
 
 const OEM_ID: [u8; 6] = *b"DRVLAB";
@@ -54,7 +55,29 @@ pub struct AcpiPlatform {
     pub com2: bool,
     /// The GSI on which the Generic Event Device signals the power button.
     pub power_button_gsi: u32,
+    /// The root ports on bus 0, each with a node of its own under the host bridge.
+    pub root_ports: Vec<RootPortNode>,
 }
+
+/// A root port as the DSDT describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootPortNode {
+    /// Its device number on bus 0.
+    pub device: u8,
+    /// Whether firmware declares it external-facing (`_DSD` `ExternalFacingPort` = 1): Linux then
+    /// marks every device below it untrusted (`pci_acpi_set_external_facing()` in
+    /// drivers/pci/pci-acpi.c, `set_pcie_untrusted()` in drivers/pci/probe.c).
+    pub external_facing: bool,
+}
+
+/// `_OSC` UUID of a PCI host bridge (PCI Firmware 3.3 §4.5.1).
+const PCI_HOST_BRIDGE_OSC_UUID: &str = "33DB4D5B-1FF7-401C-9657-7441C03DD766";
+/// `_DSD` UUID of the external-facing-port property (Microsoft's, which Linux's
+/// drivers/acpi/property.c `prp_guids` accepts).
+const EXTERNAL_FACING_PORT_UUID: &str = "EFCC06CC-73AC-4BC3-BFF0-76143807C389";
+/// `_OSC` status bits in the first dword: unrecognized UUID, unrecognized revision.
+const OSC_UNRECOGNIZED_UUID: u8 = 1 << 2;
+const OSC_UNRECOGNIZED_REVISION: u8 = 1 << 3;
 
 /// What the VIOT says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +123,15 @@ impl Aml for LocalApicNmi {
     }
 }
 
+/// AML already encoded, to nest among other terms.
+struct RawAml(Vec<u8>);
+
+impl Aml for RawAml {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        sink.vec(&self.0);
+    }
+}
+
 fn bytes(table: &dyn Aml) -> Vec<u8> {
     let mut out = Vec::new();
     table.to_aml_bytes(&mut out);
@@ -112,10 +144,52 @@ fn fix_checksum(table: &mut [u8]) {
     table[9] = 0u8.wrapping_sub(sum);
 }
 
+/// `_OSC` of the host bridge: for the PCI host bridge UUID, revision 1, the OS gets every
+/// control it asks for (native PCIe hot-plug, PME, AER, the PCIe capability: the VMM keeps
+/// none of them); anything else is answered with the spec's error bits. Without it Linux leaves
+/// native hot-plug to firmware (`negotiate_os_control()` in drivers/acpi/pci_root.c) and pciehp
+/// never binds.
+fn osc_method(body: &mut Vec<u8>) {
+    let cdw1 = aml::Path::new("CDW1");
+    let create = aml::CreateDWordField::new(&cdw1, &aml::Arg(3), &aml::ZERO);
+    let uuid = aml::Uuid::new(PCI_HOST_BRIDGE_OSC_UUID);
+    let bad_revision = aml::Byte::from(OSC_UNRECOGNIZED_REVISION);
+    let set_revision = aml::Or::new(&cdw1, &cdw1, &bad_revision);
+    let other_revision = aml::NotEqual::new(&aml::Arg(1), &aml::ONE);
+    let check_revision = aml::If::new(&other_revision, vec![&set_revision]);
+    let is_pci = aml::Equal::new(&aml::Arg(0), &uuid);
+    let if_pci = aml::If::new(&is_pci, vec![&check_revision]);
+    let bad_uuid = aml::Byte::from(OSC_UNRECOGNIZED_UUID);
+    let set_uuid = aml::Or::new(&cdw1, &cdw1, &bad_uuid);
+    let otherwise = aml::Else::new(vec![&set_uuid]);
+    let result = aml::Return::new(&aml::Arg(3));
+    aml::Method::new("_OSC".into(), 4, false, vec![&create, &if_pci, &otherwise, &result]).to_aml_bytes(body);
+}
+
+/// A root port's node under the host bridge: `_ADR` (device number, function 0), the slot's
+/// number, and for an external-facing port the `_DSD` property that says so.
+fn root_port_node(port: &RootPortNode, body: &mut Vec<u8>) {
+    let name = format!("RP{:02X}", port.device);
+    let address = aml::DWord::from((port.device as u32) << 16);
+    let adr = aml::Name::new("_ADR".into(), &address);
+    let slot_number = aml::DWord::from(port.device as u32);
+    let sun = aml::Name::new("_SUN".into(), &slot_number);
+    let uuid = aml::Uuid::new(EXTERNAL_FACING_PORT_UUID);
+    let property = aml::Package::new(vec![&"ExternalFacingPort", &aml::ONE]);
+    let properties = aml::Package::new(vec![&property]);
+    let dsd_package = aml::Package::new(vec![&uuid, &properties]);
+    let dsd = aml::Name::new("_DSD".into(), &dsd_package);
+    let mut children: Vec<&dyn Aml> = vec![&adr, &sun];
+    if port.external_facing {
+        children.push(&dsd);
+    }
+    aml::Device::new(name.as_str().into(), children).to_aml_bytes(body);
+}
+
 fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
     let mmio32_end = (PCI_MMIO32_START + PCI_MMIO32_SIZE - 1) as u32;
     let mmio64_end = platform.pci_mmio64_start + PCI_MMIO64_SIZE - 1;
-    let bus = AddressSpace::<u16>::new_bus_number(0, 0);
+    let bus = AddressSpace::<u16>::new_bus_number(0, PCI_LAST_BUS as u16);
     let config_ports = aml::IO::new(0xcf8, 0xcf8, 1, 8);
     let io_low = AddressSpace::<u16>::new_io(0x0000, 0x0cf7, None);
     let io_high = AddressSpace::<u16>::new_io(0x0d00, 0xffff, None);
@@ -143,7 +217,13 @@ fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
     let uid = aml::Name::new("_UID".into(), &aml::ZERO);
     let bbn = aml::Name::new("_BBN".into(), &aml::ZERO);
     let crs = aml::Name::new("_CRS".into(), &pci_crs);
-    let pci0 = aml::Device::new("PCI0".into(), vec![&hid, &cid, &adr, &seg, &uid, &bbn, &crs]);
+    let mut ports = Vec::new();
+    osc_method(&mut ports);
+    for port in &platform.root_ports {
+        root_port_node(port, &mut ports);
+    }
+    let ports = RawAml(ports);
+    let pci0 = aml::Device::new("PCI0".into(), vec![&hid, &cid, &adr, &seg, &uid, &bbn, &crs, &ports]);
 
     let uart_hid = aml::EISAName::new("PNP0501");
     let uart_hid = aml::Name::new("_HID".into(), &uart_hid);
@@ -247,7 +327,7 @@ fn madt(vcpus: u32) -> Vec<u8> {
 
 fn mcfg() -> Vec<u8> {
     let mut mcfg = MCFG::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
-    mcfg.add_ecam(PCI_ECAM_BASE, 0, 0, 0);
+    mcfg.add_ecam(PCI_ECAM_BASE, 0, 0, PCI_LAST_BUS);
     bytes(&mcfg)
 }
 
@@ -316,9 +396,11 @@ mod tests {
         AcpiPlatform {
             vcpus: 2,
             pci_mmio64_start: 1 << 32,
-            viommu: viommu.then(|| ViotTopology { iommu: 0x08, endpoints: vec![(0x00, 0x07), (0x10, 0xff)] }),
+            viommu: viommu
+                .then(|| ViotTopology { iommu: 0x08, endpoints: vec![(0x00, 0x07), (0x10, 0xff), (0x100, 0x1ff)] }),
             com2: viommu,
             power_button_gsi: 20,
+            root_ports: vec![RootPortNode { device: 2, external_facing: true }],
         }
     }
 
@@ -390,6 +472,27 @@ mod tests {
                 continue;
             }
             assert!(!dsl.contains("**** Unknown") && !dsl.contains("Invalid"), "{name}:\n{dsl}");
+            if name == "dsdt" {
+                // The root port's node and what Linux reads from it, as iasl decodes them.
+                for expected in [
+                    "Method (_OSC, 4, NotSerialized)",
+                    "ToUUID (\"33db4d5b-1ff7-401c-9657-7441c03dd766\")",
+                    "Device (RP02)",
+                    "Name (_ADR, 0x00020000)",
+                    "ToUUID (\"efcc06cc-73ac-4bc3-bff0-76143807c389\")",
+                    "\"ExternalFacingPort\"",
+                    "0x0000,             // Range Minimum",
+                    "0x001F,             // Range Maximum",
+                ] {
+                    assert!(dsl.contains(expected), "{expected:?} not in:\n{dsl}");
+                }
+            }
+            if name == "viot" {
+                assert!(
+                    dsl.contains("PCI BDF start : 0100") && dsl.contains("PCI BDF end : 01FF"),
+                    "bus 1 behind the IOMMU:\n{dsl}"
+                );
+            }
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -8,7 +8,7 @@
 //! 0x0000_6100  PVH memory map             0xc000_0000  32-bit MMIO hole (1 GiB) up to 4 GiB
 //! 0x0000_7000  zero page (boot_params)    4 GiB        RAM above the hole
 //! 0x0000_8ff0  boot stack top            0xc000_0000  PCI 32-bit MMIO window (512 MiB)
-//! 0x000e_0000  ACPI RSDP, then tables     0xe000_0000  PCI ECAM, bus 0 (1 MiB)
+//! 0x000e_0000  ACPI RSDP, then tables     0xe000_0000  PCI ECAM, buses 0-31 (32 MiB)
 //!                                         0xfec0_0000  IOAPIC, 0xfee0_0000 LAPIC
 //! ```
 //!
@@ -54,10 +54,13 @@ pub const ACPI_TABLES_END: u64 = HIGH_MEMORY_START;
 pub const PCI_MMIO32_START: u64 = MMIO_HOLE_START;
 /// Its size.
 pub const PCI_MMIO32_SIZE: u64 = 0x2000_0000;
-/// PCI ECAM window (bus 0 only).
+/// PCI ECAM window.
 pub const PCI_ECAM_BASE: u64 = 0xe000_0000;
-/// Its size: one bus.
-pub const PCI_ECAM_SIZE: u64 = 0x10_0000;
+/// The last bus number the host bridge decodes: bus 0 and one secondary bus per root port (a
+/// root port takes a bus-0 device number, so at most 31).
+pub const PCI_LAST_BUS: u8 = 31;
+/// ECAM size: 1 MiB per bus.
+pub const PCI_ECAM_SIZE: u64 = (PCI_LAST_BUS as u64 + 1) << 20;
 /// IOAPIC MMIO.
 pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
 /// Local APIC MMIO.

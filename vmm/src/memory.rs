@@ -9,6 +9,8 @@ use crate::layout::{EBDA_START, FOUR_GIB, HIGH_MEMORY_START, MMIO_HOLE_START, PC
 
 /// One MiB.
 pub const MIB: u64 = 1 << 20;
+/// What [`RamLayout::with_ram_above_4gib`] moves above 4 GiB: one huge page.
+pub const RAM_ABOVE_4GIB: u64 = 2 * MIB;
 
 /// Errors creating guest memory.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +62,19 @@ impl RamLayout {
             ranges.push((FOUR_GIB, size - low));
         }
         RamLayout { ranges }
+    }
+
+    /// RAM of `size` bytes with some of it above 4 GiB however small the guest: the last
+    /// [`RAM_ABOVE_4GIB`] bytes move to 4 GiB when all of it would fit below the hole. An x86
+    /// guest sets up its swiotlb bounce pool only when it has RAM above 4 GiB
+    /// (`pci_swiotlb_detect()` in arch/x86/kernel/pci-dma.c), and an untrusted device's
+    /// unaligned DMA mappings fail without one ("DMA bounce buffers are inactive",
+    /// `iommu_dma_map_page()` in drivers/iommu/dma-iommu.c). The guest's RAM stays the size asked.
+    pub fn with_ram_above_4gib(size: u64) -> RamLayout {
+        if size > MMIO_HOLE_START || size <= 2 * RAM_ABOVE_4GIB {
+            return RamLayout::new(size);
+        }
+        RamLayout { ranges: vec![(0, size - RAM_ABOVE_4GIB), (FOUR_GIB, RAM_ABOVE_4GIB)] }
     }
 
     /// End of RAM below the hole.
@@ -207,6 +222,24 @@ mod tests {
         assert!(!layout.contains(FOUR_GIB, (2 << 30) + 1));
         let ram: u64 = layout.e820().iter().filter(|e| e.kind == E820Type::Ram).map(|e| e.size).sum();
         assert_eq!(ram, (5 << 30) - (HIGH_MEMORY_START - EBDA_START));
+    }
+
+    #[test]
+    fn a_guest_with_an_untrusted_device_has_ram_above_4gib_and_the_same_amount() {
+        let layout = RamLayout::with_ram_above_4gib(512 * MIB);
+        assert_eq!(layout.ranges, vec![(0, 510 * MIB), (FOUR_GIB, 2 * MIB)]);
+        assert_eq!(layout.size(), 512 * MIB);
+        assert_eq!(layout.end(), FOUR_GIB + 2 * MIB);
+        let e820 = layout.e820();
+        assert_eq!(e820.last().map(|e| (e.addr, e.kind)), Some((FOUR_GIB, E820Type::Ram)));
+        assert!(e820.windows(2).all(|w| w[0].addr + w[0].size <= w[1].addr), "sorted, disjoint");
+        assert_eq!(RamLayout::with_ram_above_4gib(5 << 30), RamLayout::new(5 << 30), "already above");
+        assert_eq!(RamLayout::with_ram_above_4gib(4 * MIB), RamLayout::new(4 * MIB), "too small to split");
+        let ram = GuestRam::new(RamLayout::with_ram_above_4gib(8 * MIB)).unwrap();
+        ram.memory.write_obj(7u8, GuestAddress(FOUR_GIB + MIB)).unwrap();
+        let mut byte = [0u8];
+        std::os::unix::fs::FileExt::read_exact_at(&ram.file, &mut byte, 7 * MIB).unwrap();
+        assert_eq!(byte, [7], "the high range follows the low one in the file");
     }
 
     #[test]

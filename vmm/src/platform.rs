@@ -1,6 +1,7 @@
 //! The machine the guest sees: legacy devices on the port bus, the PCI root complex with its
-//! configuration windows, PCI devices with BARs in the MMIO windows, and optionally a virtio-iommu
-//! in front of every other PCI endpoint.
+//! configuration windows, PCI devices with BARs in the MMIO windows (on bus 0, or each behind an
+//! external-facing root port in a Thunderbolt slot), and optionally a virtio-iommu in front of
+//! every other PCI endpoint.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -23,16 +24,16 @@ use passthrough::device::{PciPassthroughDevice, SharedBackend};
 use passthrough::dma::DmaMirror;
 use passthrough::kernel_vfio::KernelVfio;
 use passthrough::vfio_user::{self, VfioUserClient};
-use pci::{BarKind, PciError};
+use pci::{Arrival, BarKind, PciError, RootPort};
 
 use vm_device::bus::Bus;
 use vm_device::guest_event::GuestEventSink;
 use vm_device::interrupt::MsiInterrupts;
 use vm_device::memory_slots::GuestMemorySlots;
 use vm_spec::counters::{COUNTERS_REGION, COUNTERS_SIZE, ModelCounters};
-use vm_spec::{DeviceCounters, DeviceSpec, DeviceSummary, IommuSpec};
+use vm_spec::{DeviceBackend, DeviceCounters, DeviceSpec, DeviceSummary, IommuSpec, Slot};
 
-use crate::acpi::{AcpiPlatform, ViotTopology};
+use crate::acpi::{AcpiPlatform, RootPortNode, ViotTopology};
 use crate::layout::{
     PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE, pci_mmio64_start,
 };
@@ -45,6 +46,9 @@ pub const VIOMMU_DEVICE: u8 = 1;
 pub const FIRST_PASSTHROUGH_DEVICE: u8 = 2;
 /// BARs this large go to the 64-bit window.
 const LARGE_BAR: u64 = 256 << 20;
+/// The memory window of a Thunderbolt slot's root port: what its adapter's BARs must fit in
+/// (firmware sizes it for whatever may be plugged later, as a real USB4 port's window is).
+pub const PORT_WINDOW: u64 = 16 << 20;
 /// The GSI of the ACPI power button (a Generic Event Device interrupt, edge, active high): an
 /// IOAPIC-only pin, so a guest that never programmed the 8259 PIC gets no stray vector.
 pub const POWER_BUTTON_GSI: u32 = 20;
@@ -69,6 +73,8 @@ pub struct Passthrough {
     pub spec: DeviceSpec,
     /// Its address on the guest's bus.
     pub bdf: String,
+    /// The bus-0 device number of its root port, in a Thunderbolt slot.
+    pub port: Option<u8>,
     /// The device.
     pub device: Arc<Mutex<PciPassthroughDevice>>,
     /// Its DMA view.
@@ -101,6 +107,58 @@ pub struct Platform {
 
 fn requester_id(device: u8) -> u16 {
     (device as u16) << 3
+}
+
+/// Where a passed-through device goes: device `number` of bus 0, itself or (in a Thunderbolt
+/// slot) its root port, whose secondary bus and memory window `port` holds.
+#[derive(Debug, Clone, Copy)]
+struct Placement {
+    number: u8,
+    port: Option<PortPlacement>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PortPlacement {
+    bus: u8,
+    window: (u64, u64),
+}
+
+impl Placement {
+    /// The requester ID its DMA carries: device 0 of the port's secondary bus, or its own on bus 0.
+    fn requester_id(&self) -> u16 {
+        match self.port {
+            Some(port) => (port.bus as u16) << 8,
+            None => requester_id(self.number),
+        }
+    }
+
+    fn bdf(&self) -> String {
+        match self.port {
+            Some(port) => format!("{:02x}:00.0", port.bus),
+            None => format!("00:{:02x}.0", self.number),
+        }
+    }
+}
+
+/// Device numbers on bus 0 in spec order; a root port, a secondary bus and a window for each
+/// device in a Thunderbolt slot.
+fn place_devices(devices: &[DeviceSpec], windows: &mut BarWindows) -> Result<Vec<Placement>, Error> {
+    let mut next_bus = 1;
+    let mut placements = Vec::with_capacity(devices.len());
+    for (i, spec) in devices.iter().enumerate() {
+        let number = FIRST_PASSTHROUGH_DEVICE + i as u8;
+        let port = match spec.slot {
+            Slot::Root => None,
+            Slot::Thunderbolt => {
+                let base = windows.place_window(PORT_WINDOW).map_err(|e| Error::Platform(format!("{spec}: {e}")))?;
+                let bus = next_bus;
+                next_bus += 1;
+                Some(PortPlacement { bus, window: (base, base + PORT_WINDOW - 1) })
+            }
+        };
+        placements.push(Placement { number, port });
+    }
+    Ok(placements)
 }
 
 /// The legacy devices on the port bus: COM1 (and COM2), the ACPI power block and its button,
@@ -137,25 +195,31 @@ pub fn build(
     io_bus.insert(CONFIG_IO_BASE, CONFIG_IO_LEN, Arc::new(Mutex::new(PciConfigIo::new(pci.clone()))))?;
     mmio_bus.insert(PCI_ECAM_BASE, PCI_ECAM_SIZE, Arc::new(Mutex::new(PciConfigMmio::new(pci.clone()))))?;
     let mut windows = BarWindows::new(pci_mmio64_start(ram.layout.end()))?;
-    let passthrough_devices: Vec<u8> = (0..config.devices.len()).map(|i| FIRST_PASSTHROUGH_DEVICE + i as u8).collect();
+    let placements = place_devices(&config.devices, &mut windows)?;
     let (iommu, viot) = match config.iommu {
         Some(options) => {
-            let (handle, viot) = add_iommu(&pci, ram, &interrupts, &mut windows, &passthrough_devices, options)?;
+            let (handle, viot) = add_iommu(&pci, ram, &interrupts, &mut windows, &placements, options)?;
             (Some(handle), Some(viot))
         }
         None => (None, None),
     };
     let context = PassthroughContext { ram, interrupts: &interrupts, slots: &slots, iommu: iommu.as_ref(), pci: &pci };
     let mut passthrough = Vec::new();
-    for (spec, &number) in config.devices.iter().zip(&passthrough_devices) {
-        passthrough.push(add_passthrough(&context, &mut windows, spec, number)?);
+    for (spec, placement) in config.devices.iter().zip(&placements) {
+        passthrough.push(add_passthrough(&context, &mut windows, spec, *placement)?);
     }
+    let root_ports = placements
+        .iter()
+        .filter(|p| p.port.is_some())
+        .map(|p| RootPortNode { device: p.number, external_facing: true })
+        .collect();
     let acpi = AcpiPlatform {
         vcpus: config.vcpus,
         pci_mmio64_start: pci_mmio64_start(ram.layout.end()),
         viommu: viot,
         com2: legacy.com2.is_some(),
         power_button_gsi: POWER_BUTTON_GSI,
+        root_ports,
     };
     let Legacy { serial, serial_stats, com2, power_button } = legacy;
     Ok(Platform { io_bus, mmio_bus, serial, serial_stats, com2, power_button, pci, iommu, acpi, passthrough })
@@ -195,18 +259,20 @@ fn legacy_devices(
     Ok(Legacy { serial, serial_stats, com2, power_button })
 }
 
-/// The virtio-iommu on bus 0, in front of every function of bus 0 but itself (the host bridge
-/// and the passed-through devices at `passthrough_devices`); its handle and its VIOT topology.
+/// The virtio-iommu on bus 0, in front of every function but itself: the host bridge, the
+/// passed-through devices and root ports at `placements` and the adapters on the ports'
+/// secondary buses; its handle and its VIOT topology.
 fn add_iommu(
     pci: &Arc<Mutex<PciRoot>>,
     ram: &GuestRam,
     interrupts: &Arc<dyn MsiInterrupts>,
     windows: &mut BarWindows,
-    passthrough_devices: &[u8],
+    placements: &[Placement],
     options: IommuSpec,
 ) -> Result<(IommuHandle, ViotTopology), Error> {
     let mut endpoints: Vec<u32> = lock(pci).functions().into_iter().map(u32::from).collect();
-    endpoints.extend(passthrough_devices.iter().map(|&d| requester_id(d) as u32));
+    endpoints.extend(placements.iter().map(|p| requester_id(p.number) as u32));
+    endpoints.extend(placements.iter().filter(|p| p.port.is_some()).map(|p| p.requester_id() as u32));
     let ram_ranges = ram.layout.ranges.iter().map(|&(addr, size)| (addr, addr + size)).collect();
     let device = VirtioIommu::new(endpoints, ram_ranges, options.bypass);
     let handle = device.handle();
@@ -223,22 +289,27 @@ fn add_iommu(
         .add_device(VIOMMU_DEVICE, Arc::new(Mutex::new(transport)))
         .map_err(|e| Error::Platform(format!("virtio-iommu: {e}")))?;
     let own = requester_id(VIOMMU_DEVICE);
-    Ok((handle, ViotTopology { iommu: own, endpoints: vec![(0, own - 1), (own + 8, 0xff)] }))
+    let mut ranges = vec![(0, own - 1), (own + 8, 0xff)];
+    if let Some(last_bus) = placements.iter().filter_map(|p| p.port).map(|p| p.bus).max() {
+        ranges.push((0x100, (last_bus as u16) << 8 | 0xff));
+    }
+    Ok((handle, ViotTopology { iommu: own, endpoints: ranges }))
 }
 
-/// Device `spec` passed through at device `number` of bus 0: its backend opened, its BARs
-/// placed, its DMA mirrored (through the virtio-iommu, or identity-mapped without one).
+/// Device `spec` passed through where `placement` says: its backend opened, its BARs placed
+/// (in its root port's window, in a Thunderbolt slot), its DMA mirrored (through the
+/// virtio-iommu, or identity-mapped without one).
 fn add_passthrough(
     context: &PassthroughContext<'_>,
     windows: &mut BarWindows,
     spec: &DeviceSpec,
-    number: u8,
+    placement: Placement,
 ) -> Result<Passthrough, Error> {
-    let bdf = format!("00:{number:02x}.0");
+    let bdf = placement.bdf();
     // A vfio-user peer's failures are the peer's; kernel VFIO's are the host's.
-    let failure = match spec {
-        DeviceSpec::Vfio(_) => DeviceFailure::Host,
-        DeviceSpec::VfioUser(_) => DeviceFailure::Peer,
+    let failure = match spec.backend {
+        DeviceBackend::Vfio(_) => DeviceFailure::Host,
+        DeviceBackend::VfioUser(_) => DeviceFailure::Peer,
     };
     let fail = |reason: String| Error::Device { device: spec.to_string(), failure, reason };
     let backend_error = |e: BackendError| match e {
@@ -248,30 +319,54 @@ fn add_passthrough(
         other => fail(other.to_string()),
     };
     let ram = context.ram;
-    let backend: Box<dyn VfioBackend> = match spec {
-        DeviceSpec::Vfio(host_bdf) => Box::new(KernelVfio::open(*host_bdf, ram.dma_view()).map_err(backend_error)?),
-        DeviceSpec::VfioUser(socket) => Box::new(
+    let backend: Box<dyn VfioBackend> = match &spec.backend {
+        DeviceBackend::Vfio(host_bdf) => Box::new(KernelVfio::open(*host_bdf, ram.dma_view()).map_err(backend_error)?),
+        DeviceBackend::VfioUser(socket) => Box::new(
             VfioUserClient::connect(socket, ram.dma_view(), vfio_user::DEFAULT_TIMEOUT).map_err(backend_error)?,
         ),
     };
     let backend: SharedBackend = Arc::new(Mutex::new(backend));
+    let mut port_window = match placement.port {
+        Some(port) => Some(BarWindows::window(port.window.0, PORT_WINDOW)?),
+        None => None,
+    };
     let device = PciPassthroughDevice::new(
         backend.clone(),
         context.interrupts.clone(),
         context.slots.clone(),
-        |_, size, kind| windows.place(size, kind),
+        |_, size, kind| match port_window.as_mut() {
+            Some(window) => BarWindows::place_in(window, size, kind),
+            None => windows.place(size, kind),
+        },
     )
     .map_err(|e| fail(e.to_string()))?;
     let mirror = Arc::new(DmaMirror::new(backend, ram.dma_view()));
     match context.iommu {
         Some(handle) => handle
-            .set_listener(requester_id(number) as u32, mirror.clone())
+            .set_listener(placement.requester_id() as u32, mirror.clone())
             .map_err(|e| fail(format!("initial DMA mapping: {e}")))?,
         None => mirror.map_identity().map_err(|e| fail(format!("mapping guest RAM for DMA: {e}")))?,
     }
     let device = Arc::new(Mutex::new(device));
-    lock(context.pci).add_device(number, device.clone()).map_err(|e| fail(e.to_string()))?;
-    Ok(Passthrough { spec: spec.clone(), bdf, device, mirror })
+    plug(context, placement, device.clone()).map_err(fail)?;
+    Ok(Passthrough { spec: spec.clone(), bdf, port: placement.port.map(|_| placement.number), device, mirror })
+}
+
+/// Puts `device` on bus 0, or into the slot of a new root port, as `placement` says.
+fn plug(
+    context: &PassthroughContext<'_>,
+    placement: Placement,
+    device: Arc<Mutex<PciPassthroughDevice>>,
+) -> Result<(), String> {
+    let mut pci = lock(context.pci);
+    let Some(port) = placement.port else {
+        return pci.add_device(placement.number, device).map_err(|e| e.to_string());
+    };
+    let mut root_port =
+        RootPort::new(placement.number as u16, context.interrupts.clone()).map_err(|e| e.to_string())?;
+    root_port.assign(port.bus, port.window);
+    pci.add_root_port(placement.number, Arc::new(Mutex::new(root_port))).map_err(|e| e.to_string())?;
+    pci.plug(placement.number, device, Arrival::AtBoot).map_err(|e| e.to_string())
 }
 
 /// Where BARs go: the 32-bit window, or the 64-bit one for large 64-bit BARs (or when the 32-bit
@@ -283,9 +378,30 @@ struct BarWindows {
 
 impl BarWindows {
     fn new(high_start: u64) -> Result<Self, Error> {
-        let window =
-            |start, size| AddressAllocator::new(start, size).map_err(|e| Error::Platform(format!("PCI window: {e:?}")));
-        Ok(BarWindows { low: window(PCI_MMIO32_START, PCI_MMIO32_SIZE)?, high: window(high_start, PCI_MMIO64_SIZE)? })
+        Ok(BarWindows {
+            low: Self::window(PCI_MMIO32_START, PCI_MMIO32_SIZE)?,
+            high: Self::window(high_start, PCI_MMIO64_SIZE)?,
+        })
+    }
+
+    fn window(start: u64, size: u64) -> Result<AddressAllocator, Error> {
+        AddressAllocator::new(start, size).map_err(|e| Error::Platform(format!("PCI window: {e:?}")))
+    }
+
+    /// A bridge's memory window of `size` bytes from the 32-bit window (bridges forward
+    /// non-prefetchable memory below 4 GiB only), aligned to its size.
+    fn place_window(&mut self, size: u64) -> Result<u64, PciError> {
+        let range = self.low.allocate(size, size, AllocPolicy::FirstMatch);
+        range.map(|r| r.start()).map_err(|_| PciError::NoAddressSpace(size))
+    }
+
+    /// A BAR inside a root port's window: every memory BAR, 64-bit ones too, goes below 4 GiB.
+    fn place_in(window: &mut AddressAllocator, size: u64, kind: BarKind) -> Result<u64, PciError> {
+        if kind == BarKind::Io {
+            return Ok(0);
+        }
+        let range = window.allocate(size, size, AllocPolicy::FirstMatch);
+        range.map(|r| r.start()).map_err(|_| PciError::NoAddressSpace(size))
     }
 
     fn place(&mut self, size: u64, kind: BarKind) -> Result<u64, PciError> {

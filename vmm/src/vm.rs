@@ -226,7 +226,9 @@ impl Running {
 
 /// Guest RAM with the kernel, initrd, command line and boot tables loaded; the entry.
 fn load_guest(spec: &VmSpec, kernel: boot::KernelSource<'static>) -> Result<(GuestRam, boot::BootEntry), Error> {
-    let ram = GuestRam::new(RamLayout::new(spec.memory_mib * MIB))?;
+    let size = spec.memory_mib * MIB;
+    let untrusted = spec.devices.iter().any(|d| d.slot == vm_spec::Slot::Thunderbolt);
+    let ram = GuestRam::new(if untrusted { RamLayout::with_ram_above_4gib(size) } else { RamLayout::new(size) })?;
     let e820 = ram.layout.e820();
     let kernel_name = spec.kernel.name();
     let request = BootRequest {

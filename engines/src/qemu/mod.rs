@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::{Deserialize, Serialize};
-use vm_spec::DeviceSpec;
+use vm_spec::{DeviceBackend, DeviceSpec};
 
 pub use engine::QemuEngine;
 use trace::TRACE_EVENTS;
@@ -206,13 +206,13 @@ pub fn machine_args(m: &Machine<'_>) -> Vec<String> {
     if m.iommu {
         args.extend(["-device".into(), "virtio-iommu-pci".into()]);
     }
-    match m.device {
-        DeviceSpec::VfioUser(socket) => {
+    match &m.device.backend {
+        DeviceBackend::VfioUser(socket) => {
             let device =
                 serde_json::json!({"driver": "vfio-user-pci", "socket": {"path": path(socket), "type": "unix"}});
             args.extend(["-device".into(), device.to_string()]);
         }
-        DeviceSpec::Vfio(bdf) => args.extend(["-device".into(), format!("vfio-pci,host={bdf}")]),
+        DeviceBackend::Vfio(bdf) => args.extend(["-device".into(), format!("vfio-pci,host={bdf}")]),
     }
     args.extend(["-D".into(), path(m.trace)]);
     for event in TRACE_EVENTS {
@@ -228,7 +228,7 @@ mod tests {
     #[test]
     fn the_command_line_names_the_device_the_iommu_and_the_ports() {
         let socket = PathBuf::from("/run/x/aqc100.sock");
-        let device = DeviceSpec::VfioUser(socket);
+        let device = DeviceSpec::vfio_user(socket);
         let machine = Machine {
             kernel: Path::new("/img/bzImage"),
             initrd: Some(Path::new("/img/initrd.gz")),
@@ -254,7 +254,7 @@ mod tests {
         ] {
             assert!(args.contains(part), "{part} in {args}");
         }
-        let host = DeviceSpec::Vfio("0000:03:00.0".parse().unwrap());
+        let host = DeviceSpec::vfio("0000:03:00.0".parse().unwrap());
         let args = machine_args(&Machine { device: &host, iommu: false, com2: None, ..machine }).join(" ");
         assert!(args.contains("-device vfio-pci,host=0000:03:00.0") && !args.contains("virtio-iommu"), "{args}");
     }

@@ -256,6 +256,25 @@ impl Checker<'_> {
                 ),
             ));
         }
+        self.check_slots(m, probe_cells)
+    }
+
+    /// A Thunderbolt slot is a root port with its own bus, which the probe guest does not scan
+    /// (it drives bus 0), and which the QEMU engine does not build (its q35 ports are neither
+    /// external-facing nor natively hot-plugged): such a cell would not be what it says.
+    fn check_slots(&self, m: &Matrix, probe_cells: bool) -> Result<(), MatrixError> {
+        let thunderbolt =
+            m.devices.iter().enumerate().find(|(_, d)| d.get_ref().slot == Some(vm_spec::Slot::Thunderbolt));
+        let Some((i, d)) = thunderbolt else { return Ok(()) };
+        if probe_cells {
+            let why = "the probe guest finds its NIC on bus 0 only: a thunderbolt slot needs Linux images";
+            return Err(self.error(Some(d.span()), format!("device[{i}].slot"), why));
+        }
+        if let Some((j, image)) = m.images.iter().enumerate().find(|(_, i)| i.get_ref().engine == EngineKind::Qemu) {
+            let why = "the QEMU engine has no thunderbolt slot (its root ports are not external-facing): \
+                       run this image on engine = \"driverlab\", or put the device on slot = \"root\"";
+            return Err(self.error(Some(image.span()), format!("image[{j}].engine"), why));
+        }
         Ok(())
     }
 }

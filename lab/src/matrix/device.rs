@@ -28,6 +28,11 @@ pub struct Device {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, example = "0000:63:00.0")]
     pub bdf: Option<Bdf>,
+    /// Where the guest sees it: `root` (on the root bus, trusted) or `thunderbolt` (behind an
+    /// external-facing root port with a hot-plug slot: untrusted, strict IOMMU, bounced DMA)
+    /// [default: root]. A matrix that names a registered device may give its slot beside the name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<vm_spec::Slot>,
     /// The Linux driver that drives it in Linux images [default: the model's (`atlantic` for the
     /// AQC100, `lan743x` for the LAN7430); for a host device, `atlantic`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -169,7 +174,7 @@ impl Device {
     /// process per VM holds nothing).
     pub fn lease_key(&self) -> Option<String> {
         match (self.model, self.bdf) {
-            (None, Some(bdf)) => Some(vm_spec::DeviceSpec::Vfio(bdf).to_string()),
+            (None, Some(bdf)) => Some(vm_spec::DeviceSpec::vfio(bdf).to_string()),
             _ => None,
         }
     }

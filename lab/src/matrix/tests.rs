@@ -139,6 +139,26 @@ fn mistakes_name_file_line_and_field() {
     assert!(parse(&no_probe_workload).unwrap_err().message.contains("needs a probe-rx workload"));
 }
 
+#[test]
+fn a_thunderbolt_slot_needs_linux_on_driverlabs_vmm() {
+    let linux_only = GOOD
+        .replace("image = \"probe\"\nparams = { \"probe.rx\" = \"flip\" }", "image = \"linux\"")
+        .replace("kind = \"probe-rx\"\nframes = 1000", "kind = \"iperf3\"");
+    let thunderbolt = |text: &str| text.replace("model = \"aqc100\"", "model = \"aqc100\"\nslot = \"thunderbolt\"");
+    let plan = parse(&thunderbolt(&linux_only)).unwrap();
+    assert_eq!(plan.device("aq").unwrap().slot, Some(vm_spec::Slot::Thunderbolt));
+    let err = parse(&thunderbolt(GOOD)).unwrap_err();
+    assert_eq!(err.field, "device[0].slot", "{err}");
+    assert!(err.message.contains("the probe guest finds its NIC on bus 0 only"), "{err}");
+    let qemu = linux_only.replace("kernel = \"/boot/vmlinux\"", "kernel = \"/boot/vmlinux\"\nengine = \"qemu\"");
+    parse(&qemu).unwrap();
+    let err = parse(&thunderbolt(&qemu)).unwrap_err();
+    assert_eq!(err.field, "image[1].engine", "{err}");
+    assert!(err.message.contains("the QEMU engine has no thunderbolt slot"), "{err}");
+    let err = parse(&linux_only.replace("model = \"aqc100\"", "model = \"aqc100\"\nslot = \"usb4\"")).unwrap_err();
+    assert!(err.message.contains("unknown variant `usb4`, expected `root` or `thunderbolt`"), "{err}");
+}
+
 proptest::proptest! {
     #[test]
     fn the_cell_count_is_the_product_of_the_dimensions(

@@ -2,19 +2,19 @@
 //! probe's NIC section or the agent's frames over the workload's window, and what the device
 //! put on its PCIe link.
 
-use vm_spec::NicKind;
 use vm_spec::counters::{IommuCounts, ModelCounters};
+use vm_spec::{NicKind, Slot};
 
 use super::output::{GuestOutput, Report};
 use crate::matrix::Direction;
-use crate::record::Record;
+use crate::record::{GuestDma, Record};
 use engines::agent::{FrameKind, Frames, StepStatus};
 use engines::probe_report::ProbeReport;
 use engines::{Booted, Snapshot, Window};
 
 /// Fills `record` from what the VM left; `nic` is the device's NIC, where the lab knows it
 /// (for the bus figures).
-pub(super) fn fill(record: &mut Record, booted: &Booted, output: &GuestOutput, nic: Option<NicKind>) {
+pub(super) fn fill(record: &mut Record, booted: &Booted, output: &GuestOutput, nic: Option<NicKind>, slot: Slot) {
     record.exit = booted.exit.clone();
     record.error = booted.error.clone();
     record.crash = output.crash();
@@ -38,12 +38,25 @@ pub(super) fn fill(record: &mut Record, booted: &Booted, output: &GuestOutput, n
         }
         Report::Linux(frames) => {
             agent_figures(record, frames, &booted.window);
+            record.guest_dma = guest_dma(frames, slot);
             model_of(&booted.window.begin).zip(model_of(&booted.window.end))
         }
     };
     if let (Some(nic), Some((before, after))) = (nic, counts) {
         record.link = crate::pcie_link::figures(nic, &before, &after);
     }
+}
+
+/// How the guest treated the device's DMA, from the agent's `iommu-group` step (its facts are
+/// there when the step passed, and when it failed for want of a bounce pool).
+pub(super) fn guest_dma(frames: &Frames, slot: Slot) -> Option<GuestDma> {
+    let facts = &frames.step("iommu-group")?.facts;
+    Some(GuestDma {
+        slot,
+        domain: serde_json::from_value(facts.get("type")?.clone()).ok()?,
+        untrusted: facts.get("untrusted")?.as_bool()?,
+        swiotlb: !facts.get("swiotlb")?.is_null(),
+    })
 }
 
 /// Fills the record from the probe's `nic` section: what it received, how fast, and the IOMMU

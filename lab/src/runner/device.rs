@@ -51,13 +51,18 @@ impl Repetition<'_> {
             _ => None,
         };
         let (spec, model) = match self.source {
-            DeviceSource::Host { bdf, .. } => (DeviceSpec::Vfio(*bdf), None),
+            DeviceSource::Host { bdf, .. } => (DeviceSpec::vfio(*bdf), None),
             DeviceSource::Model { nic, wire } => {
                 let model = self.start_model(*nic, wire, peer.as_ref(), record).map_err(|e| setup(e.to_string()))?;
                 (model.device_spec(), Some(model))
             }
         };
-        Ok(StartedDevice { spec, model, peer, counters })
+        Ok(StartedDevice { spec: spec.in_slot(self.slot()), model, peer, counters })
+    }
+
+    /// Where the guest sees the device: its matrix entry's slot.
+    pub(super) fn slot(&self) -> vm_spec::Slot {
+        self.plan.plan.device(&self.cell.device).and_then(|d| d.slot).unwrap_or_default()
     }
 
     /// The workload's traffic peer, when it needs one: a namespace for a model, the host

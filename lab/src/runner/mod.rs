@@ -123,7 +123,8 @@ impl<'a> Repetition<'a> {
         let output = output::GuestOutput::read(&self.dir, self.linux());
         record.serial_log =
             self.dir.join(output::SERIAL_LOG).strip_prefix(&self.ctx.artifacts).ok().map(|p| p.display().to_string());
-        collect::fill(record, &booted, &output, self.plan.plan.device(&self.cell.device).and_then(|d| d.nic()));
+        let nic = self.plan.plan.device(&self.cell.device).and_then(|d| d.nic());
+        collect::fill(record, &booted, &output, nic, self.slot());
         let verdict = judge::judge(&booted, &output, record, self.plan.plan.matrix.timeout_s);
         mark_hang(record, &booted, verdict.as_ref().err());
         verdict

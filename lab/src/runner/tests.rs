@@ -18,7 +18,7 @@ use super::*;
 use crate::env::HostFacts;
 use crate::failure::HOST_LOST_STATE;
 use crate::matrix::{Direction, EngineKind, Plan};
-use crate::record::Status;
+use crate::record::{GuestDma, IommuDomain, Status};
 use crate::results_db::{ResultsDb, RunState};
 use crate::scheduler::Progress;
 use engines::agent::{Frames, encode};
@@ -71,6 +71,28 @@ fn a_hang_whose_vcpu_state_was_lost_is_the_host_s_error_and_a_plain_hang_the_gue
     let failure = judge(&hung(Some(lost)), &linux("", Frames::default()), &record, 600.0).unwrap_err();
     assert_eq!(failure, Failure::HostLostState { detail: lost.into() });
     assert_eq!(failure.to_string(), format!("{HOST_LOST_STATE}: {lost}"));
+}
+
+#[test]
+fn the_iommu_group_step_says_how_the_guest_treated_the_devices_dma() {
+    let step = |json: &[u8]| engines::agent::parse(&encode(0, "step", false, json));
+    let strict = step(
+        br#"{"step":"iommu-group","status":"ok","group":"3","type":"DMA","untrusted":true,"swiotlb":{"start":"0x1","end":"0x2"}}"#,
+    );
+    let dma = super::collect::guest_dma(&strict, vm_spec::Slot::Thunderbolt).unwrap();
+    assert_eq!(
+        dma,
+        GuestDma { slot: vm_spec::Slot::Thunderbolt, domain: IommuDomain::Dma, untrusted: true, swiotlb: true }
+    );
+    let lazy =
+        step(br#"{"step":"iommu-group","status":"ok","group":"3","type":"DMA-FQ","untrusted":false,"swiotlb":null}"#);
+    let dma = super::collect::guest_dma(&lazy, vm_spec::Slot::Root).unwrap();
+    assert_eq!((dma.domain, dma.untrusted, dma.swiotlb), (IommuDomain::DmaFq, false, false));
+    let odd = step(br#"{"step":"iommu-group","status":"ok","type":"unmanaged","untrusted":false,"swiotlb":null}"#);
+    assert_eq!(super::collect::guest_dma(&odd, vm_spec::Slot::Root).unwrap().domain, IommuDomain::Other);
+    let old_agent = step(br#"{"step":"iommu-group","status":"ok","group":"3","type":"DMA-FQ"}"#);
+    assert_eq!(super::collect::guest_dma(&old_agent, vm_spec::Slot::Root), None);
+    assert_eq!(super::collect::guest_dma(&Frames::default(), vm_spec::Slot::Root), None);
 }
 
 #[test]

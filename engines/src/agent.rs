@@ -218,6 +218,15 @@ impl Frames {
         self.steps().filter(|s| s.step == name).last()
     }
 
+    /// The guest's swiotlb bounce pool as its `iommu-group` step reported it (`swiotlb`:
+    /// `{"start":"0x...","end":"0x..."}`, inclusive), if it has one.
+    pub fn bounce_pool(&self) -> Option<vm_spec::control::BouncePool> {
+        let pool = self.step("iommu-group")?.facts.get("swiotlb")?.clone();
+        let hex = |key: &str| u64::from_str_radix(pool.get(key)?.as_str()?.strip_prefix("0x")?, 16).ok();
+        let (start, end) = (hex("start")?, hex("end")?);
+        (start <= end).then_some(vm_spec::control::BouncePool { start, end })
+    }
+
     /// When step `name` ended, ms of the guest's uptime, if it passed.
     pub fn passed_at_ms(&self, name: &str) -> Option<f64> {
         self.step(name).filter(|s| s.status == StepStatus::Ok).and_then(|s| s.at).map(|at| at * 1e3)
@@ -546,6 +555,22 @@ mod tests {
         port.extend(encode(10, "step", false, br#"{"step":"unload","status":"fail","reason":"rmmod: busy"}"#));
         let failed = verdict(&parse(&port), "");
         assert!(failed.problems.iter().any(|p| p == "step unload failed: rmmod: busy"), "{failed:?}");
+    }
+
+    #[test]
+    fn the_bounce_pool_is_read_from_the_iommu_group_step() {
+        let step = |json: &str| parse(&encode(0, "step", false, json.as_bytes()));
+        let pool = step(r#"{"step":"iommu-group","status":"ok","swiotlb":{"start":"0x1b000000","end":"0x1effffff"}}"#);
+        assert_eq!(pool.bounce_pool(), Some(vm_spec::control::BouncePool { start: 0x1b00_0000, end: 0x1eff_ffff }));
+        for none in [
+            r#"{"step":"iommu-group","status":"ok","swiotlb":null}"#,
+            r#"{"step":"iommu-group","status":"ok"}"#,
+            r#"{"step":"iommu-group","status":"ok","swiotlb":{"start":"12","end":"0x1"}}"#,
+            r#"{"step":"iommu-group","status":"ok","swiotlb":{"start":"0x2","end":"0x1"}}"#,
+            r#"{"step":"probe","status":"ok","swiotlb":{"start":"0x1","end":"0x2"}}"#,
+        ] {
+            assert_eq!(step(none).bounce_pool(), None, "{none}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use vm_spec::control::{LiveCounters, ShutdownRequest};
 use vm_spec::counters::{IommuCounts, ModelCounters};
 
+use crate::agent::FrameKind;
 use crate::file_watch::{FileWatch, Waker, Woken};
 use crate::model_process::ModelProcess;
 use crate::program::Program;
@@ -223,6 +224,7 @@ impl Watching {
         if kinds.is_empty() {
             return;
         }
+        self.before_the_workload(&kinds);
         let (client, source) = (&self.client, self.source.as_ref());
         self.watched.window.saw(
             &kinds,
@@ -230,6 +232,22 @@ impl Watching {
             || client.counters().ok().and_then(|c| c.viommu),
             || client.counters().ok().and_then(|c| model_counts(&c, source)),
         );
+    }
+
+    /// At the workload's begin, before its counters are read: tells the VMM where the guest's
+    /// bounce pool is (the agent reported it in its `iommu-group` step), so that the window
+    /// counts the maps of bounced buffers.
+    fn before_the_workload(&self, kinds: &[FrameKind]) {
+        if !kinds.contains(&FrameKind::WorkloadBegin) {
+            return;
+        }
+        let Some(log) = self.watch.agent_log.as_deref() else { return };
+        let Ok(data) = std::fs::read(log) else { return };
+        if let Some(pool) = crate::agent::parse(&data).bounce_pool()
+            && let Err(e) = self.client.set_bounce_pool(pool)
+        {
+            tracing::warn!("telling the VMM where the bounce pool is: {e}");
+        }
     }
 
     /// A periodic look: the live counters, the guest's silence, and fresh frames.
@@ -246,6 +264,7 @@ impl Watching {
             let _ = self.client.shutdown(ShutdownRequest { grace_s: Some(0.0) });
         }
         let kinds = self.frames.fresh(self.watch.agent_log.as_deref());
+        self.before_the_workload(&kinds);
         // The virtio-iommu's counts as read now, once more when the model is read first.
         let fresh = std::cell::RefCell::new(None::<LiveCounters>);
         let (client, source) = (&self.client, self.source.as_ref());

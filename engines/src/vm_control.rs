@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use vm_spec::control::{
-    ControlError as ErrorBody, LiveCounters, ShutdownAccepted, ShutdownRequest, VM_COUNTERS, VM_INFO, VM_SHUTDOWN,
-    VmInfo,
+    BouncePool, ControlError as ErrorBody, LiveCounters, ShutdownAccepted, ShutdownRequest, VM_BOUNCE_POOL,
+    VM_COUNTERS, VM_INFO, VM_SHUTDOWN, VmInfo,
 };
 
 /// Most bytes of an answer read.
@@ -73,6 +73,12 @@ impl ControlClient {
     pub fn shutdown(&self, request: ShutdownRequest) -> Result<ShutdownAccepted, ControlError> {
         let body = serde_json::to_vec(&request).expect("a ShutdownRequest always serializes");
         self.call("PUT", VM_SHUTDOWN, Some(&body))
+    }
+
+    /// `PUT /api/v1/vm.bounce-pool`.
+    pub fn set_bounce_pool(&self, pool: BouncePool) -> Result<BouncePool, ControlError> {
+        let body = serde_json::to_vec(&pool).expect("a BouncePool always serializes");
+        self.call("PUT", VM_BOUNCE_POOL, Some(&body))
     }
 
     /// One request; the answer's JSON body as `T`.

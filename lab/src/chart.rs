@@ -129,6 +129,7 @@ mod tests {
                 reasons: Vec::new(),
                 crashes: Vec::new(),
                 notes: Vec::new(),
+                guest_dma: None,
                 link: None,
                 link_profile: None,
             }

@@ -62,8 +62,12 @@ pub enum Metric {
     PageReuse,
     /// TCP retransmits.
     Retransmits,
+    /// Maps of RX buffers the guest bounced (swiotlb) per packet received.
+    RxBouncedMapsPerPacket,
     /// Maps the device may write (RX buffers) per packet received.
     RxMapsPerPacket,
+    /// Maps of TX buffers the guest bounced (swiotlb) per packet sent.
+    TxBouncedMapsPerPacket,
     /// Maps the device may only read (TX buffers) per packet sent.
     TxMapsPerPacket,
     /// IOMMU unmaps per packet over the workload.
@@ -132,6 +136,8 @@ impl Metric {
             Metric::UnmapsPerPacket => record.unmaps_per_packet,
             Metric::RxMapsPerPacket => record.rx_maps_per_packet,
             Metric::TxMapsPerPacket => record.tx_maps_per_packet,
+            Metric::RxBouncedMapsPerPacket => record.rx_bounced_maps_per_packet,
+            Metric::TxBouncedMapsPerPacket => record.tx_bounced_maps_per_packet,
             Metric::ModelMapsPerPacket => record.model_maps_per_packet,
             Metric::PageReuse => record.page_reuse,
             Metric::BusNsPerPacket => bus.and_then(|b| b.modelled).map(|c| c.ns_per_packet),

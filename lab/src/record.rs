@@ -193,6 +193,13 @@ pub struct Record {
     /// Maps the device may only read (TX buffers) per packet sent, over the workload.
     #[serde(default)]
     pub tx_maps_per_packet: Option<f64>,
+    /// Of `rx_maps_per_packet`, the maps of bounce buffers (the guest's swiotlb pool): RX
+    /// buffers the guest bounced because it took the device for an untrusted one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_bounced_maps_per_packet: Option<f64>,
+    /// Of `tx_maps_per_packet`, the maps of bounce buffers: TX buffers the guest bounced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_bounced_maps_per_packet: Option<f64>,
     /// The device model's own DMA map count per packet over the workload (QEMU may split a
     /// guest map into power-of-two pieces, so this is a cross-check, not the figure).
     #[serde(default)]
@@ -266,6 +273,8 @@ impl Record {
             maps_per_packet: None,
             unmaps_per_packet: None,
             rx_maps_per_packet: None,
+            rx_bounced_maps_per_packet: None,
+            tx_bounced_maps_per_packet: None,
             tx_maps_per_packet: None,
             model_maps_per_packet: None,
             page_reuse: None,

@@ -32,6 +32,18 @@ const IDS: PciIds = PciIds {
 /// behind it (`LnkCap: Speed 2.5GT/s, Width x1`, `LLActRep+`).
 const LINK_WIDTH: u32 = 1;
 
+/// Where the ACS extended capability sits: the first (and only) one in extended space.
+const ACS: usize = 0x100;
+/// ACS extended capability ID, version 1, no next capability.
+const ACS_HEADER: u32 = 0x000d | 1 << 16;
+/// What the port's ACS offers (PCIe 4.0 §7.7.8): source validation, translation blocking, P2P
+/// request and completion redirect, upstream forwarding. Linux asks for these where a VIOT (or
+/// another IOMMU table) is present (`pci_request_acs()` in drivers/acpi/viot.c) and then puts
+/// each port's adapter in an IOMMU group of its own (`pci_device_group()` in
+/// drivers/iommu/iommu.c), as on a real root port; without it the adapter joins the port's
+/// group and its default domain, which is decided before the adapter is seen.
+const ACS_CAPABILITIES: u16 = 0x001f;
+
 /// A root port and the state of its slot.
 pub struct RootPort {
     name: String,
@@ -42,6 +54,8 @@ pub struct RootPort {
     msi: (usize, MsiConfig),
     /// Whether the slot's interrupt condition held at the last look (MSI fires on its rising edge).
     asserted: bool,
+    /// ACS control, as the guest set it.
+    acs_control: u16,
 }
 
 impl RootPort {
@@ -58,7 +72,14 @@ impl RootPort {
         config.set_write_one_to_clear(pcie + ROOT_STATUS, &ROOT_STATUS_PME.to_le_bytes());
         let state = MsiConfig::new(msi::CONTROL_64BIT, 1, interrupts)?;
         let at = config.add_capability(msi::CAPABILITY_ID, &vec![0; state.size() - 2], &[])?;
-        Ok(RootPort { name: format!("root port {slot_number}"), config, pcie, msi: (at, state), asserted: false })
+        Ok(RootPort {
+            name: format!("root port {slot_number}"),
+            config,
+            pcie,
+            msi: (at, state),
+            asserted: false,
+            acs_control: 0,
+        })
     }
 
     fn read16(&self, register: usize) -> u16 {
@@ -204,6 +225,11 @@ impl PciDevice for RootPort {
     }
 
     fn config_read(&mut self, reg: usize) -> u32 {
+        match reg * 4 {
+            ACS => return ACS_HEADER,
+            at if at == ACS + 4 => return ACS_CAPABILITIES as u32 | (self.acs_control as u32) << 16,
+            _ => {}
+        }
         let mut bytes = self.config.read_reg(reg).to_le_bytes();
         let (cap, state) = &self.msi;
         for (i, b) in bytes.iter_mut().enumerate() {
@@ -216,6 +242,17 @@ impl PciDevice for RootPort {
     }
 
     fn config_write(&mut self, offset: usize, data: &[u8]) {
+        let control = ACS + 6;
+        if offset >= ACS {
+            let mut value = self.acs_control.to_le_bytes();
+            for (i, &b) in data.iter().enumerate() {
+                if let Some(byte) = (offset + i).checked_sub(control).and_then(|at| value.get_mut(at)) {
+                    *byte = b;
+                }
+            }
+            self.acs_control = u16::from_le_bytes(value) & ACS_CAPABILITIES;
+            return;
+        }
         let (cap, state) = &mut self.msi;
         let (start, end) = (*cap + 2, *cap + state.size());
         if offset < end && offset + data.len() > start {
@@ -295,7 +332,18 @@ mod tests {
         let next = read(&mut port, PCIE + 1, 1) as usize;
         assert_eq!(read(&mut port, next, 1), msi::CAPABILITY_ID as u32);
         assert_eq!(read(&mut port, next + 1, 1), 0, "last capability");
-        assert_eq!(read(&mut port, 0x100, 4), 0, "empty extended space");
+    }
+
+    #[test]
+    fn acs_is_offered_and_takes_only_what_it_offers() {
+        let (mut port, _) = port();
+        assert_eq!(read(&mut port, ACS, 4), 0x0001_000d, "ACS, version 1, the last extended capability");
+        assert_eq!(read(&mut port, ACS + 4, 2), 0x1f);
+        write16(&mut port, ACS + 6, 0xffff);
+        assert_eq!(read(&mut port, ACS + 6, 2), 0x1f, "only the offered controls");
+        write16(&mut port, ACS + 4, 0);
+        assert_eq!(read(&mut port, ACS + 4, 4), 0x001f_001f, "capabilities are read-only");
+        assert_eq!(read(&mut port, 0x108, 4), 0, "nothing after it");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! | `GET /api/v1/vm.info`       | 200 [`VmInfo`]                                            |
 //! | `GET /api/v1/vm.counters`   | 200 [`LiveCounters`]: the exit line's counter keys, live  |
 //! | `PUT /api/v1/vm.shutdown`   | 202 [`ShutdownAccepted`]; optional body [`ShutdownRequest`] |
+//! | `PUT /api/v1/vm.bounce-pool` | 200 [`BouncePool`]; body [`BouncePool`]: where the guest's swiotlb is |
 //!
 //! Errors are JSON [`ControlError`] bodies with 400, 404, 405 or 413. One request per connection
 //! is answered (`Connection: close`).
@@ -22,6 +23,8 @@ pub const VM_INFO: &str = "/api/v1/vm.info";
 pub const VM_COUNTERS: &str = "/api/v1/vm.counters";
 /// `PUT`: power button, then a forced stop.
 pub const VM_SHUTDOWN: &str = "/api/v1/vm.shutdown";
+/// `PUT`: where the guest's swiotlb bounce pool is, so that the virtio-iommu counts its maps.
+pub const VM_BOUNCE_POOL: &str = "/api/v1/vm.bounce-pool";
 /// Largest request the control socket reads, headers and body.
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
 /// Seconds the guest gets to power off after the power button before the VMM stops it.
@@ -98,6 +101,19 @@ pub struct ShutdownAccepted {
     pub state: VmState,
     /// The grace period in effect.
     pub grace_s: f64,
+}
+
+/// `PUT /api/v1/vm.bounce-pool`: the guest's swiotlb bounce pool, inclusive guest-physical
+/// bounds as Linux prints them ("software IO TLB: mapped [mem START-END]"). From then on the
+/// virtio-iommu counts the maps of memory in it (`bounced_maps_writable`,
+/// `bounced_maps_read_only`). Needs a virtio-iommu.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BouncePool {
+    /// First byte.
+    pub start: u64,
+    /// Last byte.
+    pub end: u64,
 }
 
 /// The body of every error answer.

@@ -22,6 +22,13 @@ pub struct IommuCounts {
     /// Of `maps`, those the device may only read (`DMA_TO_DEVICE`: TX buffers).
     #[serde(default)]
     pub maps_read_only: u64,
+    /// Of `maps_writable`, those of guest memory in the guest's swiotlb bounce pool (as the
+    /// control socket's `vm.bounce-pool` set it): RX buffers the guest bounced.
+    #[serde(default)]
+    pub bounced_maps_writable: u64,
+    /// Of `maps_read_only`, those in the bounce pool: TX buffers the guest bounced.
+    #[serde(default)]
+    pub bounced_maps_read_only: u64,
     /// Successful UNMAP requests.
     pub unmaps: u64,
     /// Bytes mapped by them.

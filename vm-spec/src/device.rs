@@ -161,7 +161,9 @@ impl FromStr for DeviceSpec {
             match option.split_once('=') {
                 Some(("slot", name)) => slot = name.parse()?,
                 _ => {
-                    return Err(DeviceSpecError(format!("{s:?}: unknown option {option:?}; slot= is the one there is")));
+                    return Err(DeviceSpecError(format!(
+                        "{s:?}: unknown option {option:?}; slot= is the one there is"
+                    )));
                 }
             }
         }

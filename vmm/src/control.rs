@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use jail::seccomp::BpfProgram;
 use vm_spec::confinement::Confinement;
 use vm_spec::control::{
-    ControlError as ErrorBody, DEFAULT_SHUTDOWN_GRACE_S, LiveCounters, MAX_REQUEST_BYTES, ShutdownAccepted,
-    ShutdownRequest, VM_COUNTERS, VM_INFO, VM_SHUTDOWN, VmInfo, VmState,
+    BouncePool, ControlError as ErrorBody, DEFAULT_SHUTDOWN_GRACE_S, LiveCounters, MAX_REQUEST_BYTES, ShutdownAccepted,
+    ShutdownRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO, VM_SHUTDOWN, VmInfo, VmState,
 };
 use vm_spec::{ExitCounts, VmSpec};
 
@@ -71,6 +71,8 @@ pub trait VmObserver: Send + Sync {
     fn counters(&self) -> LiveCounters;
     /// Presses the ACPI power button.
     fn press_power_button(&self) -> std::io::Result<()>;
+    /// Tells the virtio-iommu where the guest's bounce pool is; why not, when it cannot.
+    fn set_bounce_pool(&self, pool: BouncePool) -> Result<(), String>;
 }
 
 /// What the control thread knows of the VM, shared with the VMM's threads.
@@ -320,12 +322,12 @@ fn read_request(stream: &mut UnixStream) -> Result<(String, String, Vec<u8>), An
 fn route(state: &ControlState, method: &str, path: &str, body: &[u8]) -> Answer {
     let allowed = match path {
         VM_INFO | VM_COUNTERS => "GET",
-        VM_SHUTDOWN => "PUT",
+        VM_SHUTDOWN | VM_BOUNCE_POOL => "PUT",
         _ => {
             return error(
                 404,
                 "Not Found",
-                format!("no such route; there are {VM_INFO}, {VM_COUNTERS}, {VM_SHUTDOWN}"),
+                format!("no such route; there are {VM_INFO}, {VM_COUNTERS}, {VM_SHUTDOWN}, {VM_BOUNCE_POOL}"),
             );
         }
     };
@@ -335,6 +337,15 @@ fn route(state: &ControlState, method: &str, path: &str, body: &[u8]) -> Answer 
     match path {
         VM_INFO => json(200, "OK", &state.info()),
         VM_COUNTERS => json(200, "OK", &state.counters()),
+        VM_BOUNCE_POOL => match serde_json::from_slice::<BouncePool>(body) {
+            Err(e) => error(400, "Bad Request", format!("invalid body: {e}")),
+            Ok(pool) if pool.end < pool.start => error(400, "Bad Request", "the pool ends before it starts"),
+            Ok(pool) => match state.observer.get().map(|o| o.set_bounce_pool(pool)) {
+                Some(Ok(())) => json(200, "OK", &pool),
+                Some(Err(why)) => error(409, "Conflict", why),
+                None => error(409, "Conflict", "the VM is still booting"),
+            },
+        },
         _ => {
             let request = if body.iter().all(u8::is_ascii_whitespace) {
                 ShutdownRequest::default()
@@ -360,6 +371,7 @@ mod tests {
 
     struct Fake {
         presses: AtomicU64,
+        pool: std::sync::Mutex<Option<BouncePool>>,
     }
 
     impl VmObserver for Fake {
@@ -376,6 +388,10 @@ mod tests {
         }
         fn press_power_button(&self) -> std::io::Result<()> {
             self.presses.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn set_bounce_pool(&self, pool: BouncePool) -> Result<(), String> {
+            *self.pool.lock().unwrap() = Some(pool);
             Ok(())
         }
     }
@@ -406,12 +422,21 @@ mod tests {
         let (_, counters) = ask(&path, b"GET /api/v1/vm.counters HTTP/1.1\r\n\r\n");
         assert_eq!(counters["serial_bytes"], 0, "no observer yet");
 
-        let fake = Arc::new(Fake { presses: AtomicU64::new(0) });
+        let pool =
+            |body: &str| format!("PUT /api/v1/vm.bounce-pool HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+        assert_eq!(ask(&path, pool(r#"{"start":1,"end":2}"#).as_bytes()).0, 409, "still booting");
+        let fake = Arc::new(Fake { presses: AtomicU64::new(0), pool: Default::default() });
         state.set_observer(fake.clone());
         state.set_state(VmState::Running);
         let (_, counters) = ask(&path, b"GET /api/v1/vm.counters HTTP/1.1\r\n\r\n");
         assert_eq!((counters["state"].as_str(), counters["serial_bytes"].as_u64()), (Some("running"), Some(42)));
         assert_eq!(counters["exits"]["mmio"], 4);
+        let (status, answer) = ask(&path, pool(r#"{"start":4096,"end":8191}"#).as_bytes());
+        assert_eq!((status, answer["end"].as_u64()), (200, Some(8191)));
+        assert_eq!(*fake.pool.lock().unwrap(), Some(BouncePool { start: 4096, end: 8191 }));
+        assert_eq!(ask(&path, pool(r#"{"start":2,"end":1}"#).as_bytes()).0, 400, "ends before it starts");
+        assert_eq!(ask(&path, pool(r#"{"start":2}"#).as_bytes()).0, 400);
+        assert_eq!(ask(&path, b"GET /api/v1/vm.bounce-pool HTTP/1.1\r\n\r\n").0, 405);
 
         assert_eq!(ask(&path, b"POST /api/v1/vm.info HTTP/1.1\r\n\r\n").0, 405);
         assert_eq!(ask(&path, b"GET /api/v1/vm.reboot HTTP/1.1\r\n\r\n").0, 404);

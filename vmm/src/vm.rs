@@ -317,6 +317,12 @@ impl VmObserver for RunningVm {
     fn press_power_button(&self) -> std::io::Result<()> {
         self.platform.power_button.write(1)
     }
+
+    fn set_bounce_pool(&self, pool: vm_spec::control::BouncePool) -> Result<(), String> {
+        let iommu = self.platform.iommu.as_ref().ok_or("the VM has no virtio-iommu to count bounced maps")?;
+        iommu.set_bounce_pool(pool.start, pool.end.saturating_add(1));
+        Ok(())
+    }
 }
 
 fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -3,7 +3,28 @@
 use std::fmt::Write as _;
 
 use super::Report;
-use super::tables::LINK_NOTE;
+use super::tables::{DMA_NOTE, LINK_NOTE};
+
+/// An HTML table `id` of `rows` under `columns`, after `intro`; nothing for no rows but the
+/// cells' own table (which has no intro).
+fn table<const N: usize>(out: &mut String, id: &str, intro: Option<&str>, columns: &[&str; N], rows: &[[String; N]]) {
+    if let Some(intro) = intro {
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "<p>{}</p>", escape(intro));
+    }
+    let _ = writeln!(out, "<table id=\"{id}\">\n<thead><tr>");
+    for column in columns {
+        let _ = write!(out, "<th>{}</th>", escape(column));
+    }
+    let _ = writeln!(out, "</tr></thead>\n<tbody>");
+    for row in rows {
+        let cells: String = row.iter().map(|v| format!("<td>{}</td>", escape(v))).collect();
+        let _ = writeln!(out, "<tr>{cells}</tr>");
+    }
+    let _ = writeln!(out, "</tbody>\n</table>");
+}
 
 impl Report {
     /// The report as a page for a browser: the table and `chart` (an SVG document), with no
@@ -27,28 +48,11 @@ impl Report {
         if let Some(rule) = self.rule() {
             let _ = writeln!(out, "<p>{}</p>", escape(&rule));
         }
-        let _ = writeln!(out, "<table id=\"cells\">\n<thead><tr>");
-        for column in Report::COLUMNS {
-            let _ = write!(out, "<th>{}</th>", escape(column));
-        }
-        let _ = writeln!(out, "</tr></thead>\n<tbody>");
-        for row in self.rows() {
-            let cells: String = row.iter().map(|v| format!("<td>{}</td>", escape(v))).collect();
-            let _ = writeln!(out, "<tr>{cells}</tr>");
-        }
-        let _ = writeln!(out, "</tbody>\n</table>");
+        table(&mut out, "cells", None, &Report::COLUMNS, &self.rows());
+        table(&mut out, "dma", Some(DMA_NOTE), &Report::DMA_COLUMNS, &self.dma_rows());
         let bus = self.link_rows();
         if !bus.is_empty() {
-            let _ = writeln!(out, "<p>{}</p>\n<table id=\"bus\">\n<thead><tr>", escape(LINK_NOTE));
-            for column in Report::LINK_COLUMNS {
-                let _ = write!(out, "<th>{}</th>", escape(column));
-            }
-            let _ = writeln!(out, "</tr></thead>\n<tbody>");
-            for row in bus {
-                let cells: String = row.iter().map(|v| format!("<td>{}</td>", escape(v))).collect();
-                let _ = writeln!(out, "<tr>{cells}</tr>");
-            }
-            let _ = writeln!(out, "</tbody>\n</table>");
+            table(&mut out, "bus", Some(LINK_NOTE), &Report::LINK_COLUMNS, &bus);
             for parameters in self.link_parameters() {
                 let _ = writeln!(out, "<p>{}</p>", escape(&parameters));
             }

@@ -3,7 +3,23 @@
 use std::fmt::Write as _;
 
 use super::Report;
-use super::tables::LINK_NOTE;
+use super::tables::{DMA_NOTE, LINK_NOTE, READY_NOTE};
+
+/// A markdown table of `rows` under `columns`, after `intro`; nothing for no rows but the
+/// cells' own table (which has no intro).
+fn table<const N: usize>(out: &mut String, intro: Option<&str>, columns: &[&str; N], rows: &[[String; N]]) {
+    if let Some(intro) = intro {
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "\n{intro}");
+    }
+    let _ = writeln!(out, "\n| {} |", columns.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(N));
+    for row in rows {
+        let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
+}
 
 impl Report {
     /// The report as a markdown table (and the bus and readiness tables, when cells have their
@@ -14,34 +30,16 @@ impl Report {
         if let Some(rule) = self.rule() {
             let _ = writeln!(out, "\n{rule}");
         }
-        let _ = writeln!(out, "\n| {} |", Report::COLUMNS.join(" | "));
-        let _ = writeln!(out, "|{}", "---|".repeat(Report::COLUMNS.len()));
-        for row in self.rows() {
-            let _ = writeln!(out, "| {} |", row.join(" | "));
-        }
+        table(&mut out, None, &Report::COLUMNS, &self.rows());
+        table(&mut out, Some(DMA_NOTE), &Report::DMA_COLUMNS, &self.dma_rows());
         let bus = self.link_rows();
         if !bus.is_empty() {
-            let _ = writeln!(out, "\n{LINK_NOTE}\n\n| {} |", Report::LINK_COLUMNS.join(" | "));
-            let _ = writeln!(out, "|{}", "---|".repeat(Report::LINK_COLUMNS.len()));
-            for row in bus {
-                let _ = writeln!(out, "| {} |", row.join(" | "));
-            }
+            table(&mut out, Some(LINK_NOTE), &Report::LINK_COLUMNS, &bus);
             for parameters in self.link_parameters() {
                 let _ = writeln!(out, "\n{parameters}");
             }
         }
-        let ready = self.ready_rows();
-        if !ready.is_empty() {
-            let _ = writeln!(
-                out,
-                "\nTime to a ready cell (from spawning the VMM):\n\n| {} |",
-                Report::READY_COLUMNS.join(" | ")
-            );
-            let _ = writeln!(out, "|{}", "---|".repeat(Report::READY_COLUMNS.len()));
-            for row in ready {
-                let _ = writeln!(out, "| {} |", row.join(" | "));
-            }
-        }
+        table(&mut out, Some(READY_NOTE), &Report::READY_COLUMNS, &self.ready_rows());
         for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
             let _ = writeln!(out, "\n{}: {}", c.cell, c.notes.join("; "));
         }

@@ -86,6 +86,10 @@ pub struct CellReport {
     /// What the comparison left out, and why (throughput across engines).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// How the guest treated the device's DMA (Linux cells): its slot, IOMMU domain, whether it
+    /// was untrusted and had a bounce pool, as the first repetition that reported it saw it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_dma: Option<crate::record::GuestDma>,
     /// The link the `bus_*` metrics' cost model assumed (models' cells): those figures are
     /// modelled, not measured.
     #[serde(rename = "bus_link", skip_serializing_if = "Option::is_none")]

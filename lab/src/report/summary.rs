@@ -70,6 +70,7 @@ pub(super) fn summarise(cell: &Cell, records: &[&Record]) -> CellReport {
         reasons,
         crashes,
         notes: retried_notes(records),
+        guest_dma: records.iter().find_map(|r| r.guest_dma),
         link: records.iter().find_map(|r| r.link.as_ref().map(|b| b.link.clone())),
         link_profile: records.iter().find_map(|r| r.link.as_ref().and_then(|b| b.profile.clone())),
     }

@@ -106,6 +106,42 @@ impl Report {
             .collect()
     }
 
+    /// The DMA table's header: what [`Report::dma_rows`] gives for each Linux cell.
+    pub const DMA_COLUMNS: [&'static str; 8] = [
+        "cell",
+        "variant",
+        "slot",
+        "IOMMU domain",
+        "untrusted",
+        "swiotlb",
+        "RX bounced maps/packet",
+        "TX bounced maps/packet",
+    ];
+
+    /// One row per cell whose guest said how it treated the device's DMA (Linux cells): where
+    /// the device sat, the domain and trust the guest gave it, and the maps of bounced buffers
+    /// per packet beside the maps per packet of the cells' table.
+    pub fn dma_rows(&self) -> Vec<[String; 8]> {
+        let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+        self.cells
+            .iter()
+            .filter_map(|c| {
+                let dma = c.guest_dma?;
+                let domain = serde_json::to_value(dma.domain).ok()?.as_str().unwrap_or("?").to_string();
+                Some([
+                    c.cell.clone(),
+                    self.label(c),
+                    dma.slot.to_string(),
+                    domain,
+                    yes_no(dma.untrusted),
+                    yes_no(dma.swiotlb),
+                    cell_metric(c, Metric::RxBouncedMapsPerPacket, 4).0,
+                    cell_metric(c, Metric::TxBouncedMapsPerPacket, 4).0,
+                ])
+            })
+            .collect()
+    }
+
     /// The readiness table's header: what [`Report::ready_rows`] gives for each Linux cell.
     pub const READY_COLUMNS: [&'static str; 5] =
         ["cell", "variant", "agent up, median ms", "workload start, median ms", "VM run, median ms"];
@@ -165,6 +201,14 @@ impl Report {
 /// What the link table is.
 pub(super) const LINK_NOTE: &str = "What the device model put on its PCIe link per packet, counted as the chip would issue it, \
      and the link time a cost model of that link gives for it (modelled, not measured; docs/lab.md has the rules).";
+
+/// What the DMA table is.
+pub(super) const DMA_NOTE: &str = "How the guest treated the device's DMA: where the device sat, the IOMMU domain the guest gave it \
+     (DMA: strict, every unmap waits; DMA-FQ: lazy), whether it took the device for an untrusted (Thunderbolt) one and had a \
+     swiotlb bounce pool, and the maps of bounced buffers per packet that driverlab's virtio-iommu counted.";
+
+/// What the readiness table is.
+pub(super) const READY_NOTE: &str = "Time to a ready cell (from spawning the VMM):";
 
 /// `mean ± ci half-width` and `+12.3 %` of a metric, or dashes.
 fn cell_metric(c: &CellReport, name: Metric, digits: usize) -> (String, String) {

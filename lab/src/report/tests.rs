@@ -126,6 +126,38 @@ fn the_bus_and_the_time_to_a_ready_cell_get_their_tables() {
 }
 
 #[test]
+fn how_the_guest_treated_the_devices_dma_gets_its_table() {
+    use crate::record::{GuestDma, IommuDomain};
+    let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
+    let mut records = records(&cells);
+    for r in records.iter_mut().filter(|r| r.cell.index == 1) {
+        let slot = vm_spec::Slot::Thunderbolt;
+        r.guest_dma = Some(GuestDma { slot, domain: IommuDomain::Dma, untrusted: true, swiotlb: true });
+        r.rx_bounced_maps_per_packet = Some(0.0);
+        r.tx_bounced_maps_per_packet = Some(1.0);
+    }
+    let run = RunRecords { run: "r1", matrix: "m", state: RunState::Done, cells: &cells, records: &records };
+    let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
+    let rows = report.dma_rows();
+    assert_eq!(rows.len(), 1, "only the cell whose guest said");
+    let expected = ["c02", "order3", "thunderbolt", "DMA", "yes", "yes", "0.0000 ± 0.0000", "1.0000 ± 0.0000"];
+    assert_eq!(rows[0], expected.map(String::from));
+    let md = report.to_markdown();
+    assert!(md.contains("| c02 | order3 | thunderbolt | DMA | yes | yes |"), "{md}");
+    assert!(report.to_html("").contains("<table id=\"dma\">"));
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["cells"][1]["guest_dma"]["domain"], "DMA");
+    assert_eq!(json["cells"][1]["metrics"]["tx_bounced_maps_per_packet"]["mean"], 1.0);
+    assert!(json["cells"][0].get("guest_dma").is_none());
+    let plain = Report::of_run(
+        &RunRecords { run: "r1", matrix: "m", state: RunState::Done, cells: &cells, records: &self::records(&cells) },
+        None,
+        &VerdictRule::default(),
+    );
+    assert!(!plain.to_markdown().contains("How the guest treated"), "no table without figures");
+}
+
+#[test]
 fn two_runs_compare_cell_by_cell() {
     let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
     let a = records(&cells);

@@ -37,8 +37,8 @@ pub(super) fn fill(record: &mut Record, booted: &Booted, output: &GuestOutput, n
             booted.device_counters.map(|c| (ModelCounters::default(), c))
         }
         Report::Linux(frames) => {
-            agent_figures(record, frames, &booted.window);
             record.guest_dma = guest_dma(frames, slot);
+            agent_figures(record, frames, &booted.window);
             model_of(&booted.window.begin).zip(model_of(&booted.window.end))
         }
     };
@@ -130,6 +130,20 @@ pub(super) fn agent_figures(record: &mut Record, frames: &Frames, window: &Windo
         if delta(|c| c.maps_writable) + delta(|c| c.maps_read_only) > 0 {
             record.rx_maps_per_packet = per(delta(|c| c.maps_writable), record.workload.rx_packets);
             record.tx_maps_per_packet = per(delta(|c| c.maps_read_only), record.workload.tx_packets);
+        }
+        // Bounced maps: counted where the VMM knew the guest's bounce pool (its agent reported
+        // one); none at all where the agent said the guest has no pool.
+        let (rx, tx) = (record.workload.rx_packets, record.workload.tx_packets);
+        match (frames.bounce_pool(), record.guest_dma) {
+            (Some(_), _) => {
+                record.rx_bounced_maps_per_packet = per(delta(|c| c.bounced_maps_writable), rx);
+                record.tx_bounced_maps_per_packet = per(delta(|c| c.bounced_maps_read_only), tx);
+            }
+            (None, Some(GuestDma { swiotlb: false, .. })) => {
+                record.rx_bounced_maps_per_packet = per(0, rx);
+                record.tx_bounced_maps_per_packet = per(0, tx);
+            }
+            (None, _) => {}
         }
     }
     let model = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.model);

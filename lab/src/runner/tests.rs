@@ -96,6 +96,54 @@ fn the_iommu_group_step_says_how_the_guest_treated_the_devices_dma() {
 }
 
 #[test]
+fn bounced_maps_are_counted_against_the_pool_and_are_none_without_one() {
+    let frames = |swiotlb: &str| {
+        let mut port = encode(
+            0,
+            "step",
+            false,
+            format!(r#"{{"step":"iommu-group","status":"ok","type":"DMA","untrusted":true,"swiotlb":{swiotlb}}}"#)
+                .as_bytes(),
+        );
+        port.extend(encode(1, "netdev-before", false, br#"{"rx_packets":0,"tx_packets":0}"#));
+        port.extend(encode(2, "workload-begin", false, br#"{"workload":"iperf3","direction":"tx"}"#));
+        port.extend(encode(3, "netdev-after", false, br#"{"rx_packets":100,"tx_packets":1000}"#));
+        engines::agent::parse(&port)
+    };
+    let snapshot = |writable: u64, read_only: u64, bounced_w: u64, bounced_r: u64| Snapshot {
+        iommu: Some(IommuCounts {
+            maps: writable + read_only,
+            maps_writable: writable,
+            maps_read_only: read_only,
+            bounced_maps_writable: bounced_w,
+            bounced_maps_read_only: bounced_r,
+            ..IommuCounts::default()
+        }),
+        model: None,
+    };
+    let window =
+        Window { begin: Some(snapshot(10, 10, 0, 5)), end: Some(snapshot(60, 1010, 0, 905)), ..Default::default() };
+    let with_pool = frames(r#"{"start":"0x1000","end":"0x1fff"}"#);
+    let mut record = passed("tx");
+    record.guest_dma = super::collect::guest_dma(&with_pool, vm_spec::Slot::Thunderbolt);
+    agent_figures(&mut record, &with_pool, &window);
+    assert_eq!((record.rx_maps_per_packet, record.tx_maps_per_packet), (Some(0.5), Some(1.0)));
+    assert_eq!((record.rx_bounced_maps_per_packet, record.tx_bounced_maps_per_packet), (Some(0.0), Some(0.9)));
+    let without = frames("null");
+    let mut record = passed("tx");
+    record.guest_dma = super::collect::guest_dma(&without, vm_spec::Slot::Root);
+    agent_figures(&mut record, &without, &window);
+    assert_eq!(
+        (record.rx_bounced_maps_per_packet, record.tx_bounced_maps_per_packet),
+        (Some(0.0), Some(0.0)),
+        "no pool"
+    );
+    let mut record = passed("tx");
+    agent_figures(&mut record, &Frames::default(), &window);
+    assert_eq!(record.tx_bounced_maps_per_packet, None, "the guest did not say");
+}
+
+#[test]
 fn the_agent_s_frames_fill_the_record_over_the_workload_s_window() {
     let mut port = Vec::new();
     port.extend(encode(0, "step", false, br#"{"step":"probe","status":"ok","secs":0.4,"at":2.25}"#));

@@ -128,6 +128,8 @@ pub struct Effect {
     /// Mappings added that let the device write (`MAP_F_WRITE`: RX buffers); the rest of
     /// `mapped` it may only read (TX buffers).
     pub mapped_writable: u64,
+    /// Where in guest memory the added mapping points (its guest-physical start).
+    pub mapped_gpa: u64,
 }
 
 impl AddressSpaces {
@@ -348,7 +350,8 @@ impl AddressSpaces {
         }
         let d = self.domains.get_mut(&domain).expect("checked above");
         d.mappings.insert(start, Mapping { start, end, gpa, flags });
-        (Status::Ok, Effect { mapped: 1, mapped_bytes: size, mapped_writable: u64::from(write), ..Effect::default() })
+        let mapped_writable = u64::from(write);
+        (Status::Ok, Effect { mapped: 1, mapped_bytes: size, mapped_writable, mapped_gpa: gpa, ..Effect::default() })
     }
 
     /// UNMAP every mapping inside `[start, end]`; refuses to split a mapping.

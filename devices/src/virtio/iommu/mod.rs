@@ -98,6 +98,11 @@ impl IommuHandle {
         self.stats.counts()
     }
 
+    /// Where the guest's swiotlb bounce pool is, `[start, end)`: its maps count as bounced.
+    pub fn set_bounce_pool(&self, start: u64, end: u64) {
+        self.stats.set_bounce_pool(start, end);
+    }
+
     /// Counts DMA faults seen elsewhere (e.g. by a device model that checks its own mappings).
     pub fn record_faults(&self, count: u64) {
         for _ in 0..count {

@@ -15,6 +15,10 @@ pub struct IommuStats {
     failed_requests: AtomicU64,
     maps: AtomicU64,
     maps_writable: AtomicU64,
+    bounced_writable: AtomicU64,
+    bounced_read_only: AtomicU64,
+    /// The guest's bounce pool, `[start, end)` of guest-physical memory; empty until set.
+    bounce_pool: (AtomicU64, AtomicU64),
     unmaps: AtomicU64,
     map_bytes: AtomicU64,
     unmapped_bytes: AtomicU64,
@@ -31,6 +35,9 @@ impl Default for IommuStats {
             failed_requests: AtomicU64::new(0),
             maps: AtomicU64::new(0),
             maps_writable: AtomicU64::new(0),
+            bounced_writable: AtomicU64::new(0),
+            bounced_read_only: AtomicU64::new(0),
+            bounce_pool: (AtomicU64::new(0), AtomicU64::new(0)),
             unmaps: AtomicU64::new(0),
             map_bytes: AtomicU64::new(0),
             unmapped_bytes: AtomicU64::new(0),
@@ -64,6 +71,12 @@ impl IommuStats {
                 RequestKind::Map => {
                     self.maps.fetch_add(1, Ordering::Relaxed);
                     self.maps_writable.fetch_add(effect.mapped_writable, Ordering::Relaxed);
+                    let pool = (self.bounce_pool.0.load(Ordering::Relaxed), self.bounce_pool.1.load(Ordering::Relaxed));
+                    if (pool.0..pool.1).contains(&effect.mapped_gpa) {
+                        let count =
+                            if effect.mapped_writable > 0 { &self.bounced_writable } else { &self.bounced_read_only };
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 RequestKind::Unmap => {
                     self.unmaps.fetch_add(1, Ordering::Relaxed);
@@ -78,6 +91,14 @@ impl IommuStats {
         self.live_mappings.store(live, Ordering::Relaxed);
         self.peak_mappings.fetch_max(live, Ordering::Relaxed);
         let _ = self.latency_ns.lock().unwrap_or_else(|p| p.into_inner()).record(elapsed_ns.max(1));
+    }
+
+    /// Where the guest's swiotlb bounce pool is, `[start, end)` of guest-physical memory: maps
+    /// of memory in it count as bounced from now on.
+    pub fn set_bounce_pool(&self, start: u64, end: u64) {
+        self.bounce_pool.1.store(0, Ordering::Relaxed);
+        self.bounce_pool.0.store(start, Ordering::Relaxed);
+        self.bounce_pool.1.store(end, Ordering::Relaxed);
     }
 
     /// Accounts mappings that went away without an UNMAP (device reset).
@@ -100,6 +121,8 @@ impl IommuStats {
             maps,
             maps_writable,
             maps_read_only: maps.saturating_sub(maps_writable),
+            bounced_maps_writable: self.bounced_writable.load(Ordering::Relaxed),
+            bounced_maps_read_only: self.bounced_read_only.load(Ordering::Relaxed),
             unmaps: self.unmaps.load(Ordering::Relaxed),
             map_bytes,
             map_pages: map_bytes / 4096,
@@ -140,5 +163,30 @@ mod tests {
         assert_eq!((c.live_mappings, c.peak_mappings, c.faults), (0, 2, 1));
         assert!(c.request_ns_p50 >= 999 && c.request_ns_p50 <= 2002, "{}", c.request_ns_p50);
         assert!(c.request_ns_p99 >= 2999);
+    }
+
+    #[test]
+    fn maps_of_the_bounce_pool_count_as_bounced_once_the_pool_is_known() {
+        let stats = IommuStats::default();
+        let map = |gpa: u64, writable: u64| Effect {
+            mapped: 1,
+            mapped_writable: writable,
+            mapped_gpa: gpa,
+            ..Effect::default()
+        };
+        stats.record(RequestKind::Map, true, map(0x1000, 0), 100);
+        assert_eq!(stats.counts().bounced_maps_read_only, 0, "no pool yet");
+        stats.set_bounce_pool(0x10_0000, 0x20_0000);
+        stats.record(RequestKind::Map, true, map(0x10_0000, 0), 100);
+        stats.record(RequestKind::Map, true, map(0x1f_f000, 1), 100);
+        stats.record(RequestKind::Map, true, map(0x20_0000, 1), 100);
+        stats.record(RequestKind::Map, false, map(0x10_0000, 1), 100);
+        let c = stats.counts();
+        assert_eq!(
+            (c.bounced_maps_read_only, c.bounced_maps_writable),
+            (1, 1),
+            "the end is outside; failures do not count"
+        );
+        assert_eq!((c.maps, c.maps_writable), (4, 2));
     }
 }

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use vm_spec::control::{
-    BouncePool, ControlError as ErrorBody, LiveCounters, ShutdownAccepted, ShutdownRequest, VM_BOUNCE_POOL,
-    VM_COUNTERS, VM_INFO, VM_SHUTDOWN, VmInfo,
+    BouncePool, ControlError as ErrorBody, LiveCounters, PlugRequest, ShutdownAccepted, ShutdownRequest, SlotInfo,
+    UnplugRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO, VM_PLUG, VM_SHUTDOWN, VM_UNPLUG, VmInfo,
 };
 
 /// Most bytes of an answer read.
@@ -79,6 +79,19 @@ impl ControlClient {
     pub fn set_bounce_pool(&self, pool: BouncePool) -> Result<BouncePool, ControlError> {
         let body = serde_json::to_vec(&pool).expect("a BouncePool always serializes");
         self.call("PUT", VM_BOUNCE_POOL, Some(&body))
+    }
+
+    /// `PUT /api/v1/vm.plug`: `device` (as the spec names it, without options) into its slot.
+    pub fn plug(&self, device: &str) -> Result<SlotInfo, ControlError> {
+        let body = serde_json::to_vec(&PlugRequest { device: device.into() }).expect("a PlugRequest always serializes");
+        self.call("PUT", VM_PLUG, Some(&body))
+    }
+
+    /// `PUT /api/v1/vm.unplug`: `device` out of its slot, by `surprise` or in order.
+    pub fn unplug(&self, device: &str, surprise: bool) -> Result<SlotInfo, ControlError> {
+        let request = UnplugRequest { device: device.into(), surprise };
+        let body = serde_json::to_vec(&request).expect("an UnplugRequest always serializes");
+        self.call("PUT", VM_UNPLUG, Some(&body))
     }
 
     /// One request; the answer's JSON body as `T`.

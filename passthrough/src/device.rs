@@ -357,6 +357,20 @@ impl PciPassthroughDevice {
         }
     }
 
+    /// The device leaves the guest (unplugged): decoding, bus mastering, MSI and MSI-X turned
+    /// off as a guest would turn them off (so that its BARs leave the guest's memory map and its
+    /// vectors are disarmed), then a reset. Plugged again, it starts from that reset state.
+    pub fn quiesce(&mut self) -> Result<(), DeviceError> {
+        self.config_write(COMMAND, &0u16.to_le_bytes());
+        if let Some(cap) = self.msix.as_ref().map(|(layout, _)| layout.cap) {
+            self.config_write(cap + 2, &0u16.to_le_bytes());
+        }
+        if let Some(cap) = self.msi.as_ref().map(|(cap, _)| *cap) {
+            self.config_write(cap + 2, &0u16.to_le_bytes());
+        }
+        self.reset()
+    }
+
     /// Resets the device and checks it (at teardown, or between runs).
     pub fn reset(&mut self) -> Result<(), DeviceError> {
         if self.msix_enabled_in_device {
@@ -578,6 +592,8 @@ mod tests {
         msix_enabled: Option<usize>,
         msi_enabled: Option<usize>,
         resets: u32,
+        /// DMA mappings the backend holds: IOVA to size.
+        dma: std::collections::BTreeMap<u64, u64>,
     }
 
     /// An AQC-like function: 64-bit BAR 0 (64 KiB), 64-bit BAR 2 (4 KiB, MSI-X table and PBA),
@@ -669,10 +685,12 @@ mod tests {
             *if index == irq::MSI { &mut log.msi_enabled } else { &mut log.msix_enabled } = None;
             Ok(())
         }
-        fn dma_map(&mut self, _: u64, _: u64, _: u64, _: bool) -> Result<(), BackendError> {
+        fn dma_map(&mut self, iova: u64, size: u64, _: u64, _: bool) -> Result<(), BackendError> {
+            self.log.lock().unwrap().dma.insert(iova, size);
             Ok(())
         }
-        fn dma_unmap(&mut self, _: u64, _: u64) -> Result<(), BackendError> {
+        fn dma_unmap(&mut self, iova: u64, _: u64) -> Result<(), BackendError> {
+            self.log.lock().unwrap().dma.remove(&iova);
             Ok(())
         }
         fn reset(&mut self) -> Result<(), BackendError> {
@@ -817,6 +835,41 @@ mod tests {
         dev.config_write(0x52, &1u16.to_le_bytes());
         dev.reset().unwrap();
         assert_eq!(log.lock().unwrap().msi_enabled, None, "reset disables MSI in the device");
+    }
+
+    #[test]
+    fn a_device_that_leaves_the_guest_keeps_nothing_of_it() {
+        use vm_device::dma::DmaMapListener;
+        let log = Arc::new(Mutex::new(Log::default()));
+        let backend: SharedBackend = Arc::new(Mutex::new(Box::new(fake(log.clone(), false))));
+        let mut dev = PciPassthroughDevice::new(
+            backend.clone(),
+            Arc::new(Interrupts(Mutex::new(23))),
+            Arc::new(NoSlots),
+            |_, _, _| Ok(0xc000_0000),
+        )
+        .unwrap();
+        dev.config_write(0x04, &6u16.to_le_bytes());
+        dev.config_write(0x72, &0x8000u16.to_le_bytes());
+        dev.config_write(0x52, &1u16.to_le_bytes());
+        assert_eq!(log.lock().unwrap().msix_enabled, Some(10));
+        let ram = crate::backend::GuestRamMap::new(vec![]);
+        let mirror = crate::dma::DmaMirror::new(backend, ram);
+        mirror.map(0x1000, 0x8000, 0x1000, true).unwrap();
+        mirror.map(0x3000, 0x9000, 0x1000, false).unwrap();
+        mirror.map(0x5000, 0xa000, 0x1000, false).unwrap();
+        mirror.unmap(0x3000, 0x1000).unwrap();
+        assert_eq!(log.lock().unwrap().dma.len(), 2);
+        // Unplugged with two mappings the guest never took down.
+        let resets = log.lock().unwrap().resets;
+        dev.quiesce().unwrap();
+        assert_eq!(mirror.unmap_all().unwrap(), 2);
+        let log = log.lock().unwrap();
+        assert!(log.dma.is_empty(), "nothing mapped on the host");
+        assert_eq!((log.msix_enabled, log.msi_enabled, log.resets), (None, None, resets + 1));
+        assert_eq!(dev.config_read(0x04 / 4) & 0xffff, 0, "no decoding, no bus mastering");
+        assert!(dev.bar_mappings().is_empty());
+        assert_eq!(dev.config_read(0x70 / 4) >> 16 & 0x8000, 0, "MSI-X off");
     }
 
     #[test]

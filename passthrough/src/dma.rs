@@ -1,6 +1,7 @@
 //! Guest memory for a passed-through device's DMA: all of RAM at IOVA = GPA without an IOMMU (or
 //! while the endpoint is in bypass), and, behind the virtio-iommu, exactly what the guest maps.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use vm_device::dma::{DmaMapError, DmaMapListener};
@@ -13,12 +14,28 @@ pub struct DmaMirror {
     backend: SharedBackend,
     ram: GuestRamMap,
     identity: Mutex<bool>,
+    /// What the guest has mapped through the virtio-iommu: IOVA to size.
+    mapped: Mutex<BTreeMap<u64, u64>>,
 }
 
 impl DmaMirror {
     /// A mirror for `backend` over guest RAM `ram`.
     pub fn new(backend: SharedBackend, ram: GuestRamMap) -> Self {
-        DmaMirror { backend, ram, identity: Mutex::new(false) }
+        DmaMirror { backend, ram, identity: Mutex::new(false), mapped: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// Takes every mapping down, the guest's and the identity one: a device that left the guest
+    /// (unplugged) keeps nothing of its memory, whatever the guest had left mapped. Returns how
+    /// many of the guest's mappings were still there.
+    pub fn unmap_all(&self) -> Result<usize, BackendError> {
+        let mapped = std::mem::take(&mut *self.mapped.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut backend = lock(&self.backend);
+        for (&iova, &size) in &mapped {
+            backend.dma_unmap(iova, size)?;
+        }
+        drop(backend);
+        self.unmap_identity()?;
+        Ok(mapped.len())
     }
 
     /// Maps all guest RAM at IOVA = GPA.
@@ -59,10 +76,13 @@ impl DmaMapListener for DmaMirror {
     fn map(&self, iova: u64, gpa: u64, size: u64, write: bool) -> Result<(), DmaMapError> {
         lock(&self.backend)
             .dma_map(iova, size, gpa, write)
-            .map_err(|e| DmaMapError::new(format!("DMA map {iova:#x}+{size:#x}"), e))
+            .map_err(|e| DmaMapError::new(format!("DMA map {iova:#x}+{size:#x}"), e))?;
+        self.mapped.lock().unwrap_or_else(|p| p.into_inner()).insert(iova, size);
+        Ok(())
     }
 
     fn unmap(&self, iova: u64, size: u64) -> Result<(), DmaMapError> {
+        self.mapped.lock().unwrap_or_else(|p| p.into_inner()).remove(&iova);
         lock(&self.backend)
             .dma_unmap(iova, size)
             .map_err(|e| DmaMapError::new(format!("DMA unmap {iova:#x}+{size:#x}"), e))

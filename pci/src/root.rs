@@ -111,6 +111,9 @@ pub enum SlotError {
     /// The slot is empty.
     #[error("the slot of root port 00:{0:02x}.0 is empty")]
     Empty(u8),
+    /// The guest is letting the adapter go already.
+    #[error("the adapter in the slot of root port 00:{0:02x}.0 is being released already")]
+    Releasing(u8),
 }
 
 /// How an adapter arrives in a slot.
@@ -127,14 +130,21 @@ pub enum Arrival {
 pub enum Removal {
     /// Pulled without notice (a cable pulled): presence and link change events.
     Surprise,
-    /// After the guest let it go (it turned the slot's power off): no event.
+    /// After the guest let it go (it turned the slot's power off).
     Released,
 }
+
+/// What to do with an adapter once the guest has let it go (turned its slot's power off after
+/// an attention button press); it is called on the vCPU thread that wrote the power off, with
+/// the root complex locked.
+pub type OnRelease = Box<dyn FnOnce(Arc<Mutex<dyn PciDevice>>) + Send>;
 
 /// Bus 0, the root ports on it and the adapters in their slots.
 pub struct PciRoot {
     slots: BTreeMap<u8, Slot>,
     ports: BTreeMap<u8, Port>,
+    /// Orderly removals asked for and not yet done, by port.
+    releases: BTreeMap<u8, OnRelease>,
     mmio: Arc<Bus>,
     io: Arc<Bus>,
 }
@@ -142,7 +152,7 @@ pub struct PciRoot {
 impl PciRoot {
     /// A root complex with its host bridge at 00:00.0, mapping BARs onto `mmio` and `io`.
     pub fn new(mmio: Arc<Bus>, io: Arc<Bus>) -> Self {
-        let mut root = PciRoot { slots: BTreeMap::new(), ports: BTreeMap::new(), mmio, io };
+        let mut root = PciRoot { slots: BTreeMap::new(), ports: BTreeMap::new(), releases: BTreeMap::new(), mmio, io };
         root.slots.insert(0, Slot::new(Arc::new(Mutex::new(HostBridge::new()))));
         root
     }
@@ -188,13 +198,45 @@ impl PciRoot {
         Ok(())
     }
 
+    /// Asks the guest to let the adapter in the slot of the root port at `device_number` go: the
+    /// attention button is pressed, and once the guest turns the slot's power off the adapter
+    /// leaves the slot and `on_release` gets it.
+    pub fn request_release(&mut self, device_number: u8, on_release: OnRelease) -> Result<(), SlotError> {
+        let entry = self.ports.get(&device_number).ok_or(SlotError::NoPort(device_number))?;
+        if entry.adapter.is_none() {
+            return Err(SlotError::Empty(device_number));
+        }
+        if self.releases.contains_key(&device_number) {
+            return Err(SlotError::Releasing(device_number));
+        }
+        lock(&entry.port).press_attention_button();
+        self.releases.insert(device_number, on_release);
+        Ok(())
+    }
+
+    /// After a guest write to a root port: the adapter whose release was asked for leaves once
+    /// the slot's power is off.
+    fn complete_release(&mut self, devfn: u8) {
+        let number = devfn >> 3;
+        let powered_off = self.ports.get(&number).is_some_and(|p| !lock(&p.port).powered());
+        if !powered_off || !self.releases.contains_key(&number) {
+            return;
+        }
+        let on_release = self.releases.remove(&number).expect("checked above");
+        if let Ok(device) = self.unplug(number, Removal::Released) {
+            on_release(device);
+        }
+    }
+
     /// Takes the adapter out of the slot of the root port at `device_number`: its BARs leave the
-    /// bus, the port reports the change as `how` says. Returns the device.
+    /// bus, the port reports the change (a pulled cable: presence and link drop, with events; the
+    /// guest ignores them after it turned the power off itself). Returns the device.
     pub fn unplug(&mut self, device_number: u8, how: Removal) -> Result<Arc<Mutex<dyn PciDevice>>, SlotError> {
         let entry = self.ports.get_mut(&device_number).ok_or(SlotError::NoPort(device_number))?;
         let adapter = entry.adapter.take().ok_or(SlotError::Empty(device_number))?;
+        lock(&entry.port).surprise_removal();
         if how == Removal::Surprise {
-            lock(&entry.port).surprise_removal();
+            self.releases.remove(&device_number);
         }
         for old in &adapter.mapped {
             self.bus_for(old.kind).remove(old.addr);
@@ -251,6 +293,9 @@ impl PciRoot {
         let Some(slot) = self.slot(target) else { return };
         lock(&slot.device).config_write(offset, data);
         self.refresh_bars(target);
+        if let Target::Bus0(devfn) = target {
+            self.complete_release(devfn);
+        }
     }
 
     fn bus_for(&self, kind: BarKind) -> &Arc<Bus> {
@@ -532,5 +577,43 @@ mod tests {
         root.plug(3, echo(), Arrival::HotPlug).unwrap();
         root.unplug(3, Removal::Released).unwrap();
         assert_eq!(root.unplug(3, Removal::Released).err(), Some(SlotError::Empty(3)));
+    }
+
+    #[test]
+    fn an_orderly_release_ends_when_the_guest_turns_the_slot_off() {
+        use crate::pcie::{SLOT_CONTROL, SLOT_CONTROL_PCC, SLOT_STATUS_ABP};
+        let (root, mmio, port) = root_with_port(2);
+        let released = Arc::new(Mutex::new(None::<String>));
+        let on_release = |released: &Arc<Mutex<Option<String>>>| -> OnRelease {
+            let released = released.clone();
+            Box::new(move |device| *lock(&released) = Some(lock(&device).name().to_string()))
+        };
+        let mut ecam = PciConfigMmio::new(root.clone());
+        assert_eq!(lock(&root).request_release(2, on_release(&released)).err(), Some(SlotError::Empty(2)));
+        lock(&root).plug(2, echo(), Arrival::AtBoot).unwrap();
+        ecam.write((1 << 20) + 4, &2u16.to_le_bytes());
+        lock(&root).request_release(2, on_release(&released)).unwrap();
+        assert_ne!(lock(&port).slot_status() & SLOT_STATUS_ABP, 0, "the attention button");
+        let again = lock(&root).request_release(2, on_release(&released));
+        assert_eq!(again.err(), Some(SlotError::Releasing(2)));
+        // The guest unbinds the driver, then turns the slot's power off.
+        let control = (2 << 15) + 0x40 + SLOT_CONTROL as u64;
+        ecam.write(control, &0x0020u16.to_le_bytes());
+        assert!(lock(&released).is_none(), "powered still");
+        ecam.write(control, &(0x0020 | SLOT_CONTROL_PCC).to_le_bytes());
+        assert_eq!(lock(&released).as_deref(), Some("echo"));
+        let mut data = [0u8; 1];
+        assert_eq!(mmio.read(0xc000_0000, &mut data), vm_device::bus::Access::Unclaimed, "BAR gone");
+        assert!(!lock(&port).occupied());
+        // A surprise removal forgets a release that was asked for.
+        lock(&root).plug(2, echo(), Arrival::HotPlug).unwrap();
+        ecam.write(control, &0x0020u16.to_le_bytes());
+        let forgotten = Arc::new(Mutex::new(None::<String>));
+        lock(&root).request_release(2, on_release(&forgotten)).unwrap();
+        lock(&root).unplug(2, Removal::Surprise).unwrap();
+        lock(&root).plug(2, echo(), Arrival::HotPlug).unwrap();
+        ecam.write(control, &(0x0020 | SLOT_CONTROL_PCC).to_le_bytes());
+        assert!(lock(&forgotten).is_none(), "no release was pending any more");
+        assert!(lock(&port).occupied());
     }
 }

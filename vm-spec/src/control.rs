@@ -7,6 +7,8 @@
 //! | `GET /api/v1/vm.counters`   | 200 [`LiveCounters`]: the exit line's counter keys, live  |
 //! | `PUT /api/v1/vm.shutdown`   | 202 [`ShutdownAccepted`]; optional body [`ShutdownRequest`] |
 //! | `PUT /api/v1/vm.bounce-pool` | 200 [`BouncePool`]; body [`BouncePool`]: where the guest's swiotlb is |
+//! | `PUT /api/v1/vm.plug`       | 200 [`SlotInfo`]; body [`PlugRequest`]: a device into its empty hot-plug slot |
+//! | `PUT /api/v1/vm.unplug`     | 200 (surprise) or 202 (orderly: the guest lets go, then the slot empties) [`SlotInfo`]; body [`UnplugRequest`] |
 //!
 //! Errors are JSON [`ControlError`] bodies with 400, 404, 405 or 413. One request per connection
 //! is answered (`Connection: close`).
@@ -25,6 +27,10 @@ pub const VM_COUNTERS: &str = "/api/v1/vm.counters";
 pub const VM_SHUTDOWN: &str = "/api/v1/vm.shutdown";
 /// `PUT`: where the guest's swiotlb bounce pool is, so that the virtio-iommu counts its maps.
 pub const VM_BOUNCE_POOL: &str = "/api/v1/vm.bounce-pool";
+/// `PUT`: a device into its empty hot-plug slot.
+pub const VM_PLUG: &str = "/api/v1/vm.plug";
+/// `PUT`: a device out of its hot-plug slot, orderly or by surprise.
+pub const VM_UNPLUG: &str = "/api/v1/vm.unplug";
 /// Largest request the control socket reads, headers and body.
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
 /// Seconds the guest gets to power off after the power button before the VMM stops it.
@@ -59,6 +65,55 @@ pub struct VmInfo {
     /// How the VMM process is confined, once it jailed itself (none while it sets up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confinement: Option<crate::confinement::Confinement>,
+    /// The hot-plug slots and what is in them, once the devices are set up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slots: Vec<SlotInfo>,
+}
+
+/// What a hot-plug slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotState {
+    /// Nothing: the device waits for `vm.plug`.
+    Empty,
+    /// The device, present to the guest.
+    Occupied,
+    /// The device, its attention button pressed: the guest is letting it go (Linux's pciehp
+    /// waits 5 s, unbinds the driver and turns the slot's power off; then the slot is empty).
+    Releasing,
+}
+
+/// A hot-plug slot: `vm.info`'s `slots`, and the answer of `vm.plug` and `vm.unplug`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotInfo {
+    /// The device that belongs in it, as the spec names it (`vfio-user=...` or `vfio=...`).
+    pub device: String,
+    /// The root port whose slot it is, on the guest's bus 0 (`00:02.0`).
+    pub port: String,
+    /// Where the device is in the guest when plugged (`01:00.0`).
+    pub bdf: String,
+    /// What the slot holds now.
+    pub state: SlotState,
+}
+
+/// The body of `PUT /api/v1/vm.plug`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlugRequest {
+    /// The device, as the spec names it without its options (`vfio-user=/path`, `vfio=BDF`).
+    pub device: String,
+}
+
+/// The body of `PUT /api/v1/vm.unplug`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnplugRequest {
+    /// The device, as for `vm.plug`.
+    pub device: String,
+    /// Pull it without notice, as a cable pulled (default: press the attention button and let the
+    /// guest release it first).
+    #[serde(default)]
+    pub surprise: bool,
 }
 
 /// `GET /api/v1/vm.counters`: the counters of the exit line, as they are now.
@@ -137,6 +192,7 @@ mod tests {
             entry: Some("pvh".into()),
             config: VmSpec::new(Kernel::Probe),
             confinement: None,
+            slots: Vec::new(),
         };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(json["state"], "running");

@@ -80,22 +80,30 @@ pub struct DeviceSpec {
     pub backend: DeviceBackend,
     /// Where the guest sees it.
     pub slot: Slot,
+    /// Whether it is in its slot when the guest starts; a device that is not waits for the
+    /// control socket's `vm.plug` (a hot-plug slot only).
+    pub plugged: bool,
 }
 
 impl DeviceSpec {
     /// A host device bound to vfio-pci, on the root bus.
     pub fn vfio(bdf: Bdf) -> Self {
-        DeviceSpec { backend: DeviceBackend::Vfio(bdf), slot: Slot::Root }
+        DeviceSpec { backend: DeviceBackend::Vfio(bdf), slot: Slot::Root, plugged: true }
     }
 
     /// A vfio-user device at `socket`, on the root bus.
     pub fn vfio_user(socket: impl Into<PathBuf>) -> Self {
-        DeviceSpec { backend: DeviceBackend::VfioUser(socket.into()), slot: Slot::Root }
+        DeviceSpec { backend: DeviceBackend::VfioUser(socket.into()), slot: Slot::Root, plugged: true }
     }
 
     /// The same device in `slot`.
     pub fn in_slot(self, slot: Slot) -> Self {
         DeviceSpec { slot, ..self }
+    }
+
+    /// The same device, its slot empty when the guest starts (see [`DeviceSpec::plugged`]).
+    pub fn plugged_later(self) -> Self {
+        DeviceSpec { plugged: false, ..self }
     }
 }
 
@@ -112,6 +120,9 @@ pub struct RawDevice {
     /// The slot; the root bus when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<Slot>,
+    /// `false`: the slot starts empty; true when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugged: Option<bool>,
 }
 
 impl TryFrom<RawDevice> for DeviceSpec {
@@ -124,16 +135,18 @@ impl TryFrom<RawDevice> for DeviceSpec {
             (None, Some(_)) => return Err(DeviceSpecError("vfio-user: the socket path is empty".into())),
             _ => return Err(DeviceSpecError("give exactly one of \"vfio\" and \"vfio-user\"".into())),
         };
-        Ok(DeviceSpec { backend, slot: raw.slot.unwrap_or_default() })
+        let (slot, plugged) = (raw.slot.unwrap_or_default(), raw.plugged.unwrap_or(true));
+        DeviceSpec::placed(backend, slot, plugged)
     }
 }
 
 impl From<DeviceSpec> for RawDevice {
     fn from(spec: DeviceSpec) -> Self {
         let slot = (spec.slot != Slot::Root).then_some(spec.slot);
+        let plugged = (!spec.plugged).then_some(false);
         match spec.backend {
-            DeviceBackend::Vfio(bdf) => RawDevice { vfio: Some(bdf), vfio_user: None, slot },
-            DeviceBackend::VfioUser(path) => RawDevice { vfio: None, vfio_user: Some(path), slot },
+            DeviceBackend::Vfio(bdf) => RawDevice { vfio: Some(bdf), vfio_user: None, slot, plugged },
+            DeviceBackend::VfioUser(path) => RawDevice { vfio: None, vfio_user: Some(path), slot, plugged },
         }
     }
 }
@@ -156,18 +169,30 @@ impl FromStr for DeviceSpec {
                 return Err(DeviceSpecError(format!("{s:?}: {usage}")));
             }
         };
-        let mut slot = Slot::Root;
+        let (mut slot, mut plugged) = (Slot::Root, true);
         for option in parts {
             match option.split_once('=') {
                 Some(("slot", name)) => slot = name.parse()?,
+                Some(("plugged", "true")) => plugged = true,
+                Some(("plugged", "false")) => plugged = false,
                 _ => {
-                    return Err(DeviceSpecError(format!(
-                        "{s:?}: unknown option {option:?}; slot= is the one there is"
-                    )));
+                    let known = "slot=root|thunderbolt and plugged=true|false are the options";
+                    return Err(DeviceSpecError(format!("{s:?}: unknown option {option:?}; {known}")));
                 }
             }
         }
-        Ok(DeviceSpec { backend, slot })
+        DeviceSpec::placed(backend, slot, plugged)
+    }
+}
+
+impl DeviceSpec {
+    /// A device in `slot`, in it from the start or not; only a hot-plug slot can start empty.
+    fn placed(backend: DeviceBackend, slot: Slot, plugged: bool) -> Result<Self, DeviceSpecError> {
+        if !plugged && slot == Slot::Root {
+            let why = "plugged=false: the root bus has no hot-plug slot; give slot=thunderbolt too";
+            return Err(DeviceSpecError(why.into()));
+        }
+        Ok(DeviceSpec { backend, slot, plugged })
     }
 }
 
@@ -175,10 +200,14 @@ impl fmt::Display for DeviceSpec {
     /// The command-line form; the slot only when it is not the root bus (so a device's name in
     /// records and errors stays what it was before slots existed).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.slot {
-            Slot::Root => write!(f, "{}", self.backend),
-            slot => write!(f, "{},slot={slot}", self.backend),
+        write!(f, "{}", self.backend)?;
+        if self.slot != Slot::Root {
+            write!(f, ",slot={}", self.slot)?;
         }
+        if !self.plugged {
+            f.write_str(",plugged=false")?;
+        }
+        Ok(())
     }
 }
 
@@ -188,7 +217,12 @@ mod tests {
 
     #[test]
     fn command_line_forms_parse_and_print_back() {
-        for text in ["vfio=0000:63:00.0", "vfio-user=/tmp/x.sock", "vfio-user=/tmp/x.sock,slot=thunderbolt"] {
+        for text in [
+            "vfio=0000:63:00.0",
+            "vfio-user=/tmp/x.sock",
+            "vfio-user=/tmp/x.sock,slot=thunderbolt",
+            "vfio-user=/tmp/x.sock,slot=thunderbolt,plugged=false",
+        ] {
             assert_eq!(text.parse::<DeviceSpec>().unwrap().to_string(), text);
         }
         assert_eq!("vfio-user=/tmp/x.sock".parse::<DeviceSpec>(), Ok(DeviceSpec::vfio_user("/tmp/x.sock")));
@@ -200,6 +234,8 @@ mod tests {
             ("vfio-user=", "vfio-user="),
             ("vfio-user=/a,slot=usb4", "slot \"usb4\": write slot=root or slot=thunderbolt"),
             ("vfio-user=/a,speed=1", "unknown option \"speed=1\""),
+            ("vfio-user=/a,plugged=false", "the root bus has no hot-plug slot"),
+            ("vfio-user=/a,slot=thunderbolt,plugged=no", "unknown option \"plugged=no\""),
         ];
         for (text, expected) in cases {
             let err = text.parse::<DeviceSpec>().unwrap_err().to_string();
@@ -214,11 +250,16 @@ mod tests {
         let placed: DeviceSpec = serde_json::from_str(r#"{"vfio":"0000:63:00.0","slot":"thunderbolt"}"#).unwrap();
         assert_eq!(placed.slot, Slot::Thunderbolt);
         assert_eq!(serde_json::to_string(&placed).unwrap(), r#"{"vfio":"0000:63:00.0","slot":"thunderbolt"}"#);
+        let later = placed.plugged_later();
+        let json = serde_json::to_string(&later).unwrap();
+        assert_eq!(json, r#"{"vfio":"0000:63:00.0","slot":"thunderbolt","plugged":false}"#);
+        assert_eq!(serde_json::from_str::<DeviceSpec>(&json).unwrap(), later);
         let cases = [
             (r#"{"vfio":"0000:63:00.0","vfio-user":"/a"}"#, "exactly one"),
             (r#"{"slot":"root"}"#, "exactly one"),
             (r#"{"vfio-user":""}"#, "the socket path is empty"),
             (r#"{"vfio-user":"/a","slot":"pcie"}"#, "unknown variant `pcie`"),
+            (r#"{"vfio-user":"/a","plugged":false}"#, "the root bus has no hot-plug slot"),
             (r#"{"usb":"1"}"#, "unknown field `usb`"),
         ];
         for (json, expected) in cases {

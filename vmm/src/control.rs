@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 use jail::seccomp::BpfProgram;
 use vm_spec::confinement::Confinement;
 use vm_spec::control::{
-    BouncePool, ControlError as ErrorBody, DEFAULT_SHUTDOWN_GRACE_S, LiveCounters, MAX_REQUEST_BYTES, ShutdownAccepted,
-    ShutdownRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO, VM_SHUTDOWN, VmInfo, VmState,
+    BouncePool, ControlError as ErrorBody, DEFAULT_SHUTDOWN_GRACE_S, LiveCounters, MAX_REQUEST_BYTES, PlugRequest,
+    ShutdownAccepted, ShutdownRequest, SlotInfo, UnplugRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO, VM_PLUG,
+    VM_SHUTDOWN, VM_UNPLUG, VmInfo, VmState,
 };
 use vm_spec::{ExitCounts, VmSpec};
 
@@ -73,6 +74,12 @@ pub trait VmObserver: Send + Sync {
     fn press_power_button(&self) -> std::io::Result<()>;
     /// Tells the virtio-iommu where the guest's bounce pool is; why not, when it cannot.
     fn set_bounce_pool(&self, pool: BouncePool) -> Result<(), String>;
+    /// The hot-plug slots.
+    fn slots(&self) -> Vec<SlotInfo>;
+    /// Plugs a device into its slot; the HTTP status and why, when refused.
+    fn plug(&self, request: PlugRequest) -> Result<SlotInfo, (u16, String)>;
+    /// Pulls a device out of its slot; the HTTP status and why, when refused.
+    fn unplug(&self, request: UnplugRequest) -> Result<SlotInfo, (u16, String)>;
 }
 
 /// What the control thread knows of the VM, shared with the VMM's threads.
@@ -145,6 +152,7 @@ impl ControlState {
             entry: self.entry.get().cloned(),
             config: self.spec.clone(),
             confinement: self.confinement.get().cloned(),
+            slots: self.observer.get().map(|o| o.slots()).unwrap_or_default(),
         }
     }
 
@@ -322,13 +330,10 @@ fn read_request(stream: &mut UnixStream) -> Result<(String, String, Vec<u8>), An
 fn route(state: &ControlState, method: &str, path: &str, body: &[u8]) -> Answer {
     let allowed = match path {
         VM_INFO | VM_COUNTERS => "GET",
-        VM_SHUTDOWN | VM_BOUNCE_POOL => "PUT",
+        VM_SHUTDOWN | VM_BOUNCE_POOL | VM_PLUG | VM_UNPLUG => "PUT",
         _ => {
-            return error(
-                404,
-                "Not Found",
-                format!("no such route; there are {VM_INFO}, {VM_COUNTERS}, {VM_SHUTDOWN}, {VM_BOUNCE_POOL}"),
-            );
+            let routes = [VM_INFO, VM_COUNTERS, VM_SHUTDOWN, VM_BOUNCE_POOL, VM_PLUG, VM_UNPLUG];
+            return error(404, "Not Found", format!("no such route; there are {}", routes.join(", ")));
         }
     };
     if method != allowed {
@@ -337,6 +342,11 @@ fn route(state: &ControlState, method: &str, path: &str, body: &[u8]) -> Answer 
     match path {
         VM_INFO => json(200, "OK", &state.info()),
         VM_COUNTERS => json(200, "OK", &state.counters()),
+        VM_PLUG => slot_request(state, body, |o, r: PlugRequest| o.plug(r), 200),
+        VM_UNPLUG => {
+            let surprise = serde_json::from_slice::<UnplugRequest>(body).is_ok_and(|r| r.surprise);
+            slot_request(state, body, |o, r: UnplugRequest| o.unplug(r), if surprise { 200 } else { 202 })
+        }
         VM_BOUNCE_POOL => match serde_json::from_slice::<BouncePool>(body) {
             Err(e) => error(400, "Bad Request", format!("invalid body: {e}")),
             Ok(pool) if pool.end < pool.start => error(400, "Bad Request", "the pool ends before it starts"),
@@ -360,6 +370,35 @@ fn route(state: &ControlState, method: &str, path: &str, body: &[u8]) -> Answer 
                 Err(message) => error(400, "Bad Request", message),
             }
         }
+    }
+}
+
+/// A `vm.plug` or `vm.unplug`: the body parsed into `R`, handed to the running VM, its slot as
+/// the answer with status `ok`.
+fn slot_request<R: serde::de::DeserializeOwned>(
+    state: &ControlState,
+    body: &[u8],
+    act: impl FnOnce(&dyn VmObserver, R) -> Result<SlotInfo, (u16, String)>,
+    ok: u16,
+) -> Answer {
+    let request = match serde_json::from_slice::<R>(body) {
+        Ok(request) => request,
+        Err(e) => return error(400, "Bad Request", format!("invalid body: {e}")),
+    };
+    let Some(observer) = state.observer.get() else {
+        return error(409, "Conflict", "the VM is still booting");
+    };
+    match act(observer.as_ref(), request) {
+        Ok(slot) => json(ok, if ok == 200 { "OK" } else { "Accepted" }, &slot),
+        Err((status, why)) => error(status, reason_phrase(status), why),
+    }
+}
+
+fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        404 => "Not Found",
+        409 => "Conflict",
+        _ => "Internal Server Error",
     }
 }
 
@@ -393,6 +432,17 @@ mod tests {
         fn set_bounce_pool(&self, pool: BouncePool) -> Result<(), String> {
             *self.pool.lock().unwrap() = Some(pool);
             Ok(())
+        }
+        fn slots(&self) -> Vec<SlotInfo> {
+            Vec::new()
+        }
+        fn plug(&self, request: PlugRequest) -> Result<SlotInfo, (u16, String)> {
+            Err((404, format!("no device {:?}", request.device)))
+        }
+        fn unplug(&self, request: UnplugRequest) -> Result<SlotInfo, (u16, String)> {
+            use vm_spec::control::SlotState;
+            let state = if request.surprise { SlotState::Empty } else { SlotState::Releasing };
+            Ok(SlotInfo { device: request.device, port: "00:02.0".into(), bdf: "01:00.0".into(), state })
         }
     }
 
@@ -437,6 +487,16 @@ mod tests {
         assert_eq!(ask(&path, pool(r#"{"start":2,"end":1}"#).as_bytes()).0, 400, "ends before it starts");
         assert_eq!(ask(&path, pool(r#"{"start":2}"#).as_bytes()).0, 400);
         assert_eq!(ask(&path, b"GET /api/v1/vm.bounce-pool HTTP/1.1\r\n\r\n").0, 405);
+        let put_to = |route: &str, body: &str| {
+            format!("PUT /api/v1/{route} HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        };
+        let (status, why) = ask(&path, put_to("vm.plug", r#"{"device":"vfio-user=/x"}"#).as_bytes());
+        assert_eq!((status, why["error"].as_str()), (404, Some("no device \"vfio-user=/x\"")));
+        assert_eq!(ask(&path, put_to("vm.plug", r#"{"dev":"x"}"#).as_bytes()).0, 400);
+        let (status, slot) = ask(&path, put_to("vm.unplug", r#"{"device":"vfio-user=/x"}"#).as_bytes());
+        assert_eq!((status, slot["state"].as_str()), (202, Some("releasing")), "orderly: accepted");
+        let (status, slot) = ask(&path, put_to("vm.unplug", r#"{"device":"vfio-user=/x","surprise":true}"#).as_bytes());
+        assert_eq!((status, slot["state"].as_str()), (200, Some("empty")), "surprise: done");
 
         assert_eq!(ask(&path, b"POST /api/v1/vm.info HTTP/1.1\r\n\r\n").0, 405);
         assert_eq!(ask(&path, b"GET /api/v1/vm.reboot HTTP/1.1\r\n\r\n").0, 404);

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod exit;
+pub mod hotplug;
 pub mod interrupts;
 pub mod layout;
 pub mod memory;

@@ -30,10 +30,12 @@ use vm_device::bus::Bus;
 use vm_device::guest_event::GuestEventSink;
 use vm_device::interrupt::MsiInterrupts;
 use vm_device::memory_slots::GuestMemorySlots;
+use vm_spec::control::SlotState;
 use vm_spec::counters::{COUNTERS_REGION, COUNTERS_SIZE, ModelCounters};
 use vm_spec::{DeviceBackend, DeviceCounters, DeviceSpec, DeviceSummary, IommuSpec, Slot};
 
 use crate::acpi::{AcpiPlatform, RootPortNode, ViotTopology};
+use crate::hotplug::HotPlugSlot;
 use crate::layout::{
     PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE, pci_mmio64_start,
 };
@@ -73,8 +75,8 @@ pub struct Passthrough {
     pub spec: DeviceSpec,
     /// Its address on the guest's bus.
     pub bdf: String,
-    /// The bus-0 device number of its root port, in a Thunderbolt slot.
-    pub port: Option<u8>,
+    /// Its hot-plug slot, in a Thunderbolt slot.
+    pub slot: Option<HotPlugSlot>,
     /// The device.
     pub device: Arc<Mutex<PciPassthroughDevice>>,
     /// Its DMA view.
@@ -341,22 +343,34 @@ fn add_passthrough(
     )
     .map_err(|e| fail(e.to_string()))?;
     let mirror = Arc::new(DmaMirror::new(backend, ram.dma_view()));
-    match context.iommu {
+    // A device that waits for vm.plug gets its DMA routed when it is plugged.
+    match context.iommu.filter(|_| spec.plugged) {
         Some(handle) => handle
             .set_listener(placement.requester_id() as u32, mirror.clone())
             .map_err(|e| fail(format!("initial DMA mapping: {e}")))?,
-        None => mirror.map_identity().map_err(|e| fail(format!("mapping guest RAM for DMA: {e}")))?,
+        None if spec.plugged => mirror.map_identity().map_err(|e| fail(format!("mapping guest RAM for DMA: {e}")))?,
+        None => {}
     }
     let device = Arc::new(Mutex::new(device));
-    plug(context, placement, device.clone()).map_err(fail)?;
-    Ok(Passthrough { spec: spec.clone(), bdf, port: placement.port.map(|_| placement.number), device, mirror })
+    plug(context, placement, device.clone(), spec.plugged).map_err(fail)?;
+    let slot = placement.port.map(|_| {
+        let state = if spec.plugged { SlotState::Occupied } else { SlotState::Empty };
+        HotPlugSlot {
+            port: placement.number,
+            requester_id: placement.requester_id(),
+            state: Arc::new(Mutex::new(state)),
+        }
+    });
+    Ok(Passthrough { spec: spec.clone(), bdf, slot, device, mirror })
 }
 
-/// Puts `device` on bus 0, or into the slot of a new root port, as `placement` says.
+/// Puts `device` on bus 0, or into the slot of a new root port as `placement` says (the slot
+/// left empty when the device is `plugged` later).
 fn plug(
     context: &PassthroughContext<'_>,
     placement: Placement,
     device: Arc<Mutex<PciPassthroughDevice>>,
+    plugged: bool,
 ) -> Result<(), String> {
     let mut pci = lock(context.pci);
     let Some(port) = placement.port else {
@@ -366,6 +380,9 @@ fn plug(
         RootPort::new(placement.number as u16, context.interrupts.clone()).map_err(|e| e.to_string())?;
     root_port.assign(port.bus, port.window);
     pci.add_root_port(placement.number, Arc::new(Mutex::new(root_port))).map_err(|e| e.to_string())?;
+    if !plugged {
+        return Ok(());
+    }
     pci.plug(placement.number, device, Arrival::AtBoot).map_err(|e| e.to_string())
 }
 

@@ -318,6 +318,18 @@ impl VmObserver for RunningVm {
         self.platform.power_button.write(1)
     }
 
+    fn slots(&self) -> Vec<vm_spec::control::SlotInfo> {
+        self.platform.slots()
+    }
+
+    fn plug(&self, request: vm_spec::control::PlugRequest) -> Result<vm_spec::control::SlotInfo, (u16, String)> {
+        self.platform.plug(&request.device).map_err(|e| (e.status(), e.to_string()))
+    }
+
+    fn unplug(&self, request: vm_spec::control::UnplugRequest) -> Result<vm_spec::control::SlotInfo, (u16, String)> {
+        self.platform.unplug(&request.device, request.surprise).map_err(|e| (e.status(), e.to_string()))
+    }
+
     fn set_bounce_pool(&self, pool: vm_spec::control::BouncePool) -> Result<(), String> {
         let iommu = self.platform.iommu.as_ref().ok_or("the VM has no virtio-iommu to count bounced maps")?;
         iommu.set_bounce_pool(pool.start, pool.end.saturating_add(1));

@@ -116,8 +116,10 @@ impl Ecam {
         let command = self.read16(device, function, 0x04);
         // Decoding off while the BARs hold all ones.
         self.write16(device, function, 0x04, command & !0x3);
+        // A bridge (header type 1) has two BARs; its bus numbers and windows follow them.
+        let count = if self.read32(device, function, 0x0c) >> 16 & 0x7f == 1 { 2 } else { 6 };
         let mut index = 0;
-        while index < 6 {
+        while index < count {
             let offset = 0x10 + index as u16 * 4;
             let low = self.read32(device, function, offset);
             self.write32(device, function, offset, 0xffff_ffff);

@@ -158,6 +158,11 @@ impl AddressSpaces {
         self.listeners.insert(endpoint, listener);
     }
 
+    /// Stops routing `endpoint`'s maps and unmaps anywhere (its device left the guest).
+    pub fn remove_listener(&mut self, endpoint: u32) {
+        self.listeners.remove(&endpoint);
+    }
+
     /// Whether `endpoint` exists.
     pub fn has_endpoint(&self, endpoint: u32) -> bool {
         self.endpoints.contains_key(&endpoint)

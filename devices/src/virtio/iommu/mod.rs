@@ -84,6 +84,11 @@ impl IommuHandle {
         if bypass { listener.bypass(true) } else { Ok(()) }
     }
 
+    /// Stops routing `endpoint`'s maps and unmaps to its listener (its device left the guest).
+    pub fn remove_listener(&self, endpoint: u32) {
+        self.spaces().remove_listener(endpoint);
+    }
+
     /// Translates a DMA access; a refused access is counted as a fault.
     pub fn translate(&self, endpoint: u32, iova: u64, len: u64, access: Access) -> Result<u64, Fault> {
         let result = self.spaces().translate(endpoint, iova, len, access);

@@ -52,12 +52,15 @@ impl DriverlabEngine {
             Ok(watched) => watched,
             Err(e) => return Booted::failed(Ending::Refused(format!("watching the guest agent's log: {e}"))),
         };
+        // Devices whose slot starts empty are plugged once the guest is up, as a user plugs the
+        // cable into a booted machine.
+        let to_plug = spec.devices.iter().filter(|d| !d.plugged).map(|d| d.backend.to_string()).collect();
         let spawned = Instant::now();
         let vm = match VmProcess::new(&self.vmm, spec, KILL_GRACE).with_control(socket).start() {
             Ok(vm) => vm,
             Err(e) => return Booted::failed(Ending::Refused(e.to_string())),
         };
-        let watchdog = Watchdog::start(socket, watch, spawned, counters.clone(), agent_watch, waker);
+        let watchdog = Watchdog::start(socket, watch, spawned, counters.clone(), agent_watch, waker, to_plug);
         let outcome = vm.wait();
         let watched = watchdog.stop();
         let mut model = model;
@@ -68,6 +71,7 @@ impl DriverlabEngine {
             Err(e) => return Booted::failed(Ending::Refused(e.to_string())),
         };
         let (iommu, device_counters, device_error) = final_counts(&outcome, watched.last.as_ref());
+        let device_error = watched.plug_error.clone().or(device_error);
         Booted {
             ending: ending(&outcome),
             run_ms: outcome.exit.as_ref().map(|e| e.run_ms),
@@ -140,6 +144,8 @@ struct Watched {
     last: Option<LiveCounters>,
     silent_for: Option<Duration>,
     window: Window,
+    /// Why plugging a device into its slot failed.
+    plug_error: Option<String>,
 }
 
 /// The model's counts: through the VMM's control socket (`live`, the model's counters region)
@@ -164,6 +170,7 @@ impl Watchdog {
         source: Option<CounterSource>,
         agent_watch: FileWatch,
         waker: Waker,
+        to_plug: Vec<String>,
     ) -> Watchdog {
         let client = ControlClient::new(socket, Duration::from_secs(2));
         let mut watching = Watching {
@@ -175,6 +182,7 @@ impl Watchdog {
             bytes_seen: 0,
             frames: AgentFrames::default(),
             quiet_since: Instant::now(),
+            to_plug,
         };
         let thread = std::thread::spawn(move || {
             let mut looked = Instant::now();
@@ -215,6 +223,8 @@ struct Watching {
     bytes_seen: u64,
     frames: AgentFrames,
     quiet_since: Instant,
+    /// Devices to plug at the agent's first frame.
+    to_plug: Vec<String>,
 }
 
 impl Watching {
@@ -232,6 +242,24 @@ impl Watching {
             || client.counters().ok().and_then(|c| c.viommu),
             || client.counters().ok().and_then(|c| model_counts(&c, source)),
         );
+        self.plug_when_up();
+    }
+
+    /// At the agent's first frame (the kernel and its agent are up): plugs the devices whose
+    /// slots started empty, noting when.
+    fn plug_when_up(&mut self) {
+        if self.to_plug.is_empty() || self.watched.window.first_frame_ms.is_none() {
+            return;
+        }
+        for device in std::mem::take(&mut self.to_plug) {
+            match self.client.plug(&device) {
+                Ok(_) => self.watched.window.plugged_ms = Some(ms(self.spawned.elapsed())),
+                Err(e) => {
+                    tracing::warn!("plugging {device} into its slot: {e}");
+                    self.watched.plug_error = Some(format!("device {device}: plugging it into its slot: {e}"));
+                }
+            }
+        }
     }
 
     /// At the workload's begin, before its counters are read: tells the VMM where the guest's
@@ -282,5 +310,6 @@ impl Watching {
             || model_counts(fresh.borrow().as_ref().unwrap_or(&counters), source),
         );
         self.watched.last = Some(counters);
+        self.plug_when_up();
     }
 }

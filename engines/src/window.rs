@@ -30,6 +30,9 @@ pub struct Window {
     pub first_frame_ms: Option<f64>,
     /// When it saw `workload-begin`, ms after spawning the VMM: the cell is ready.
     pub begin_ms: Option<f64>,
+    /// When the device was plugged into its hot-plug slot (at the agent's first frame), ms
+    /// after spawning the VMM.
+    pub plugged_ms: Option<f64>,
 }
 
 impl Window {

@@ -116,6 +116,10 @@ pub struct Timings {
     pub driver_probe_ms: Option<f64>,
     /// From the kernel starting to the link coming up (Linux images: the agent's `link-up` step).
     pub link_up_ms: Option<f64>,
+    /// When the NIC was plugged into its Thunderbolt slot (at the agent's first frame), ms
+    /// after spawning the VMM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugged_ms: Option<f64>,
     /// From spawning the VMM to the lab seeing the agent's first frame (Linux images: the
     /// guest is up).
     #[serde(default)]

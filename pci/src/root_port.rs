@@ -60,7 +60,9 @@ pub struct RootPort {
 
 impl RootPort {
     /// A port whose slot has physical number `slot_number` (what pciehp names the slot after;
-    /// unique per machine), empty, powered, its link down.
+    /// unique per machine), empty, its power off (as firmware leaves an empty slot: Linux's
+    /// pciehp takes a powered, occupied slot at its start for one the boot scan enumerated, and
+    /// would not scan a card that arrived in between), its link down.
     pub fn new(slot_number: u16, interrupts: Arc<dyn MsiInterrupts>) -> Result<Self, PciError> {
         let mut config = PciConfiguration::bridge(IDS);
         let pcie = config.add_capability(CAPABILITY_ID, &pcie_body(slot_number), &pcie_writable())?;
@@ -72,6 +74,7 @@ impl RootPort {
         config.set_write_one_to_clear(pcie + ROOT_STATUS, &ROOT_STATUS_PME.to_le_bytes());
         let state = MsiConfig::new(msi::CONTROL_64BIT, 1, interrupts)?;
         let at = config.add_capability(msi::CAPABILITY_ID, &vec![0; state.size() - 2], &[])?;
+        config.set(pcie + SLOT_CONTROL, &SLOT_CONTROL_PCC.to_le_bytes());
         Ok(RootPort {
             name: format!("root port {slot_number}"),
             config,
@@ -129,8 +132,11 @@ impl RootPort {
         self.config.bridge_memory_window()
     }
 
-    /// An adapter that was in the slot before the guest started: present, link up, no event.
+    /// An adapter that was in the slot before the guest started: powered, present, link up, no
+    /// event.
     pub fn insert_at_boot(&mut self) {
+        let control = self.slot_control() & !SLOT_CONTROL_PCC;
+        self.set16(SLOT_CONTROL, control);
         self.set_presence(true, false);
     }
 
@@ -395,7 +401,9 @@ mod tests {
     #[test]
     fn the_guest_turns_the_slot_power_off_and_on() {
         let (mut port, _) = port();
-        assert!(port.powered());
+        assert!(!port.powered(), "an empty slot starts off");
+        port.insert_at_boot();
+        assert!(port.powered(), "firmware powers an occupied one");
         write16(&mut port, PCIE + SLOT_CONTROL, SLOT_CONTROL_PCC | 0x00c0);
         assert!(!port.powered());
         write16(&mut port, PCIE + SLOT_CONTROL, 0xffff);

@@ -24,6 +24,7 @@ pub(super) fn fill(record: &mut Record, booted: &Booted, output: &GuestOutput, n
     record.timings.vm_start_ms = booted.answered_ms;
     record.timings.agent_ready_ms = booted.window.first_frame_ms;
     record.timings.workload_start_ms = booted.window.begin_ms;
+    record.timings.plugged_ms = booted.window.plugged_ms;
     if let Some(exit) = &booted.exit {
         record.timings.vm_setup_ms = Some(exit.setup_ms);
         record.timings.first_serial_ms = exit.first_serial_ms;

@@ -57,7 +57,13 @@ impl Repetition<'_> {
                 (model.device_spec(), Some(model))
             }
         };
-        Ok(StartedDevice { spec: spec.in_slot(self.slot()), model, peer, counters })
+        // In a Thunderbolt slot, the NIC is plugged once the guest is up (the engine does it at
+        // the agent's first frame), as the user plugs the cable into a booted machine.
+        let spec = match self.slot() {
+            vm_spec::Slot::Thunderbolt if self.linux() => spec.in_slot(vm_spec::Slot::Thunderbolt).plugged_later(),
+            slot => spec.in_slot(slot),
+        };
+        Ok(StartedDevice { spec, model, peer, counters })
     }
 
     /// Where the guest sees the device: its matrix entry's slot.

@@ -357,7 +357,18 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
     std::fs::write(&matrix, &filled.stdout).unwrap();
     phase("seeds 000 and 001 in the box");
     let (run, last, out) = run_surviving(lab_box, &matrix.display().to_string(), phase);
+    // 3b. The same card, and the LAN7430, in a Thunderbolt slot (docs/vmm.md, "Hot-plug slots").
+    phase("the Thunderbolt slot");
+    let slot_runs: Vec<(String, String, Output)> =
+        ["nested-box-thunderbolt.toml", "nested-box-lan743x-thunderbolt.toml"]
+            .iter()
+            .map(|name| {
+                let pinned = pin(lab_box, root, scratch, name, f);
+                run_surviving(lab_box, &pinned.display().to_string(), phase)
+            })
+            .collect();
     let lab_box: &Box_ = lab_box;
+    thunderbolt_checks(lab_box, &slot_runs, f);
     f.check(
         last == format!("run {run}: 3 cells, 6 passed, 0 failed, 0 errors"),
         format!("seed run: {last}\n{}", String::from_utf8_lossy(&out.stderr)),
@@ -368,6 +379,16 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
     for (name, cell) in [("stock", &stock), ("rxpageorder-3", &order3), ("page-pool", &pool)] {
         f.check(cell.len() == 2 && cell.iter().all(|r| r["status"] == "PASS"), format!("{name}: two PASS"));
         for r in cell {
+            // On the root bus: a trusted device, the lazy domain, nothing bounced.
+            let dma = &r["guest_dma"];
+            f.check(
+                dma["slot"] == "root" && dma["domain"] == "DMA-FQ" && dma["untrusted"] == false,
+                format!("{name}: the guest's view of a root-bus device's DMA {dma}"),
+            );
+            f.check(
+                r["rx_bounced_maps_per_packet"] == 0.0,
+                format!("{name}: {} bounced", r["rx_bounced_maps_per_packet"]),
+            );
             f.check(r["engine"] == "driverlab", format!("{name}: engine {}", r["engine"]));
             // Each VMM in the box jailed itself (docs/vmm.md, "The jail"), and the record says how.
             let steps = r["exit"]["confinement"]["steps"].as_array().cloned().unwrap_or_default();
@@ -522,7 +543,8 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
     let token = second.token_file.display().to_string();
     let imported = second.cli(&["lab", "import", "--url", &second.url, "--token-file", &token, "--db", &db]);
     let said = String::from_utf8_lossy(&imported.stdout).to_string();
-    f.check(imported.status.success() && said.starts_with("imported 2 runs and 8 results"), format!("import: {said}"));
+    // The seeds (6 results), the Thunderbolt slot's two runs (2 and 1), the LAN7430 (2).
+    f.check(imported.status.success() && said.starts_with("imported 4 runs and 11 results"), format!("import: {said}"));
     let again = second.cli(&["lab", "import", "--url", &second.url, "--token-file", &token, "--db", &db]);
     f.check(
         String::from_utf8_lossy(&again.stdout).starts_with("imported 0 runs and 0 results"),
@@ -544,6 +566,66 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
         compared.status.success() && text.contains("qemu") && text.contains("driverlab"),
         format!("compare: {text}"),
     );
+}
+
+/// `lab pin` of `examples/NAME` into the scratch folder: its recipes built here, where the box
+/// reads its images.
+fn pin(lab_box: &Box_, root: &Path, scratch: &Path, name: &str, f: &mut Findings) -> std::path::PathBuf {
+    let pinned = lab_box.cli(&["lab", "pin", &root.join("examples").join(name).display().to_string()]);
+    f.check(pinned.status.success(), format!("lab pin {name}: {}", String::from_utf8_lossy(&pinned.stderr)));
+    let path = scratch.join(name);
+    std::fs::write(&path, &pinned.stdout).unwrap();
+    path
+}
+
+/// What the Thunderbolt slot's runs must show: the guest took each card for an untrusted device
+/// (strict domain, a bounce pool); atlantic bounced TX maps and no RX one, lan743x every RX map;
+/// a card pulled mid-traffic left the guest clean (the run passed: no oops, no warning, the
+/// driver unbound) with no IOMMU mapping.
+fn thunderbolt_checks(lab_box: &Box_, runs: &[(String, String, Output)], f: &mut Findings) {
+    let [(aq_run, aq_last, _), (lan_run, lan_last, _)] = runs else { unreachable!("two runs") };
+    f.check(aq_last == &format!("run {aq_run}: 2 cells, 2 passed, 0 failed, 0 errors"), format!("aqc100: {aq_last}"));
+    f.check(
+        lan_last == &format!("run {lan_run}: 1 cells, 1 passed, 0 failed, 0 errors"),
+        format!("lan743x: {lan_last}"),
+    );
+    let mut records = lab_box.records(aq_run);
+    records.extend(lab_box.records(lan_run));
+    for r in &records {
+        let dma = &r["guest_dma"];
+        let cell = format!("{} on {}", r["cell"]["workload"], r["cell"]["device"]);
+        f.check(
+            dma["slot"] == "thunderbolt"
+                && dma["domain"] == "DMA"
+                && dma["untrusted"] == true
+                && dma["swiotlb"] == true,
+            format!("{cell}: the guest's view of the device's DMA {dma}"),
+        );
+        f.check(r["timings"]["plugged_ms"].as_f64().is_some(), format!("{cell}: plugged once the guest was up"));
+    }
+    let by = |workload: &str| records.iter().find(|r| r["cell"]["workload"] == workload);
+    if let Some(tx) = by("tx-ipv6") {
+        let (bounced, rx_bounced) =
+            (tx["tx_bounced_maps_per_packet"].as_f64(), tx["rx_bounced_maps_per_packet"].as_f64());
+        f.check(
+            bounced.is_some_and(|b| b > 0.0) && rx_bounced == Some(0.0),
+            format!("atlantic TX: bounced TX maps/packet {bounced:?}, RX {rx_bounced:?} (RX pages are page-aligned)"),
+        );
+        eprintln!("{TEST}: thunderbolt atlantic TX maps/packet {}, bounced {bounced:?}", tx["tx_maps_per_packet"]);
+    }
+    if let Some(pulled) = by("rx-pulled") {
+        f.check(
+            pulled["timings"]["pulled_ms"].as_f64().is_some() && pulled["mappings_after_unload"] == 0,
+            format!(
+                "pulled mid-traffic: at {} ms, {} mappings after unload",
+                pulled["timings"]["pulled_ms"], pulled["mappings_after_unload"]
+            ),
+        );
+    }
+    if let Some(rx) = by("udp-rx") {
+        let bounced = rx["rx_bounced_maps_per_packet"].as_f64();
+        f.check(bounced.is_some_and(|b| b >= 0.9), format!("lan743x RX bounced maps/packet {bounced:?}"));
+    }
 }
 
 /// The box's matrix for the host's QEMU engine: the same images, the AQC100 model as its device,

@@ -54,7 +54,7 @@ impl DriverlabEngine {
         };
         // Devices whose slot starts empty are plugged once the guest is up, as a user plugs the
         // cable into a booted machine.
-        let to_plug = spec.devices.iter().filter(|d| !d.plugged).map(|d| d.backend.to_string()).collect();
+        let to_plug: Vec<String> = spec.devices.iter().filter(|d| !d.plugged).map(|d| d.backend.to_string()).collect();
         let spawned = Instant::now();
         let vm = match VmProcess::new(&self.vmm, spec, KILL_GRACE).with_control(socket).start() {
             Ok(vm) => vm,
@@ -182,6 +182,8 @@ impl Watchdog {
             bytes_seen: 0,
             frames: AgentFrames::default(),
             quiet_since: Instant::now(),
+            pull: None,
+            plugged: Vec::new(),
             to_plug,
         };
         let thread = std::thread::spawn(move || {
@@ -225,6 +227,10 @@ struct Watching {
     quiet_since: Instant,
     /// Devices to plug at the agent's first frame.
     to_plug: Vec<String>,
+    /// The device to pull by surprise, and when (set at the workload's begin).
+    pull: Option<(String, Instant)>,
+    /// The devices plugged at the agent's first frame.
+    plugged: Vec<String>,
 }
 
 impl Watching {
@@ -243,6 +249,7 @@ impl Watching {
             || client.counters().ok().and_then(|c| model_counts(&c, source)),
         );
         self.plug_when_up();
+        self.pull_when_due();
     }
 
     /// At the agent's first frame (the kernel and its agent are up): plugs the devices whose
@@ -252,6 +259,7 @@ impl Watching {
             return;
         }
         for device in std::mem::take(&mut self.to_plug) {
+            self.plugged.push(device.clone());
             match self.client.plug(&device) {
                 Ok(_) => self.watched.window.plugged_ms = Some(ms(self.spawned.elapsed())),
                 Err(e) => {
@@ -262,12 +270,29 @@ impl Watching {
         }
     }
 
+    /// Pulls the device out of its slot once its time has come (the `surprise-unplug` check).
+    fn pull_when_due(&mut self) {
+        let Some((device, _)) = self.pull.take_if(|(_, at)| Instant::now() >= *at) else { return };
+        match self.client.unplug(&device, true) {
+            Ok(_) => self.watched.window.pulled_ms = Some(ms(self.spawned.elapsed())),
+            Err(e) => {
+                tracing::warn!("pulling {device} out of its slot: {e}");
+                self.watched.plug_error = Some(format!("device {device}: pulling it out of its slot: {e}"));
+            }
+        }
+    }
+
     /// At the workload's begin, before its counters are read: tells the VMM where the guest's
     /// bounce pool is (the agent reported it in its `iommu-group` step), so that the window
-    /// counts the maps of bounced buffers.
-    fn before_the_workload(&self, kinds: &[FrameKind]) {
+    /// counts the maps of bounced buffers; and sets the time of a surprise pull.
+    fn before_the_workload(&mut self, kinds: &[FrameKind]) {
         if !kinds.contains(&FrameKind::WorkloadBegin) {
             return;
+        }
+        if let (Some(after), Some(device)) = (self.watch.surprise_unplug_after, self.plugged.first())
+            && self.watched.window.pulled_ms.is_none()
+        {
+            self.pull = Some((device.clone(), Instant::now() + after));
         }
         let Some(log) = self.watch.agent_log.as_deref() else { return };
         let Ok(data) = std::fs::read(log) else { return };
@@ -311,5 +336,6 @@ impl Watching {
         );
         self.watched.last = Some(counters);
         self.plug_when_up();
+        self.pull_when_due();
     }
 }

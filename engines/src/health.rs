@@ -93,7 +93,11 @@ pub fn check_nic(engine: &dyn Engine, dir: &Path, device: &DeviceSpec, frames: u
     let start = Instant::now();
     let booted = engine.boot(BootRequest {
         spec,
-        watch: Watch { silence: Duration::from_secs_f64(CHECK_TIMEOUT_S), agent_log: None },
+        watch: Watch {
+            silence: Duration::from_secs_f64(CHECK_TIMEOUT_S),
+            agent_log: None,
+            surprise_unplug_after: None,
+        },
         model: None,
         counters: None,
         dir,

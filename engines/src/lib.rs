@@ -125,6 +125,9 @@ pub struct Watch {
     pub silence: Duration,
     /// The guest agent's port (Linux images), read for the window's frames.
     pub agent_log: Option<PathBuf>,
+    /// Pull the hot-plugged device out of its slot without notice this long after the
+    /// workload's begin (the `surprise-unplug` check).
+    pub surprise_unplug_after: Option<Duration>,
 }
 
 /// What an engine is asked to run.

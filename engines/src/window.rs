@@ -33,6 +33,9 @@ pub struct Window {
     /// When the device was plugged into its hot-plug slot (at the agent's first frame), ms
     /// after spawning the VMM.
     pub plugged_ms: Option<f64>,
+    /// When it was pulled out by surprise (the `surprise-unplug` check), ms after spawning the
+    /// VMM.
+    pub pulled_ms: Option<f64>,
 }
 
 impl Window {

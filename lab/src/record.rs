@@ -120,6 +120,10 @@ pub struct Timings {
     /// after spawning the VMM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugged_ms: Option<f64>,
+    /// When it was pulled out by surprise (the `surprise-unplug` check), ms after spawning the
+    /// VMM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pulled_ms: Option<f64>,
     /// From spawning the VMM to the lab seeing the agent's first frame (Linux images: the
     /// guest is up).
     #[serde(default)]

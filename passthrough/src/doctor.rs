@@ -199,6 +199,7 @@ fn device_checks(sysfs: &Sysfs, bdf: Bdf) -> Vec<Check> {
         }
     });
     checks.push(reset(&device));
+    checks.push(slot(&device));
     let Some(group) = device.iommu_group else {
         checks.push(Check::fail(
             "group",
@@ -253,6 +254,34 @@ fn reset(device: &HostDevice) -> Check {
         )
     } else {
         Check::pass("reset", format!("vfio-pci resets {bdf} by {}", device.reset_methods.join(", then ")))
+    }
+}
+
+/// Where the guest will see the device when a matrix does not say: as the host sees it. A
+/// device the host takes for removable (behind an external-facing port: Thunderbolt) goes into a
+/// Thunderbolt slot, untrusted as on the host; any other on the root bus.
+fn slot(device: &HostDevice) -> Check {
+    let bdf = device.bdf;
+    match device.removable {
+        Some(true) => Check::pass(
+            "slot",
+            format!(
+                "the host takes {bdf} for a removable device (behind an external-facing port): Linux cells put it in a \
+                 thunderbolt slot (untrusted, strict IOMMU, bounced DMA) unless the matrix says slot = \"root\""
+            ),
+        ),
+        Some(false) => Check::pass(
+            "slot",
+            format!(
+                "the host takes {bdf} for a fixed device: cells put it on the root bus unless the matrix says otherwise"
+            ),
+        ),
+        None => Check::pass(
+            "slot",
+            format!(
+                "the host does not say whether {bdf} is removable: cells put it on the root bus unless the matrix says otherwise"
+            ),
+        ),
     }
 }
 
@@ -326,6 +355,15 @@ mod tests {
         assert_eq!(find(&checks, "iommu").status, Status::Pass);
         assert_eq!(find(&checks, "vfio").status, Status::Pass);
         assert_eq!(find(&checks, "memlock").status, Status::Pass);
+        assert!(find(&checks, "slot").detail.contains("does not say whether 0000:63:00.0 is removable"));
+        std::fs::write(root.path().join("sys/bus/pci/devices/0000:63:00.0/removable"), "removable\n").unwrap();
+        let again = check(&Sysfs::at(root.path()), &facts, Some("0000:63:00.0".parse().unwrap()), 256 << 20);
+        let slot = find(&again, "slot");
+        assert!(
+            slot.detail.contains("removable device") && slot.detail.contains("thunderbolt slot"),
+            "{}",
+            slot.detail
+        );
         let driver = find(&checks, "driver");
         assert_eq!(driver.status, Status::Fail);
         assert!(driver.detail.contains("atlantic"));

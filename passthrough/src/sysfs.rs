@@ -42,6 +42,9 @@ pub struct HostDevice {
     /// How the kernel can reset the function (`reset_method`: e.g. `flr`, `pm`, `bus`), in the
     /// order it tries them; empty when it cannot.
     pub reset_methods: Vec<String>,
+    /// Whether the kernel takes it for a removable (Thunderbolt-attached) device; `None` when it
+    /// does not say.
+    pub removable: Option<bool>,
 }
 
 impl Sysfs {
@@ -80,6 +83,7 @@ impl Sysfs {
             reset_methods: std::fs::read_to_string(dir.join("reset_method"))
                 .map(|text| text.split_whitespace().map(str::to_string).collect())
                 .unwrap_or_default(),
+            removable: vm_spec::host::pci_removable(&self.root, bdf),
         })
     }
 
@@ -174,6 +178,10 @@ mod tests {
             (0x1d6a, 0xb1, Some("vfio-pci"), Some(14))
         );
         assert_eq!(sysfs.iommu_groups(), vec![14]);
+        assert_eq!(dev.removable, None, "the kernel did not say");
+        std::fs::write(root.path().join("sys/bus/pci/devices/0000:63:00.1/removable"), "removable\n").unwrap();
+        let behind_a_port = sysfs.device("0000:63:00.1".parse().unwrap()).unwrap();
+        assert_eq!(behind_a_port.removable, Some(true));
         assert_eq!(sysfs.group_members(14).len(), 2);
         let missing = sysfs.device("0000:01:00.0".parse().unwrap()).unwrap_err();
         assert!(missing.to_string().contains("lspci -D"));

@@ -72,6 +72,20 @@ pub fn emulated_by_tcg() -> bool {
 /// transparent huge pages.
 pub const SHMEM_THP: &str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
 
+/// Whether the host kernel takes PCI device `bdf` for a removable one (sysfs `removable` under
+/// the sysfs tree at `root`, `/` on a real host): `Some(true)` below an external-facing root
+/// port, as a Thunderbolt-attached NIC is (Linux decides it with the same test by which it marks
+/// the device untrusted: `pci_set_removable()` in drivers/pci/probe.c), `Some(false)` when it is
+/// fixed, `None` when the kernel does not say.
+pub fn pci_removable(root: &Path, bdf: crate::Bdf) -> Option<bool> {
+    let path = root.join(format!("sys/bus/pci/devices/{bdf}/removable"));
+    match std::fs::read_to_string(path).ok()?.trim() {
+        "removable" => Some(true),
+        "fixed" => Some(false),
+        _ => None,
+    }
+}
+
 /// The host's setting for huge pages in shared memory (`never`, `advise`, `within_size`,
 /// `always`, `deny`, `force`), `None` where the kernel has no transparent huge pages.
 pub fn shmem_huge_pages() -> Option<String> {

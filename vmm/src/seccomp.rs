@@ -83,11 +83,19 @@ pub fn main_filter() -> Result<BpfProgram, SeccompError> {
 }
 
 /// The control thread's filter: its socket, and reading devices' counters (vfio-user messages and
-/// region reads are in the common set).
-pub fn control_filter() -> Result<BpfProgram, SeccompError> {
+/// region reads are in the common set). With `hotplug` (the VM has hot-plug slots) it also plugs
+/// and pulls devices: a departing device's decoding (KVM slots), vectors (irqfds, routes), reset
+/// and DMA maps; an arriving one's DMA maps.
+pub fn control_filter(hotplug: bool) -> Result<BpfProgram, SeccompError> {
     let mut rules = allow_all(RUNTIME);
     rules.extend(allow_all(COMMON));
     rules.extend(allow_all(CONTROL_ONLY));
+    if hotplug {
+        let mut requests: Vec<u64> =
+            [KVM_SET_GSI_ROUTING(), KVM_IRQFD(), KVM_SET_USER_MEMORY_REGION()].map(u64::from).to_vec();
+        requests.extend(device_ioctls());
+        rules.insert(libc::SYS_ioctl, ioctl_requests(&requests)?);
+    }
     compile(rules)
 }
 
@@ -113,9 +121,9 @@ pub fn vcpu_filter() -> Result<BpfProgram, SeccompError> {
     compile(rules)
 }
 
-/// Both filters.
-pub fn filters() -> Result<Filters, SeccompError> {
-    Ok(Filters { main: main_filter()?, vcpu: vcpu_filter()?, control: control_filter()? })
+/// The filters; `hotplug`: the VM has hot-plug slots (see [`control_filter`]).
+pub fn filters(hotplug: bool) -> Result<Filters, SeccompError> {
+    Ok(Filters { main: main_filter()?, vcpu: vcpu_filter()?, control: control_filter(hotplug)? })
 }
 
 /// Installs the handler that reports a seccomp violation before the process dies of it: one line
@@ -184,7 +192,7 @@ mod tests {
         assert_eq!(in_child(&vcpu, exec_shell), (true, libc::SIGSYS));
         assert_eq!(in_child(&vcpu, wrong_ioctl), (true, libc::SIGSYS));
         assert_eq!(in_child(&main, wrong_ioctl), (true, libc::SIGSYS));
-        let control = control_filter().unwrap();
+        let control = control_filter(false).unwrap();
         assert_eq!(in_child(&control, open_socket), (true, libc::SIGSYS));
         assert_eq!(in_child(&control, wrong_ioctl), (true, libc::SIGSYS));
         assert_eq!(in_child(&control, exec_shell), (true, libc::SIGSYS));
@@ -200,5 +208,21 @@ mod tests {
             unsafe { libc::write(2, std::ptr::null(), 0) };
         }
         assert_eq!(in_child(&vcpu, allowed), (false, 0));
+    }
+
+    #[test]
+    fn the_control_thread_drives_devices_only_in_a_vm_with_hot_plug_slots() {
+        fn reset_a_device() {
+            // SAFETY: VFIO_DEVICE_RESET on an invalid fd fails with EBADF: it was allowed.
+            unsafe { libc::syscall(libc::SYS_ioctl, -1, VFIO_DEVICE_RESET() as u64, 0) };
+        }
+        fn run_a_vcpu() {
+            // SAFETY: as above, KVM_RUN: a vCPU thread's call, never the control thread's.
+            unsafe { libc::syscall(libc::SYS_ioctl, -1, KVM_RUN() as u64, 0) };
+        }
+        let (plain, hotplug) = (control_filter(false).unwrap(), control_filter(true).unwrap());
+        assert_eq!(in_child(&plain, reset_a_device), (true, libc::SIGSYS));
+        assert_eq!(in_child(&hotplug, reset_a_device), (false, 0));
+        assert_eq!(in_child(&hotplug, run_a_vcpu), (true, libc::SIGSYS));
     }
 }

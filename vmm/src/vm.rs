@@ -155,7 +155,8 @@ impl Process {
         let pid = namespaces.as_ref().map_or(std::process::id(), |n| n.supervisor_pid);
         let stop = Arc::new(VmStop::new());
         let control = Arc::new(ControlState::new(spec.clone(), stop.clone(), pid));
-        let filters = if spec.seccomp { Some(crate::seccomp::filters()?) } else { None };
+        let hotplug = spec.devices.iter().any(|d| d.slot == vm_spec::Slot::Thunderbolt);
+        let filters = if spec.seccomp { Some(crate::seccomp::filters(hotplug)?) } else { None };
         let control_socket = options.control_socket.as_deref().map(ControlSocket::bind).transpose()?;
         Ok(Process { jail_spec, confinement, namespaces, stop, control, filters, control_socket })
     }

@@ -216,6 +216,12 @@ impl Checker<'_> {
                     if !(68..=16_000).contains(mtu) {
                         return Err(self.error(Some(span), format!("workload[{i}].mtu"), "68 to 16000"));
                     }
+                    if let Workload::Iperf3 { surprise_unplug_after_s: Some(after), .. } = w
+                        && !(after.is_finite() && *after > 0.0 && after < duration_s)
+                    {
+                        let field = format!("workload[{i}].surprise_unplug_after_s");
+                        return Err(self.error(Some(span), field, "more than 0 seconds and less than duration_s"));
+                    }
                 }
                 _ => {}
             }
@@ -263,6 +269,24 @@ impl Checker<'_> {
     /// (it drives bus 0), and which the QEMU engine does not build (its q35 ports are neither
     /// external-facing nor natively hot-plugged): such a cell would not be what it says.
     fn check_slots(&self, m: &Matrix, probe_cells: bool) -> Result<(), MatrixError> {
+        for (i, v) in m.variants.iter().enumerate() {
+            let probe =
+                m.images.iter().any(|im| im.get_ref().name == *v.get_ref().image.get_ref() && im.get_ref().is_probe());
+            if probe && v.get_ref().iommu_domain.is_some() {
+                let why = "the probe guest has no IOMMU domain to choose: iommu_domain is for Linux images";
+                return Err(self.error(Some(v.span()), format!("variant[{i}].iommu_domain"), why));
+            }
+        }
+        let pulls = m
+            .workloads
+            .iter()
+            .enumerate()
+            .find(|(_, w)| matches!(w.get_ref(), Workload::Iperf3 { surprise_unplug_after_s: Some(_), .. }));
+        let fixed = m.devices.iter().enumerate().find(|(_, d)| d.get_ref().slot != Some(vm_spec::Slot::Thunderbolt));
+        if let (Some((j, w)), Some((i, _))) = (pulls, fixed) {
+            let why = format!("device[{i}] is not in a thunderbolt slot: only a hot-plug slot's device can be pulled");
+            return Err(self.error(Some(w.span()), format!("workload[{j}].surprise_unplug_after_s"), why));
+        }
         let thunderbolt =
             m.devices.iter().enumerate().find(|(_, d)| d.get_ref().slot == Some(vm_spec::Slot::Thunderbolt));
         let Some((i, d)) = thunderbolt else { return Ok(()) };

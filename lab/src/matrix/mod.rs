@@ -283,6 +283,20 @@ pub struct Variant {
     /// values expands into one cell per value.
     #[serde(default)]
     pub params: BTreeMap<String, ParamValues>,
+    /// The IOMMU domain the guest gives the device (Linux images): `lazy` turns an untrusted
+    /// (Thunderbolt) device's strict domain into a lazy one before its driver binds, so that
+    /// the cost of strict unmaps can be told from the cost of bouncing, which stays [default:
+    /// what the guest's kernel picks].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iommu_domain: Option<IommuDomainChoice>,
+}
+
+/// A domain a variant asks the guest for.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum IommuDomainChoice {
+    /// `DMA-FQ`: unmaps flushed in batches.
+    Lazy,
 }
 
 /// One parameter's value, or the values to try.
@@ -356,6 +370,12 @@ pub enum Workload {
         /// mostly measures loss).
         #[serde(default)]
         bitrate_mbit: u32,
+        /// The `surprise-unplug` check: this many seconds into the traffic the device is pulled
+        /// out of its Thunderbolt slot without notice (a cable pulled); the guest must unbind
+        /// the driver without an oops or a warning, keep answering, and leave no IOMMU mapping
+        /// once the driver is unloaded. Devices in a Thunderbolt slot only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        surprise_unplug_after_s: Option<f64>,
     },
 }
 

@@ -155,6 +155,23 @@ fn a_thunderbolt_slot_needs_linux_on_driverlabs_vmm() {
     let err = parse(&thunderbolt(&qemu)).unwrap_err();
     assert_eq!(err.field, "image[1].engine", "{err}");
     assert!(err.message.contains("the QEMU engine has no thunderbolt slot"), "{err}");
+    let pulled = |after: &str| {
+        linux_only.replace("kind = \"iperf3\"", &format!("kind = \"iperf3\"\nsurprise_unplug_after_s = {after}"))
+    };
+    let err = parse(&pulled("3")).unwrap_err();
+    assert_eq!(err.field, "workload[0].surprise_unplug_after_s", "{err}");
+    assert!(err.message.contains("device[0] is not in a thunderbolt slot"), "{err}");
+    parse(&thunderbolt(&pulled("3"))).unwrap();
+    for bad in ["0", "10", "-1"] {
+        let err = parse(&thunderbolt(&pulled(bad))).unwrap_err();
+        assert!(err.message.contains("less than duration_s"), "{bad}: {err}");
+    }
+    let lazy = thunderbolt(&linux_only).replace("image = \"linux\"", "image = \"linux\"\niommu_domain = \"lazy\"");
+    let plan = parse(&lazy).unwrap();
+    let cmdline = crate::runner::cmdline(&plan, &plan.cells[0]);
+    assert!(cmdline.contains("driverlab.iommu_domain=lazy"), "{cmdline}");
+    let err = parse(&GOOD.replace("image = \"probe\"\n", "image = \"probe\"\niommu_domain = \"lazy\"\n")).unwrap_err();
+    assert_eq!(err.field, "variant[0].iommu_domain", "{err}");
     let err = parse(&linux_only.replace("model = \"aqc100\"", "model = \"aqc100\"\nslot = \"usb4\"")).unwrap_err();
     assert!(err.message.contains("unknown variant `usb4`, expected `root` or `thunderbolt`"), "{err}");
 }

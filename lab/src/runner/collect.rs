@@ -25,6 +25,7 @@ pub(super) fn fill(record: &mut Record, booted: &Booted, output: &GuestOutput, n
     record.timings.agent_ready_ms = booted.window.first_frame_ms;
     record.timings.workload_start_ms = booted.window.begin_ms;
     record.timings.plugged_ms = booted.window.plugged_ms;
+    record.timings.pulled_ms = booted.window.pulled_ms;
     if let Some(exit) = &booted.exit {
         record.timings.vm_setup_ms = Some(exit.setup_ms);
         record.timings.first_serial_ms = exit.first_serial_ms;

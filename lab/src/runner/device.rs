@@ -66,9 +66,24 @@ impl Repetition<'_> {
         Ok(StartedDevice { spec, model, peer, counters })
     }
 
-    /// Where the guest sees the device: its matrix entry's slot.
+    /// Where the guest sees the device: its matrix entry's slot; where the matrix does not say,
+    /// a host device's Linux cell on driverlab's VMM mirrors the host (a device the host takes
+    /// for removable, behind an external-facing port, goes into a Thunderbolt slot), and
+    /// anything else sits on the root bus.
     pub(super) fn slot(&self) -> vm_spec::Slot {
-        self.plan.plan.device(&self.cell.device).and_then(|d| d.slot).unwrap_or_default()
+        if let Some(slot) = self.plan.plan.device(&self.cell.device).and_then(|d| d.slot) {
+            return slot;
+        }
+        match self.source {
+            DeviceSource::Host { bdf, .. }
+                if self.linux()
+                    && self.image.engine == crate::matrix::EngineKind::Driverlab
+                    && vm_spec::host::pci_removable(std::path::Path::new("/"), *bdf) == Some(true) =>
+            {
+                vm_spec::Slot::Thunderbolt
+            }
+            _ => vm_spec::Slot::Root,
+        }
     }
 
     /// The workload's traffic peer, when it needs one: a namespace for a model, the host

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::env::LabEnv;
 use crate::failure::{CrashKind, Failure};
 use crate::images::RunPlan;
-use crate::matrix::{Cell, DeviceSource, Image};
+use crate::matrix::{Cell, DeviceSource, Image, Workload};
 use crate::record::{Crash, Record};
 use engines::{BootRequest, Booted, Watch};
 
@@ -103,9 +103,16 @@ impl<'a> Repetition<'a> {
         let device = self.start_device(record)?;
         let spec = self.vm_spec(&device)?;
         let files = self.plan.files(&self.image.name);
+        let surprise_unplug_after = match self.plan.plan.workload(&self.cell.workload) {
+            Some(Workload::Iperf3 { surprise_unplug_after_s: Some(after), .. }) => {
+                Some(Duration::from_secs_f64(*after))
+            }
+            _ => None,
+        };
         let watch = Watch {
             silence: Duration::from_secs_f64(self.plan.plan.matrix.silence_s),
             agent_log: self.linux().then(|| self.dir.join(output::AGENT_LOG)),
+            surprise_unplug_after,
         };
         let booted = engine.boot(BootRequest {
             spec,

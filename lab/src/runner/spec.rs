@@ -17,6 +17,10 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
     }
     if let Some(variant) = plan.variant(&cell.variant) {
         words.extend(variant.cmdline.split_whitespace().map(String::from));
+        if variant.iommu_domain == Some(crate::matrix::IommuDomainChoice::Lazy) {
+            // The agent writes the group's type before it loads the driver.
+            words.push("driverlab.iommu_domain=lazy".into());
+        }
     }
     words.extend(cell.params.iter().map(|(k, v)| format!("{k}={v}")));
     match plan.workload(&cell.workload) {
@@ -26,7 +30,17 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
             let nic = plan.device(&cell.device).and_then(Device::nic).unwrap_or(NicKind::Aqc100);
             words.extend(["probe.viommu_ops=0".into(), format!("probe.nic={nic}"), format!("probe.frames={frames}")]);
         }
-        Some(Workload::Iperf3 { direction, duration_s, ip, mtu, streams, protocol, bitrate_mbit, .. }) => {
+        Some(Workload::Iperf3 {
+            direction,
+            duration_s,
+            ip,
+            mtu,
+            streams,
+            protocol,
+            bitrate_mbit,
+            surprise_unplug_after_s,
+            ..
+        }) => {
             // The agent's words (guest-images/agent/init): its driver, the workload, the MTU.
             let driver =
                 plan.device(&cell.device).map_or_else(|| NicKind::Aqc100.linux_driver().into(), Device::linux_driver);
@@ -43,6 +57,10 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
                     ),
                 },
             ]);
+            if surprise_unplug_after_s.is_some() {
+                // The agent expects the device to go mid-traffic and checks how the guest took it.
+                words.push("driverlab.unplug=surprise".into());
+            }
         }
         None => {}
     }

@@ -284,7 +284,7 @@ pub struct Variant {
     #[serde(default)]
     pub params: BTreeMap<String, ParamValues>,
     /// The IOMMU domain the guest gives the device (Linux images): `lazy` turns an untrusted
-    /// (Thunderbolt) device's strict domain into a lazy one before its driver binds, so that
+    /// (Thunderbolt) device's strict domain into a lazy one once its driver bound, so that
     /// the cost of strict unmaps can be told from the cost of bouncing, which stays [default:
     /// what the guest's kernel picks].
     #[serde(default, skip_serializing_if = "Option::is_none")]

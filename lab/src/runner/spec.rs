@@ -18,7 +18,7 @@ pub fn cmdline(plan: &Plan, cell: &Cell) -> String {
     if let Some(variant) = plan.variant(&cell.variant) {
         words.extend(variant.cmdline.split_whitespace().map(String::from));
         if variant.iommu_domain == Some(crate::matrix::IommuDomainChoice::Lazy) {
-            // The agent writes the group's type before it loads the driver.
+            // The agent writes the group's type in its iommu-group step.
             words.push("driverlab.iommu_domain=lazy".into());
         }
     }

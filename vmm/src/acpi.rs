@@ -186,7 +186,8 @@ fn root_port_node(port: &RootPortNode, body: &mut Vec<u8>) {
     aml::Device::new(name.as_str().into(), children).to_aml_bytes(body);
 }
 
-fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
+/// The host bridge `PCI0`: its bus range and windows, `_OSC`, and a node per root port.
+fn pci0(platform: &AcpiPlatform) -> Vec<u8> {
     let mmio32_end = (PCI_MMIO32_START + PCI_MMIO32_SIZE - 1) as u32;
     let mmio64_end = platform.pci_mmio64_start + PCI_MMIO64_SIZE - 1;
     let bus = AddressSpace::<u16>::new_bus_number(0, PCI_LAST_BUS as u16);
@@ -223,8 +224,11 @@ fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
         root_port_node(port, &mut ports);
     }
     let ports = RawAml(ports);
-    let pci0 = aml::Device::new("PCI0".into(), vec![&hid, &cid, &adr, &seg, &uid, &bbn, &crs, &ports]);
+    bytes(&aml::Device::new("PCI0".into(), vec![&hid, &cid, &adr, &seg, &uid, &bbn, &crs, &ports]))
+}
 
+fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
+    let pci0 = RawAml(pci0(platform));
     let uart_hid = aml::EISAName::new("PNP0501");
     let uart_hid = aml::Name::new("_HID".into(), &uart_hid);
     let com1_uid = aml::Name::new("_UID".into(), &aml::ZERO);

@@ -103,7 +103,7 @@ fn debian_vmlinux_boots_via_pvh() {
             "[mem 0x0000000000000000-0x000000000009fbff] usable",
             "[mem 0x000000000009fc00-0x00000000000fffff] reserved",
             "[mem 0x0000000000100000-0x0000000007ffffff] usable",
-            "[mem 0x00000000e0000000-0x00000000e00fffff] reserved",
+            "[mem 0x00000000e0000000-0x00000000e1ffffff] reserved",
         ],
         "the kernel's E820 lines must match the VMM's map for 128 MiB"
     );

@@ -254,6 +254,27 @@ fn maps_split_by_direction_page_reuse_and_the_teardown_are_recorded() {
 }
 
 #[test]
+fn a_pulled_device_needs_no_throughput_but_a_clean_agent() {
+    let mut port = encode(0, "step", false, br#"{"step":"surprise-unplug","status":"ok","gone_within_s":0.01}"#);
+    port.extend(encode(1, "done", false, br#"{"ok":true,"failed":[]}"#));
+    let output = linux("", engines::agent::parse(&port));
+    let booted = Booted {
+        ending: Ending::Stopped { reason: ExitReason::Poweroff, detail: None },
+        ..Booted::failed(Ending::Killed)
+    };
+    let mut record = passed("rx-pulled");
+    let failure = judge(&booted, &output, &record, 60.0).unwrap_err();
+    assert_eq!(failure.to_string(), "the workload reported nothing", "no figures and no pull");
+    record.timings.pulled_ms = Some(12_000.0);
+    judge(&booted, &output, &record, 60.0).unwrap();
+    let mut port =
+        encode(0, "step", false, br#"{"step":"surprise-unplug","status":"fail","reason":"eth0 still exists"}"#);
+    port.extend(encode(1, "done", false, br#"{"ok":false,"failed":["surprise-unplug"]}"#));
+    let failure = judge(&booted, &linux("", engines::agent::parse(&port)), &record, 60.0).unwrap_err();
+    assert_eq!(failure.to_string(), "step surprise-unplug failed: eth0 still exists");
+}
+
+#[test]
 fn a_tx_workload_counts_maps_per_packet_sent() {
     let mut port = Vec::new();
     port.extend(encode(1, "netdev-before", false, br#"{"rx_packets":10,"tx_packets":100}"#));

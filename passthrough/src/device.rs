@@ -497,6 +497,15 @@ impl PciDevice for PciPassthroughDevice {
         }
         if offset < HEADER_END {
             self.shadow.write(offset, data);
+            // The BAR windows the guest reaches directly (KVM slots over the device's mmaps)
+            // leave before the device stops decoding and come after it starts: kernel VFIO
+            // zaps a BAR's mmap while memory decoding is off, and a vCPU touching a slot over a
+            // zapped mmap fails KVM_RUN with EFAULT (seen when a device was pulled while its
+            // driver was still at work).
+            let decoding = self.shadow.command() & pci::config::COMMAND_MEMORY != 0;
+            if !decoding {
+                self.refresh_slots();
+            }
             // The command register's decode and bus-master bits also go to the device.
             if offset <= COMMAND && offset + data.len() > COMMAND {
                 let command = self.shadow.command().to_le_bytes();
@@ -505,7 +514,9 @@ impl PciDevice for PciPassthroughDevice {
                     self.fail(e);
                 }
             }
-            self.refresh_slots();
+            if decoding {
+                self.refresh_slots();
+            }
             return;
         }
         if let Some((layout, _)) = &self.msix {

@@ -17,7 +17,7 @@ use passthrough::dma::DmaMirror;
 use pci::{Arrival, Removal, SlotError};
 use vm_spec::control::{SlotInfo, SlotState};
 
-use crate::platform::{Passthrough, Platform};
+use crate::platform::{Passthrough, Platform, lock};
 
 /// A device's hot-plug slot: its root port and what the slot holds.
 pub struct HotPlugSlot {
@@ -63,10 +63,6 @@ impl HotPlugError {
             HotPlugError::Device { .. } => 500,
         }
     }
-}
-
-fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What leaving the guest takes down: the device's decoding, vectors and DMA, then a reset, then

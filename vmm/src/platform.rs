@@ -352,7 +352,7 @@ fn add_passthrough(
         None => {}
     }
     let device = Arc::new(Mutex::new(device));
-    plug(context, placement, device.clone(), spec.plugged).map_err(fail)?;
+    place_on_bus(context, placement, device.clone(), spec.plugged).map_err(fail)?;
     let slot = placement.port.map(|_| {
         let state = if spec.plugged { SlotState::Occupied } else { SlotState::Empty };
         HotPlugSlot {
@@ -366,7 +366,7 @@ fn add_passthrough(
 
 /// Puts `device` on bus 0, or into the slot of a new root port as `placement` says (the slot
 /// left empty when the device is `plugged` later).
-fn plug(
+fn place_on_bus(
     context: &PassthroughContext<'_>,
     placement: Placement,
     device: Arc<Mutex<PciPassthroughDevice>>,
@@ -490,6 +490,7 @@ fn read_counters(backend: &SharedBackend) -> Option<ModelCounters> {
     }
 }
 
-fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Locks `m`, taking over a lock whose holder panicked.
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

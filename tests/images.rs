@@ -152,6 +152,20 @@ fn debian_kernel_variants_and_a_reproducible_initramfs() {
     assert!(modules.iter().any(|m| m["name"] == "phylink"), "lan743x's dependencies");
     assert_eq!(files["init"].as_str().unwrap(), guest_images::store::sha256(guest_images::AGENT.as_bytes()));
     assert_eq!(i["patches"][0]["subject"], m["patches"][0]["subject"]);
+    assert!(!files.contains_key("bin/sockperf") && i["tools"] == serde_json::json!([]), "no tool unasked");
+    // A latency workload's image: sockperf and its C++ runtime too, and another image.
+    let with_tool = [&args[..], &["--tool", "sockperf"]].concat();
+    let (code, path, stderr) = image(store, &with_tool);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_ne!(path, second, "another image");
+    let id = PathBuf::from(&path).parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    let t = manifest(store, &id);
+    assert_eq!(t["tools"], serde_json::json!(["sockperf"]));
+    let files = t["files"].as_object().unwrap();
+    assert!(files.contains_key("bin/sockperf") && files.keys().any(|f| f.contains("libstdc++")), "{files:?}");
+    let (code, _, stderr) = image(store, &["initramfs", "--kernel", kernel.as_str(), "--tool", "netperf"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("invalid value 'netperf'"), "{stderr}");
 
     linux_matrix(store, &kernel, &pp_id);
 }

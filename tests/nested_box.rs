@@ -390,6 +390,7 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
                 format!("{name}: {} bounced", r["rx_bounced_maps_per_packet"]),
             );
             f.check(r["engine"] == "driverlab", format!("{name}: engine {}", r["engine"]));
+            cpu_checks(name, r, f);
             // Each VMM in the box jailed itself (docs/vmm.md, "The jail"), and the record says how.
             let steps = r["exit"]["confinement"]["steps"].as_array().cloned().unwrap_or_default();
             for must in ["namespaces", "cgroup", "rlimits", "root", "identity", "no_new_privs"] {
@@ -536,6 +537,19 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
     keys.dedup();
     f.check(before == 2 && keys.len() == 2, format!("after resume: {before} records, {} distinct", keys.len()));
     f.check(records.iter().all(|r| r["status"] == "PASS"), "every lan743x record passed");
+    // The paced packet-rate from the guest: what the guest sent arrived at the peer, counted on
+    // both ends, and the driverlab engine in the box read what its VM cost its CPU.
+    if let Some(tx) = records.iter().find(|r| r["cell"]["workload"] == "udp-tx") {
+        let rate = &tx["workload"]["packet_rate"];
+        let (sent, delivered) = (rate["sent"].as_f64().unwrap_or(0.0), rate["delivered"].as_f64().unwrap_or(0.0));
+        f.check(
+            rate["frame_bytes"] == 512 && sent >= 1000.0 && delivered >= 0.9 * sent && delivered <= sent,
+            format!("lan743x packet-rate: {rate}"),
+        );
+        cpu_checks("lan743x packet-rate", tx, f);
+    } else {
+        f.check(false, "no lan743x packet-rate record");
+    }
 
     // 5. The fleet merge, and the QEMU engine's figures for the same images beside the box's.
     phase("import and the QEMU engine's figures");
@@ -543,8 +557,8 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
     let token = second.token_file.display().to_string();
     let imported = second.cli(&["lab", "import", "--url", &second.url, "--token-file", &token, "--db", &db]);
     let said = String::from_utf8_lossy(&imported.stdout).to_string();
-    // The seeds (6 results), the Thunderbolt slot's two runs (2 and 1), the LAN7430 (2).
-    f.check(imported.status.success() && said.starts_with("imported 4 runs and 11 results"), format!("import: {said}"));
+    // The seeds (6 results), the Thunderbolt slot's two runs (3 and 1), the LAN7430 (2).
+    f.check(imported.status.success() && said.starts_with("imported 4 runs and 12 results"), format!("import: {said}"));
     let again = second.cli(&["lab", "import", "--url", &second.url, "--token-file", &token, "--db", &db]);
     f.check(
         String::from_utf8_lossy(&again.stdout).starts_with("imported 0 runs and 0 results"),
@@ -568,6 +582,23 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
     );
 }
 
+/// What a record of the driverlab engine in the box says the CPU paid: the box's own vCPU
+/// threads (the VMM's, in the box) ran, the guest was busy, both per packet; the card's model runs
+/// on the host, beyond the box's sight, so its share is 0.
+fn cpu_checks(name: &str, r: &Value, f: &mut Findings) {
+    let cpu = &r["cpu"];
+    f.check(
+        cpu["host"]["vcpu_ns"].as_f64().is_some_and(|ns| ns > 0.0) && cpu["host"]["model_ns"] == 0,
+        format!("{name}: the host's CPU {cpu}"),
+    );
+    f.check(
+        cpu["guest_ns_per_packet"].as_f64().is_some_and(|ns| ns > 0.0)
+            && cpu["host_ns_per_packet"].as_f64().is_some_and(|ns| ns > 0.0)
+            && r["viommu_requests_per_packet"].as_f64().is_some_and(|n| n > 0.0),
+        format!("{name}: CPU and vIOMMU requests per packet {cpu} {}", r["viommu_requests_per_packet"]),
+    );
+}
+
 /// `lab pin` of `examples/NAME` into the scratch folder: its recipes built here, where the box
 /// reads its images.
 fn pin(lab_box: &Box_, root: &Path, scratch: &Path, name: &str, f: &mut Findings) -> std::path::PathBuf {
@@ -584,7 +615,7 @@ fn pin(lab_box: &Box_, root: &Path, scratch: &Path, name: &str, f: &mut Findings
 /// driver unbound) with no IOMMU mapping.
 fn thunderbolt_checks(lab_box: &Box_, runs: &[(String, String, Output)], f: &mut Findings) {
     let [(aq_run, aq_last, _), (lan_run, lan_last, _)] = runs else { unreachable!("two runs") };
-    f.check(aq_last == &format!("run {aq_run}: 2 cells, 2 passed, 0 failed, 0 errors"), format!("aqc100: {aq_last}"));
+    f.check(aq_last == &format!("run {aq_run}: 3 cells, 3 passed, 0 failed, 0 errors"), format!("aqc100: {aq_last}"));
     f.check(
         lan_last == &format!("run {lan_run}: 1 cells, 1 passed, 0 failed, 0 errors"),
         format!("lan743x: {lan_last}"),
@@ -613,12 +644,13 @@ fn thunderbolt_checks(lab_box: &Box_, runs: &[(String, String, Output)], f: &mut
         );
         eprintln!("{TEST}: thunderbolt atlantic TX maps/packet {}, bounced {bounced:?}", tx["tx_maps_per_packet"]);
     }
-    if let Some(pulled) = by("rx-pulled") {
+    for (workload, how) in [("rx-pulled", "pulled"), ("rx-released", "released in order")] {
+        let Some(gone) = by(workload) else { continue };
         f.check(
-            pulled["timings"]["pulled_ms"].as_f64().is_some() && pulled["mappings_after_unload"] == 0,
+            gone["timings"]["pulled_ms"].as_f64().is_some() && gone["mappings_after_unload"] == 0,
             format!(
-                "pulled mid-traffic: at {} ms, {} mappings after unload",
-                pulled["timings"]["pulled_ms"], pulled["mappings_after_unload"]
+                "{how} mid-traffic: at {} ms, {} mappings after unload",
+                gone["timings"]["pulled_ms"], gone["mappings_after_unload"]
             ),
         );
     }

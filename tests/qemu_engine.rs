@@ -176,6 +176,7 @@ fn the_probe_drives_devices_whose_bars_lie_above_4_gib() {
         accel: engines::qemu::Accel::Tcg,
         iommu: true,
         device: &device,
+        ssdt: None,
         com1: &serial,
         com2: None,
         trace: &trace,

@@ -51,7 +51,7 @@ pub async fn tcp(token: Arc<String>, mut request: Request, next: Next) -> Respon
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or_default();
     let ok: bool = given.as_bytes().ct_eq(token.as_bytes()).into();
     if !ok {
@@ -69,9 +69,26 @@ pub async fn tcp(token: Arc<String>, mut request: Request, next: Next) -> Respon
     next.run(request).await
 }
 
+/// The token of an `Authorization` value with the Bearer scheme, whose name is
+/// case-insensitive (RFC 9110 §11.1; RFC 6750 §2.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim_start_matches(' '))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_named_in_any_case() {
+        for value in ["Bearer abc", "bearer abc", "BEARER abc", "Bearer  abc"] {
+            assert_eq!(bearer_token(value), Some("abc"), "{value}");
+        }
+        for value in ["Basic abc", "Bearerabc", "abc", ""] {
+            assert_eq!(bearer_token(value), None, "{value}");
+        }
+    }
 
     #[test]
     fn a_token_file_needs_a_long_first_line_and_its_errors_never_quote_it() {

@@ -33,7 +33,12 @@ pub struct Answer {
     pub body: Vec<u8>,
     /// The `Link` header, when there is one (the next page of `GET /v1/results`).
     pub link: Option<String>,
+    /// The `Retry-After` header, when there is one (a 429).
+    pub retry_after: Option<String>,
 }
+
+/// How many times a GET refused with 429 and `Retry-After` is tried again.
+const RETRIES: usize = 30;
 
 impl Client {
     /// A client for the daemon on the Unix socket `socket`.
@@ -107,9 +112,9 @@ impl Client {
         let status = response.status().as_u16();
         let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
         let content_type = header("content-type").unwrap_or_default();
-        let link = header("link");
+        let (link, retry_after) = (header("link"), header("retry-after"));
         let body = response.into_body().collect().await.map_err(|e| ApiError::Http(e.to_string()))?.to_bytes();
-        Ok(Answer { status, content_type, body: body.to_vec(), link })
+        Ok(Answer { status, content_type, body: body.to_vec(), link, retry_after })
     }
 
     /// Sends one JSON request; returns the status and the body.
@@ -207,7 +212,18 @@ impl Client {
         body: Option<Vec<u8>>,
         expected: u16,
     ) -> Result<Answer, ClientError> {
-        let answer = self.call(method, path, headers, body).await?;
+        let mut answer = self.call(method, path, headers, body.clone()).await?;
+        // A read the daemon is too busy for now says when to come back (`Retry-After`).
+        for _ in 0..RETRIES {
+            let wait = answer.retry_after.as_deref().and_then(|s| s.trim().parse::<u64>().ok());
+            match wait {
+                Some(seconds) if answer.status == 429 && method == "GET" => {
+                    tokio::time::sleep(std::time::Duration::from_secs(seconds.clamp(1, 10))).await;
+                    answer = self.call(method, path, headers, body.clone()).await?;
+                }
+                _ => break,
+            }
+        }
         if answer.status != expected {
             return Err(ClientError::refused(&answer));
         }
@@ -276,8 +292,18 @@ impl Client {
 
     /// `GET /v1/runs`.
     pub async fn runs(&self) -> Result<Vec<crate::types::RunStatus>, ClientError> {
-        let answer = self.expect(("GET", "/v1/runs"), &[], None, 200).await?;
-        Ok(serde_json::from_slice(&answer.body)?)
+        let mut runs = Vec::new();
+        let mut path = "/v1/runs?limit=1000".to_string();
+        loop {
+            let answer = self.expect(("GET", &path), &[], None, 200).await?;
+            runs.extend(serde_json::from_slice::<Vec<crate::types::RunStatus>>(&answer.body)?);
+            // The next page, as its `Link` names it.
+            match answer.link.as_deref().and_then(|l| l.strip_prefix('<')?.split_once('>')).map(|(p, _)| p.to_string())
+            {
+                Some(next) if next.starts_with("/v1/runs?") => path = next,
+                _ => return Ok(runs),
+            }
+        }
     }
 
     /// `GET /v1/runs/{run}/report` in the media type `accept`, judged against `baseline`.
@@ -311,6 +337,8 @@ impl Client {
 
     /// Follows `run`'s events (`GET /v1/runs/{run}/events`), calling `each` with every event
     /// until the stream ends or `each` returns false; events that do not parse are skipped.
+    /// When the daemon has no stream to spare (429), the run's state is polled instead, once a
+    /// second, and handed over as `state` events until the run ends.
     pub async fn run_events(
         &self,
         run: &str,
@@ -323,8 +351,31 @@ impl Client {
             })
             .await?;
         match refused {
+            Some(429) => self.poll_run(run, each).await,
             Some(status) => Err(ClientError::Refused { status, message: "for the run's events".into() }),
             None => Ok(()),
+        }
+    }
+
+    /// The run's state once a second as `state` events, until it is neither queued nor running.
+    async fn poll_run(
+        &self,
+        run: &str,
+        mut each: impl FnMut(crate::types::RunEvent) -> bool,
+    ) -> Result<(), ClientError> {
+        use crate::types::RunEvent;
+        let note = "the daemon has no event stream to spare (429): following the run's state once a second";
+        if !each(RunEvent::Note { line: note.into() }) {
+            return Ok(());
+        }
+        loop {
+            let answer = self.expect(("GET", &format!("/v1/runs/{}", query_value(run))), &[], None, 200).await?;
+            let status: crate::types::RunStatus = serde_json::from_slice(&answer.body)?;
+            let ended = status.state.ended();
+            if !each(RunEvent::State { status }) || ended {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
     }
 

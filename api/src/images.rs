@@ -150,6 +150,19 @@ pub async fn build_module(State(daemon): State<Arc<Daemon>>, payload: Payload) -
     created(result)
 }
 
+/// The programs a build asks for, each one this lab knows.
+fn guest_tools(names: &[String]) -> Result<Vec<initramfs_build::GuestTool>, Problem> {
+    names
+        .iter()
+        .map(|t| {
+            t.parse::<initramfs_build::GuestTool>().map_err(|_| {
+                let known: Vec<&str> = initramfs_build::GuestTool::ALL.iter().map(|t| t.program()).collect();
+                Problem::unprocessable(format!("tools: {t:?} is none of {}", known.join(", ")))
+            })
+        })
+        .collect()
+}
+
 /// `POST /v1/images/initramfs`.
 #[utoipa::path(post, path = "/v1/images/initramfs", tag = "images", request_body = BuildInitramfs,
     responses(
@@ -178,12 +191,14 @@ pub async fn build_initramfs(State(daemon): State<Arc<Daemon>>, payload: Payload
         {
             return Err(Problem::unprocessable(format!("drivers: {d:?} is not a module's name")));
         }
+        let tools = guest_tools(&request.tools)?;
         blocking(move || {
             one_build(&daemon, || {
                 let build = initramfs_build::InitramfsRequest {
                     kernel: request.kernel.clone(),
                     modules: request.modules.clone(),
                     drivers: request.drivers.clone(),
+                    tools: tools.clone(),
                 };
                 Ok(initramfs_build::build(daemon.images(), &build)?.id)
             })
@@ -206,5 +221,17 @@ mod tests {
         for id in ["../etc", "kernel-", "kernel-../x", "kernel-b4ec/../../x", "probe", "kernel-xyz", ".scratch"] {
             assert!(id.parse::<ImageId>().is_err(), "{id}");
         }
+    }
+
+    #[test]
+    fn an_initramfs_build_takes_the_tools_this_lab_knows() {
+        let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(guest_tools(&names(&["sockperf"])).unwrap(), [initramfs_build::GuestTool::Sockperf]);
+        assert!(guest_tools(&[]).unwrap().is_empty());
+        let refused = guest_tools(&names(&["sockperf", "../bin/sh"])).unwrap_err();
+        assert_eq!(
+            (refused.status, refused.message.as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "tools: \"../bin/sh\" is none of sockperf, xdp-bench")
+        );
     }
 }

@@ -20,6 +20,7 @@ pub mod results;
 pub mod run_queue;
 pub mod runs;
 pub mod server;
+pub mod streamed;
 pub mod types;
 pub mod vm_table;
 pub mod vms;

@@ -15,11 +15,18 @@ pub struct Problem {
     pub code: &'static str,
     /// The message in the body.
     pub message: String,
+    /// Seconds after which a refused request may be tried again (`Retry-After`, with 429).
+    pub retry_after_s: Option<u32>,
 }
 
 impl Problem {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Problem {
-        Problem { status, code, message: message.into() }
+        Problem { status, code, message: message.into(), retry_after_s: None }
+    }
+
+    /// The same, saying when to try again (`Retry-After`).
+    pub fn retry_after(self, seconds: u32) -> Problem {
+        Problem { retry_after_s: Some(seconds), ..self }
     }
 
     /// 400: the request is malformed.
@@ -62,6 +69,11 @@ impl Problem {
         Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
     }
 
+    /// 431: the request's head (its target and header fields) is over the limit.
+    pub fn head_too_large(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "head_too_large", message)
+    }
+
     /// 415: a body of a type the endpoint does not take.
     pub fn unsupported_media_type(message: impl Into<String>) -> Problem {
         Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
@@ -83,6 +95,11 @@ impl Problem {
         Problem::new(StatusCode::TOO_MANY_REQUESTS, "busy", message)
     }
 
+    /// 507: the daemon's disk is too full to take the work.
+    pub fn insufficient_storage(message: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage", message)
+    }
+
     /// 500: the daemon failed (its database, its host).
     pub fn internal(message: impl Into<String>) -> Problem {
         Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
@@ -91,7 +108,12 @@ impl Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        (self.status, Json(ErrorBody { code: self.code.into(), message: self.message })).into_response()
+        let mut response =
+            (self.status, Json(ErrorBody { code: self.code.into(), message: self.message })).into_response();
+        if let Some(seconds) = self.retry_after_s {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 

@@ -39,6 +39,19 @@ pub struct ReportParams {
     pub baseline: Option<String>,
 }
 
+/// `GET /v1/runs?offset=N&limit=M`.
+#[derive(Debug, Default, Clone, serde::Deserialize, serde::Serialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RunsParams {
+    /// runs to skip, newest first [default: 0]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset: Option<usize>,
+    /// runs per page, 1 to 1000 [default: 100]; a `Link: <...>; rel="next"` header names the next page when there is one
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
 /// `GET /v1/vms/{id}/serial?follow=true`.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

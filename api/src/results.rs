@@ -1,5 +1,6 @@
 //! Results: the records of runs, filtered, as JSON, CSV or a KCIDB export.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -66,7 +67,7 @@ pub enum Format {
 }
 
 /// What `GET /v1/results` selects: its query, checked.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Filter {
     run: Option<String>,
     cell: Option<String>,
@@ -97,52 +98,122 @@ impl TryFrom<ResultsParams> for Filter {
 }
 
 impl Filter {
-    fn keeps(&self, r: &Record) -> bool {
-        self.cell.as_ref().is_none_or(|c| *c == r.cell.id)
-            && self.variant.as_ref().is_none_or(|v| *v == r.cell.variant)
-            && self.status.is_none_or(|s| s == r.status)
+    /// The selection as the database makes it.
+    fn records(&self) -> lab::results_db::RecordFilter<'_> {
+        lab::results_db::RecordFilter {
+            status: self.status,
+            cell: self.cell.as_deref(),
+            variant: self.variant.as_deref(),
+        }
+    }
+
+    /// The page it asks for, from the count of its selection in each run (`counts`, in the
+    /// listing's order): runs before the offset are skipped by their counts, never read. A
+    /// KCIDB export is its run whole.
+    fn page(&self, counts: &[(String, usize)]) -> Page {
+        let (mut skip, mut want) = match self.format {
+            Format::Kcidb => (0, usize::MAX),
+            _ => (self.offset, self.limit),
+        };
+        let mut page = Page::default();
+        for (run, n) in counts {
+            if skip >= *n {
+                skip -= n;
+                continue;
+            }
+            let available = n - skip;
+            if want == 0 {
+                page.more = true;
+                break;
+            }
+            let take = available.min(want);
+            page.parts.push((run.clone(), skip, take));
+            want -= take;
+            skip = 0;
+            if available > take {
+                page.more = true;
+                break;
+            }
+        }
+        page
     }
 }
 
-/// One CSV line per record, after a header line.
-fn csv(records: &[Record]) -> String {
-    let mut out = csv::Writer::from_writer(Vec::new());
-    let number = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
-    let header = [
-        "run",
-        "cell",
-        "key",
-        "variant",
-        "workload",
-        "device",
-        "repetition",
-        "status",
-        "reason",
-        "gbit_s",
-        "packets_per_s",
-        "maps_per_packet",
-        "total_ms",
-    ];
-    // Writing to memory fails only on a record of the wrong length, which these are not.
-    let _ = out.write_record(header);
-    for r in records {
-        let _ = out.write_record([
-            r.run.clone(),
-            r.cell.id.clone(),
-            r.cell.key(),
-            r.cell.variant.clone(),
-            r.cell.workload.clone(),
-            r.cell.device.clone(),
-            r.repetition.to_string(),
-            r.status.name().into(),
-            r.reason.clone().unwrap_or_default(),
-            number(r.workload.gbit_s),
-            number(r.workload.packets_per_s),
-            number(r.maps_per_packet),
-            r.timings.total_ms.to_string(),
-        ]);
+/// What a page holds: from each run, in the listing's order, where its share starts and how
+/// many records it has; and whether records follow the page.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Page {
+    parts: Vec<(String, usize, usize)>,
+    more: bool,
+}
+
+impl Page {
+    /// Records on the page.
+    fn len(&self) -> usize {
+        self.parts.iter().map(|p| p.2).sum()
     }
-    String::from_utf8(out.into_inner().unwrap_or_default()).unwrap_or_default()
+}
+
+/// Hands each record of a page to its visitor, one at a time.
+type EachRecord<'a> = dyn FnMut(&mut dyn FnMut(&Record) -> std::io::Result<()>) -> std::io::Result<()> + 'a;
+
+/// The CSV's columns.
+const CSV_HEADER: [&str; 13] = [
+    "run",
+    "cell",
+    "key",
+    "variant",
+    "workload",
+    "device",
+    "repetition",
+    "status",
+    "reason",
+    "gbit_s",
+    "packets_per_s",
+    "maps_per_packet",
+    "total_ms",
+];
+
+/// A record's CSV line (its text cells guarded against spreadsheet formulas).
+fn csv_row(r: &Record) -> [String; 13] {
+    let number = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
+    let text = lab::report::csv::text_cell;
+    [
+        text(&r.run),
+        text(&r.cell.id),
+        text(&r.cell.key()),
+        text(&r.cell.variant),
+        text(&r.cell.workload),
+        text(&r.cell.device),
+        r.repetition.to_string(),
+        r.status.name().into(),
+        text(r.reason.as_deref().unwrap_or_default()),
+        number(r.workload.gbit_s),
+        number(r.workload.packets_per_s),
+        number(r.maps_per_packet),
+        r.timings.total_ms.to_string(),
+    ]
+}
+
+/// Writes a header line and one CSV line per record.
+fn write_csv(out: &mut dyn std::io::Write, each: &mut EachRecord<'_>) -> std::io::Result<()> {
+    let mut csv = csv::Writer::from_writer(out);
+    csv.write_record(CSV_HEADER).map_err(std::io::Error::other)?;
+    each(&mut |r| csv.write_record(csv_row(r)).map_err(std::io::Error::other))?;
+    csv.flush()
+}
+
+/// Writes the records as one JSON array.
+fn write_json_array(out: &mut dyn std::io::Write, each: &mut EachRecord<'_>) -> std::io::Result<()> {
+    out.write_all(b"[")?;
+    let mut first = true;
+    each(&mut |r| {
+        if !std::mem::take(&mut first) {
+            out.write_all(b",")?;
+        }
+        serde_json::to_writer(&mut *out, r).map_err(std::io::Error::other)
+    })?;
+    out.write_all(b"]")
 }
 
 /// `GET /v1/results`.
@@ -157,60 +228,84 @@ fn csv(records: &[Record]) -> String {
 pub async fn list(State(daemon): State<Arc<Daemon>>, Params(params): Params<ResultsParams>) -> Response {
     let result = async {
         let filter = Filter::try_from(params.clone())?;
-        blocking(move || {
-            let store = daemon.store()?;
+        let permit = daemon.heavy_read()?;
+        let shared = daemon.clone();
+        let (filter, counts, kcidb) = blocking(move || {
+            let store = shared.store()?;
             let runs = match &filter.run {
                 Some(run) => vec![store.run(run)?],
                 None => store.runs()?,
             };
-            if filter.format == Format::Kcidb {
-                let info = &runs[0];
-                let records: Vec<Record> = store.records(&info.id)?.into_iter().filter(|r| filter.keeps(r)).collect();
-                let doc = lab::kcidb::export(info, &records, &store.artifacts(&info.id));
-                return Ok(("application/json", serde_json::to_string_pretty(&doc).expect("JSON"), None));
-            }
-            // The page: skip `offset` of the selection, keep `limit`, and look one further to
-            // know whether there is a next page; stop reading there.
-            let (mut records, mut skipped, mut more) = (Vec::new(), 0, false);
-            for info in &runs {
-                store.visit_records(&info.id, |r| {
-                    if !filter.keeps(&r) {
-                        return true;
-                    }
-                    if skipped < filter.offset {
-                        skipped += 1;
-                        return true;
-                    }
-                    if records.len() == filter.limit {
-                        more = true;
-                        return false;
-                    }
-                    records.push(r);
-                    true
-                })?;
-                if more {
-                    break;
+            let counts = runs
+                .iter()
+                .map(|info| Ok((info.id.clone(), store.count_records(&info.id, &filter.records())?)))
+                .collect::<Result<Vec<_>, Problem>>()?;
+            let kcidb = match (filter.format, runs.into_iter().next()) {
+                (Format::Kcidb, Some(info)) => {
+                    let images: BTreeSet<String> = store.run_plan(&info.id)?.2.into_iter().map(|c| c.image).collect();
+                    Some((info, images))
                 }
-            }
-            let next = more.then(|| next_page(params, filter.offset + records.len()));
-            Ok(match filter.format {
-                Format::Csv => ("text/csv; charset=utf-8", csv(&records), next),
-                _ => ("application/json", serde_json::to_string(&records).expect("records serialize"), next),
-            })
+                _ => None,
+            };
+            Ok((filter, counts, kcidb))
         })
-        .await
+        .await?;
+        Ok::<_, Problem>(answer(daemon, permit, params, filter, &counts, kcidb))
     }
     .await;
-    match result {
-        Ok((content_type, body, next)) => {
-            let mut response = ([(header::CONTENT_TYPE, content_type)], body).into_response();
-            if let Some(next) = next.and_then(|n| header::HeaderValue::from_str(&format!("<{n}>; rel=\"next\"")).ok()) {
-                response.headers_mut().insert(header::LINK, next);
+    result.unwrap_or_else(Problem::into_response)
+}
+
+/// The answer: its headers now (the next page's link, from the counts), its body written as
+/// the records are read, one at a time.
+fn answer(
+    daemon: Arc<Daemon>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    params: ResultsParams,
+    filter: Filter,
+    counts: &[(String, usize)],
+    kcidb: Option<(lab::results_db::RunInfo, BTreeSet<String>)>,
+) -> Response {
+    let page = filter.page(counts);
+    let next = page.more.then(|| next_page(params, filter.offset + page.len()));
+    let content_type = match filter.format {
+        Format::Csv => "text/csv; charset=utf-8",
+        Format::Json | Format::Kcidb => "application/json",
+    };
+    let body = crate::streamed::body(permit, move |out| {
+        let store = daemon.store().map_err(|p| std::io::Error::other(p.message))?;
+        let mut each = |visit: &mut dyn FnMut(&Record) -> std::io::Result<()>| -> std::io::Result<()> {
+            for (run, offset, limit) in &page.parts {
+                let mut failed = None;
+                let visited = store.visit_page(run, &filter.records(), (*offset, *limit), |r| match visit(&r) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        failed = Some(e);
+                        false
+                    }
+                });
+                visited.map_err(std::io::Error::other)?;
+                failed.map_or(Ok(()), Err)?;
             }
-            response
+            Ok(())
+        };
+        match kcidb {
+            Some((info, images)) => {
+                let artifacts = store.artifacts(&info.id);
+                let mut doc =
+                    lab::kcidb::KcidbWriter::start(out, &info, images.iter().map(String::as_str), &artifacts)?;
+                each(&mut |r| doc.test(r))?;
+                doc.finish()
+            }
+            None if filter.format == Format::Csv => write_csv(out, &mut each),
+            None => write_json_array(out, &mut each),
         }
-        Err(p) => p.into_response(),
+    });
+    let mut response = ([(header::CONTENT_TYPE, content_type)], body).into_response();
+    if let Some(next) = next.and_then(|n| header::HeaderValue::from_str(&format!("<{n}>; rel=\"next\"")).ok()) {
+        response.headers_mut().insert(header::LINK, next);
     }
+    response
 }
 
 /// The next page's path: the same query with `offset` set to `offset`.
@@ -252,6 +347,22 @@ mod tests {
         let params = serde_urlencoded::from_str("run=r 1&offset=5&limit=2").unwrap();
         assert_eq!(next_page(params, 7), "/v1/results?run=r+1&offset=7&limit=2", "the same selection, the next offset");
     }
+
+    #[test]
+    fn a_page_is_cut_from_the_runs_counts_and_knows_whether_more_follow() {
+        let counts: Vec<(String, usize)> = [("a", 3), ("b", 0), ("c", 5)].map(|(r, n)| (r.to_string(), n)).into();
+        let parts = |page: &Page| page.parts.iter().map(|(r, o, n)| format!("{r}:{o}+{n}")).collect::<Vec<_>>();
+        let page = filter("offset=2&limit=4").unwrap().page(&counts);
+        assert_eq!((parts(&page), page.more, page.len()), (vec!["a:2+1".into(), "c:0+3".into()], true, 4));
+        let page = filter("offset=3&limit=5").unwrap().page(&counts);
+        assert_eq!((parts(&page), page.more), (vec!["c:0+5".to_string()], false), "the last page");
+        let page = filter("offset=0&limit=3").unwrap().page(&counts);
+        assert_eq!((parts(&page), page.more), (vec!["a:0+3".to_string()], true), "ends at a run's end, more after");
+        let page = filter(&format!("offset={}", usize::MAX)).unwrap().page(&counts);
+        assert_eq!((page.parts.len(), page.more), (0, false), "an offset past everything is an empty page at once");
+        let page = filter("run=c&format=kcidb&limit=1&offset=4").unwrap().page(&counts[2..]);
+        assert_eq!((parts(&page), page.more), (vec!["c:0+5".to_string()], false), "an export is its run whole");
+    }
 }
 
 /// `GET /v1/database`: a consistent copy of the daemon's results database (SQLite), for
@@ -261,16 +372,31 @@ mod tests {
         (status = 200, description = "The results database, an SQLite file", content((Vec<u8> = "application/vnd.sqlite3"))),
     ))]
 pub async fn database(State(daemon): State<Arc<Daemon>>) -> Response {
-    let result = blocking(move || {
-        let store = daemon.store()?;
-        let dir = tempfile::tempdir().map_err(|e| Problem::internal(format!("a folder for the copy: {e}")))?;
-        let copy = dir.path().join("lab.db");
-        store.snapshot(&copy)?;
-        std::fs::read(&copy).map_err(|e| Problem::internal(format!("reading the copy: {e}")))
-    })
+    let result = async {
+        let permit = daemon.heavy_read()?;
+        // The copy goes to a file, not to memory; the answer reads it out a chunk at a time and
+        // the folder goes with the answer.
+        blocking(move || {
+            let store = daemon.store()?;
+            let dir = tempfile::tempdir().map_err(|e| Problem::internal(format!("a folder for the copy: {e}")))?;
+            let copy = dir.path().join("lab.db");
+            store.snapshot(&copy)?;
+            let file = std::fs::File::open(&copy).map_err(|e| Problem::internal(format!("the copy: {e}")))?;
+            let length = file.metadata().map_err(|e| Problem::internal(format!("the copy: {e}")))?.len();
+            Ok((permit, dir, file, length))
+        })
+        .await
+    }
     .await;
     match result {
-        Ok(bytes) => ([(header::CONTENT_TYPE, "application/vnd.sqlite3")], bytes).into_response(),
+        Ok((permit, dir, mut file, length)) => {
+            let body = crate::streamed::body((permit, dir), move |out| std::io::copy(&mut file, out).map(drop));
+            let headers = [
+                (header::CONTENT_TYPE, "application/vnd.sqlite3".to_string()),
+                (header::CONTENT_LENGTH, length.to_string()),
+            ];
+            (headers, body).into_response()
+        }
         Err(problem) => problem.into_response(),
     }
 }

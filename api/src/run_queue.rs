@@ -33,6 +33,8 @@ struct Shared {
     wake: Condvar,
     db: PathBuf,
     env: Arc<LabEnv>,
+    /// Ended runs to keep (`serve --keep-runs`); older ones go as runs end.
+    keep_runs: Option<usize>,
 }
 
 #[derive(Default)]
@@ -41,19 +43,57 @@ struct Queue {
     live: HashMap<String, Live>,
     /// Places taken by requests that are creating or claiming their run.
     reserved: usize,
+    /// The results those requests hold against [`MAX_QUEUED_RESULTS`].
+    reserved_results: usize,
 }
 
-/// A place in the queue, taken before a run is created or claimed, so that a run exists only
-/// once it is sure to be queued; given back when dropped unused.
+impl Queue {
+    /// The results of the live runs and of the places held for runs about to be queued.
+    fn results_taken(&self) -> usize {
+        self.live.values().map(|l| results_of(&l.plan)).sum::<usize>() + self.reserved_results
+    }
+}
+
+/// The results a run plan asks for.
+fn results_of(plan: &RunPlan) -> usize {
+    plan.plan.results()
+}
+
+/// A place in the queue and the results its run will have, taken before the run is created or
+/// claimed, so that a run exists (or is claimed) only once it is sure to be queued; given back
+/// when dropped unused.
 pub(crate) struct Reservation<'a> {
     shared: &'a Shared,
+    results: usize,
     used: bool,
+}
+
+impl Reservation<'_> {
+    /// Holds `wanted` results (a plan's [`lab::matrix::Plan::results`]) against
+    /// [`MAX_QUEUED_RESULTS`], or says 429: before the run is created or claimed, so that a
+    /// refusal leaves nothing behind.
+    pub(crate) fn hold_results(&mut self, wanted: usize) -> Result<(), Problem> {
+        let mut queue = lock(&self.shared.queue);
+        queue.reserved_results -= self.results;
+        self.results = 0;
+        let taken = queue.results_taken();
+        if taken + wanted > MAX_QUEUED_RESULTS {
+            return Err(Problem::busy(format!(
+                "{taken} results are queued or running and this run has {wanted}; the daemon takes {MAX_QUEUED_RESULTS} at once"
+            )));
+        }
+        queue.reserved_results += wanted;
+        self.results = wanted;
+        Ok(())
+    }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
+        let mut queue = lock(&self.shared.queue);
+        queue.reserved_results -= self.results;
         if !self.used {
-            lock(&self.shared.queue).reserved -= 1;
+            queue.reserved -= 1;
         }
     }
 }
@@ -73,8 +113,8 @@ fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
 
 impl RunQueue {
     /// The queue, with its worker thread.
-    pub fn start(db: PathBuf, env: Arc<LabEnv>) -> RunQueue {
-        let shared = Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), db, env });
+    pub fn start(db: PathBuf, env: Arc<LabEnv>, keep_runs: Option<usize>) -> RunQueue {
+        let shared = Arc::new(Shared { queue: Mutex::default(), wake: Condvar::new(), db, env, keep_runs });
         let worker = shared.clone();
         std::thread::Builder::new()
             .name("run-worker".into())
@@ -90,26 +130,24 @@ impl RunQueue {
             return Err(Problem::busy(format!("{MAX_QUEUED} runs are waiting already; try again when one has run")));
         }
         queue.reserved += 1;
-        Ok(Reservation { shared: &self.shared, used: false })
+        Ok(Reservation { shared: &self.shared, results: 0, used: false })
     }
 
     /// Queues `run` (created, or claimed for a resume) to execute `plan`, in the place
-    /// `reservation` holds; 409 if the run is live already (two resumes at once).
+    /// `reservation` holds with the plan's results ([`Reservation::hold_results`], which this
+    /// takes for a caller that did not); 409 if the run is live already (two resumes at once).
     pub(crate) fn enqueue(&self, mut reservation: Reservation<'_>, run: &str, plan: RunPlan) -> Result<(), Problem> {
+        if reservation.results != results_of(&plan) {
+            reservation.hold_results(results_of(&plan))?;
+        }
         let mut queue = lock(&self.shared.queue);
         if queue.live.contains_key(run) {
             return Err(Problem::conflict(format!("run {run} is queued or running here already")));
         }
-        let results = |plan: &RunPlan| plan.plan.cells.len() * plan.plan.matrix.repetitions as usize;
-        let queued: usize = queue.live.values().map(|l| results(&l.plan)).sum();
-        if queued + results(&plan) > MAX_QUEUED_RESULTS {
-            return Err(Problem::busy(format!(
-                "{queued} results are queued or running and this run has {}; the daemon takes {MAX_QUEUED_RESULTS} at once",
-                results(&plan)
-            )));
-        }
+        // The place and the held results become the live run's.
         reservation.used = true;
         queue.reserved -= 1;
+        queue.reserved_results -= std::mem::take(&mut reservation.results);
         let (events, _) = broadcast::channel(256);
         let live = Live {
             plan,
@@ -123,6 +161,44 @@ impl RunQueue {
         queue.waiting.push_back(run.to_string());
         self.shared.wake.notify_one();
         Ok(())
+    }
+
+    /// Queues again the runs an earlier daemon on this database queued and never started (they
+    /// read as interrupted since it went away), oldest first, each with a note in its events;
+    /// a run that cannot be is left interrupted and logged. Returns the runs queued.
+    pub fn requeue_orphans(&self) -> Vec<String> {
+        let Ok(mut store) = ResultsDb::open(&self.shared.db) else { return Vec::new() };
+        let orphans = store.orphaned_queued_runs().unwrap_or_else(|e| {
+            tracing::warn!("looking for runs an earlier daemon queued: {e}");
+            Vec::new()
+        });
+        let mut queued = Vec::new();
+        for run in orphans {
+            let requeued = self.reserve().and_then(|mut place| {
+                let plan = lab::run::resumable(&store, &self.shared.env, &run, &|line| tracing::info!("{line}"))?;
+                place.hold_results(plan.plan.results())?;
+                store.claim_run(&run)?;
+                store.set_queued(&run, true)?;
+                self.enqueue(place, &run, plan)
+            });
+            match requeued {
+                Ok(()) => {
+                    tracing::info!("run {run}: queued again (the daemon that queued it went away before it started)");
+                    self.shared.send(
+                        &run,
+                        RunEvent::Note {
+                            line: "queued again: the daemon that queued it went away before it started".into(),
+                        },
+                        false,
+                    );
+                    queued.push(run);
+                }
+                Err(p) => {
+                    tracing::warn!("run {run}: not queued again: {}; `driverlab lab resume {run}` runs it", p.message)
+                }
+            }
+        }
+        queued
     }
 
     /// Cancels a live run: a running one stops after its running repetitions, a waiting one
@@ -190,6 +266,8 @@ impl Shared {
         };
         let progress = Events { shared: self.clone(), run: run.to_string() };
         let outcome = ResultsDb::open(&self.db).map_err(lab::run::RunError::from).and_then(|store| {
+            // Started: a daemon that dies from here leaves it interrupted, not queued.
+            store.set_queued(run, false)?;
             let store = Arc::new(Mutex::new(store));
             lab::run::execute(store, &self.env, &plan, run, &progress, &cancel)
         });
@@ -204,6 +282,9 @@ impl Shared {
         let live = lock(&self.queue).live.remove(run);
         if let (Some(live), Ok(status)) = (live, status_from_db(&self.db, run)) {
             let _ = live.events.send(RunEvent::State { status });
+        }
+        if let Some(keep) = self.keep_runs {
+            prune(&self.db, keep);
         }
     }
 
@@ -240,6 +321,22 @@ impl Progress for Events {
 
     fn note(&self, line: &str) {
         self.shared.send(&self.run, RunEvent::Note { line: line.into() }, false);
+    }
+}
+
+/// Deletes the ended runs of the database at `db` past the newest `keep` (`serve --keep-runs`),
+/// saying what went in the daemon's log.
+pub fn prune(db: &std::path::Path, keep: usize) {
+    match ResultsDb::open(db).and_then(|mut store| store.prune(keep)) {
+        Ok(pruned) if pruned.runs.is_empty() => {}
+        Ok(pruned) => tracing::info!(
+            "kept the newest {keep} ended runs: deleted {} older ones ({} results, {} MiB of artifacts): {}",
+            pruned.runs.len(),
+            pruned.results,
+            pruned.artifact_bytes >> 20,
+            pruned.runs.join(" ")
+        ),
+        Err(e) => tracing::warn!("pruning the database to {keep} runs: {e}"),
     }
 }
 

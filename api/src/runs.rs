@@ -4,16 +4,17 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::broadcast;
 
+use crate::auth::Transport;
 use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
-use crate::query::{Params, ReportParams, SubmitParams};
+use crate::query::{Params, ReportParams, RunsParams, SubmitParams};
 use crate::run_queue::status_from_db;
 use crate::types::{Created, RunEvent, RunStatus};
 
@@ -38,19 +39,24 @@ fn matrix_problem(e: lab::matrix::MatrixError) -> Problem {
     }
 }
 
-/// The matrix in a request body: TOML (`application/toml`, `text/toml`, `text/plain`) or JSON.
+/// The matrix in a request body: TOML (`application/toml`, `text/toml`) or JSON
+/// (`application/json`, no key given twice), as its `Content-Type` says; anything else, or no
+/// type, is 415 rather than a guess.
 fn matrix_request(payload: &Payload) -> Result<lab::request::Request, Problem> {
     let refuse = matrix_problem;
     match payload.content_type.as_str() {
-        "application/toml" | "text/toml" | "text/plain" => {
+        "application/toml" | "text/toml" => {
             let text =
                 std::str::from_utf8(&payload.bytes).map_err(|_| Problem::bad_request("a TOML matrix is UTF-8 text"))?;
             lab::request::from_toml(text).map_err(refuse)
         }
-        "application/json" | "" => {
-            let value: serde_json::Value = payload.json()?;
+        "application/json" => {
+            let crate::payload::UniqueKeys(value) = payload.json()?;
             lab::request::from_json(value).map_err(refuse)
         }
+        "" => Err(Problem::unsupported_media_type(
+            "a matrix without a Content-Type: give application/toml or application/json",
+        )),
         other => Err(Problem::unsupported_media_type(format!(
             "a {other:?} body; a matrix is application/toml or application/json"
         ))),
@@ -69,6 +75,7 @@ fn matrix_request(payload: &Payload) -> Result<lab::request::Request, Problem> {
         (status = 415, description = "Neither TOML nor JSON", body = crate::types::ErrorBody),
         (status = 422, description = "The matrix does not check out, or names cells this host cannot run", body = crate::types::ErrorBody),
         (status = 429, description = "The queue is full, or the matrix's recipes need a build while another runs", body = crate::types::ErrorBody),
+        (status = 507, description = "The daemon's disk is too full for a run's results and artifacts", body = crate::types::ErrorBody),
     ))]
 pub async fn submit(
     State(daemon): State<Arc<Daemon>>,
@@ -80,10 +87,14 @@ pub async fn submit(
         let daemon = daemon.clone();
         blocking(move || {
             // The place first: a run that could not be queued is never created.
-            let place = daemon.runs.reserve()?;
+            let mut place = daemon.runs.reserve()?;
+            // The run's results and artifacts need room: a full disk is said now, not found
+            // by each repetition.
+            lab::disk::check_room(&daemon.config.db).map_err(|e| Problem::insufficient_storage(e.to_string()))?;
             let mut store = daemon.store()?;
             let registered = |name: &str| store.device(name).ok().flatten();
             let plan = lab::request::plan(request, &registered).map_err(matrix_problem)?;
+            place.hold_results(plan.results())?;
             // Recipes are built now, one build at a time (the same images again are found built).
             let recipes = plan.matrix.images.iter().any(|i| lab::recipe::is_recipe(i.get_ref()));
             let _only = match recipes {
@@ -94,6 +105,7 @@ pub async fn submit(
             };
             let note = |line: &str| tracing::info!("{line}");
             let (run, plan) = lab::run::create(&mut store, &daemon.env, plan, skip_unrunnable, &note)?;
+            store.set_queued(&run, true)?;
             daemon.runs.enqueue(place, &run, plan)?;
             Ok(run)
         })
@@ -109,15 +121,42 @@ pub async fn submit(
     }
 }
 
-/// `GET /v1/runs`: every run, newest first.
+/// The most runs one page of `GET /v1/runs` holds, and its default.
+pub const MAX_RUNS_PAGE: usize = 1000;
+const DEFAULT_RUNS_PAGE: usize = 100;
+
+/// `GET /v1/runs`: the runs, newest first, a page at a time.
 #[utoipa::path(get, path = "/v1/runs", tag = "runs",
-    responses((status = 200, description = "Every run, newest first", body = Vec<RunStatus>)))]
-pub async fn list(State(daemon): State<Arc<Daemon>>) -> Result<Json<Vec<RunStatus>>, Problem> {
-    blocking(move || {
-        let runs = daemon.store()?.runs()?;
-        runs.iter().map(|r| status(&daemon, &r.id)).collect::<Result<Vec<_>, _>>().map(Json)
+    params(RunsParams),
+    responses(
+        (status = 200, description = "A page of the runs, newest first", body = Vec<RunStatus>),
+        (status = 400, description = "A bad offset or limit", body = crate::types::ErrorBody),
+    ))]
+pub async fn list(State(daemon): State<Arc<Daemon>>, Params(params): Params<RunsParams>) -> Response {
+    let (offset, limit) = (params.offset.unwrap_or(0), params.limit.unwrap_or(DEFAULT_RUNS_PAGE));
+    if !(1..=MAX_RUNS_PAGE).contains(&limit) {
+        return Problem::bad_request(format!("limit={limit}: give 1 to {MAX_RUNS_PAGE} runs per page")).into_response();
+    }
+    let result = blocking(move || {
+        let store = daemon.store()?;
+        let runs = store.runs_page(offset, limit)?;
+        let more = offset.saturating_add(runs.len()) < store.run_count()?;
+        let page = runs.iter().map(|r| status(&daemon, &r.id)).collect::<Result<Vec<_>, _>>()?;
+        Ok((page, more))
     })
-    .await
+    .await;
+    match result {
+        Ok((page, more)) => {
+            let mut response = Json(page).into_response();
+            let next = RunsParams { offset: Some(offset + limit), ..params };
+            let link = format!("</v1/runs?{}>; rel=\"next\"", serde_urlencoded::to_string(&next).unwrap_or_default());
+            if let (true, Ok(link)) = (more, header::HeaderValue::from_str(&link)) {
+                response.headers_mut().insert(header::LINK, link);
+            }
+            response
+        }
+        Err(p) => p.into_response(),
+    }
 }
 
 /// `GET /v1/runs/{id}`.
@@ -170,9 +209,12 @@ pub async fn resume(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
         if daemon.runs.live_state(&id, 0, 0).is_some() {
             return Err(Problem::conflict(format!("run {id} is queued or running here already")));
         }
-        let place = daemon.runs.reserve()?;
+        let mut place = daemon.runs.reserve()?;
         let plan = lab::run::resumable(&store, &daemon.env, &id, &|line| tracing::info!("{line}"))?;
+        // Every refusal before the claim: a refused resume leaves the run as it was.
+        place.hold_results(plan.plan.results())?;
         store.claim_run(&id)?;
+        store.set_queued(&id, true)?;
         daemon.runs.enqueue(place, &id, plan)?;
         status(&daemon, &id)
     })
@@ -192,8 +234,13 @@ pub async fn resume(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
         (status = 404, description = "No such run", body = crate::types::ErrorBody),
         (status = 429, description = "As many streams are open as the daemon takes", body = crate::types::ErrorBody),
     ))]
-pub async fn events(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -> Response {
-    let slot = match daemon.open_stream() {
+pub async fn events(
+    State(daemon): State<Arc<Daemon>>,
+    transport: Option<Extension<Transport>>,
+    Path(id): Path<String>,
+) -> Response {
+    let transport = transport.map_or(Transport::Tcp, |Extension(t)| t);
+    let slot = match daemon.open_stream(transport) {
         Ok(slot) => slot,
         Err(p) => return p.into_response(),
     };
@@ -269,6 +316,7 @@ fn report_format(headers: &HeaderMap) -> Result<&'static str, Problem> {
             (String = "image/svg+xml"), (String = "text/html"))),
         (status = 404, description = "No such run", body = crate::types::ErrorBody),
         (status = 406, description = "None of the report's formats is acceptable", body = crate::types::ErrorBody),
+        (status = 429, description = "As many reports, exports and copies are being made as the daemon makes at once (`Retry-After`)", body = crate::types::ErrorBody),
     ))]
 pub async fn report(
     State(daemon): State<Arc<Daemon>>,
@@ -278,7 +326,9 @@ pub async fn report(
 ) -> Response {
     let result = async {
         let format = report_format(&headers)?;
+        let permit = daemon.heavy_read()?;
         blocking(move || {
+            let _permit = permit;
             let store = daemon.store()?;
             let report = lab::run::report(&store, &id, baseline.as_deref())?;
             let chart = || lab::chart::svg(&report).map_err(|e| Problem::internal(format!("the chart: {e}")));

@@ -128,7 +128,24 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/v1/vms/{id}/serial", get(vms::serial))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(head_limit))
         .with_state(daemon)
+}
+
+/// The most bytes a request's head may have: its target and its header fields.
+pub const MAX_HEAD: usize = 64 << 10;
+
+/// Refuses a request whose head is over [`MAX_HEAD`] with 431: hyper's read buffer bounds a head
+/// only loosely (one that arrives in a single read passes whole), and a request target over its
+/// own limit is hyper's 414.
+async fn head_limit(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let fields: usize = request.headers().iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
+    let size = request.uri().to_string().len() + fields;
+    if size > MAX_HEAD {
+        return Problem::head_too_large(format!("the request's head is {size} bytes; at most {MAX_HEAD}"))
+            .into_response();
+    }
+    next.run(request).await
 }
 
 async fn not_found() -> Response {

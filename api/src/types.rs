@@ -8,8 +8,9 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     /// A stable, machine-readable code: `bad_request`, `unauthorized`, `forbidden`,
-    /// `not_found`, `method_not_allowed`, `conflict`, `too_large`, `unsupported_media_type`,
-    /// `not_acceptable`, `unprocessable`, `busy`, `internal`.
+    /// `not_found`, `method_not_allowed`, `timeout`, `conflict`, `too_large`, `head_too_large`,
+    /// `unsupported_media_type`, `not_acceptable`, `unprocessable`, `busy`, `insufficient_storage`,
+    /// `internal`.
     pub code: String,
     /// What went wrong, and what to do.
     pub message: String,
@@ -190,6 +191,10 @@ pub struct BuildInitramfs {
     /// Stock drivers of the kernel to include (default `atlantic` without variants).
     #[serde(default)]
     pub drivers: Vec<String>,
+    /// Programs the workloads need beyond iperf3 and ethtool: `sockperf` (for `latency`),
+    /// `xdp-bench` (for `xdp`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<String>,
 }
 
 /// `POST /v1/runs` and `POST /v1/vms`: what was made.

@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use engines::device::DeviceSource;
 use engines::{ControlClient, ModelProcess, VmProcess};
 use vm_spec::{DeviceSpec, IommuSpec, Kernel, SerialOutput, SerialSpec, VmSpec};
 
+use crate::auth::Transport;
 use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
@@ -23,8 +24,6 @@ use crate::types::{Created, VmRequest, VmStatus};
 use crate::vm_table::{Phase, Vm};
 use guest_images::store::{ImageId, ImageKind};
 
-/// Most guest memory one VM may have: the daemon's own bound, below vm-spec's (a shared box).
-const MAX_MEMORY_MIB: u64 = 16 * 1024;
 /// The run time of a request that gives none, and the most one may ask (below vm-spec's).
 const DEFAULT_TIMEOUT_S: f64 = 60.0;
 const MAX_TIMEOUT_S: f64 = 24.0 * 3600.0;
@@ -65,8 +64,9 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
         return Err(Problem::unprocessable(format!("timeout_s: more than 0 and at most {MAX_TIMEOUT_S}")));
     }
     let memory_mib = request.memory_mib.unwrap_or(vm_spec::spec::DEFAULT_MEMORY_MIB);
-    if memory_mib > MAX_MEMORY_MIB {
-        return Err(Problem::unprocessable(format!("memory_mib: at most {MAX_MEMORY_MIB} per VM")));
+    // The count before a name is looked up: a registered model becomes a device when it runs.
+    if request.devices.len() > vm_spec::spec::MAX_DEVICES {
+        return Err(Problem::unprocessable(vm_spec::SpecError::TooManyDevices(request.devices.len()).to_string()));
     }
     let store = daemon.store()?;
     let mut devices = Vec::new();
@@ -94,8 +94,14 @@ fn prepare(daemon: &Daemon, request: &VmRequest) -> Result<Prepared, Problem> {
         timeout_s: Some(timeout),
         ..defaults
     };
-    // Models' sockets are added when they run; check the rest now.
-    spec.validate().map_err(|e| Problem::unprocessable(e.to_string()))?;
+    // Models' sockets are added when they run: checked now as what they will be, a device each.
+    let with_models = VmSpec {
+        devices: (spec.devices.iter().cloned())
+            .chain((0..models.len()).map(|i| DeviceSpec::vfio_user(format!("/model/{i}"))))
+            .collect(),
+        ..spec.clone()
+    };
+    with_models.validate_within(&vm_spec::VmLimits::LAB).map_err(|e| Problem::unprocessable(e.to_string()))?;
     Ok(Prepared { spec, models })
 }
 
@@ -289,6 +295,7 @@ pub async fn remove(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
     ))]
 pub async fn serial(
     State(daemon): State<Arc<Daemon>>,
+    transport: Option<Extension<Transport>>,
     Path(id): Path<String>,
     Params(SerialParams { follow }): Params<SerialParams>,
 ) -> Response {
@@ -296,7 +303,8 @@ pub async fn serial(
         Ok(vm) => vm,
         Err(p) => return p.into_response(),
     };
-    let slot = match daemon.open_stream() {
+    let transport = transport.map_or(Transport::Tcp, |Extension(t)| t);
+    let slot = match daemon.open_stream(transport) {
         Ok(slot) => slot,
         Err(p) => return p.into_response(),
     };

@@ -51,6 +51,12 @@ pub enum FrameKind {
     WorkloadEnd,
     /// iperf3's JSON.
     Iperf3,
+    /// sockperf's report (text).
+    Sockperf,
+    /// xdp-bench's output (text).
+    XdpBench,
+    /// The xdp workload's load, as the peer's UDP source counted it.
+    XdpLoad,
     /// The whole kernel log, at the end.
     Dmesg,
     /// The kernel log the workload added.
@@ -75,6 +81,14 @@ pub enum FrameKind {
     SoftirqsBefore,
     /// `/proc/softirqs` after the workload.
     SoftirqsAfter,
+    /// `/proc/net/snmp` and `/proc/net/snmp6` before the workload.
+    SnmpBefore,
+    /// `/proc/net/snmp` and `/proc/net/snmp6` after the workload.
+    SnmpAfter,
+    /// `/proc/stat` as the workload began.
+    StatBefore,
+    /// `/proc/stat` as the workload ended.
+    StatAfter,
     /// A kind this lab does not know.
     #[strum(default, to_string = "{0}")]
     Other(String),
@@ -148,6 +162,12 @@ pub fn encode(seq: u64, kind: &str, text: bool, payload: &[u8]) -> Vec<u8> {
     out.extend_from_slice(payload);
     out.extend_from_slice(format!("\n{END}{seq}\n").as_bytes());
     out
+}
+
+/// The bounce pool the agent reported in the log at `log` so far (its `iommu-group` step), read
+/// when an engine needs it: at the workload's begin, before the window's counters are taken.
+pub(crate) fn bounce_pool_in(log: Option<&std::path::Path>) -> Option<vm_spec::control::BouncePool> {
+    parse(&std::fs::read(log?).ok()?).bounce_pool()
 }
 
 /// Parses a result port's output.

@@ -16,7 +16,9 @@ use crate::program::Program;
 use crate::vm_control::ControlClient;
 use crate::vm_process::{VmOutcome, VmProcess};
 use crate::window::AgentFrames;
-use crate::{BootRequest, Booted, CounterSource, Ending, Engine, KILL_GRACE, WATCH_PERIOD, Watch, Window, ms};
+use crate::{
+    BootRequest, Booted, CounterSource, Ending, Engine, HostCpuSource, KILL_GRACE, WATCH_PERIOD, Watch, Window, ms,
+};
 
 /// VMM processes of one program (`driverlab-vmm`, or `driverlab vm run`).
 #[derive(Debug, Clone)]
@@ -60,7 +62,9 @@ impl DriverlabEngine {
             Ok(vm) => vm,
             Err(e) => return Booted::failed(Ending::Refused(e.to_string())),
         };
-        let watchdog = Watchdog::start(socket, watch, spawned, counters.clone(), agent_watch, waker, to_plug);
+        let host_cpu = HostCpuSource { engine: vm.pid(), model: model.as_ref().map(ModelProcess::pid) };
+        let watched_vm = WatchedVm { socket, spawned, source: counters.clone(), to_plug, host_cpu };
+        let watchdog = Watchdog::start(watched_vm, watch, agent_watch, waker);
         let outcome = vm.wait();
         let watched = watchdog.stop();
         let mut model = model;
@@ -162,16 +166,23 @@ struct Watchdog {
     thread: std::thread::JoinHandle<Watched>,
 }
 
+/// The VM a watchdog watches.
+struct WatchedVm<'a> {
+    /// Its VMM's control socket.
+    socket: &'a Path,
+    /// When its VMM was spawned.
+    spawned: Instant,
+    /// Where the model's counters come from when the VMM cannot read them.
+    source: Option<CounterSource>,
+    /// Devices to plug at the agent's first frame.
+    to_plug: Vec<String>,
+    /// Its processes, for the host's CPU time.
+    host_cpu: HostCpuSource,
+}
+
 impl Watchdog {
-    fn start(
-        socket: &Path,
-        watch: Watch,
-        spawned: Instant,
-        source: Option<CounterSource>,
-        agent_watch: FileWatch,
-        waker: Waker,
-        to_plug: Vec<String>,
-    ) -> Watchdog {
+    fn start(vm: WatchedVm<'_>, watch: Watch, agent_watch: FileWatch, waker: Waker) -> Watchdog {
+        let WatchedVm { socket, spawned, source, to_plug, host_cpu } = vm;
         let client = ControlClient::new(socket, Duration::from_secs(2));
         let mut watching = Watching {
             client,
@@ -185,6 +196,7 @@ impl Watchdog {
             pull: None,
             plugged: Vec::new(),
             to_plug,
+            host_cpu,
         };
         let thread = std::thread::spawn(move || {
             let mut looked = Instant::now();
@@ -227,10 +239,12 @@ struct Watching {
     quiet_since: Instant,
     /// Devices to plug at the agent's first frame.
     to_plug: Vec<String>,
-    /// The device to pull by surprise, and when (set at the workload's begin).
-    pull: Option<(String, Instant)>,
+    /// The device to take out of its slot, how, and when (set at the workload's begin).
+    pull: Option<(String, crate::UnplugKind, Instant)>,
     /// The devices plugged at the agent's first frame.
     plugged: Vec<String>,
+    /// The VM's processes, for the window's host CPU time.
+    host_cpu: HostCpuSource,
 }
 
 impl Watching {
@@ -241,12 +255,13 @@ impl Watching {
             return;
         }
         self.before_the_workload(&kinds);
-        let (client, source) = (&self.client, self.source.as_ref());
+        let (client, source, host_cpu) = (&self.client, self.source.as_ref(), self.host_cpu);
         self.watched.window.saw(
             &kinds,
             ms(self.spawned.elapsed()),
             || client.counters().ok().and_then(|c| c.viommu),
             || client.counters().ok().and_then(|c| model_counts(&c, source)),
+            || host_cpu.sample(),
         );
         self.plug_when_up();
         self.pull_when_due();
@@ -270,33 +285,32 @@ impl Watching {
         }
     }
 
-    /// Pulls the device out of its slot once its time has come (the `surprise-unplug` check).
+    /// Takes the device out of its slot once its time has come (the `surprise-unplug` and
+    /// `orderly-unplug` checks): pulled at once, or its slot's attention button pressed.
     fn pull_when_due(&mut self) {
-        let Some((device, _)) = self.pull.take_if(|(_, at)| Instant::now() >= *at) else { return };
-        match self.client.unplug(&device, true) {
+        let Some((device, kind, _)) = self.pull.take_if(|(_, _, at)| Instant::now() >= *at) else { return };
+        match self.client.unplug(&device, kind == crate::UnplugKind::Surprise) {
             Ok(_) => self.watched.window.pulled_ms = Some(ms(self.spawned.elapsed())),
             Err(e) => {
-                tracing::warn!("pulling {device} out of its slot: {e}");
-                self.watched.plug_error = Some(format!("device {device}: pulling it out of its slot: {e}"));
+                tracing::warn!("taking {device} out of its slot ({kind}): {e}");
+                self.watched.plug_error = Some(format!("device {device}: taking it out of its slot ({kind}): {e}"));
             }
         }
     }
 
     /// At the workload's begin, before its counters are read: tells the VMM where the guest's
     /// bounce pool is (the agent reported it in its `iommu-group` step), so that the window
-    /// counts the maps of bounced buffers; and sets the time of a surprise pull.
+    /// counts the maps of bounced buffers; and sets the time of an unplug.
     fn before_the_workload(&mut self, kinds: &[FrameKind]) {
         if !kinds.contains(&FrameKind::WorkloadBegin) {
             return;
         }
-        if let (Some(after), Some(device)) = (self.watch.surprise_unplug_after, self.plugged.first())
+        if let (Some(unplug), Some(device)) = (self.watch.unplug, self.plugged.first())
             && self.watched.window.pulled_ms.is_none()
         {
-            self.pull = Some((device.clone(), Instant::now() + after));
+            self.pull = Some((device.clone(), unplug.kind, Instant::now() + unplug.after));
         }
-        let Some(log) = self.watch.agent_log.as_deref() else { return };
-        let Ok(data) = std::fs::read(log) else { return };
-        if let Some(pool) = crate::agent::parse(&data).bounce_pool()
+        if let Some(pool) = crate::agent::bounce_pool_in(self.watch.agent_log.as_deref())
             && let Err(e) = self.client.set_bounce_pool(pool)
         {
             tracing::warn!("telling the VMM where the bounce pool is: {e}");
@@ -320,7 +334,7 @@ impl Watching {
         self.before_the_workload(&kinds);
         // The virtio-iommu's counts as read now, once more when the model is read first.
         let fresh = std::cell::RefCell::new(None::<LiveCounters>);
-        let (client, source) = (&self.client, self.source.as_ref());
+        let (client, source, host_cpu) = (&self.client, self.source.as_ref(), self.host_cpu);
         self.watched.window.saw(
             &kinds,
             ms(self.spawned.elapsed()),
@@ -333,6 +347,7 @@ impl Watching {
                 Err(_) => counters.viommu.clone(),
             },
             || model_counts(fresh.borrow().as_ref().unwrap_or(&counters), source),
+            || host_cpu.sample(),
         );
         self.watched.last = Some(counters);
         self.plug_when_up();

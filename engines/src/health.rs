@@ -93,11 +93,7 @@ pub fn check_nic(engine: &dyn Engine, dir: &Path, device: &DeviceSpec, frames: u
     let start = Instant::now();
     let booted = engine.boot(BootRequest {
         spec,
-        watch: Watch {
-            silence: Duration::from_secs_f64(CHECK_TIMEOUT_S),
-            agent_log: None,
-            surprise_unplug_after: None,
-        },
+        watch: Watch { silence: Duration::from_secs_f64(CHECK_TIMEOUT_S), agent_log: None, unplug: None },
         model: None,
         counters: None,
         dir,

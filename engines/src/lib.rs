@@ -18,12 +18,14 @@ pub mod device;
 pub mod driverlab;
 pub mod file_watch;
 pub mod health;
+pub mod host_cpu;
 pub mod model_process;
 pub mod peer;
 pub mod probe_report;
 pub mod program;
 pub mod qemu;
 pub mod runtime_dirs;
+pub mod udp_source;
 pub mod vm_control;
 pub mod vm_process;
 pub mod window;
@@ -34,6 +36,7 @@ use std::time::Duration;
 use vm_spec::counters::{IommuCounts, ModelCounters};
 use vm_spec::{ErrorLine, ExitReason, ExitSummary, VmSpec};
 
+pub use host_cpu::{HostCpu, HostCpuSource};
 pub use model_process::{ModelError, ModelProcess};
 pub use probe_report::ProbeReport;
 pub use program::{Program, Programs};
@@ -125,9 +128,30 @@ pub struct Watch {
     pub silence: Duration,
     /// The guest agent's port (Linux images), read for the window's frames.
     pub agent_log: Option<PathBuf>,
-    /// Pull the hot-plugged device out of its slot without notice this long after the
-    /// workload's begin (the `surprise-unplug` check).
-    pub surprise_unplug_after: Option<Duration>,
+    /// Take the hot-plugged device out of its slot during the workload (the `surprise-unplug`
+    /// and `orderly-unplug` checks).
+    pub unplug: Option<Unplug>,
+}
+
+/// How a hot-plugged device leaves its slot during the workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, strum::Display, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum UnplugKind {
+    /// Pulled without notice, as a cable pulled (`vm.unplug` with `surprise`).
+    Surprise,
+    /// Released in order: the slot's attention button pressed, the guest's pciehp unbinds the
+    /// driver (after its 5 s grace) and powers the slot off, and only then the device goes.
+    Orderly,
+}
+
+/// When and how the engine takes the device out of its slot.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Unplug {
+    /// How long after the workload's begin.
+    pub after: Duration,
+    /// How.
+    pub kind: UnplugKind,
 }
 
 /// What an engine is asked to run.

@@ -1,9 +1,10 @@
-//! The traffic peer an iperf3 workload runs against.
+//! The traffic peer a workload runs against, with the server its workload talks to
+//! ([`PeerServer`]: `iperf3 -s`, or `sockperf server` for the latency workload).
 //!
 //! For a software model, a network namespace of its own with a TAP device, the peer's addresses
-//! on it and `iperf3 -s` bound in it; the model runs in the namespace and moves frames between
-//! the TAP and the guest. For a host NIC, a remote machine on the NIC's wire, reached over SSH,
-//! where `iperf3 -s` serves one test. The lab removes it all when the repetition ends.
+//! on it and the server in it; the model runs in the namespace and moves frames between the TAP
+//! and the guest. For a host NIC, a remote machine on the NIC's wire, reached over SSH, where the
+//! server serves the repetition. The lab removes it all when the repetition ends.
 //!
 //! ```text
 //! guest 10.77.0.2/24, fd77::2/64 --driver--> model --TAP dltap0--> netns: 10.77.0.1/24, fd77::1/64, iperf3 -s
@@ -68,7 +69,76 @@ pub enum PeerError {
     },
 }
 
-/// A running peer; dropping it stops iperf3 and removes what was made for it.
+/// The server a peer runs for its workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerServer {
+    /// `iperf3 -s` (the iperf3 and packet-rate workloads).
+    Iperf3,
+    /// `sockperf server` on UDP port [`SOCKPERF_UDP_PORT`] or TCP port [`SOCKPERF_TCP_PORT`]
+    /// (the latency workload).
+    Sockperf {
+        /// TCP, else UDP.
+        tcp: bool,
+    },
+    /// `driverlab peer udp-source` on port [`crate::udp_source::PORT`]: a load the guest asks
+    /// for with one datagram (the xdp workload, whose program leaves no control connection).
+    UdpSource,
+}
+
+/// The port of the peer's UDP `sockperf server` (the agent's `driverlab.sockperf`).
+pub const SOCKPERF_UDP_PORT: u16 = 11111;
+/// The port of the peer's TCP `sockperf server`.
+pub const SOCKPERF_TCP_PORT: u16 = 11112;
+
+impl PeerServer {
+    /// Its command line, listening on `address` (the peer's IPv4 address); `once` for a remote
+    /// peer (iperf3 serves one test and exits; driverlab is the one on its `PATH`).
+    fn command(self, address: &str, once: bool) -> Vec<String> {
+        let words: Vec<String> = match self {
+            PeerServer::Iperf3 if once => ["iperf3", "-s", "-1", "--forceflush"].map(String::from).into(),
+            PeerServer::Iperf3 => ["iperf3", "-s"].map(String::from).into(),
+            PeerServer::UdpSource => {
+                // This binary in the namespace; `driverlab` on a remote peer's PATH.
+                let program = match once {
+                    false => std::env::current_exe().map_or("driverlab".into(), |p| p.display().to_string()),
+                    true => "driverlab".into(),
+                };
+                let listen = format!("{address}:{}", crate::udp_source::PORT);
+                vec![program, "peer".into(), "udp-source".into(), "--listen".into(), listen]
+            }
+            PeerServer::Sockperf { tcp } => {
+                let port = if tcp { SOCKPERF_TCP_PORT } else { SOCKPERF_UDP_PORT };
+                let mut words: Vec<String> =
+                    ["sockperf", "server", "-i", address, "-p", &port.to_string()].map(String::from).into();
+                if tcp {
+                    words.push("--tcp".into());
+                }
+                words
+            }
+        };
+        words
+    }
+
+    /// What it prints once it listens.
+    fn ready_line(self) -> &'static str {
+        match self {
+            PeerServer::Iperf3 => "Server listening",
+            PeerServer::Sockperf { .. } => "to block on socket",
+            PeerServer::UdpSource => "listening",
+        }
+    }
+
+    /// Its program's name.
+    fn program(self) -> &'static str {
+        match self {
+            PeerServer::Iperf3 => "iperf3",
+            PeerServer::Sockperf { .. } => "sockperf",
+            PeerServer::UdpSource => "driverlab",
+        }
+    }
+}
+
+/// A running peer; dropping it stops its server and removes what was made for it.
 pub struct Peer {
     place: Place,
     iperf: Option<Child>,
@@ -104,8 +174,8 @@ const REMOTE_START: Duration = Duration::from_secs(20);
 
 impl Peer {
     /// Creates a namespace `driverlab-PID-N` with the TAP and the peer's addresses, and starts
-    /// `iperf3 -s` in it. Needs root.
-    pub fn namespace() -> Result<Peer, PeerError> {
+    /// `server` in it. Needs root.
+    pub fn namespace(server: PeerServer) -> Result<Peer, PeerError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let netns = format!("driverlab-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let addresses = Addresses::default();
@@ -113,36 +183,56 @@ impl Peer {
         let mut peer = Peer { place: Place::Namespace(netns.clone()), iperf: None, addresses };
         let ns = netns.as_str();
         wire(ns, &peer.addresses)?;
+        let words = server.command(&peer.addresses.peer_v4, false);
         let mut command = Command::new("ip");
         command
-            .args(["netns", "exec", ns, "iperf3", "-s"])
+            .args(["netns", "exec", ns])
+            .args(&words)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         crate::vm_process::die_with_parent(&mut command);
-        let child =
-            command.spawn().map_err(|e| PeerError::Command { what: "iperf3 -s".into(), detail: e.to_string() })?;
+        let child = command.spawn().map_err(|e| PeerError::Command {
+            what: words.join(" "),
+            detail: format!("{e} (apt-get install {})", server.program()),
+        })?;
         peer.iperf = Some(child);
-        // iperf3 listens within milliseconds; a client that comes too early retries anyway.
+        // The servers listen within milliseconds; a client that comes too early retries anyway
+        // (iperf3 for --connect-timeout, sockperf in its warm-up).
         std::thread::sleep(Duration::from_millis(50));
         Ok(peer)
     }
 
-    /// Starts `iperf3 -s -1` (one test, then it exits) on `destination` over SSH, limited to
-    /// `limit` there too, and waits until it listens. `destination` is `[user@]host`, which the
-    /// matrix checked; SSH runs in batch mode, so it needs a key, not a password.
-    pub fn remote(destination: &str, addresses: Addresses, limit: Duration) -> Result<Peer, PeerError> {
-        Peer::remote_with(&ssh_program(), destination, addresses, limit)
+    /// Starts `server` on `destination` over SSH (iperf3 with `-1`: one test, then it exits),
+    /// limited to `limit` there too, and waits until it listens. `destination` is
+    /// `[user@]host`, which the matrix checked; SSH runs in batch mode, so it needs a key, not a
+    /// password.
+    pub fn remote(
+        destination: &str,
+        addresses: Addresses,
+        limit: Duration,
+        server: PeerServer,
+    ) -> Result<Peer, PeerError> {
+        Peer::remote_with(&ssh_program(), destination, addresses, limit, server)
     }
 
     /// [`Peer::remote`] with the SSH client `ssh`.
-    pub fn remote_with(ssh: &str, destination: &str, addresses: Addresses, limit: Duration) -> Result<Peer, PeerError> {
-        let what = format!("{ssh} {destination} iperf3 -s -1");
+    pub fn remote_with(
+        ssh: &str,
+        destination: &str,
+        addresses: Addresses,
+        limit: Duration,
+        server: PeerServer,
+    ) -> Result<Peer, PeerError> {
+        let words = server.command(&addresses.peer_v4, true);
+        let what = format!("{ssh} {destination} {}", words.join(" "));
+        let (program, ready) = (server.program(), server.ready_line());
         let mut command = Command::new(ssh);
         command
             .args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5", "--"])
             .arg(destination)
-            .args(["timeout", &format!("{}", limit.as_secs().max(1)), "iperf3", "-s", "-1", "--forceflush"])
+            .args(["timeout", &format!("{}", limit.as_secs().max(1))])
+            .args(&words)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -153,13 +243,13 @@ impl Peer {
         })?;
         let stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
-        // iperf3 says when it listens; wait for that line, or for SSH to give up.
+        // The server says when it listens; wait for that line, or for SSH to give up.
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
-            let listening = lines.by_ref().map_while(Result::ok).any(|l| l.contains("Server listening"));
+            let listening = lines.by_ref().map_while(Result::ok).any(|l| l.contains(ready));
             let _ = tx.send(listening);
-            // Keep reading so that iperf3's reports never block on a full pipe.
+            // Keep reading so that the server's reports never block on a full pipe.
             lines.for_each(drop);
         });
         let fail = |child: &mut Child, stderr: &mut dyn Read, why: String| {
@@ -177,13 +267,13 @@ impl Peer {
             Ok(true) => {}
             Ok(false) => {
                 let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
-                return Err(fail(&mut child, &mut stderr, format!("it ended ({status}) before iperf3 listened")));
+                return Err(fail(&mut child, &mut stderr, format!("it ended ({status}) before {program} listened")));
             }
             Err(_) => {
                 return Err(fail(
                     &mut child,
                     &mut stderr,
-                    format!("iperf3 did not listen within {} s", REMOTE_START.as_secs()),
+                    format!("{program} did not listen within {} s", REMOTE_START.as_secs()),
                 ));
             }
         }
@@ -390,7 +480,7 @@ mod tests {
         if !have_iperf3(test) {
             return;
         }
-        let mut peer = Peer::namespace().unwrap();
+        let mut peer = Peer::namespace(PeerServer::Iperf3).unwrap();
         let netns = peer.netns().unwrap().to_string();
         let addrs = Command::new("ip").args(["-n", &netns, "addr", "show", TAP]).output().unwrap();
         let addrs = String::from_utf8_lossy(&addrs.stdout);
@@ -430,7 +520,8 @@ mod tests {
         // Options up to `--`, then the destination, then the remote command.
         let ssh = fake_ssh(dir.path(), "while [ \"$1\" != -- ]; do shift; done; shift 2; exec \"$@\"");
         let addresses = Addresses { peer_v4: "127.0.0.1".into(), ..Addresses::default() };
-        let mut peer = Peer::remote_with(&ssh, "lab@peer-box", addresses, Duration::from_secs(30)).unwrap();
+        let mut peer =
+            Peer::remote_with(&ssh, "lab@peer-box", addresses, Duration::from_secs(30), PeerServer::Iperf3).unwrap();
         let args = std::fs::read_to_string(dir.path().join("args")).unwrap();
         assert!(args.contains("BatchMode=yes") && args.contains("-- lab@peer-box timeout 30 iperf3 -s -1"), "{args}");
         assert!(peer.serving());
@@ -448,8 +539,15 @@ mod tests {
         drop(peer);
 
         let refused = fake_ssh(dir.path(), "echo 'lab@peer-box: Permission denied (publickey).' >&2; exit 255");
-        let err =
-            Peer::remote_with(&refused, "lab@peer-box", Addresses::default(), Duration::from_secs(30)).err().unwrap();
+        let err = Peer::remote_with(
+            &refused,
+            "lab@peer-box",
+            Addresses::default(),
+            Duration::from_secs(30),
+            PeerServer::Iperf3,
+        )
+        .err()
+        .unwrap();
         let text = err.to_string();
         assert!(text.contains("before iperf3 listened") && text.contains("Permission denied (publickey)"), "{text}");
     }

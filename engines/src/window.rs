@@ -7,6 +7,7 @@ use std::path::Path;
 use vm_spec::counters::{IommuCounts, ModelCounters};
 
 use crate::agent::{FrameKind, Header};
+use crate::host_cpu::HostCpu;
 
 /// The counters at one moment.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -15,6 +16,8 @@ pub struct Snapshot {
     pub iommu: Option<IommuCounts>,
     /// What the device model had counted.
     pub model: Option<ModelCounters>,
+    /// The host's CPU time for the VM so far.
+    pub host_cpu: Option<HostCpu>,
 }
 
 /// The counters when the agent announced the workload's begin and end.
@@ -33,15 +36,15 @@ pub struct Window {
     /// When the device was plugged into its hot-plug slot (at the agent's first frame), ms
     /// after spawning the VMM.
     pub plugged_ms: Option<f64>,
-    /// When it was pulled out by surprise (the `surprise-unplug` check), ms after spawning the
-    /// VMM.
+    /// When the device was pulled out of its slot (the `surprise-unplug` check) or its slot's
+    /// attention button pressed (the `orderly-unplug` check), ms after spawning the VMM.
     pub pulled_ms: Option<f64>,
 }
 
 impl Window {
     /// Notes the agent's fresh frames `kinds`, seen `at_ms` after spawning the VMM, taking a
-    /// snapshot of the virtio-iommu's counts (`iommu`) and the model's (`model`) at the
-    /// workload's begin and end and at `done`.
+    /// snapshot of the virtio-iommu's counts (`iommu`), the model's (`model`) and the host's
+    /// CPU time (`host_cpu`) at the workload's begin and end and at `done`.
     ///
     /// A guest's map reaches the model after the virtio-iommu counted it (in the nested box
     /// through L1's IOMMU and QEMU's vfio-user client, which does not wait for its DMA_MAPs),
@@ -54,17 +57,22 @@ impl Window {
         at_ms: f64,
         iommu: impl Fn() -> Option<IommuCounts>,
         model: impl Fn() -> Option<ModelCounters>,
+        host_cpu: impl Fn() -> Option<HostCpu>,
     ) {
         if !kinds.is_empty() {
             self.first_frame_ms.get_or_insert(at_ms);
         }
+        // The CPU time inside the counters' reads at both ends: the window's CPU covers its
+        // counts.
         let model_first = || {
+            let host_cpu = host_cpu();
             let model = model();
-            Snapshot { iommu: iommu(), model }
+            Snapshot { iommu: iommu(), model, host_cpu }
         };
         let iommu_first = || {
             let iommu = iommu();
-            Snapshot { iommu, model: model() }
+            let model = model();
+            Snapshot { iommu, model, host_cpu: host_cpu() }
         };
         for kind in kinds {
             match kind {
@@ -125,10 +133,14 @@ mod tests {
             Some(ModelCounters::default())
         };
         let mut window = Window::default();
-        window.saw(&[FrameKind::WorkloadBegin], 1.0, iommu, model);
-        window.saw(&[FrameKind::WorkloadEnd], 2.0, iommu, model);
-        window.saw(&[FrameKind::Done], 3.0, iommu, model);
-        assert_eq!(*order.borrow(), ["model", "iommu", "iommu", "model", "iommu", "model"]);
+        let host_cpu = || {
+            order.borrow_mut().push("cpu");
+            Some(HostCpu::default())
+        };
+        window.saw(&[FrameKind::WorkloadBegin], 1.0, iommu, model, host_cpu);
+        window.saw(&[FrameKind::WorkloadEnd], 2.0, iommu, model, host_cpu);
+        window.saw(&[FrameKind::Done], 3.0, iommu, model, host_cpu);
+        assert_eq!(*order.borrow(), ["cpu", "model", "iommu", "iommu", "model", "cpu", "iommu", "model", "cpu"]);
         assert!(window.begin.is_some() && window.end.is_some() && window.done.is_some());
         assert_eq!(window.begin_ms, Some(1.0));
     }

@@ -70,7 +70,7 @@ pub fn build(store: &ImageStore, kernel: &KernelManifest, driverlab: &Path) -> R
         programs.push((VMM_BINARY.to_string(), vmm));
     }
     for program in PROGRAMS {
-        let path = which(program)?;
+        let path = which(program, program)?;
         programs.push((program.to_string(), path));
     }
     for (name, path) in programs {

@@ -19,6 +19,52 @@ use crate::store::{ImageError, ImageStore, image_id, mkdir, read, run_tool, sha2
 
 /// Programs every image carries besides busybox.
 pub const PROGRAMS: &[&str] = &["iperf3", "ethtool"];
+
+/// A program an image carries only when its workloads need it (from this host's Debian
+/// packages, with every library it loads).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+)]
+#[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
+pub enum GuestTool {
+    /// `sockperf`: request/response latency (the `latency` workload).
+    Sockperf,
+    /// `xdp-bench` (xdp-tools): an XDP program that drops, passes or bounces frames (the `xdp`
+    /// workload).
+    XdpBench,
+}
+
+impl GuestTool {
+    /// Every tool.
+    pub const ALL: &[GuestTool] = <GuestTool as strum::VariantArray>::VARIANTS;
+
+    /// The program, as `PATH` finds it.
+    pub fn program(self) -> &'static str {
+        self.into()
+    }
+
+    /// The Debian package that installs it.
+    pub fn package(self) -> &'static str {
+        match self {
+            GuestTool::Sockperf => "sockperf",
+            GuestTool::XdpBench => "xdp-tools",
+        }
+    }
+}
 /// Where Debian's busybox-static puts its binary.
 pub const BUSYBOX: &str = "/bin/busybox";
 
@@ -33,6 +79,8 @@ pub struct InitramfsRequest {
     /// Stock drivers of the kernel to include as well (default: `atlantic`, when no variant is
     /// given).
     pub drivers: Vec<String>,
+    /// Programs beyond [`PROGRAMS`] the workloads need.
+    pub tools: Vec<GuestTool>,
 }
 
 /// One module in the image.
@@ -69,6 +117,9 @@ pub struct InitramfsManifest {
     pub modules: Vec<ImageModule>,
     /// The patches behind the variant modules.
     pub patches: Vec<Patch>,
+    /// The programs it carries beyond [`PROGRAMS`] (absent from older manifests).
+    #[serde(default)]
+    pub tools: Vec<GuestTool>,
     /// Every file: path and SHA-256 (links: `-> target`).
     pub files: BTreeMap<String, String>,
 }
@@ -80,14 +131,14 @@ impl InitramfsManifest {
     }
 }
 
-/// A program on this host's `PATH`.
-pub(crate) fn which(program: &str) -> Result<PathBuf, ImageError> {
+/// A program on this host's `PATH`, from the Debian package `package`.
+pub(crate) fn which(program: &str, package: &str) -> Result<PathBuf, ImageError> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
-        .ok_or_else(|| ImageError::Invalid(format!("{program} is not installed (apt-get install {program})")))
+        .ok_or_else(|| ImageError::Invalid(format!("{program} is not installed (apt-get install {package})")))
 }
 
 /// The shared libraries `ldd` says `binary` loads, loader included.
@@ -125,13 +176,12 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
     tree.add("dev/console", Node::CharDevice { major: 5, minor: 1 });
     tree.file("init", 0o755, crate::AGENT.as_bytes().to_vec());
     add_busybox(&mut tree)?;
-    for program in PROGRAMS {
-        let path = which(program)?;
-        tree.file(&format!("bin/{program}"), 0o755, read(&path)?);
-        for lib in libraries(&path)? {
-            let data = read(&lib)?;
-            tree.file(&lib.to_string_lossy(), 0o755, data);
-        }
+    let mut tools = request.tools.clone();
+    tools.sort_unstable();
+    tools.dedup();
+    let programs = PROGRAMS.iter().map(|p| (*p, *p)).chain(tools.iter().map(|t| (t.program(), t.package())));
+    for (program, package) in programs {
+        add_program(&mut tree, program, package)?;
     }
     let variants = Variants::of(store, &kernel, request)?;
     let modules = add_modules(&mut tree, &tree_index, &variants)?;
@@ -156,6 +206,7 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
         drivers: variants.drivers,
         modules,
         patches: variants.patches,
+        tools,
         files,
     };
     if store.manifest::<InitramfsManifest>(&id).is_err() {
@@ -166,6 +217,18 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
         store.commit(&scratch, &id)?;
     }
     Ok(manifest)
+}
+
+/// This host's `program` (of the Debian package `package`) at `bin/PROGRAM`, with every library
+/// it loads.
+fn add_program(tree: &mut Tree, program: &str, package: &str) -> Result<(), ImageError> {
+    let path = which(program, package)?;
+    tree.file(&format!("bin/{program}"), 0o755, read(&path)?);
+    for lib in libraries(&path)? {
+        let data = read(&lib)?;
+        tree.file(&lib.to_string_lossy(), 0o755, data);
+    }
+    Ok(())
 }
 
 /// Static busybox at `bin/busybox`, with a link per applet.

@@ -100,6 +100,12 @@ pub enum Failure {
         /// The model's maps per packet.
         model: f64,
     },
+    /// The device sat in a Thunderbolt slot but the guest did not take it for an untrusted,
+    /// removable device: the cell did not measure what it says (ERROR).
+    SlotNotHonoured {
+        /// The engine the cell ran on.
+        engine: crate::matrix::EngineKind,
+    },
     /// The device failed its health check or is quarantined (ERROR).
     DeviceUnhealthy {
         /// What went wrong, in words.
@@ -169,6 +175,11 @@ impl std::fmt::Display for Failure {
                 f,
                 "the model counted fewer DMA maps ({model:.4} per packet) than the virtio-iommu saw the guest make \
                  ({guest:.4}): one of the counts is wrong"
+            ),
+            Failure::SlotNotHonoured { engine } => write!(
+                f,
+                "the device sat in a thunderbolt slot but the guest did not take it for untrusted \
+                 (its sysfs `removable` was not set; engine {engine}): the cell measured a trusted device"
             ),
             Failure::Workload { problem: text }
             | Failure::Setup { what: text }

@@ -74,7 +74,7 @@ fn resolve(plan: &Plan, image: &Image, store: &ImageStore, note: &dyn Fn(&str)) 
             n => format!(", {} built with {n} patch(es)", image.driver.rsplit('/').next().unwrap_or_default()),
         };
         note(&format!("image {}: kernel {}, initrd {}{what}", image.name, image.kernel, initrd_name(image)));
-        let (kernel, initrd) = recipe::build(&|p| plan.resolve(p), image, store)?;
+        let (kernel, initrd) = recipe::build(&|p| plan.resolve(p), &plan.matrix.guest_tools(), image, store)?;
         let built = initrd.as_ref().map(|i| format!(", {i}")).unwrap_or_default();
         note(&format!("image {}: {kernel}{built}", image.name));
         (kernel, initrd)

@@ -3,7 +3,8 @@
 //! test's number, and the rest (maps per packet, the cell, the crash fingerprint) under `misc`.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
@@ -21,10 +22,22 @@ fn segment(s: &str) -> String {
 /// The run `info` with its `records` as one KCIDB v4 document; `artifacts` is the run's artifacts
 /// folder, for the serial logs' URLs.
 pub fn export(info: &RunInfo, records: &[Record], artifacts: &Path) -> Value {
-    let checkout_id = format!("{ORIGIN}:{}", info.id);
     let images: BTreeSet<&str> = records.iter().map(|r| r.cell.image.as_str()).collect();
+    let mut doc = head(info, images);
+    let checkout_id = checkout_id(info);
+    doc["tests"] = records.iter().map(|r| test(&checkout_id, r, artifacts)).collect();
+    doc
+}
+
+fn checkout_id(info: &RunInfo) -> String {
+    format!("{ORIGIN}:{}", info.id)
+}
+
+/// The document but its tests: the schema's version, the run as a checkout, each image a build.
+fn head<'a>(info: &RunInfo, images: impl IntoIterator<Item = &'a str>) -> Value {
+    let checkout_id = checkout_id(info);
     let builds: Vec<Value> = images
-        .iter()
+        .into_iter()
         .map(|image| {
             json!({
                 "id": format!("{checkout_id}:{}", segment(image)),
@@ -34,42 +47,6 @@ pub fn export(info: &RunInfo, records: &[Record], artifacts: &Path) -> Value {
                 "architecture": "x86_64",
                 "valid": true,
             })
-        })
-        .collect();
-    let tests: Vec<Value> = records
-        .iter()
-        .map(|r| {
-            let mut test = json!({
-                "id": format!("{checkout_id}:{}:{}", r.cell.id, r.repetition),
-                "origin": ORIGIN,
-                "build_id": format!("{checkout_id}:{}", segment(&r.cell.image)),
-                "path": format!("driverlab.{}.{}", segment(&r.cell.workload), segment(&r.cell.variant)),
-                "comment": r.cell.key(),
-                "status": r.status.name(),
-                "start_time": r.started_at,
-                "duration": r.timings.total_ms / 1e3,
-                "environment": {"comment": format!("device {}", r.cell.device)},
-                "misc": {
-                    "run": r.run,
-                    "cell": r.cell.id,
-                    "repetition": r.repetition,
-                    "params": r.cell.params,
-                    "device": r.cell.device,
-                    "engine": r.engine,
-                    "reason": r.reason,
-                    "maps_per_packet": r.maps_per_packet,
-                    "packets_per_s": r.workload.packets_per_s,
-                    "crash_fingerprint": r.crash.as_ref().map(|c| c.fingerprint.clone()),
-                },
-            });
-            if let (Status::Pass, Some(gbit)) = (r.status, r.workload.gbit_s) {
-                test["number"] = json!({"value": gbit, "unit": "Gbit/s"});
-            }
-            if let Some(log) = &r.serial_log {
-                let url = format!("file://{}", artifacts.join(log).display());
-                test["output_files"] = json!([{"name": "serial.log", "url": url}]);
-            }
-            test
         })
         .collect();
     json!({
@@ -82,8 +59,84 @@ pub fn export(info: &RunInfo, records: &[Record], artifacts: &Path) -> Value {
             "misc": {"host": info.host, "repetitions": info.repetitions, "cells": info.cells_total},
         }],
         "builds": builds,
-        "tests": tests,
     })
+}
+
+/// One repetition as a test.
+fn test(checkout_id: &str, r: &Record, artifacts: &Path) -> Value {
+    let mut test = json!({
+        "id": format!("{checkout_id}:{}:{}", r.cell.id, r.repetition),
+        "origin": ORIGIN,
+        "build_id": format!("{checkout_id}:{}", segment(&r.cell.image)),
+        "path": format!("driverlab.{}.{}", segment(&r.cell.workload), segment(&r.cell.variant)),
+        "comment": r.cell.key(),
+        "status": r.status.name(),
+        "start_time": r.started_at,
+        "duration": r.timings.total_ms / 1e3,
+        "environment": {"comment": format!("device {}", r.cell.device)},
+        "misc": {
+            "run": r.run,
+            "cell": r.cell.id,
+            "repetition": r.repetition,
+            "params": r.cell.params,
+            "device": r.cell.device,
+            "engine": r.engine,
+            "reason": r.reason,
+            "maps_per_packet": r.maps_per_packet,
+            "packets_per_s": r.workload.packets_per_s,
+            "crash_fingerprint": r.crash.as_ref().map(|c| c.fingerprint.clone()),
+        },
+    });
+    if let (Status::Pass, Some(gbit)) = (r.status, r.workload.gbit_s) {
+        test["number"] = json!({"value": gbit, "unit": "Gbit/s"});
+    }
+    if let Some(log) = &r.serial_log {
+        let url = format!("file://{}", artifacts.join(log).display());
+        test["output_files"] = json!([{"name": "serial.log", "url": url}]);
+    }
+    test
+}
+
+/// The same document written as it is made, a test at a time, so that an export of any size
+/// holds one record: [`KcidbWriter::start`] with the run's images (its cells'), then
+/// [`KcidbWriter::test`] per record, then [`KcidbWriter::finish`].
+pub struct KcidbWriter<'w> {
+    out: &'w mut dyn Write,
+    checkout_id: String,
+    artifacts: PathBuf,
+    tests: usize,
+}
+
+impl<'w> KcidbWriter<'w> {
+    /// Writes the document's head for the run `info` and its `images`.
+    pub fn start<'a>(
+        out: &'w mut dyn Write,
+        info: &RunInfo,
+        images: impl IntoIterator<Item = &'a str>,
+        artifacts: &Path,
+    ) -> std::io::Result<KcidbWriter<'w>> {
+        let head = serde_json::to_string(&head(info, images)).map_err(std::io::Error::other)?;
+        // The head object, left open for its tests.
+        out.write_all(head.strip_suffix('}').unwrap_or(&head).as_bytes())?;
+        out.write_all(br#","tests":["#)?;
+        Ok(KcidbWriter { out, checkout_id: checkout_id(info), artifacts: artifacts.to_path_buf(), tests: 0 })
+    }
+
+    /// Writes one repetition's test.
+    pub fn test(&mut self, r: &Record) -> std::io::Result<()> {
+        if self.tests > 0 {
+            self.out.write_all(b",")?;
+        }
+        serde_json::to_writer(&mut *self.out, &test(&self.checkout_id, r, &self.artifacts))
+            .map_err(std::io::Error::other)?;
+        self.tests += 1;
+        Ok(())
+    }
+
+    /// Closes the document.
+    pub fn finish(self) -> std::io::Result<()> {
+        self.out.write_all(b"]}")
+    }
 }
 
 #[cfg(test)]
@@ -93,7 +146,14 @@ mod tests {
     use crate::results_db::RunState;
     use std::collections::BTreeMap;
 
+    const ARTIFACTS: &str = "/var/lib/driverlab/artifacts/20261201-120000-abcd";
+
     fn document() -> Value {
+        let (info, records) = run();
+        export(&info, &records, Path::new(ARTIFACTS))
+    }
+
+    fn run() -> (RunInfo, Vec<Record>) {
         let info = RunInfo {
             id: "20261201-120000-abcd".into(),
             matrix: "probe-rx".into(),
@@ -121,7 +181,24 @@ mod tests {
         pass.maps_per_packet = Some(0.0625);
         pass.serial_log = Some("c01/rep0/serial.log".into());
         let fail = crate::record::test_record(&info.id, &cell, 1, Status::Fail, "hung: no serial output for 60 s");
-        export(&info, &[pass, fail], Path::new("/var/lib/driverlab/artifacts/20261201-120000-abcd"))
+        (info, vec![pass, fail])
+    }
+
+    #[test]
+    fn the_streamed_document_is_the_same_document() {
+        let (info, records) = run();
+        let mut out = Vec::new();
+        let mut writer = KcidbWriter::start(&mut out, &info, ["probe"], Path::new(ARTIFACTS)).unwrap();
+        for r in &records {
+            writer.test(r).unwrap();
+        }
+        writer.finish().unwrap();
+        let streamed: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(streamed, export(&info, &records, Path::new(ARTIFACTS)));
+        let mut empty = Vec::new();
+        KcidbWriter::start(&mut empty, &info, ["probe"], Path::new(ARTIFACTS)).unwrap().finish().unwrap();
+        let empty: Value = serde_json::from_slice(&empty).unwrap();
+        assert_eq!(empty["tests"], serde_json::json!([]));
     }
 
     #[test]

@@ -6,16 +6,20 @@
 //! device a worker (leases, health checks, quarantine, retries of repetitions the host spoiled)
 //! and the [`runner`] runs one repetition in phases under an engine from the [`env::LabEnv`]
 //! the CLI or the daemon made. Each repetition is a [`record::Record`] with a typed
-//! [`failure::Failure`] when it did not pass; [`report`] summarises a run's records with
-//! [`stats`] over the [`metric::Metric`] table (with [`chart`] and [`kcidb`] as other views).
+//! [`failure::Failure`] when it did not pass, and what its workload measured parsed once
+//! ([`measure`]: CPU per packet, packet rate, latency, XDP, KTAP); [`report`] summarises a
+//! run's records with [`stats`] over the [`metric::Metric`] table (with [`chart`] and
+//! [`kcidb`] as other views).
 
 pub mod chart;
+pub mod disk;
 pub mod env;
 pub mod failure;
 pub mod image_ref;
 pub mod images;
 pub mod kcidb;
 pub mod matrix;
+pub mod measure;
 pub mod metric;
 pub mod pcie_link;
 pub mod recipe;

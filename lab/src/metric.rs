@@ -52,6 +52,16 @@ pub enum Metric {
     BusTxTlpsPerPacket,
     /// Goodput: payload Gbit/s as the workload measured it.
     GbitS,
+    /// The guest's busy CPU time per packet the workload moved.
+    GuestCpuNsPerPacket,
+    /// The host's CPU time for the VM (vCPUs, the engine's other threads, the model) per packet.
+    HostCpuNsPerPacket,
+    /// The mean request/response round trip (the latency workload).
+    LatencyMeanUs,
+    /// The median round trip.
+    LatencyP50Us,
+    /// The 99th percentile round trip.
+    LatencyP99Us,
     /// IOMMU maps per packet over the workload.
     MapsPerPacket,
     /// The device model's own DMA maps per packet (a cross-check).
@@ -72,10 +82,14 @@ pub enum Metric {
     TxMapsPerPacket,
     /// IOMMU unmaps per packet over the workload.
     UnmapsPerPacket,
+    /// Requests to the virtio-iommu (round trips through the VMM) per packet.
+    ViommuRequestsPerPacket,
     /// From the vCPUs starting to the VM stopping.
     VmRunMs,
     /// From spawning the VMM to `workload-begin` (Linux cells).
     WorkloadStartMs,
+    /// Frames per second an XDP program handled (the xdp workload).
+    XdpHandledPerS,
 }
 
 impl Metric {
@@ -94,9 +108,14 @@ impl Metric {
     pub fn unit(self) -> &'static str {
         match self {
             Metric::AgentReadyMs | Metric::VmRunMs | Metric::WorkloadStartMs => "ms",
-            Metric::BusNsPerPacket | Metric::BusRxNsPerPacket | Metric::BusTxNsPerPacket => "ns/packet",
-            Metric::BusPacketsPerS | Metric::PacketsPerS => "packets/s",
+            Metric::BusNsPerPacket
+            | Metric::BusRxNsPerPacket
+            | Metric::BusTxNsPerPacket
+            | Metric::GuestCpuNsPerPacket
+            | Metric::HostCpuNsPerPacket => "ns/packet",
+            Metric::BusPacketsPerS | Metric::PacketsPerS | Metric::XdpHandledPerS => "packets/s",
             Metric::GbitS => "Gbit/s",
+            Metric::LatencyMeanUs | Metric::LatencyP50Us | Metric::LatencyP99Us => "µs",
             Metric::PageReuse => "share",
             Metric::Retransmits => "segments",
             _ => "per packet",
@@ -105,7 +124,10 @@ impl Metric {
 
     /// Whether more of it is better.
     pub fn higher_is_better(self) -> bool {
-        matches!(self, Metric::GbitS | Metric::PacketsPerS | Metric::PageReuse | Metric::BusPacketsPerS)
+        matches!(
+            self,
+            Metric::GbitS | Metric::PacketsPerS | Metric::PageReuse | Metric::BusPacketsPerS | Metric::XdpHandledPerS
+        )
     }
 
     /// Whether it depends on how fast the engine runs the guest (throughput, time), so that
@@ -114,6 +136,12 @@ impl Metric {
         matches!(
             self,
             Metric::GbitS
+                | Metric::GuestCpuNsPerPacket
+                | Metric::HostCpuNsPerPacket
+                | Metric::LatencyMeanUs
+                | Metric::LatencyP50Us
+                | Metric::LatencyP99Us
+                | Metric::XdpHandledPerS
                 | Metric::PacketsPerS
                 | Metric::Retransmits
                 | Metric::VmRunMs
@@ -134,6 +162,13 @@ impl Metric {
             Metric::Retransmits => record.workload.retransmits.map(|r| r as f64),
             Metric::MapsPerPacket => record.maps_per_packet,
             Metric::UnmapsPerPacket => record.unmaps_per_packet,
+            Metric::ViommuRequestsPerPacket => record.viommu_requests_per_packet,
+            Metric::GuestCpuNsPerPacket => record.cpu.and_then(|c| c.guest_ns_per_packet),
+            Metric::LatencyMeanUs => record.workload.latency.map(|l| l.mean_us),
+            Metric::LatencyP50Us => record.workload.latency.map(|l| l.p50_us),
+            Metric::LatencyP99Us => record.workload.latency.map(|l| l.p99_us),
+            Metric::XdpHandledPerS => record.workload.xdp.as_ref().map(|x| x.handled_per_s),
+            Metric::HostCpuNsPerPacket => record.cpu.and_then(|c| c.host_ns_per_packet),
             Metric::RxMapsPerPacket => record.rx_maps_per_packet,
             Metric::TxMapsPerPacket => record.tx_maps_per_packet,
             Metric::RxBouncedMapsPerPacket => record.rx_bounced_maps_per_packet,

@@ -6,12 +6,12 @@
 
 use std::path::{Path, PathBuf};
 
-use guest_images::initramfs_build::{self, InitramfsRequest};
+use guest_images::initramfs_build::{self, GuestTool, InitramfsRequest};
 use guest_images::module_build::{self, ModuleRequest, SourceSpec};
 use guest_images::patches::PatchFile;
 use guest_images::store::{ImageError, ImageStore};
 
-use crate::matrix::{Image, InitrdRef, KernelRef, PatchRef};
+use crate::matrix::{Image, InitrdRef, KernelRef, Matrix, PatchRef};
 
 /// Why a recipe was not built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -82,6 +82,7 @@ pub fn is_recipe(image: &Image) -> bool {
 /// matrix's relative paths (patches) into paths.
 pub fn build(
     resolve: &dyn Fn(&Path) -> PathBuf,
+    tools: &[GuestTool],
     image: &Image,
     builder: &dyn RecipeBuilder,
 ) -> Result<(KernelRef, Option<InitrdRef>), RecipeError> {
@@ -104,7 +105,7 @@ pub fn build(
         }
     };
     let initrd = if image.is_agent_initrd() {
-        let id = agent_initramfs(resolve, image, &kernel, builder).map_err(of_image)?;
+        let id = agent_initramfs(resolve, tools, image, &kernel, builder).map_err(of_image)?;
         Some(InitrdRef::Store(id.parse().map_err(built)?))
     } else {
         image.initrd.clone()
@@ -113,9 +114,10 @@ pub fn build(
 }
 
 /// The agent's initramfs for `kernel`: with the driver built from the image's patches, or the
-/// kernel's own driver when there are none.
+/// kernel's own driver when there are none, and the programs `tools` beyond every image's.
 fn agent_initramfs(
     resolve: &dyn Fn(&Path) -> PathBuf,
+    tools: &[GuestTool],
     image: &Image,
     kernel: &str,
     builder: &dyn RecipeBuilder,
@@ -137,7 +139,7 @@ fn agent_initramfs(
         modules.push(builder.module(&request)?);
     }
     let drivers = if modules.is_empty() { vec![module] } else { Vec::new() };
-    builder.initramfs(&InitramfsRequest { kernel: kernel.to_string(), modules, drivers })
+    builder.initramfs(&InitramfsRequest { kernel: kernel.to_string(), modules, drivers, tools: tools.to_vec() })
 }
 
 /// The files of an image's patches: read here (paths through `resolve`), or as the matrix
@@ -165,11 +167,12 @@ pub fn pin_recipes(
     note: &dyn Fn(&str),
 ) -> Result<String, RecipeError> {
     let resolve = beside(file);
+    let tools = tools_of(text);
     edit_images(text, &mut |image, fields| {
         if !is_recipe(&image) {
             return Ok(false);
         }
-        let (kernel, initrd) = build(&resolve, &image, builder)?;
+        let (kernel, initrd) = build(&resolve, &tools, &image, builder)?;
         pin(fields, &kernel, initrd.as_ref());
         let initrd = initrd.map(|i| format!(", initrd {i}")).unwrap_or_default();
         note(&format!("image {}: kernel {kernel}{initrd}", image.name));
@@ -203,6 +206,12 @@ pub fn inline_patches(file: &Path, text: &str) -> Result<String, RecipeError> {
         fields.insert("patches".into(), texts);
         Ok(true)
     })
+}
+
+/// The programs the workloads of the matrix `text` need in its images (none where it does not
+/// parse: the matrix's own check refuses it later, with its line).
+fn tools_of(text: &str) -> Vec<GuestTool> {
+    Matrix::from_toml(Path::new("matrix"), text).map(|m| m.guest_tools()).unwrap_or_default()
 }
 
 /// Relative paths of the matrix at `file` resolved from its folder.

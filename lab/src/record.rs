@@ -120,8 +120,8 @@ pub struct Timings {
     /// after spawning the VMM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugged_ms: Option<f64>,
-    /// When it was pulled out by surprise (the `surprise-unplug` check), ms after spawning the
-    /// VMM.
+    /// When the device was pulled out of its slot (the `surprise-unplug` check) or its slot's
+    /// attention button pressed (the `orderly-unplug` check), ms after spawning the VMM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pulled_ms: Option<f64>,
     /// From spawning the VMM to the lab seeing the agent's first frame (Linux images: the
@@ -162,6 +162,24 @@ pub struct WorkloadResult {
     /// The workload's direction as the agent ran it (Linux images).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direction: Option<Direction>,
+    /// A `packet-rate` workload's frames: sent, delivered, dropped and where (its
+    /// `packets_per_s` is what was delivered to the receiving socket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packet_rate: Option<crate::measure::packet_rate::PacketRate>,
+    /// A `latency` workload's round trips.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<crate::measure::latency::Latency>,
+    /// An `xdp` workload's program and load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp: Option<crate::measure::xdp::XdpFigures>,
+}
+
+impl WorkloadResult {
+    /// Whether the workload measured what it is for: goodput (iperf3, packet-rate), round
+    /// trips (latency) or the frames an XDP program handled (xdp).
+    pub fn measured(&self) -> bool {
+        self.gbit_s.is_some() || self.latency.is_some() || self.xdp.is_some()
+    }
 }
 
 /// One repetition of one cell.
@@ -195,6 +213,14 @@ pub struct Record {
     pub maps_per_packet: Option<f64>,
     /// The same for unmaps.
     pub unmaps_per_packet: Option<f64>,
+    /// Requests the guest sent the virtio-iommu per packet over the workload: each a round trip
+    /// through the VMM (maps, unmaps, and the rest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub viommu_requests_per_packet: Option<f64>,
+    /// What the CPU paid over the workload, the guest's and the host's, and per packet (Linux
+    /// guests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<crate::measure::cpu::CpuCost>,
     /// Maps the device may write (RX buffers) per packet received, over the workload.
     #[serde(default)]
     pub rx_maps_per_packet: Option<f64>,
@@ -280,6 +306,8 @@ impl Record {
             iommu: None,
             maps_per_packet: None,
             unmaps_per_packet: None,
+            viommu_requests_per_packet: None,
+            cpu: None,
             rx_maps_per_packet: None,
             rx_bounced_maps_per_packet: None,
             tx_bounced_maps_per_packet: None,

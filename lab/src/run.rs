@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use crate::env::LabEnv;
 use crate::images::{ImagesError, RunPlan};
 use crate::matrix::{MatrixError, Plan};
-use crate::report::{Report, RunRecords};
+use crate::report::{Report, RunRecords, RunSamples};
 use crate::results_db::{ResultsDb, ResultsDbError, RunState};
 use crate::scheduler::{self, LabError, Outcome, Progress};
 use crate::stats::VerdictRule;
@@ -230,8 +230,8 @@ pub fn resumable(store: &ResultsDb, env: &LabEnv, run: &str, note: &dyn Fn(&str)
 pub fn report(store: &ResultsDb, run: &str, baseline: Option<&str>) -> Result<Report, RunError> {
     let info = store.run(run)?;
     let (_, _, cells) = store.run_plan(run)?;
-    let records = store.records(run)?;
-    let records = RunRecords { run, matrix: &info.matrix, state: info.state, cells: &cells, records: &records };
+    let samples = samples(store, run, cells.len())?;
+    let records = RunRecords { run, matrix: &info.matrix, state: info.state, cells: &cells, samples: &samples };
     if let Some(asked) = baseline
         && !cells.iter().any(|c| c.variant == asked)
     {
@@ -251,10 +251,21 @@ pub fn report(store: &ResultsDb, run: &str, baseline: Option<&str>) -> Result<Re
 pub fn compare(store: &ResultsDb, a: &str, b: &str) -> Result<Report, RunError> {
     let (info_a, info_b) = (store.run(a)?, store.run(b)?);
     let (cells_a, cells_b) = (store.run_plan(a)?.2, store.run_plan(b)?.2);
-    let (records_a, records_b) = (store.records(a)?, store.records(b)?);
+    let (samples_a, samples_b) = (samples(store, a, cells_a.len())?, samples(store, b, cells_b.len())?);
     let run_a =
-        RunRecords { run: a, matrix: &info_a.matrix, state: info_a.state, cells: &cells_a, records: &records_a };
+        RunRecords { run: a, matrix: &info_a.matrix, state: info_a.state, cells: &cells_a, samples: &samples_a };
     let run_b =
-        RunRecords { run: b, matrix: &info_b.matrix, state: info_b.state, cells: &cells_b, records: &records_b };
+        RunRecords { run: b, matrix: &info_b.matrix, state: info_b.state, cells: &cells_b, samples: &samples_b };
     Ok(Report::compare(&run_a, &run_b, &VerdictRule::default()))
+}
+
+/// A run's records as a report keeps them, read one at a time: a report's memory is its cells'
+/// samples, not the run's records.
+fn samples(store: &ResultsDb, run: &str, cells: usize) -> Result<RunSamples, RunError> {
+    let mut samples = RunSamples::new(cells);
+    store.visit_records(run, |r| {
+        samples.add(&r);
+        true
+    })?;
+    Ok(samples)
 }

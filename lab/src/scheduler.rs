@@ -65,7 +65,7 @@ pub fn refusals(env: &LabEnv, plan: &RunPlan) -> Vec<(Cell, String)> {
 fn refusal(host: &HostFacts, qemu: Option<&str>, plan: &RunPlan, cell: &Cell) -> Option<String> {
     let (image, device, source) =
         (plan.plan.image(&cell.image)?, plan.plan.device(&cell.device)?, plan.plan.source(&cell.device)?);
-    let iperf = matches!(plan.plan.workload(&cell.workload), Some(Workload::Iperf3 { .. }));
+    let traffic = plan.plan.workload(&cell.workload).is_some_and(Workload::needs_peer);
     let host_device = matches!(source, DeviceSource::Host { .. });
     let viommu = plan.files(&image.name).and_then(|r| r.manifest.as_ref()).and_then(|m| m.viommu_refusal());
     if let Some(refusal) = viommu.filter(|_| image.iommu) {
@@ -78,20 +78,23 @@ fn refusal(host: &HostFacts, qemu: Option<&str>, plan: &RunPlan, cell: &Cell) ->
             image.name,
             host.virt.describe()
         ))
-    } else if iperf && host_device && device.peer.is_none() {
+    } else if traffic && host_device && device.peer.is_none() {
         Some(format!(
-            "device {:?}: an iperf3 workload on a host device needs its peer on the NIC's wire: set peer = \"user@host\" \
+            "device {:?}: a traffic workload (iperf3, packet-rate) on a host device needs its peer on the NIC's wire: set peer = \"user@host\" \
              (SSH with a key, iperf3 installed there) and its addresses (peer_ip, guest_ip)",
             device.name
         ))
-    } else if iperf && host_device && !host.ssh {
+    } else if traffic && host_device && !host.ssh {
         Some(format!(
             "device {:?}: its peer is reached over SSH, and there is no {} here (apt-get install openssh-client)",
             device.name,
             engines::peer::ssh_program()
         ))
-    } else if iperf && !host_device && !host.root {
-        Some("an iperf3 workload on a model needs its peer's network namespace, which needs root".into())
+    } else if traffic && !host_device && !host.root {
+        Some(
+            "a traffic workload (iperf3, packet-rate) on a model needs its peer's network namespace, which needs root"
+                .into(),
+        )
     } else if host_device && !host.vfio {
         Some(
             "the device is a host PCI device and this host has no kernel VFIO (`driverlab doctor --device BDF`)".into(),

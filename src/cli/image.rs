@@ -147,6 +147,10 @@ pub struct InitramfsArgs {
     /// repeatable.
     #[arg(long = "driver", value_name = "NAME")]
     pub drivers: Vec<String>,
+    /// A program the workloads need beyond iperf3 and ethtool (`sockperf` for `latency`,
+    /// `xdp-bench` for `xdp`), taken from this host with its libraries; repeatable.
+    #[arg(long = "tool", value_name = "TOOL")]
+    pub tools: Vec<initramfs_build::GuestTool>,
     /// The store.
     #[command(flatten)]
     pub store: StoreArgs,
@@ -242,8 +246,12 @@ fn module(args: ModuleArgs) -> anyhow::Result<()> {
 /// `image initramfs`: its modules on stderr, the archive's path last.
 fn initramfs(args: InitramfsArgs) -> anyhow::Result<()> {
     let store = args.store.store();
-    let request =
-        initramfs_build::InitramfsRequest { kernel: args.kernel, modules: args.modules, drivers: args.drivers };
+    let request = initramfs_build::InitramfsRequest {
+        kernel: args.kernel,
+        modules: args.modules,
+        drivers: args.drivers,
+        tools: args.tools,
+    };
     let manifest = initramfs_build::build(&store, &request).map_err(image_error)?;
     let modules: Vec<String> = manifest.modules.iter().map(|m| format!("{} ({})", m.name, m.from)).collect();
     eprintln!("initramfs {}: {} bytes, modules {}", manifest.id, manifest.size, modules.join(", "));

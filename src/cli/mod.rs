@@ -9,6 +9,7 @@ mod jail_break;
 pub mod lab;
 mod model;
 mod nested_box;
+mod peer;
 mod probe;
 mod serve;
 mod vm;
@@ -69,6 +70,9 @@ pub enum Command {
     /// Benchmarks that print figures, compared with a reference in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// What runs on a workload's peer: the UDP source of the xdp workload.
+    #[command(subcommand)]
+    Peer(peer::PeerCommand),
 }
 
 impl Command {
@@ -87,6 +91,7 @@ impl Command {
             Command::Api(args) => serve::request(args),
             Command::NestedBox(cmd) => cmd.run(),
             Command::Bench(cmd) => cmd.run(),
+            Command::Peer(cmd) => cmd.run(),
         }
     }
 }

@@ -23,6 +23,11 @@ pub struct ServeArgs {
     /// The results database [default: $DRIVERLAB_DB, else ~/.local/share/driverlab/lab.db].
     #[arg(long, value_name = "PATH")]
     pub db: Option<PathBuf>,
+    /// Keep the newest N ended runs: older ones, with their results and artifacts, are deleted
+    /// at start and whenever a run ends (runs queued or running are never touched) [default:
+    /// keep every run].
+    #[arg(long, value_name = "N")]
+    pub keep_runs: Option<usize>,
     /// Print the OpenAPI document (docs/openapi.json) and exit.
     #[arg(long)]
     pub openapi: bool,
@@ -110,10 +115,17 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
     std::fs::create_dir_all(&vm_dir).with_context(|| format!("creating {}", vm_dir.display()))?;
     std::fs::set_permissions(&vm_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .with_context(|| format!("making {} private", vm_dir.display()))?;
-    let config = Config { db: args.db.unwrap_or_else(lab::results_db::default_path), vm_dir: vm_dir.clone() };
+    let config = Config {
+        db: args.db.unwrap_or_else(lab::results_db::default_path),
+        vm_dir: vm_dir.clone(),
+        keep_runs: args.keep_runs,
+    };
     let env = super::lab_env()?;
     // The database opens (and migrates) before the daemon answers anything.
     lab::results_db::ResultsDb::open(&config.db)?;
+    if let Some(keep) = config.keep_runs {
+        api::run_queue::prune(&config.db, keep);
+    }
     let token = match &args.token_file {
         Some(file) => Some(api::auth::read_token(file).map_err(anyhow::Error::msg)?),
         None => None,
@@ -132,6 +144,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<u8> {
         };
         eprintln!("driverlab API on {}", socket.display());
         let daemon = Daemon::new(config, env);
+        let requeued = daemon.runs.requeue_orphans();
+        if !requeued.is_empty() {
+            eprintln!(
+                "driverlab: queued again {} run(s) an earlier daemon queued and never started: {}",
+                requeued.len(),
+                requeued.join(" ")
+            );
+        }
         server::serve(daemon, &socket, tcp, shutdown_signal()).await?;
         Ok(())
     });

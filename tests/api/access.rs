@@ -30,6 +30,18 @@ fn tcp_needs_the_token_and_remote_requests_name_no_host_resource() {
     }
     let remote = Client::tcp(&addr, token);
     assert_eq!(call(&remote, "GET", "/v1/version", &[], None).status, 200);
+    // The scheme's name in any case (RFC 9110); the token exactly.
+    for (scheme, status) in [("bearer", "200"), ("BEARER", "200"), ("Basic", "401")] {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        let head = format!(
+            "GET /v1/version HTTP/1.1\r\nHost: x\r\nAuthorization: {scheme} {token}\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert_eq!(answer.split_whitespace().nth(1), Some(status), "{scheme}: {answer}");
+    }
     let json_body = [("content-type", "application/json")];
     let host_device = br#"{"name":"nic","bdf":"0000:63:00.0"}"#;
     let answer = call(&remote, "POST", "/v1/devices", &json_body, Some(host_device));

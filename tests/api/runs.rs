@@ -116,17 +116,22 @@ fn a_probe_matrix_submitted_with_curl_streams_and_reports_as_lab_run_does() {
 }
 
 #[test]
-fn a_daemon_killed_with_minus_9_restarts_with_its_runs_resumable() {
-    if !kvm_available("a_daemon_killed_with_minus_9_restarts_with_its_runs_resumable") {
+fn a_daemon_killed_with_minus_9_restarts_with_its_runs_resumable_and_its_waiting_runs_queued() {
+    if !kvm_available("a_daemon_killed_with_minus_9_restarts_with_its_runs_resumable_and_its_waiting_runs_queued") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let matrix = std::fs::read(probe_matrix()).unwrap();
-    let run = {
+    let (run, waiting) = {
         let daemon = Daemon::start(dir.path(), &[]);
-        let answer = call(&daemon.client(), "POST", "/v1/runs", &[("content-type", "application/toml")], Some(&matrix));
-        assert_eq!(answer.status, 201);
-        let run = json_of(&answer)["id"].as_str().unwrap().to_string();
+        let submit = || {
+            let answer =
+                call(&daemon.client(), "POST", "/v1/runs", &[("content-type", "application/toml")], Some(&matrix));
+            assert_eq!(answer.status, 201);
+            json_of(&answer)["id"].as_str().unwrap().to_string()
+        };
+        // One runs, one waits behind it.
+        let (run, waiting) = (submit(), submit());
         // Three repetitions in, kill it.
         let seen = events(&daemon, &run, Some(3));
         assert_eq!(seen.iter().filter(|e| e["event"] == "recorded").count(), 3);
@@ -134,9 +139,13 @@ fn a_daemon_killed_with_minus_9_restarts_with_its_runs_resumable() {
         // SAFETY: kill has no memory preconditions; the pid is our child's.
         unsafe { libc::kill(daemon.child.id() as i32, libc::SIGKILL) };
         let _ = daemon.child.wait();
-        run
+        (run, waiting)
     };
     let daemon = Daemon::start(dir.path(), &[]);
+    // The run that waited is queued again (it never started); the one that ran is interrupted.
+    let status = json_of(&call(&daemon.client(), "GET", &format!("/v1/runs/{waiting}"), &[], None));
+    assert!(status["state"] == "queued" || status["state"] == "running", "queued again: {status}");
+    assert_eq!(call(&daemon.client(), "POST", &format!("/v1/runs/{waiting}/cancel"), &[], None).status, 202);
     let status = json_of(&call(&daemon.client(), "GET", &format!("/v1/runs/{run}"), &[], None));
     assert_eq!(status["state"], "interrupted", "{status}");
     let kept = status["results"].as_u64().unwrap();
@@ -303,6 +312,100 @@ fn cancels_at_once_are_one_cancel_and_a_refused_submit_leaves_no_run() {
     for run in &accepted {
         let _ = call(&client, "POST", &format!("/v1/runs/{run}/cancel"), &[], None);
     }
+}
+
+#[test]
+fn a_submit_refused_for_the_queued_results_leaves_no_run() {
+    let test = "a_submit_refused_for_the_queued_results_leaves_no_run";
+    if !kvm_available(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    let client = daemon.client();
+    let toml = [("content-type", "application/toml")];
+    // Two runs of 100,000 results each fill the daemon's 200,000; a third of 15 is one too many.
+    let values: Vec<String> = (0..100).map(|i| i.to_string()).collect();
+    let big = format!(
+        "name = \"big\"\nrepetitions = 1000\n[[device]]\nname = \"aq\"\nmodel = \"aqc100\"\n\
+         [[image]]\nname = \"probe\"\nkernel = \"probe\"\n[[variant]]\nname = \"v\"\nimage = \"probe\"\n\
+         params = {{ \"m.p\" = [{}] }}\n[[workload]]\nname = \"rx\"\nkind = \"probe-rx\"\n",
+        values.join(", ")
+    );
+    for _ in 0..2 {
+        let answer = call(&client, "POST", "/v1/runs", &toml, Some(big.as_bytes()));
+        assert_eq!(answer.status, 201, "{}", String::from_utf8_lossy(&answer.body));
+    }
+    let small = std::fs::read(probe_matrix()).unwrap();
+    let answer = call(&client, "POST", "/v1/runs", &toml, Some(&small));
+    assert_eq!(answer.status, 429, "{}", String::from_utf8_lossy(&answer.body));
+    assert!(json_of(&answer)["message"].as_str().unwrap().contains("200000 results are queued or running"));
+    let runs = json_of(&call(&client, "GET", "/v1/runs", &[], None));
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 2, "no run was made for the refused matrix: {runs:?}");
+    assert!(runs.iter().all(|r| r["matrix"] == "big"), "{runs:?}");
+}
+
+#[test]
+fn tcp_clients_holding_every_stream_they_may_leave_the_owner_s_lab_run_its_own() {
+    let test = "tcp_clients_holding_every_stream_they_may_leave_the_owner_s_lab_run_its_own";
+    if !kvm_available(test) {
+        return;
+    }
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let token = "0123456789abcdef0123456789abcdef";
+    std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
+    let token_file = dir.path().join("token").display().to_string();
+    let daemon = Daemon::start(dir.path(), &["--listen", "127.0.0.1:0", "--token-file", &token_file]);
+    let addr = daemon.tcp.clone().unwrap();
+    let matrix = std::fs::read(probe_matrix()).unwrap();
+    let toml = [("content-type", "application/toml")];
+    let answer = call(&daemon.client(), "POST", "/v1/runs", &toml, Some(&matrix));
+    let run = json_of(&answer)["id"].as_str().unwrap().to_string();
+    // A stream held open: the request sent, the head of the answer read, the rest left unread.
+    let open = |stream: &mut dyn ReadWrite, bearer: bool| -> String {
+        let auth = if bearer { format!("Authorization: Bearer {token}\r\n") } else { String::new() };
+        let head = format!("GET /v1/runs/{run}/events HTTP/1.1\r\nHost: x\r\n{auth}Accept: text/event-stream\r\n\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        let mut byte = [0u8; 1];
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+            answer.push(byte[0]);
+        }
+        String::from_utf8_lossy(&answer).split_whitespace().nth(1).unwrap_or_default().to_string()
+    };
+    trait ReadWrite: Read + Write {}
+    impl<T: Read + Write> ReadWrite for T {}
+    // The TCP clients take every stream they may: 48.
+    let mut held: Vec<Box<dyn ReadWrite>> = Vec::new();
+    for _ in 0..48 {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        assert_eq!(open(&mut stream, true), "200");
+        held.push(Box::new(stream));
+    }
+    let mut one_more = std::net::TcpStream::connect(&addr).unwrap();
+    assert_eq!(open(&mut one_more, true), "429", "TCP's share is taken");
+    // The owner's share: the Unix socket's 16, taken too, so that the owner's `lab run` is
+    // refused a stream and follows its run's state instead.
+    for _ in 0..16 {
+        let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+        assert_eq!(open(&mut stream, false), "200", "the owner's streams are its own");
+        held.push(Box::new(stream));
+    }
+    let out = Command::new(driverlab())
+        .args(["lab", "run", &probe_matrix(), "--socket"])
+        .arg(&daemon.socket)
+        .env("DRIVERLAB_DB", dir.path().join("not-used.db"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("no event stream to spare (429): following the run's state"), "{stderr}");
+    let second = stdout.lines().next().and_then(|l| l.strip_prefix("run ")?.strip_suffix(" started")).unwrap();
+    assert_eq!(stdout.lines().last().unwrap(), format!("run {second}: 3 cells, 15 passed, 0 failed, 0 errors"));
+    drop(held);
 }
 
 #[test]

@@ -171,6 +171,13 @@ pub struct BouncePool {
     pub end: u64,
 }
 
+impl BouncePool {
+    /// Whether guest-physical address `gpa` lies in the pool.
+    pub fn contains(&self, gpa: u64) -> bool {
+        (self.start..=self.end).contains(&gpa)
+    }
+}
+
 /// The body of every error answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ControlError {

@@ -38,5 +38,5 @@ pub use exit::{
 };
 pub use nic::NicKind;
 pub use spec::{
-    DeviceBackend, DeviceSpec, Entry, IommuSpec, Kernel, SerialOutput, SerialSpec, Slot, SpecError, VmSpec,
+    DeviceBackend, DeviceSpec, Entry, IommuSpec, Kernel, SerialOutput, SerialSpec, Slot, SpecError, VmLimits, VmSpec,
 };

@@ -27,6 +27,9 @@ pub const MAX_VCPUS: u32 = 254;
 pub const MAX_CMDLINE: usize = 4096;
 /// Most guest memory a spec may ask for (the host's own memory bounds it further).
 pub const MAX_MEMORY_MIB: u64 = 1 << 20;
+/// Most guest memory one VM of a lab may have: a box shared by several VMs (the daemon's
+/// `/v1/vms`, every matrix's images).
+pub const LAB_MAX_MEMORY_MIB: u64 = 16 * 1024;
 /// Most passed-through devices: bus 0 has 32 slots, the host bridge and the virtio-iommu take two.
 pub const MAX_DEVICES: usize = 30;
 /// Longest timeout, in seconds (a week).
@@ -132,6 +135,11 @@ impl VmSpec {
     /// Checks what can be checked without the host: ranges, counts, empty paths. The VMM checks
     /// the rest (files, host memory, devices) when it starts.
     pub fn validate(&self) -> Result<(), SpecError> {
+        self.validate_within(&VmLimits::VMM)
+    }
+
+    /// [`VmSpec::validate`] within `limits`.
+    pub fn validate_within(&self, limits: &VmLimits) -> Result<(), SpecError> {
         if let Kernel::Path(path) = &self.kernel
             && path.as_os_str().is_empty()
         {
@@ -143,8 +151,8 @@ impl VmSpec {
         if self.memory_mib < MIN_MEMORY_MIB {
             return Err(SpecError::MemoryTooSmall(self.memory_mib));
         }
-        if self.memory_mib > MAX_MEMORY_MIB {
-            return Err(SpecError::MemoryTooLarge(self.memory_mib));
+        if self.memory_mib > limits.max_memory_mib {
+            return Err(SpecError::MemoryTooLarge { mib: self.memory_mib, max: limits.max_memory_mib });
         }
         if self.cmdline.contains('\0') {
             return Err(SpecError::Cmdline("it holds a NUL byte".into()));
@@ -179,6 +187,20 @@ impl VmSpec {
     }
 }
 
+/// The bounds a spec is checked within: the VMM's own, or a lab's (tighter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmLimits {
+    /// Most guest memory, MiB.
+    pub max_memory_mib: u64,
+}
+
+impl VmLimits {
+    /// The VMM's: what one VM on a host of its own may ask for.
+    pub const VMM: VmLimits = VmLimits { max_memory_mib: MAX_MEMORY_MIB };
+    /// A lab's: its daemon's `/v1/vms` and every matrix, on a box several VMs share.
+    pub const LAB: VmLimits = VmLimits { max_memory_mib: LAB_MAX_MEMORY_MIB };
+}
+
 /// A spec the VMM refuses before it creates anything (exit code 2).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SpecError {
@@ -192,8 +214,13 @@ pub enum SpecError {
     #[error("memory_mib (--memory) {0}: at least {MIN_MEMORY_MIB} MiB is needed")]
     MemoryTooSmall(u64),
     /// More memory than a spec may ask for.
-    #[error("memory_mib (--memory) {0}: at most {MAX_MEMORY_MIB} MiB")]
-    MemoryTooLarge(u64),
+    #[error("memory_mib (--memory) {mib}: at most {max} MiB")]
+    MemoryTooLarge {
+        /// What was asked.
+        mib: u64,
+        /// The limit.
+        max: u64,
+    },
     /// A kernel command line the boot protocols cannot carry.
     #[error("cmdline (--cmdline): {0}")]
     Cmdline(String),

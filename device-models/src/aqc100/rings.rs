@@ -15,6 +15,9 @@ pub struct Ring {
     buffer_size: u32,
     /// The last TX context descriptor seen (its two control words).
     pub context: Option<(u32, u32)>,
+    /// Whether the head was written since the ring was last enabled (else enabling it starts
+    /// over at descriptor 0).
+    head_written: bool,
 }
 
 impl Ring {
@@ -94,14 +97,24 @@ impl Ring {
             regs::RING_CONTROL => {
                 let was_enabled = self.enabled();
                 self.control = value;
-                if was_enabled && !self.enabled() {
-                    // A stopped ring starts over at descriptor 0, as the driver expects.
-                    self.head = 0;
+                // A ring keeps its head while it is stopped (the driver may still read it: atlantic
+                // stops its rings before napi_disable() in aq_vec_stop(), so a last poll reads it)
+                // and starts over at descriptor 0 when it is started again, which is what the
+                // driver's re-init assumes (aq_ring_init() sets its own heads to 0 and never
+                // writes the register), unless the head was written while it was stopped.
+                if !was_enabled && self.enabled() {
+                    if !self.head_written {
+                        self.head = 0;
+                    }
+                    self.head_written = false;
                     self.context = None;
                 }
                 return self.enabled();
             }
-            regs::RING_HEAD if !self.enabled() => self.head = value & regs::RING_POINTER_MASK,
+            regs::RING_HEAD if !self.enabled() => {
+                self.head = value & regs::RING_POINTER_MASK;
+                self.head_written = true;
+            }
             regs::RING_TAIL => {
                 self.tail = value & regs::RING_POINTER_MASK;
                 return true;
@@ -142,8 +155,15 @@ mod tests {
         assert_eq!(ring.owned(), 0, "a tail beyond the ring owns nothing");
         ring.write(regs::RING_HEAD, 5);
         assert_eq!(ring.head, 10, "head is read-only while enabled");
+        let control = ring.control;
         ring.write(regs::RING_CONTROL, 0);
-        assert_eq!(ring.head, 0, "stopping resets the head");
+        assert_eq!(ring.head, 10, "a stopped ring keeps its head: a last poll may read it");
+        ring.write(regs::RING_CONTROL, control);
+        assert_eq!(ring.head, 0, "starting again starts over at descriptor 0");
+        ring.write(regs::RING_CONTROL, 0);
+        ring.write(regs::RING_HEAD, 7);
+        ring.write(regs::RING_CONTROL, control);
+        assert_eq!(ring.head, 7, "unless the head was set while it was stopped");
         assert_eq!(ring.buffer_bytes(), 2048);
         ring.write(regs::RX_RING_BUFFER_SIZE, 4);
         assert_eq!(ring.buffer_bytes(), 4096);

@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 
 use vm_spec::counters::ModelCounters;
 use vm_spec::model_control::ModelReport;
-use vm_spec::{ExitReason, Kernel, SerialOutput};
+use vm_spec::{ExitReason, Kernel, SerialOutput, Slot};
 
+use crate::agent::FrameKind;
 use crate::file_watch::FileWatch;
 use crate::model_process::ModelProcess;
-use crate::qemu::{Machine, Qemu, Trace};
+use crate::qemu::{Machine, Qemu, Trace, ssdt};
 use crate::window::AgentFrames;
-use crate::{BootRequest, Booted, Ending, Engine, KILL_GRACE, WATCH_PERIOD, Watch, Window, ms};
+use crate::{BootRequest, Booted, Ending, Engine, HostCpuSource, KILL_GRACE, WATCH_PERIOD, Watch, Window, ms};
 
 /// QEMU from one chroot.
 #[derive(Debug, Clone)]
@@ -97,6 +98,25 @@ impl QemuEngine {
         let [device] = spec.devices.as_slice() else {
             return Err("the QEMU engine runs one device per VM".into());
         };
+        if !device.plugged {
+            return Err("the QEMU engine's slots are occupied at boot (its root ports hot-plug through ACPI, \
+                        not pciehp): a device plugged after boot needs engine = \"driverlab\""
+                .into());
+        }
+        if let Some(unplug) = request.watch.unplug {
+            return Err(format!(
+                "the QEMU engine takes no device out of its slot: the {}-unplug check needs engine = \"driverlab\"",
+                unplug.kind
+            ));
+        }
+        let ssdt = (device.slot == Slot::Thunderbolt)
+            .then(|| {
+                let path = request.dir.join("thunderbolt-ssdt.aml");
+                std::fs::write(&path, ssdt::external_facing_port())
+                    .map(|()| path.clone())
+                    .map_err(|e| format!("writing {}: {e}", path.display()))
+            })
+            .transpose()?;
         let kernel = match &spec.kernel {
             Kernel::Probe => {
                 let path = request.dir.join("probe.elf");
@@ -116,6 +136,7 @@ impl QemuEngine {
             accel: request.accel,
             iommu: spec.iommu.is_some(),
             device,
+            ssdt: ssdt.as_deref(),
             com1: &com1,
             com2: com2.as_deref(),
             trace: &trace,
@@ -164,12 +185,21 @@ impl Watching {
             self.trace_read += read_more(&self.trace_path, self.trace_read, &mut self.trace);
             self.stop_if_due();
             let kinds = self.frames.fresh(self.watch.agent_log.as_deref());
+            // The bounce pool, for the window's counts of bounced maps (the trace's maps until
+            // now are before the workload's begin, whose counts are taken below).
+            if kinds.contains(&FrameKind::WorkloadBegin)
+                && let Some(pool) = crate::agent::bounce_pool_in(self.watch.agent_log.as_deref())
+            {
+                self.trace.set_bounce_pool(pool);
+            }
             let trace = &self.trace;
+            let host_cpu = HostCpuSource { engine: self.child.id(), model: model.map(ModelProcess::pid) };
             self.window.saw(
                 &kinds,
                 ms(self.spawned.elapsed()),
                 || Some(trace.counts()),
                 || model.and_then(ModelProcess::counters),
+                || host_cpu.sample(),
             );
         }
     }

@@ -8,13 +8,14 @@
 
 pub mod engine;
 pub mod setup;
+pub mod ssdt;
 pub mod trace;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::{Deserialize, Serialize};
-use vm_spec::{DeviceBackend, DeviceSpec};
+use vm_spec::{DeviceBackend, DeviceSpec, Slot};
 
 pub use engine::QemuEngine;
 use trace::TRACE_EVENTS;
@@ -80,6 +81,9 @@ pub fn default_root() -> PathBuf {
 const DATA_FOLDERS: &[&str] =
     &["usr/share/qemu", "usr/share/seabios", "usr/lib/ipxe/qemu", "usr/share/ipxe/qemu", "usr/share/ovmf"];
 
+/// RAM above 4 GiB in a guest with a `thunderbolt` slot, as driverlab's VMM gives it.
+const RAM_ABOVE_4GIB_MIB: u64 = 2;
+
 /// One guest for QEMU to run.
 #[derive(Debug, Clone)]
 pub struct Machine<'a> {
@@ -97,8 +101,12 @@ pub struct Machine<'a> {
     pub accel: Accel,
     /// A virtio-iommu in front of the device.
     pub iommu: bool,
-    /// The device: a vfio-user socket or a host BDF.
+    /// The device: a vfio-user socket or a host BDF, and its slot. A `thunderbolt` slot is a
+    /// `pcie-root-port` that `ssdt` declares external-facing, with some RAM above 4 GiB (x86
+    /// Linux sets swiotlb up only then: `pci_swiotlb_detect()` in arch/x86/kernel/pci-dma.c).
     pub device: &'a DeviceSpec,
+    /// The SSDT of a `thunderbolt` slot ([`ssdt::external_facing_port`], written to a file).
+    pub ssdt: Option<&'a Path>,
     /// Where COM1 goes.
     pub com1: &'a Path,
     /// Where COM2 goes, when the guest has one.
@@ -179,22 +187,24 @@ pub fn machine_args(m: &Machine<'_>) -> Vec<String> {
         Accel::Tcg => "tcg",
         Accel::Kvm => "kvm",
     };
-    let mut args: Vec<String> = [
-        "-machine",
-        "q35,memory-backend=mem",
-        "-accel",
-        accel,
-        // vfio-user hands guest RAM to the device's process as file descriptors: shared memfd.
-        "-object",
-    ]
-    .map(String::from)
-    .into();
+    let thunderbolt = m.device.slot == Slot::Thunderbolt;
+    let mut machine = String::from("q35,memory-backend=mem");
+    if thunderbolt {
+        let below = m.memory_mib.saturating_sub(RAM_ABOVE_4GIB_MIB);
+        machine.push_str(&format!(",max-ram-below-4g={below}M"));
+    }
+    let mut args: Vec<String> = ["-machine".into(), machine, "-accel".into(), accel.into()].into();
+    // vfio-user hands guest RAM to the device's process as file descriptors: shared memfd.
+    args.push("-object".into());
     args.push(format!("memory-backend-memfd,id=mem,size={}M,share=on", m.memory_mib));
     args.extend(["-m".into(), format!("{}M", m.memory_mib), "-smp".into(), m.vcpus.to_string()]);
     // No default devices (q35 would add a NIC and VGA), no monitor, no display.
     args.extend(
         ["-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-no-reboot"].map(String::from),
     );
+    // vCPU threads named `CPU N/TCG`, so that the host's CPU time splits into the vCPUs' and the
+    // rest (host_cpu).
+    args.extend(["-name".into(), "driverlab,debug-threads=on".into()]);
     args.extend(["-serial".into(), format!("file:{}", path(m.com1))]);
     if let Some(com2) = m.com2 {
         args.extend(["-serial".into(), format!("file:{}", path(com2))]);
@@ -206,13 +216,28 @@ pub fn machine_args(m: &Machine<'_>) -> Vec<String> {
     if m.iommu {
         args.extend(["-device".into(), "virtio-iommu-pci".into()]);
     }
+    let bus = if thunderbolt {
+        let port = format!(
+            "pcie-root-port,id={},chassis=1,slot=1,bus=pcie.0,addr={:#x}",
+            ssdt::ROOT_PORT_ID,
+            ssdt::ROOT_PORT_DEVICE
+        );
+        args.extend(["-device".into(), port]);
+        if let Some(table) = m.ssdt {
+            args.extend(["-acpitable".into(), format!("file={}", path(table))]);
+        }
+        ssdt::ROOT_PORT_ID
+    } else {
+        "pcie.0"
+    };
     match &m.device.backend {
         DeviceBackend::VfioUser(socket) => {
-            let device =
-                serde_json::json!({"driver": "vfio-user-pci", "socket": {"path": path(socket), "type": "unix"}});
+            let device = serde_json::json!({
+                "driver": "vfio-user-pci", "bus": bus, "socket": {"path": path(socket), "type": "unix"}
+            });
             args.extend(["-device".into(), device.to_string()]);
         }
-        DeviceBackend::Vfio(bdf) => args.extend(["-device".into(), format!("vfio-pci,host={bdf}")]),
+        DeviceBackend::Vfio(bdf) => args.extend(["-device".into(), format!("vfio-pci,host={bdf},bus={bus}")]),
     }
     args.extend(["-D".into(), path(m.trace)]);
     for event in TRACE_EVENTS {
@@ -238,6 +263,7 @@ mod tests {
             accel: Accel::Tcg,
             iommu: true,
             device: &device,
+            ssdt: None,
             com1: Path::new("/a/serial.log"),
             com2: Some(Path::new("/a/agent.log")),
             trace: Path::new("/a/trace.log"),
@@ -249,14 +275,50 @@ mod tests {
             "-serial file:/a/serial.log -serial file:/a/agent.log",
             "-kernel /img/bzImage -append console=ttyS0 panic=-1 -initrd /img/initrd.gz",
             "-device virtio-iommu-pci",
-            r#"{"driver":"vfio-user-pci","socket":{"path":"/run/x/aqc100.sock","type":"unix"}}"#,
+            r#"{"driver":"vfio-user-pci","bus":"pcie.0","socket":{"path":"/run/x/aqc100.sock","type":"unix"}}"#,
             "-D /a/trace.log -trace virtio_iommu_map",
         ] {
             assert!(args.contains(part), "{part} in {args}");
         }
         let host = DeviceSpec::vfio("0000:03:00.0".parse().unwrap());
         let args = machine_args(&Machine { device: &host, iommu: false, com2: None, ..machine }).join(" ");
-        assert!(args.contains("-device vfio-pci,host=0000:03:00.0") && !args.contains("virtio-iommu"), "{args}");
+        assert!(
+            args.contains("-device vfio-pci,host=0000:03:00.0,bus=pcie.0") && !args.contains("virtio-iommu"),
+            "{args}"
+        );
+        assert!(!args.contains("max-ram-below-4g") && !args.contains("pcie-root-port"), "{args}");
+    }
+
+    #[test]
+    fn a_thunderbolt_slot_is_an_external_facing_root_port_with_ram_above_4_gib() {
+        let mut device = DeviceSpec::vfio_user(PathBuf::from("/run/x/aqc100.sock"));
+        device.slot = Slot::Thunderbolt;
+        let machine = Machine {
+            kernel: Path::new("/img/bzImage"),
+            initrd: None,
+            cmdline: "console=ttyS0",
+            memory_mib: 512,
+            vcpus: 1,
+            accel: Accel::Tcg,
+            iommu: true,
+            device: &device,
+            ssdt: Some(Path::new("/a/thunderbolt.aml")),
+            com1: Path::new("/a/serial.log"),
+            com2: None,
+            trace: Path::new("/a/trace.log"),
+        };
+        let args = machine_args(&machine).join(" ");
+        for part in [
+            "-machine q35,memory-backend=mem,max-ram-below-4g=510M",
+            "-device pcie-root-port,id=thunderbolt0,chassis=1,slot=1,bus=pcie.0,addr=0x10",
+            "-acpitable file=/a/thunderbolt.aml",
+            r#"{"driver":"vfio-user-pci","bus":"thunderbolt0","socket""#,
+        ] {
+            assert!(args.contains(part), "{part} in {args}");
+        }
+        let host = DeviceSpec { slot: Slot::Thunderbolt, ..DeviceSpec::vfio("0000:03:00.0".parse().unwrap()) };
+        let args = machine_args(&Machine { device: &host, ..machine }).join(" ");
+        assert!(args.contains("-device vfio-pci,host=0000:03:00.0,bus=thunderbolt0"), "{args}");
     }
 
     #[test]

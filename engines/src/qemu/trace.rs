@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use vm_spec::ExitReason;
+use vm_spec::control::BouncePool;
 use vm_spec::counters::IommuCounts;
 
 /// The trace events the engine reads.
@@ -19,6 +20,9 @@ pub struct Trace {
     counts: IommuCounts,
     /// Live mappings: (domain, first IOVA) -> last IOVA.
     live: BTreeMap<(u64, u64), u64>,
+    /// The guest's swiotlb bounce pool, once the agent reported it: maps of its memory count as
+    /// bounced.
+    bounce_pool: Option<BouncePool>,
     /// A line not yet ended.
     partial: String,
     /// Why QEMU was asked to stop, as QEMU names it.
@@ -34,6 +38,12 @@ impl Trace {
         for line in text.lines() {
             self.line(line);
         }
+    }
+
+    /// Counts the maps of guest memory in `pool` as bounced from now on (as driverlab's VMM does
+    /// from its control socket's `vm.bounce-pool`).
+    pub fn set_bounce_pool(&mut self, pool: BouncePool) {
+        self.bounce_pool = Some(pool);
     }
 
     /// The virtio-iommu's counts so far, the engine-neutral way the lab records them.
@@ -68,10 +78,18 @@ impl Trace {
                 let bytes = end.saturating_sub(start) + 1;
                 c.maps += 1;
                 c.requests += 1;
-                if fields.get("flags").is_some_and(|f| f & MAP_F_WRITE != 0) {
-                    c.maps_writable += 1;
-                } else {
-                    c.maps_read_only += 1;
+                let writable = fields.get("flags").is_some_and(|f| f & MAP_F_WRITE != 0);
+                let bounced =
+                    fields.get("phys_start").is_some_and(|&gpa| self.bounce_pool.is_some_and(|p| p.contains(gpa)));
+                match (writable, bounced) {
+                    (true, bounced) => {
+                        c.maps_writable += 1;
+                        c.bounced_maps_writable += u64::from(bounced);
+                    }
+                    (false, bounced) => {
+                        c.maps_read_only += 1;
+                        c.bounced_maps_read_only += u64::from(bounced);
+                    }
                 }
                 c.map_bytes += bytes;
                 c.map_pages += bytes.div_ceil(4096);
@@ -214,5 +232,25 @@ qemu_system_shutdown_request reason=6
         assert_eq!((c.live_mappings, c.peak_mappings), (1, 3));
         assert_eq!(trace.shutdown, Some(ShutdownCause::GuestShutdown));
         assert_eq!(trace.shutdown.unwrap().exit_reason(), ExitReason::Poweroff);
+        assert_eq!((c.bounced_maps_writable, c.bounced_maps_read_only), (0, 0), "no pool, nothing bounced");
+    }
+
+    #[test]
+    fn maps_of_the_bounce_pool_count_as_bounced_once_it_is_known() {
+        let mut trace = Trace::default();
+        trace.feed(b"virtio_iommu_map domain=1 virt_start=0x1000 virt_end=0x1fff phys_start=0x1b000000 flags=1\n");
+        trace.set_bounce_pool(BouncePool { start: 0x1b00_0000, end: 0x1eff_ffff });
+        for line in [
+            "virtio_iommu_map domain=1 virt_start=0x2000 virt_end=0x2fff phys_start=0x1b000800 flags=1",
+            "virtio_iommu_map domain=1 virt_start=0x3000 virt_end=0x3fff phys_start=0x1efff000 flags=3",
+            "virtio_iommu_map domain=1 virt_start=0x4000 virt_end=0x4fff phys_start=0x1f000000 flags=2",
+            "virtio_iommu_map domain=1 virt_start=0x5000 virt_end=0x5fff phys_start=0x548000 flags=1",
+        ] {
+            trace.feed(format!("{line}\n").as_bytes());
+        }
+        let c = trace.counts();
+        assert_eq!((c.maps, c.maps_writable, c.maps_read_only), (5, 2, 3));
+        assert_eq!(c.bounced_maps_read_only, 1, "the first map came before the pool was known, the last lies outside");
+        assert_eq!(c.bounced_maps_writable, 1, "the pool's last page, not the byte past it");
     }
 }

@@ -6,8 +6,8 @@ use std::ops::Range;
 use std::path::Path;
 
 use super::{
-    DeviceSource, EngineKind, Image, KernelRef, MAX_REPETITIONS, Matrix, MatrixError, MatrixErrorKind, ParamValues,
-    Workload,
+    DeviceSource, EngineKind, Image, KernelRef, MAX_DESCRIPTION, MAX_MESSAGE, MAX_NAME, MAX_REPETITIONS, MIN_MESSAGE,
+    Matrix, MatrixError, MatrixErrorKind, ParamValues, Workload,
 };
 
 /// The line of `text` where `span` starts.
@@ -46,8 +46,12 @@ impl Checker<'_> {
     ) -> Result<BTreeSet<&'n str>, MatrixError> {
         let mut seen = BTreeSet::new();
         for (i, (name, span)) in names.enumerate() {
-            if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '/' || c == '[') {
+            if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c.is_control() || c == '/' || c == '[') {
                 return Err(self.error(Some(span), format!("{what}[{i}].name"), "a name is one word without / or ["));
+            }
+            if name.len() > MAX_NAME {
+                let why = format!("{} bytes; a name has at most {MAX_NAME}", name.len());
+                return Err(self.error(Some(span), format!("{what}[{i}].name"), why));
             }
             if !seen.insert(name) {
                 return Err(self.error(Some(span), format!("{what}[{i}].name"), format!("{name:?} is used twice")));
@@ -75,6 +79,14 @@ impl Checker<'_> {
     fn check_top(&self, m: &Matrix) -> Result<(), MatrixError> {
         if m.name.trim().is_empty() {
             return Err(self.error(None, "name", "give the matrix a name"));
+        }
+        if m.name.len() > MAX_NAME || m.name.contains(char::is_control) {
+            let why = format!("one line of at most {MAX_NAME} bytes ({} given)", m.name.len());
+            return Err(self.error(None, "name", why));
+        }
+        if m.description.len() > MAX_DESCRIPTION {
+            let why = format!("{} bytes; at most {MAX_DESCRIPTION}", m.description.len());
+            return Err(self.error(None, "description", why));
         }
         if m.repetitions == 0 || m.repetitions > MAX_REPETITIONS {
             return Err(self.error(None, "repetitions", format!("must be between 1 and {MAX_REPETITIONS}")));
@@ -122,11 +134,14 @@ impl Checker<'_> {
                 cmdline: image.cmdline.clone(),
                 ..vm_spec::VmSpec::new(vm_spec::Kernel::Probe)
             };
-            if let Err(e) = probe.validate() {
+            if let Err(e) = probe.validate_within(&vm_spec::VmLimits::LAB) {
                 return Err(self.error(Some(span), format!("image[{i}]"), e.to_string()));
             }
             if image.is_probe() && image.initrd.is_some() {
                 return Err(self.error(Some(span), format!("image[{i}].initrd"), "the probe takes no initrd"));
+            }
+            if let Err(why) = recipe_names(image) {
+                return Err(self.error(Some(span), format!("image[{i}].{}", why.0), why.1));
             }
             let agent = image.is_agent_initrd();
             if !image.patches.is_empty() && !agent {
@@ -199,28 +214,52 @@ impl Checker<'_> {
     fn check_workloads(&self, m: &Matrix) -> Result<(), MatrixError> {
         for (i, w) in m.workloads.iter().enumerate() {
             let (span, w) = (w.span(), w.get_ref());
+            let refuse =
+                |field: &str, why: String| Err(self.error(Some(span.clone()), format!("workload[{i}].{field}"), why));
             match w {
                 Workload::ProbeRx { frames, .. } if *frames == 0 => {
-                    return Err(self.error(Some(span), format!("workload[{i}].frames"), "at least one frame"));
+                    return refuse("frames", "at least one frame".into());
                 }
                 Workload::Iperf3 { ip, duration_s, streams, mtu, .. } => {
-                    if *ip != 4 && *ip != 6 {
-                        return Err(self.error(Some(span), format!("workload[{i}].ip"), "4 or 6"));
+                    if let Err((field, why)) = check_traffic(*ip, *duration_s, *streams, *mtu) {
+                        return refuse(field, why);
                     }
-                    if !(duration_s.is_finite() && *duration_s > 0.0 && *duration_s <= 3600.0) {
-                        return Err(self.error(Some(span), format!("workload[{i}].duration_s"), "0 to 3600 seconds"));
-                    }
-                    if *streams == 0 || *streams > 128 {
-                        return Err(self.error(Some(span), format!("workload[{i}].streams"), "1 to 128"));
-                    }
-                    if !(68..=16_000).contains(mtu) {
-                        return Err(self.error(Some(span), format!("workload[{i}].mtu"), "68 to 16000"));
-                    }
-                    if let Workload::Iperf3 { surprise_unplug_after_s: Some(after), .. } = w
-                        && !(after.is_finite() && *after > 0.0 && after < duration_s)
+                    if let Workload::Iperf3 {
+                        surprise_unplug_after_s: Some(_), orderly_unplug_after_s: Some(_), ..
+                    } = w
                     {
-                        let field = format!("workload[{i}].surprise_unplug_after_s");
-                        return Err(self.error(Some(span), field, "more than 0 seconds and less than duration_s"));
+                        let why = "one unplug check per workload: surprise_unplug_after_s or orderly_unplug_after_s";
+                        return refuse("orderly_unplug_after_s", why.into());
+                    }
+                    if let Some((after, _)) = w.unplug()
+                        && !(after.is_finite() && after > 0.0 && after < *duration_s)
+                    {
+                        return refuse(w.unplug_field(), "more than 0 seconds and less than duration_s".into());
+                    }
+                }
+                Workload::PacketRate { ip, duration_s, streams, mtu, frame_bytes, .. } => {
+                    if let Err((field, why)) = check_traffic(*ip, *duration_s, *streams, *mtu) {
+                        return refuse(field, why);
+                    }
+                    if let Err(why) = check_frame(*frame_bytes, *ip, *mtu) {
+                        return refuse("frame_bytes", why);
+                    }
+                }
+                Workload::Xdp { duration_s, mtu, frame_bytes, .. } => {
+                    if let Err((field, why)) = check_traffic(4, *duration_s, 1, *mtu) {
+                        return refuse(field, why);
+                    }
+                    if let Err(why) = check_frame(*frame_bytes, 4, *mtu) {
+                        return refuse("frame_bytes", why);
+                    }
+                }
+                Workload::Latency { duration_s, mtu, message_bytes, .. } => {
+                    if let Err((field, why)) = check_traffic(4, *duration_s, 1, *mtu) {
+                        return refuse(field, why);
+                    }
+                    if !(MIN_MESSAGE..=MAX_MESSAGE).contains(message_bytes) {
+                        let why = format!("{message_bytes} bytes: sockperf sends {MIN_MESSAGE} to {MAX_MESSAGE}");
+                        return refuse("message_bytes", why);
                     }
                 }
                 _ => {}
@@ -266,8 +305,8 @@ impl Checker<'_> {
     }
 
     /// A Thunderbolt slot is a root port with its own bus, which the probe guest does not scan
-    /// (it drives bus 0), and which the QEMU engine does not build (its q35 ports are neither
-    /// external-facing nor natively hot-plugged): such a cell would not be what it says.
+    /// (it drives bus 0); the QEMU engine's is external-facing but not natively hot-plugged, so
+    /// nothing is pulled from it: such a cell would not be what it says.
     fn check_slots(&self, m: &Matrix, probe_cells: bool) -> Result<(), MatrixError> {
         for (i, v) in m.variants.iter().enumerate() {
             let probe =
@@ -277,15 +316,12 @@ impl Checker<'_> {
                 return Err(self.error(Some(v.span()), format!("variant[{i}].iommu_domain"), why));
             }
         }
-        let pulls = m
-            .workloads
-            .iter()
-            .enumerate()
-            .find(|(_, w)| matches!(w.get_ref(), Workload::Iperf3 { surprise_unplug_after_s: Some(_), .. }));
+        let pulls = m.workloads.iter().enumerate().find(|(_, w)| w.get_ref().unplug().is_some());
         let fixed = m.devices.iter().enumerate().find(|(_, d)| d.get_ref().slot != Some(vm_spec::Slot::Thunderbolt));
         if let (Some((j, w)), Some((i, _))) = (pulls, fixed) {
-            let why = format!("device[{i}] is not in a thunderbolt slot: only a hot-plug slot's device can be pulled");
-            return Err(self.error(Some(w.span()), format!("workload[{j}].surprise_unplug_after_s"), why));
+            let why =
+                format!("device[{i}] is not in a thunderbolt slot: only a hot-plug slot's device can be unplugged");
+            return Err(self.error(Some(w.span()), format!("workload[{j}].{}", w.get_ref().unplug_field()), why));
         }
         let thunderbolt =
             m.devices.iter().enumerate().find(|(_, d)| d.get_ref().slot == Some(vm_spec::Slot::Thunderbolt));
@@ -294,11 +330,84 @@ impl Checker<'_> {
             let why = "the probe guest finds its NIC on bus 0 only: a thunderbolt slot needs Linux images";
             return Err(self.error(Some(d.span()), format!("device[{i}].slot"), why));
         }
-        if let Some((j, image)) = m.images.iter().enumerate().find(|(_, i)| i.get_ref().engine == EngineKind::Qemu) {
-            let why = "the QEMU engine has no thunderbolt slot (its root ports are not external-facing): \
-                       run this image on engine = \"driverlab\", or put the device on slot = \"root\"";
-            return Err(self.error(Some(image.span()), format!("image[{j}].engine"), why));
+        let qemu = m.images.iter().enumerate().find(|(_, i)| i.get_ref().engine == EngineKind::Qemu);
+        if let (Some((j, w)), Some((k, _))) = (pulls, qemu) {
+            let why = format!(
+                "image[{k}] runs on the QEMU engine, whose slots are occupied at boot and emptied by nothing \
+                 (its root ports hot-plug through ACPI, not pciehp): the unplug checks need engine = \"driverlab\""
+            );
+            return Err(self.error(Some(w.span()), format!("workload[{j}].{}", w.get_ref().unplug_field()), why));
         }
         Ok(())
     }
+}
+
+/// An image's recipe fields name things, never paths out of the kernel tree: `driver` is a
+/// folder of the tree (`drivers/...`, name parts only), `module` a module name. The field that
+/// is not, and why.
+fn recipe_names(image: &super::Image) -> Result<(), (&'static str, String)> {
+    let part = |p: &str| {
+        !p.is_empty() && p != "." && p != ".." && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.+".contains(&b))
+    };
+    let folder = image.driver.trim_end_matches('/');
+    if !folder.starts_with("drivers/") || !folder.split('/').all(part) {
+        let why = format!(
+            "{:?}: give a driver's folder of the kernel tree, e.g. drivers/net/ethernet/aquantia/atlantic",
+            image.driver
+        );
+        return Err(("driver", why));
+    }
+    let module = image.module_name();
+    if module.is_empty()
+        || module.len() > 55
+        || !module.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err((
+            "module",
+            format!("{module:?}: give a kernel module's name (letters, digits, _ and -), e.g. atlantic"),
+        ));
+    }
+    Ok(())
+}
+
+/// The ranges every traffic workload shares: the field at fault and why.
+fn check_traffic(ip: u8, duration_s: f64, streams: u32, mtu: u32) -> Result<(), (&'static str, String)> {
+    if ip != 4 && ip != 6 {
+        return Err(("ip", "4 or 6".into()));
+    }
+    if !(duration_s.is_finite() && duration_s > 0.0 && duration_s <= 3600.0) {
+        return Err(("duration_s", "0 to 3600 seconds".into()));
+    }
+    if streams == 0 || streams > 128 {
+        return Err(("streams", "1 to 128".into()));
+    }
+    if !(68..=16_000).contains(&mtu) {
+        return Err(("mtu", "68 to 16000".into()));
+    }
+    Ok(())
+}
+
+/// That a `frame_bytes` frame is an Ethernet frame the MTU lets through, with room for iperf3's
+/// UDP payload over IP version `ip`.
+fn check_frame(frame_bytes: u32, ip: u8, mtu: u32) -> Result<(), String> {
+    use super::{ETHERNET_OVERHEAD, MIN_FRAME, MIN_IPERF_PAYLOAD, udp_payload};
+    let largest = mtu + ETHERNET_OVERHEAD;
+    if frame_bytes < MIN_FRAME {
+        return Err(format!("{frame_bytes} bytes is below Ethernet's shortest frame, {MIN_FRAME} bytes with its FCS"));
+    }
+    if frame_bytes > largest {
+        return Err(format!(
+            "{frame_bytes} bytes is above the largest frame MTU {mtu} lets through ({largest} bytes with header and \
+             FCS): raise mtu for jumbo frames"
+        ));
+    }
+    if udp_payload(frame_bytes, ip).is_none_or(|p| p < MIN_IPERF_PAYLOAD) {
+        let least =
+            (MIN_FRAME..).find(|&f| udp_payload(f, ip).is_some_and(|p| p >= MIN_IPERF_PAYLOAD)).unwrap_or(MIN_FRAME);
+        return Err(format!(
+            "{frame_bytes} bytes leaves no room over IPv{ip} for iperf3's {MIN_IPERF_PAYLOAD}-byte UDP header: at \
+             least {least}"
+        ));
+    }
+    Ok(())
 }

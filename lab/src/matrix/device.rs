@@ -30,8 +30,8 @@ pub struct Device {
     pub bdf: Option<Bdf>,
     /// Where the guest sees it: `root` (on the root bus, trusted) or `thunderbolt` (behind an
     /// external-facing root port with a hot-plug slot: untrusted, strict IOMMU, bounced DMA)
-    /// [default: root; a host device in a Linux cell on driverlab's VMM mirrors the host: a
-    /// device its kernel takes for removable goes into a Thunderbolt slot]. A matrix that names a
+    /// [default: root; a host device in a Linux cell mirrors the host: a device its kernel takes
+    /// for removable goes into a Thunderbolt slot]. A matrix that names a
     /// registered device may give its slot beside the name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<vm_spec::Slot>,

@@ -30,6 +30,7 @@
 //! `repetitions` times. `docs/lab.md` documents every field.
 
 mod check;
+mod cmdline;
 mod device;
 mod plan;
 #[cfg(test)]
@@ -46,12 +47,17 @@ pub use crate::image_ref::{InitrdRef, KernelRef, PatchRef};
 pub use device::{Device, interface_name};
 pub use engines::agent::Direction;
 pub use engines::device::{DeviceSource, HostPeer, Wire};
+pub use guest_images::initramfs_build::GuestTool;
 pub use plan::{Cell, Plan};
 
 /// Most results (cells x repetitions) one run may have.
 pub const MAX_RESULTS: usize = 100_000;
 /// Most repetitions of one cell.
 pub const MAX_REPETITIONS: u32 = 1000;
+/// The longest name (the matrix's, a device's, image's, variant's or workload's), in bytes.
+pub const MAX_NAME: usize = 128;
+/// The longest description, in bytes.
+pub const MAX_DESCRIPTION: usize = 4096;
 /// Most cells one matrix may expand into.
 pub const MAX_CELLS: usize = 10_000;
 
@@ -128,6 +134,16 @@ impl Matrix {
             field: "syntax".into(),
             message: e.message().to_string(),
         })
+    }
+
+    /// The programs its Linux images need beyond what every image carries: what its workloads
+    /// need, sorted.
+    pub fn guest_tools(&self) -> Vec<GuestTool> {
+        let mut tools: Vec<GuestTool> =
+            self.workloads.iter().flat_map(|w| w.get_ref().guest_tools().iter().copied()).collect();
+        tools.sort_unstable();
+        tools.dedup();
+        tools
     }
 
     /// The matrix as TOML text, which parses into the same matrix.
@@ -376,7 +392,157 @@ pub enum Workload {
         /// once the driver is unloaded. Devices in a Thunderbolt slot only.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         surprise_unplug_after_s: Option<f64>,
+        /// The `orderly-unplug` check: this many seconds into the traffic the Thunderbolt slot's
+        /// attention button is pressed, as a user asks to remove the device; the guest's pciehp
+        /// unbinds the driver under the traffic (after its 5 s grace) and powers the slot off,
+        /// and the device goes. The same requirements as the surprise check; at most one of
+        /// the two.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        orderly_unplug_after_s: Option<f64>,
     },
+    /// UDP frames of one size at a given rate, or as fast as the sender can, between the guest
+    /// and the peer on the device's wire (Linux images): the packets per second delivered to
+    /// the receiving socket, and the drops counted where they happen (the NIC, the stack, the
+    /// socket). iperf3 sends them (on the peer for `rx`, in the guest for `tx`).
+    PacketRate {
+        /// Its name.
+        name: String,
+        /// `rx` (the peer sends, the guest receives), `tx`, or `bidir`.
+        #[serde(default)]
+        direction: Direction,
+        /// The Ethernet frame's length on the wire, FCS included (64, 128, 512, 1518, or up to
+        /// the MTU's frame for jumbo frames).
+        #[serde(default = "default_frame_bytes")]
+        frame_bytes: u32,
+        /// Frames per second each way (0, the default: as fast as the sender can).
+        #[serde(default)]
+        rate_pps: u64,
+        /// Seconds of traffic.
+        #[serde(default = "default_duration")]
+        duration_s: f64,
+        /// 4 or 6.
+        #[serde(default = "default_ip")]
+        ip: u8,
+        /// The interface MTU.
+        #[serde(default = "default_mtu")]
+        mtu: u32,
+        /// Parallel senders (`-P`); a rate is shared among them.
+        #[serde(default = "one")]
+        streams: u32,
+    },
+    /// Request/response latency between the guest and the peer on the device's wire (Linux
+    /// images): `sockperf ping-pong` from the guest against `sockperf server` on the peer, one
+    /// message in flight, round-trip times' mean and percentiles.
+    Latency {
+        /// Its name.
+        name: String,
+        /// `udp` (the default) or `tcp`.
+        #[serde(default = "udp")]
+        protocol: Protocol,
+        /// The message's size in bytes (sockperf's `-m`).
+        #[serde(default = "default_message_bytes")]
+        message_bytes: u32,
+        /// Messages per second (sockperf's `--mps`; 0, the default: the next as soon as the
+        /// reply is in).
+        #[serde(default)]
+        rate_mps: u32,
+        /// Seconds of messages (over IPv4: Debian's sockperf 3.7 has no IPv6).
+        #[serde(default = "default_duration")]
+        duration_s: f64,
+        /// The interface MTU.
+        #[serde(default = "default_mtu")]
+        mtu: u32,
+    },
+    /// An XDP program attached to the guest's NIC in native mode (`xdp-bench drop|pass|tx`)
+    /// under a load of UDP frames of one size from the peer (`driverlab peer udp-source`, which
+    /// needs no connection back): frames per second the program handled, the driver's XDP
+    /// counters. A driver without native XDP fails the cell saying so.
+    Xdp {
+        /// Its name.
+        name: String,
+        /// `drop`, `pass` or `tx`.
+        #[serde(default)]
+        action: XdpAction,
+        /// The load's frames on the wire, FCS included.
+        #[serde(default = "default_frame_bytes")]
+        frame_bytes: u32,
+        /// The load's frames per second (0, the default: as fast as the peer sends).
+        #[serde(default)]
+        rate_pps: u64,
+        /// Seconds the program runs under the load.
+        #[serde(default = "default_duration")]
+        duration_s: f64,
+        /// The interface MTU.
+        #[serde(default = "default_mtu")]
+        mtu: u32,
+    },
+}
+
+/// What an XDP program does with every frame.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, strum::Display, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum XdpAction {
+    /// `XDP_DROP`: the driver recycles the buffer at once.
+    #[default]
+    Drop,
+    /// `XDP_PASS`: the frame goes on to the stack.
+    Pass,
+    /// `XDP_TX`: the frame goes back out of the NIC, its MACs swapped.
+    Tx,
+}
+
+/// The smallest message sockperf sends (its header).
+pub const MIN_MESSAGE: u32 = 14;
+/// The largest message sockperf sends.
+pub const MAX_MESSAGE: u32 = 65_000;
+
+fn default_message_bytes() -> u32 {
+    64
+}
+
+fn udp() -> Protocol {
+    Protocol::Udp
+}
+
+/// Bytes an Ethernet frame carries around its IP packet: its header and its FCS.
+pub const ETHERNET_OVERHEAD: u32 = 18;
+/// The shortest Ethernet frame, FCS included.
+pub const MIN_FRAME: u32 = 64;
+/// The shortest UDP payload iperf3 sends (its sequence header with 64-bit counters).
+pub const MIN_IPERF_PAYLOAD: u32 = 16;
+
+/// The UDP payload of a `frame_bytes` frame over IP version `ip`, when there is room for one.
+pub fn udp_payload(frame_bytes: u32, ip: u8) -> Option<u32> {
+    let ip_header = if ip == 6 { 40 } else { 20 };
+    frame_bytes.checked_sub(ETHERNET_OVERHEAD + ip_header + 8)
+}
+
+fn default_frame_bytes() -> u32 {
+    MIN_FRAME
+}
+
+impl Workload {
+    /// The unplug check the workload asks for: when (seconds into the traffic) and how.
+    pub fn unplug(&self) -> Option<(f64, engines::UnplugKind)> {
+        match self {
+            Workload::Iperf3 { surprise_unplug_after_s: Some(after), .. } => {
+                Some((*after, engines::UnplugKind::Surprise))
+            }
+            Workload::Iperf3 { orderly_unplug_after_s: Some(after), .. } => {
+                Some((*after, engines::UnplugKind::Orderly))
+            }
+            _ => None,
+        }
+    }
+
+    /// The field that asks for [`Workload::unplug`], for errors.
+    fn unplug_field(&self) -> &'static str {
+        match self.unplug() {
+            Some((_, engines::UnplugKind::Orderly)) => "orderly_unplug_after_s",
+            _ => "surprise_unplug_after_s",
+        }
+    }
 }
 
 fn default_frames() -> u32 {
@@ -411,7 +577,37 @@ impl Workload {
     /// Its name.
     pub fn name(&self) -> &str {
         match self {
-            Workload::ProbeRx { name, .. } | Workload::Iperf3 { name, .. } => name,
+            Workload::ProbeRx { name, .. }
+            | Workload::Iperf3 { name, .. }
+            | Workload::PacketRate { name, .. }
+            | Workload::Latency { name, .. }
+            | Workload::Xdp { name, .. } => name,
+        }
+    }
+
+    /// Whether it runs traffic against the peer on the device's wire (which the lab starts).
+    pub fn needs_peer(&self) -> bool {
+        self.peer_server().is_some()
+    }
+
+    /// The server its peer runs, when it has one.
+    pub fn peer_server(&self) -> Option<engines::peer::PeerServer> {
+        match self {
+            Workload::ProbeRx { .. } => None,
+            Workload::Iperf3 { .. } | Workload::PacketRate { .. } => Some(engines::peer::PeerServer::Iperf3),
+            Workload::Latency { protocol, .. } => {
+                Some(engines::peer::PeerServer::Sockperf { tcp: *protocol == Protocol::Tcp })
+            }
+            Workload::Xdp { .. } => Some(engines::peer::PeerServer::UdpSource),
+        }
+    }
+
+    /// The programs the guest needs for it beyond what every image carries.
+    pub fn guest_tools(&self) -> &'static [GuestTool] {
+        match self {
+            Workload::Latency { .. } => &[GuestTool::Sockperf],
+            Workload::Xdp { .. } => &[GuestTool::XdpBench],
+            _ => &[],
         }
     }
 }

@@ -61,6 +61,11 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The results a run of the plan has: its cells times the repetitions.
+    pub fn results(&self) -> usize {
+        self.cells.len() * self.matrix.repetitions as usize
+    }
+
     /// Reads, checks and expands the matrix at `path`.
     pub fn load(path: &Path) -> Result<Plan, MatrixError> {
         let text = std::fs::read_to_string(path).map_err(|e| MatrixError {
@@ -102,7 +107,12 @@ impl Plan {
             ));
         }
         let cells = expand(&matrix);
-        Ok(Plan { file: file.to_path_buf(), text, matrix, cells, sources })
+        let plan = Plan { file: file.to_path_buf(), text, matrix, cells, sources };
+        if let Err((i, why)) = plan.check_vms() {
+            let span = plan.matrix.variants.get(i).map(|v| v.span());
+            return Err(checker.error(span, format!("variant[{i}]"), why));
+        }
+        Ok(plan)
     }
 
     /// The image named `name`.

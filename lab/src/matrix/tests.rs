@@ -140,7 +140,7 @@ fn mistakes_name_file_line_and_field() {
 }
 
 #[test]
-fn a_thunderbolt_slot_needs_linux_on_driverlabs_vmm() {
+fn a_thunderbolt_slot_needs_linux_and_a_pull_needs_driverlabs_vmm() {
     let linux_only = GOOD
         .replace("image = \"probe\"\nparams = { \"probe.rx\" = \"flip\" }", "image = \"linux\"")
         .replace("kind = \"probe-rx\"\nframes = 1000", "kind = \"iperf3\"");
@@ -152,9 +152,13 @@ fn a_thunderbolt_slot_needs_linux_on_driverlabs_vmm() {
     assert!(err.message.contains("the probe guest finds its NIC on bus 0 only"), "{err}");
     let qemu = linux_only.replace("kernel = \"/boot/vmlinux\"", "kernel = \"/boot/vmlinux\"\nengine = \"qemu\"");
     parse(&qemu).unwrap();
-    let err = parse(&thunderbolt(&qemu)).unwrap_err();
-    assert_eq!(err.field, "image[1].engine", "{err}");
-    assert!(err.message.contains("the QEMU engine has no thunderbolt slot"), "{err}");
+    // QEMU's Thunderbolt slot: an external-facing root port, occupied at boot, pulled by nothing.
+    parse(&thunderbolt(&qemu)).unwrap();
+    let pulled_under_qemu =
+        thunderbolt(&qemu).replace("kind = \"iperf3\"", "kind = \"iperf3\"\nsurprise_unplug_after_s = 3");
+    let err = parse(&pulled_under_qemu).unwrap_err();
+    assert_eq!(err.field, "workload[0].surprise_unplug_after_s", "{err}");
+    assert!(err.message.contains("image[1] runs on the QEMU engine"), "{err}");
     let pulled = |after: &str| {
         linux_only.replace("kind = \"iperf3\"", &format!("kind = \"iperf3\"\nsurprise_unplug_after_s = {after}"))
     };
@@ -162,13 +166,31 @@ fn a_thunderbolt_slot_needs_linux_on_driverlabs_vmm() {
     assert_eq!(err.field, "workload[0].surprise_unplug_after_s", "{err}");
     assert!(err.message.contains("device[0] is not in a thunderbolt slot"), "{err}");
     parse(&thunderbolt(&pulled("3"))).unwrap();
+    // The orderly check: the same rules, its own field; one of the two per workload.
+    let released = |text: &str, after: &str| {
+        text.replace("kind = \"iperf3\"", &format!("kind = \"iperf3\"\norderly_unplug_after_s = {after}"))
+    };
+    let plan = parse(&released(&thunderbolt(&linux_only), "3")).unwrap();
+    assert_eq!(plan.matrix.workloads[0].get_ref().unplug(), Some((3.0, engines::UnplugKind::Orderly)));
+    let cmdline = plan.cmdline(&plan.cells[0]);
+    assert!(cmdline.contains("driverlab.unplug=orderly"), "{cmdline}");
+    let err = parse(&released(&thunderbolt(&linux_only), "10")).unwrap_err();
+    assert_eq!(err.field, "workload[0].orderly_unplug_after_s", "{err}");
+    let err = parse(&released(&linux_only, "3")).unwrap_err();
+    assert!(err.message.contains("device[0] is not in a thunderbolt slot"), "{err}");
+    let err = parse(&released(&thunderbolt(&qemu), "3")).unwrap_err();
+    assert_eq!(err.field, "workload[0].orderly_unplug_after_s", "{err}");
+    let err = parse(&released(&thunderbolt(&pulled("3")), "4")).unwrap_err();
+    assert!(err.message.contains("one unplug check per workload"), "{err}");
+    let plan = parse(&thunderbolt(&pulled("3"))).unwrap();
+    assert!(plan.cmdline(&plan.cells[0]).contains("driverlab.unplug=surprise"));
     for bad in ["0", "10", "-1"] {
         let err = parse(&thunderbolt(&pulled(bad))).unwrap_err();
         assert!(err.message.contains("less than duration_s"), "{bad}: {err}");
     }
     let lazy = thunderbolt(&linux_only).replace("image = \"linux\"", "image = \"linux\"\niommu_domain = \"lazy\"");
     let plan = parse(&lazy).unwrap();
-    let cmdline = crate::runner::cmdline(&plan, &plan.cells[0]);
+    let cmdline = plan.cmdline(&plan.cells[0]);
     assert!(cmdline.contains("driverlab.iommu_domain=lazy"), "{cmdline}");
     let err = parse(&GOOD.replace("image = \"probe\"\n", "image = \"probe\"\niommu_domain = \"lazy\"\n")).unwrap_err();
     assert_eq!(err.field, "variant[0].iommu_domain", "{err}");
@@ -202,5 +224,150 @@ proptest::proptest! {
     #[test]
     fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
         let _ = parse(&text);
+    }
+}
+
+#[test]
+fn every_cell_s_vm_is_checked_within_a_lab_s_limits() {
+    // An image's memory: vm-spec's words, within a lab's 16 GiB (as `/v1/vms`).
+    let err = parse(&GOOD.replace("kernel = \"probe\"\n", "kernel = \"probe\"\nmemory_mib = 16385\n")).unwrap_err();
+    assert_eq!(err.field, "image[0]", "{err}");
+    assert!(err.message.contains("memory_mib (--memory) 16385: at most 16384 MiB"), "{err}");
+    // A variant's command line, and a parameter's value, as the cell's line carries them.
+    let nul = GOOD.replace(
+        "params = { \"probe.rx\" = \"flip\" }",
+        "params = { \"probe.rx\" = \"flip\" }\ncmdline = \"a\\u0000b\"",
+    );
+    let err = parse(&nul).unwrap_err();
+    assert_eq!((err.field.as_str(), err.line), ("variant[0]", Some(18)), "{err}");
+    assert!(err.message.contains("cell c01 (stock probe.rx=flip): cmdline (--cmdline): it holds a NUL byte"), "{err}");
+    let long = GOOD.replace("\"atlantic.aq_itr\" = 0", &format!("\"atlantic.aq_itr\" = \"{}\"", "x".repeat(4096)));
+    let err = parse(&long).unwrap_err();
+    assert_eq!(err.field, "variant[1]", "{err}");
+    assert!(err.message.contains("bytes; at most 4096"), "{err}");
+    parse(GOOD).unwrap();
+}
+
+#[test]
+fn recipe_fields_name_a_folder_of_the_tree_and_a_module() {
+    let with =
+        |field: &str| GOOD.replace("kernel = \"/boot/vmlinux\"\n", &format!("kernel = \"/boot/vmlinux\"\n{field}\n"));
+    for (field, bad) in [
+        ("driver = \"../../x\"", "image[1].driver"),
+        ("driver = \"/etc\"", "image[1].driver"),
+        ("driver = \"drivers/net/../../../etc\"", "image[1].driver"),
+        ("module = \"../../x\"", "image[1].module"),
+        ("module = \"a b\"", "image[1].module"),
+    ] {
+        let err = parse(&with(field)).unwrap_err();
+        assert_eq!(err.field, bad, "{field}: {err}");
+    }
+    parse(&with("driver = \"drivers/net/ethernet/microchip\"\nmodule = \"lan743x\"")).unwrap();
+}
+
+#[test]
+fn names_and_descriptions_are_bounded() {
+    let long = "x".repeat(129);
+    let err = parse(&GOOD.replace("name = \"m\"", &format!("name = \"{long}\""))).unwrap_err();
+    assert_eq!(err.field, "name", "{err}");
+    let err = parse(&GOOD.replace("name = \"m\"", "name = \"m\\nsecond line\"")).unwrap_err();
+    assert_eq!(err.field, "name", "{err}");
+    let err = parse(&GOOD.replace("name = \"stock\"", &format!("name = \"{long}\""))).unwrap_err();
+    assert_eq!(err.field, "variant[0].name", "{err}");
+    assert!(err.message.contains("129 bytes; a name has at most 128"), "{err}");
+    let err = parse(&GOOD.replace("name = \"m\"", &format!("name = \"m\"\ndescription = \"{}\"", "d".repeat(4097))))
+        .unwrap_err();
+    assert_eq!(err.field, "description", "{err}");
+    parse(&GOOD.replace("name = \"m\"", &format!("name = \"{}\"", "x".repeat(128)))).unwrap();
+}
+
+#[test]
+fn a_packet_rate_workload_sends_frames_of_its_size_and_refuses_frames_ethernet_has_not() {
+    let with = |fields: &str| GOOD.replace("kind = \"iperf3\"\nip = 6", &format!("kind = \"packet-rate\"\n{fields}"));
+    let plan = parse(&with("frame_bytes = 64\nrate_pps = 100000\nstreams = 2")).unwrap();
+    assert!(matches!(plan.workload("iperf"), Some(Workload::PacketRate { frame_bytes: 64, ip: 4, .. })));
+    assert!(plan.workload("iperf").unwrap().needs_peer());
+    // 64-byte frames carry 18 bytes of UDP payload over IPv4; 100 000 frames/s shared by two
+    // streams is 7.2 Mbit/s of payload each.
+    let cmdline = plan.cmdline(&plan.cells[1]);
+    assert!(cmdline.contains("driverlab.iperf=rx,10,4,2,udp,7200000,18"), "{cmdline}");
+    let jumbo = parse(&with("frame_bytes = 9018\nmtu = 9000\ndirection = \"tx\"")).unwrap();
+    let cmdline = jumbo.cmdline(&jumbo.cells[1]);
+    assert!(cmdline.contains("driverlab.iperf=tx,10,4,1,udp,0,8972") && cmdline.contains("driverlab.mtu=9000"));
+    for (fields, message) in [
+        ("frame_bytes = 59", "below Ethernet's shortest frame, 64 bytes"),
+        ("frame_bytes = 1519", "above the largest frame MTU 1500 lets through (1518 bytes"),
+        ("frame_bytes = 9018", "raise mtu for jumbo frames"),
+        ("frame_bytes = 64\nip = 6", "no room over IPv6 for iperf3's 16-byte UDP header: at least 82"),
+        ("frame_bytes = 128\nstreams = 0", "1 to 128"),
+    ] {
+        let err = parse(&with(fields)).unwrap_err();
+        assert!(err.field.starts_with("workload[1]."), "{err}");
+        assert!(err.message.contains(message), "{fields}: {err}");
+        assert_eq!(err.line, Some(33), "{err}");
+    }
+}
+
+#[test]
+fn every_example_matrix_checks_out() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            // A box's matrices name devices registered there, which only its daemon resolves.
+            if !text.lines().any(|l| l.starts_with("model = ") || l.starts_with("bdf = ")) {
+                continue;
+            }
+            Plan::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 8, "{checked} examples");
+}
+
+#[test]
+fn a_latency_workload_asks_for_sockperf_in_its_images_and_on_its_peer() {
+    let with = |fields: &str| GOOD.replace("kind = \"iperf3\"\nip = 6", &format!("kind = \"latency\"\n{fields}"));
+    let plan = parse(&with("protocol = \"tcp\"\nmessage_bytes = 256\nrate_mps = 1000\nduration_s = 5")).unwrap();
+    let workload = plan.workload("iperf").unwrap();
+    assert_eq!(workload.peer_server(), Some(engines::peer::PeerServer::Sockperf { tcp: true }));
+    assert_eq!(plan.matrix.guest_tools(), [GuestTool::Sockperf]);
+    assert!(parse(GOOD).unwrap().matrix.guest_tools().is_empty(), "iperf3 needs nothing more");
+    let cmdline = plan.cmdline(&plan.cells[1]);
+    assert!(cmdline.contains("driverlab.sockperf=tcp,5,256,1000"), "{cmdline}");
+    assert!(parse(&with("")).unwrap().cmdline(&plan.cells[1]).contains("driverlab.sockperf=udp,10,64,0"));
+    for (fields, field, message) in [
+        ("message_bytes = 8", "workload[1].message_bytes", "8 bytes: sockperf sends 14 to 65000"),
+        ("message_bytes = 70000", "workload[1].message_bytes", "sockperf sends 14 to 65000"),
+        ("ip = 6", "syntax", "unknown field `ip`"),
+        ("duration_s = 0", "workload[1].duration_s", "0 to 3600 seconds"),
+    ] {
+        let err = parse(&with(fields)).unwrap_err();
+        assert_eq!(err.field, field, "{err}");
+        assert!(err.message.contains(message), "{fields}: {err}");
+    }
+}
+
+#[test]
+fn an_xdp_workload_asks_for_xdp_bench_and_the_peer_s_udp_source() {
+    let with = |fields: &str| GOOD.replace("kind = \"iperf3\"\nip = 6", &format!("kind = \"xdp\"\n{fields}"));
+    let plan = parse(&with("action = \"tx\"\nframe_bytes = 128\nrate_pps = 5000\nduration_s = 4")).unwrap();
+    let workload = plan.workload("iperf").unwrap();
+    assert_eq!(workload.peer_server(), Some(engines::peer::PeerServer::UdpSource));
+    assert_eq!(plan.matrix.guest_tools(), [GuestTool::XdpBench]);
+    // 128-byte frames carry 82 bytes of UDP payload.
+    let cmdline = plan.cmdline(&plan.cells[1]);
+    assert!(cmdline.contains("driverlab.xdp=tx,4,82,5000"), "{cmdline}");
+    assert!(parse(&with("")).unwrap().cmdline(&plan.cells[1]).contains("driverlab.xdp=drop,10,18,0"));
+    for (fields, field, message) in [
+        ("action = \"redirect\"", "syntax", "unknown variant `redirect`"),
+        ("frame_bytes = 40", "workload[1].frame_bytes", "below Ethernet's shortest frame"),
+        ("frame_bytes = 2000", "workload[1].frame_bytes", "above the largest frame"),
+    ] {
+        let err = parse(&with(fields)).unwrap_err();
+        assert_eq!(err.field, field, "{err}");
+        assert!(err.message.contains(message), "{fields}: {err}");
     }
 }

@@ -39,12 +39,12 @@ impl Report {
         for c in &self.cells {
             let params: Vec<String> = c.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let mut head = vec![
-                c.cell.clone(),
-                c.image.clone(),
-                c.variant.clone(),
-                params.join(" "),
-                c.workload.clone(),
-                c.device.clone(),
+                text_cell(&c.cell),
+                text_cell(&c.image),
+                text_cell(&c.variant),
+                text_cell(&params.join(" ")),
+                text_cell(&c.workload),
+                text_cell(&c.device),
                 c.n.to_string(),
             ];
             head.extend(Status::ALL.iter().map(|s| c.status.get(s).copied().unwrap_or(0).to_string()));
@@ -58,6 +58,16 @@ impl Report {
             }
         }
         String::from_utf8(out.into_inner().unwrap_or_default()).unwrap_or_default()
+    }
+}
+
+/// A text cell as a spreadsheet may open it: one beginning with `=`, `+`, `-`, `@`, a tab or a
+/// carriage return would be taken for a formula, so it gets a leading `'` (OWASP's advice on
+/// CSV injection). Figures are written as numbers and are not text cells.
+pub fn text_cell(text: &str) -> String {
+    match text.chars().next() {
+        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{text}"),
+        _ => text.to_string(),
     }
 }
 
@@ -77,4 +87,25 @@ fn figures(name: &str, metric: Option<&MetricSummary>) -> [String; 10] {
         num(ch.and_then(|c| c.p_value)),
         ch.map_or(String::new(), |c| c.verdict.to_string()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::text_cell;
+
+    #[test]
+    fn a_text_cell_that_a_spreadsheet_would_take_for_a_formula_is_quoted() {
+        for (text, cell) in [
+            ("=HYPERLINK(1)", "'=HYPERLINK(1)"),
+            ("+1", "'+1"),
+            ("-x", "'-x"),
+            ("@SUM(A1)", "'@SUM(A1)"),
+            ("\tx", "'\tx"),
+            ("stock", "stock"),
+            ("a=b", "a=b"),
+            ("", ""),
+        ] {
+            assert_eq!(text_cell(text), cell, "{text:?}");
+        }
+    }
 }

@@ -3,9 +3,10 @@
 //! contract in `docs/lab.md`, here), as tables (`tables`) in markdown (`markdown`) and HTML
 //! (`html`), and as CSV (`csv`); `chart` draws the SVG.
 
-mod csv;
+pub mod csv;
 mod html;
 mod markdown;
+pub mod samples;
 mod summary;
 mod tables;
 
@@ -15,9 +16,10 @@ use serde::Serialize;
 
 use crate::matrix::{Cell, Direction, EngineKind};
 use crate::metric::Metric;
-use crate::record::{Record, Status};
+use crate::record::Status;
 use crate::results_db::RunState;
 use crate::stats::{Change, Moments, Verdict, VerdictRule};
+pub use samples::RunSamples;
 use summary::{judge, summarise};
 
 /// One metric of one cell.
@@ -138,7 +140,7 @@ impl From<EngineKind> for RunEngine {
     }
 }
 
-/// What a report is built from: a run's identity, cells and records.
+/// What a report is built from: a run's identity, cells and their samples.
 pub struct RunRecords<'a> {
     /// The run.
     pub run: &'a str,
@@ -148,8 +150,8 @@ pub struct RunRecords<'a> {
     pub state: RunState,
     /// Its cells.
     pub cells: &'a [Cell],
-    /// Its records.
-    pub records: &'a [Record],
+    /// Its records, as a report keeps them.
+    pub samples: &'a RunSamples,
 }
 
 impl Report {
@@ -174,11 +176,7 @@ impl Report {
     /// The report of one run; cells are judged against the baseline variant's cell with the same
     /// workload and device (and the same parameters, where the baseline has several).
     pub fn of_run(run: &RunRecords<'_>, baseline: Option<&str>, rule: &VerdictRule) -> Report {
-        let mut cells: Vec<CellReport> = run
-            .cells
-            .iter()
-            .map(|c| summarise(c, &run.records.iter().filter(|r| r.cell.index == c.index).collect::<Vec<_>>()))
-            .collect();
+        let mut cells: Vec<CellReport> = run.cells.iter().map(|c| summarise(c, run.samples.cell(c.index))).collect();
         if let Some(baseline) = baseline {
             let snapshot = cells.clone();
             for (i, cell) in run.cells.iter().enumerate() {
@@ -193,7 +191,8 @@ impl Report {
                     .collect();
                 let chosen = candidates.iter().find(|b| b.params == cell.params).or(candidates.first());
                 if let Some(b) = chosen {
-                    judge(&mut cells[i], run.records, cell.index, run.records, &snapshot[b.index], b.index, rule);
+                    let (mine, base) = (run.samples.cell(cell.index), run.samples.cell(b.index));
+                    judge(&mut cells[i], mine, &snapshot[b.index], base, rule);
                 }
             }
         }
@@ -220,15 +219,8 @@ impl Report {
         let mut report = Report::of_run(b, None, rule);
         for (i, cell) in b.cells.iter().enumerate() {
             if let Some(base) = a.cells.iter().find(|c| c.key() == cell.key()) {
-                judge(
-                    &mut report.cells[i],
-                    b.records,
-                    cell.index,
-                    a.records,
-                    &a_report.cells[base.index],
-                    base.index,
-                    rule,
-                );
+                let (mine, theirs) = (b.samples.cell(cell.index), a.samples.cell(base.index));
+                judge(&mut report.cells[i], mine, &a_report.cells[base.index], theirs, rule);
                 report.cells[i].against = Some(format!("{}/{}", a.run, base.id));
             }
         }

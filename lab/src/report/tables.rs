@@ -142,6 +142,62 @@ impl Report {
             .collect()
     }
 
+    /// The CPU table's header: what [`Report::cpu_rows`] gives for each cell with CPU figures.
+    pub const CPU_COLUMNS: [&'static str; 8] = [
+        "cell",
+        "variant",
+        "guest CPU ns/packet",
+        "change",
+        "host CPU ns/packet",
+        "change",
+        "vIOMMU requests/packet",
+        "change",
+    ];
+
+    /// One row per cell whose records say what the CPU paid (Linux cells): the guest's busy
+    /// time and the host's time for the VM per packet, and the virtio-iommu's round trips per
+    /// packet, each with its change against the baseline.
+    pub fn cpu_rows(&self) -> Vec<[String; 8]> {
+        self.cells
+            .iter()
+            .filter(|c| {
+                [Metric::GuestCpuNsPerPacket, Metric::HostCpuNsPerPacket].iter().any(|m| c.metrics.contains_key(m))
+            })
+            .map(|c| {
+                let (guest, guest_change) = cell_metric(c, Metric::GuestCpuNsPerPacket, 0);
+                let (host, host_change) = cell_metric(c, Metric::HostCpuNsPerPacket, 0);
+                let (requests, requests_change) = cell_metric(c, Metric::ViommuRequestsPerPacket, 3);
+                [c.cell.clone(), self.label(c), guest, guest_change, host, host_change, requests, requests_change]
+            })
+            .collect()
+    }
+
+    /// The latency table's header: what [`Report::latency_rows`] gives for each latency cell.
+    pub const LATENCY_COLUMNS: [&'static str; 7] =
+        ["cell", "variant", "mean µs", "median µs", "p99 µs", "change", "p99 change"];
+
+    /// One row per cell with round trips (latency cells): the mean, median and 99th percentile,
+    /// and the changes of the mean and the 99th percentile against the baseline.
+    pub fn latency_rows(&self) -> Vec<[String; 7]> {
+        self.cells
+            .iter()
+            .filter(|c| c.metrics.contains_key(&Metric::LatencyMeanUs))
+            .map(|c| {
+                let (mean, mean_change) = cell_metric(c, Metric::LatencyMeanUs, 1);
+                let (p99, p99_change) = cell_metric(c, Metric::LatencyP99Us, 1);
+                [
+                    c.cell.clone(),
+                    self.label(c),
+                    mean,
+                    cell_metric(c, Metric::LatencyP50Us, 1).0,
+                    p99,
+                    mean_change,
+                    p99_change,
+                ]
+            })
+            .collect()
+    }
+
     /// The readiness table's header: what [`Report::ready_rows`] gives for each Linux cell.
     pub const READY_COLUMNS: [&'static str; 5] =
         ["cell", "variant", "agent up, median ms", "workload start, median ms", "VM run, median ms"];
@@ -205,7 +261,19 @@ pub(super) const LINK_NOTE: &str = "What the device model put on its PCIe link p
 /// What the DMA table is.
 pub(super) const DMA_NOTE: &str = "How the guest treated the device's DMA: where the device sat, the IOMMU domain the guest gave it \
      (DMA: strict, every unmap waits; DMA-FQ: lazy), whether it took the device for an untrusted (Thunderbolt) one and had a \
-     swiotlb bounce pool, and the maps of bounced buffers per packet that driverlab's virtio-iommu counted.";
+     swiotlb bounce pool, and the maps of bounced buffers per packet that the engine's virtio-iommu counted (driverlab's, or \
+     QEMU's through its trace).";
+
+/// What the CPU table is.
+pub(super) const CPU_NOTE: &str = "What the CPU paid per packet the workload moved: the guest's busy time (user, system, irq, \
+     softirq, from its /proc/stat), the host's time for the VM (its vCPU threads, the engine's other threads and the device \
+     model, from the host's /proc), and the requests the guest sent the virtio-iommu, each a round trip through the VMM. \
+     Under an emulating engine (QEMU's TCG, the nested box) the times measure the emulation too: compare them within one \
+     engine only.";
+
+/// What the latency table is.
+pub(super) const LATENCY_NOTE: &str = "Request/response round trips (sockperf ping-pong, one message in flight), in microseconds; \
+     under an emulating engine they measure the emulation too.";
 
 /// What the readiness table is.
 pub(super) const READY_NOTE: &str = "Time to a ready cell (from spawning the VMM):";

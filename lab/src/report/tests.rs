@@ -23,6 +23,18 @@ fn record(cell: &Cell, rep: u32, gbit: f64, maps: f64, status: Status) -> Record
     r
 }
 
+/// The report of a done run of `cells` with `records`, judged against the variant `flip`.
+fn against_flip(cells: &[Cell], records: &[Record]) -> Report {
+    let run = RunRecords {
+        run: "r1",
+        matrix: "m",
+        state: RunState::Done,
+        cells,
+        samples: &RunSamples::of_records(cells.len(), records),
+    };
+    Report::of_run(&run, Some("flip"), &VerdictRule::default())
+}
+
 fn records(cells: &[Cell]) -> Vec<Record> {
     let mut out = Vec::new();
     for rep in 0..5 {
@@ -41,8 +53,7 @@ fn throughput_is_not_compared_across_engines_and_maps_per_packet_is() {
     for r in records.iter_mut().filter(|r| r.cell.index == 1) {
         r.engine = EngineKind::Qemu;
     }
-    let run = RunRecords { run: "r1", matrix: "m", state: RunState::Done, cells: &cells, records: &records };
-    let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
+    let report = against_flip(&cells, &records);
     let order3 = &report.cells[1];
     assert_eq!((report.engine, order3.engine), (RunEngine::Mixed, Some(EngineKind::Qemu)));
     assert!(order3.metrics[&Metric::GbitS].change.is_none(), "no throughput change across engines");
@@ -58,8 +69,7 @@ fn throughput_is_not_compared_across_engines_and_maps_per_packet_is() {
 fn cells_are_summarised_and_judged_against_the_baseline() {
     let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
     let records = records(&cells);
-    let run = RunRecords { run: "r1", matrix: "m", state: RunState::Done, cells: &cells, records: &records };
-    let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
+    let report = against_flip(&cells, &records);
     let [flip, order3, same] = [&report.cells[0], &report.cells[1], &report.cells[2]];
     assert_eq!((flip.n, flip.verdict), (5, Some(Verdict::Baseline)));
     assert_eq!(order3.verdict, Some(Verdict::Better));
@@ -106,8 +116,7 @@ fn the_bus_and_the_time_to_a_ready_cell_get_their_tables() {
         r.timings.agent_ready_ms = Some(4000.0 + r.repetition as f64);
         r.timings.workload_start_ms = Some(7000.0 + r.repetition as f64);
     }
-    let run = RunRecords { run: "r1", matrix: "m", state: RunState::Done, cells: &cells, records: &records };
-    let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
+    let report = against_flip(&cells, &records);
     let rows = report.link_rows();
     assert_eq!(rows.len(), 2, "the cells with bus figures");
     assert_eq!(rows[0][..5], ["c01", "flip", "PCIe Gen2 x1", "24.25 ± 0.00", "0.250 ± 0.000"]);
@@ -136,8 +145,7 @@ fn how_the_guest_treated_the_devices_dma_gets_its_table() {
         r.rx_bounced_maps_per_packet = Some(0.0);
         r.tx_bounced_maps_per_packet = Some(1.0);
     }
-    let run = RunRecords { run: "r1", matrix: "m", state: RunState::Done, cells: &cells, records: &records };
-    let report = Report::of_run(&run, Some("flip"), &VerdictRule::default());
+    let report = against_flip(&cells, &records);
     let rows = report.dma_rows();
     assert_eq!(rows.len(), 1, "only the cell whose guest said");
     let expected = ["c02", "order3", "thunderbolt", "DMA", "yes", "yes", "0.0000 ± 0.0000", "1.0000 ± 0.0000"];
@@ -150,7 +158,13 @@ fn how_the_guest_treated_the_devices_dma_gets_its_table() {
     assert_eq!(json["cells"][1]["metrics"]["tx_bounced_maps_per_packet"]["mean"], 1.0);
     assert!(json["cells"][0].get("guest_dma").is_none());
     let plain = Report::of_run(
-        &RunRecords { run: "r1", matrix: "m", state: RunState::Done, cells: &cells, records: &self::records(&cells) },
+        &RunRecords {
+            run: "r1",
+            matrix: "m",
+            state: RunState::Done,
+            cells: &cells,
+            samples: &RunSamples::of_records(cells.len(), &self::records(&cells)),
+        },
         None,
         &VerdictRule::default(),
     );
@@ -165,10 +179,96 @@ fn two_runs_compare_cell_by_cell() {
     for r in b.iter_mut().filter(|r| r.cell.index == 0) {
         r.workload.gbit_s = r.workload.gbit_s.map(|g| g * 2.0);
     }
-    let run_a = RunRecords { run: "a", matrix: "m", state: RunState::Done, cells: &cells, records: &a };
-    let run_b = RunRecords { run: "b", matrix: "m", state: RunState::Done, cells: &cells, records: &b };
+    let run_a = RunRecords {
+        run: "a",
+        matrix: "m",
+        state: RunState::Done,
+        cells: &cells,
+        samples: &RunSamples::of_records(cells.len(), &a),
+    };
+    let run_b = RunRecords {
+        run: "b",
+        matrix: "m",
+        state: RunState::Done,
+        cells: &cells,
+        samples: &RunSamples::of_records(cells.len(), &b),
+    };
     let report = Report::compare(&run_a, &run_b, &VerdictRule::default());
     assert_eq!(report.cells[0].verdict, Some(Verdict::Better));
     assert_eq!(report.cells[0].against.as_deref(), Some("a/c01"));
     assert_eq!(report.cells[1].verdict, Some(Verdict::Same));
+}
+
+#[test]
+fn cpu_per_packet_gets_its_table_with_changes_against_the_baseline() {
+    use crate::measure::cpu::CpuCost;
+    let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
+    let mut records = records(&cells);
+    for r in records.iter_mut().filter(|r| r.cell.index < 2) {
+        // order3 pays half the host's CPU per packet and a quarter of the round trips
+        let (host, requests) = if r.cell.index == 0 { (4000.0, 1.0) } else { (2000.0, 0.25) };
+        let wobble = f64::from(r.repetition);
+        r.cpu = Some(CpuCost {
+            guest_ns_per_packet: Some(900.0 + wobble),
+            host_ns_per_packet: Some(host + wobble),
+            ..CpuCost::default()
+        });
+        r.viommu_requests_per_packet = Some(requests);
+    }
+    let report = against_flip(&cells, &records);
+    let rows = report.cpu_rows();
+    assert_eq!(rows.len(), 2, "only the cells with CPU figures");
+    assert_eq!(rows[1][..2], ["c02", "order3"].map(String::from));
+    assert!(rows[1][2].starts_with("902 ± "), "{:?}", rows[1]);
+    assert_eq!(rows[1][3], "+0.0 %");
+    assert_eq!(rows[1][5], "-50.0 %");
+    assert_eq!(rows[1][6], "0.250 ± 0.000");
+    assert_eq!(rows[1][7], "-75.0 %");
+    let host = &report.cells[1].metrics[&Metric::HostCpuNsPerPacket];
+    assert_eq!(host.change.unwrap().verdict, Verdict::Better, "less CPU per packet is better");
+    assert!(report.to_markdown().contains("| c02 | order3 | 902 ± "));
+    assert!(report.to_html("").contains("<table id=\"cpu\">"));
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["cells"][0]["metrics"]["viommu_requests_per_packet"]["mean"], 1.0);
+}
+
+#[test]
+fn round_trips_get_their_table_and_less_is_better() {
+    use crate::matrix::Protocol;
+    use crate::measure::latency::Latency;
+    let cells = [cell(0, "flip"), cell(1, "order3"), cell(2, "same")];
+    let mut records = records(&cells);
+    for r in records.iter_mut().filter(|r| r.cell.index < 2) {
+        // order3 answers in half the time
+        let scale = if r.cell.index == 0 { 2.0 } else { 1.0 };
+        let wobble = f64::from(r.repetition) * 0.01;
+        r.workload.latency = Some(Latency {
+            protocol: Protocol::Udp,
+            message_bytes: 64,
+            seconds: 10.0,
+            messages: 1000,
+            dropped: 0,
+            mean_us: 30.0 * scale + wobble,
+            stddev_us: 1.0,
+            min_us: 20.0 * scale,
+            p50_us: 28.0 * scale + wobble,
+            p90_us: 35.0 * scale,
+            p99_us: 60.0 * scale + wobble,
+            p99_9_us: 90.0 * scale,
+            max_us: 200.0 * scale,
+        });
+    }
+    let report = against_flip(&cells, &records);
+    let rows = report.latency_rows();
+    assert_eq!(rows.len(), 2, "only the cells with round trips");
+    assert_eq!(rows[1][..2], ["c02", "order3"].map(String::from));
+    assert!(
+        rows[1][2].starts_with("30.0 ± ") && rows[1][3].starts_with("28.0") && rows[1][4].starts_with("60.0 ± "),
+        "{rows:?}"
+    );
+    assert_eq!(rows[1][5..], ["-50.0 %", "-50.0 %"].map(String::from));
+    let p99 = &report.cells[1].metrics[&Metric::LatencyP99Us];
+    assert_eq!(p99.change.unwrap().verdict, Verdict::Better, "shorter round trips are better");
+    assert!(report.to_markdown().contains("| c02 | order3 | 30.0 ± "));
+    assert!(report.to_html("").contains("<table id=\"latency\">"));
 }

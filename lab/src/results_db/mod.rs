@@ -4,7 +4,9 @@
 //! resumed.
 
 mod devices;
+mod pages;
 mod processes;
+mod prune;
 mod runs;
 #[cfg(test)]
 mod tests;
@@ -15,7 +17,9 @@ use std::time::Duration;
 use rusqlite::{Connection, TransactionBehavior, params};
 
 pub use devices::LeaseHolder;
+pub use pages::RecordFilter;
 pub use processes::{holder_alive, host_name, process_alive};
+pub use prune::Pruned;
 pub use runs::{ResultCounts, RunInfo, status_counts};
 
 /// How long a writer waits for another process's transaction.
@@ -77,6 +81,12 @@ const MIGRATIONS: &[&str] = &[
     // 3: when the process in `runs.pid` took the run (created or resumed it): a process that
     // started later is not that process, but one that reused its PID (after a reboot, say).
     "ALTER TABLE runs ADD COLUMN claimed_at TEXT;",
+    // 4: runs a daemon queued and has not started yet: a daemon that starts again queues them
+    // again (a run it had started is interrupted, and resumed by hand).
+    "ALTER TABLE runs ADD COLUMN queued INTEGER NOT NULL DEFAULT 0;",
+    // 5: a row may stand for several repetitions of its cell, from its own on: a cancel's MISS
+    // rows, one per run of repetitions that never ran, rather than one each.
+    "ALTER TABLE results ADD COLUMN span INTEGER NOT NULL DEFAULT 1;",
 ];
 
 /// Errors of the results database.
@@ -267,7 +277,13 @@ impl ResultsDb {
             )
             .map_err(&sql)?;
         tx.execute("INSERT OR IGNORE INTO cells SELECT * FROM other.cells", []).map_err(&sql)?;
-        let results = tx.execute("INSERT OR IGNORE INTO results SELECT * FROM other.results", []).map_err(&sql)?;
+        let repetitions = |tx: &rusqlite::Transaction<'_>| -> Result<usize, ResultsDbError> {
+            let n: i64 = tx.query_row("SELECT COALESCE(SUM(span), 0) FROM results", [], |r| r.get(0)).map_err(&sql)?;
+            Ok(usize::try_from(n).unwrap_or(0))
+        };
+        let before = repetitions(&tx)?;
+        tx.execute("INSERT OR IGNORE INTO results SELECT * FROM other.results", []).map_err(&sql)?;
+        let results = repetitions(&tx)? - before;
         tx.commit().map_err(&sql)?;
         self.conn.execute("DETACH DATABASE other", []).map_err(self.sql())?;
         Ok((runs, results))

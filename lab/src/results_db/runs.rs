@@ -85,6 +85,33 @@ impl ResultsDb {
         Ok(())
     }
 
+    /// Marks a run as waiting in a daemon's queue (or not: its worker started it).
+    pub fn set_queued(&self, run: &str, queued: bool) -> Result<(), ResultsDbError> {
+        self.conn.execute("UPDATE runs SET queued = ?2 WHERE id = ?1", params![run, queued]).map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// The runs of this host that a daemon queued and never started, whose daemon is gone
+    /// (they read as interrupted), oldest first: what a daemon that starts queues again.
+    pub fn orphaned_queued_runs(&self) -> Result<Vec<String>, ResultsDbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id FROM runs WHERE queued = 1 AND state = 'running' AND host = ?1 ORDER BY created_at, id")
+            .map_err(self.sql())?;
+        let ids = stmt
+            .query_map(params![host_name()], |r| r.get::<_, String>(0))
+            .map_err(self.sql())?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.sql())?;
+        let mut orphans = Vec::new();
+        for id in ids {
+            if self.run(&id)?.state == RunState::Interrupted {
+                orphans.push(id);
+            }
+        }
+        Ok(orphans)
+    }
+
     /// Sets a run's final state.
     pub fn finish_run(&self, run: &str, state: RunState) -> Result<(), ResultsDbError> {
         self.conn
@@ -116,8 +143,10 @@ impl ResultsDb {
         Ok(n == 1)
     }
 
-    /// Records `records` in one transaction (what a cancel marks MISS); returns how many were
-    /// new.
+    /// Records `records` in one transaction (what a cancel marks MISS); returns how many
+    /// repetitions were new. MISS records of consecutive repetitions of a cell, for the same
+    /// reason, are one row standing for them all (its `span`): a cancel of a large run writes a
+    /// row per cell, not per repetition.
     pub fn record_all(&mut self, records: &[Record]) -> Result<usize, ResultsDbError> {
         let sql = self.sql();
         let tx = self.conn.transaction().map_err(&sql)?;
@@ -125,14 +154,14 @@ impl ResultsDb {
         {
             let mut insert = tx
                 .prepare(
-                    "INSERT OR IGNORE INTO results (run_id, cell_idx, repetition, status, reason, record, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    "INSERT OR IGNORE INTO results (run_id, cell_idx, repetition, status, reason, record, created_at, span)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 )
                 .map_err(&sql)?;
             let now = now_rfc3339();
-            for record in records {
+            for (record, span) in spans(records) {
                 let json = serde_json::to_string(record).expect("a record always serializes");
-                fresh += insert
+                let inserted = insert
                     .execute(params![
                         record.run,
                         record.cell.index,
@@ -140,9 +169,11 @@ impl ResultsDb {
                         record.status,
                         record.reason,
                         json,
-                        now
+                        now,
+                        span
                     ])
                     .map_err(&sql)?;
+                fresh += inserted * span as usize;
             }
         }
         tx.commit().map_err(&sql)?;
@@ -156,7 +187,7 @@ impl ResultsDb {
         let mut per_cell = std::collections::BTreeMap::new();
         let mut stmt = self
             .conn
-            .prepare("SELECT cell_idx, COUNT(*) FROM results WHERE run_id = ?1 GROUP BY cell_idx")
+            .prepare("SELECT cell_idx, SUM(span) FROM results WHERE run_id = ?1 GROUP BY cell_idx")
             .map_err(&sql)?;
         for row in stmt.query_map(params![run], |r| Ok((r.get::<_, usize>(0)?, r.get::<_, usize>(1)?))).map_err(&sql)? {
             let (cell, n) = row.map_err(&sql)?;
@@ -165,7 +196,7 @@ impl ResultsDb {
         let mut by_status = std::collections::BTreeMap::new();
         let mut stmt = self
             .conn
-            .prepare("SELECT status, COUNT(*) FROM results WHERE run_id = ?1 GROUP BY status")
+            .prepare("SELECT status, SUM(span) FROM results WHERE run_id = ?1 GROUP BY status")
             .map_err(&sql)?;
         for row in
             stmt.query_map(params![run], |r| Ok((r.get::<_, Status>(0)?, r.get::<_, usize>(1)?))).map_err(&sql)?
@@ -182,7 +213,7 @@ impl ResultsDb {
             .query_row(
                 "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
                         created_at, finished_at,
-                        (SELECT COUNT(*) FROM results WHERE run_id = runs.id), claimed_at
+                        (SELECT COALESCE(SUM(span), 0) FROM results WHERE run_id = runs.id), claimed_at
                  FROM runs WHERE id = ?1",
                 params![run],
                 run_info,
@@ -199,16 +230,28 @@ impl ResultsDb {
 
     /// Every run, newest first.
     pub fn runs(&self) -> Result<Vec<RunInfo>, ResultsDbError> {
+        self.runs_page(0, usize::MAX)
+    }
+
+    /// How many runs there are.
+    pub fn run_count(&self) -> Result<usize, ResultsDbError> {
+        let n: i64 = self.conn.query_row("SELECT COUNT(*) FROM runs", [], |r| r.get(0)).map_err(self.sql())?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    /// At most `limit` runs from the `offset`th, newest first.
+    pub fn runs_page(&self, offset: usize, limit: usize) -> Result<Vec<RunInfo>, ResultsDbError> {
         let mut stmt = self
             .conn
             .prepare(
                 "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
                         created_at, finished_at,
-                        (SELECT COUNT(*) FROM results WHERE run_id = runs.id), claimed_at
-                 FROM runs ORDER BY created_at DESC, id DESC",
+                        (SELECT COALESCE(SUM(span), 0) FROM results WHERE run_id = runs.id), claimed_at
+                 FROM runs ORDER BY created_at DESC, id DESC LIMIT ?1 OFFSET ?2",
             )
             .map_err(self.sql())?;
-        let rows = stmt.query_map([], run_info).map_err(self.sql())?;
+        let (limit, offset) = (i64::try_from(limit).unwrap_or(i64::MAX), i64::try_from(offset).unwrap_or(i64::MAX));
+        let rows = stmt.query_map(params![limit, offset], run_info).map_err(self.sql())?;
         rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
     }
 
@@ -242,17 +285,13 @@ impl ResultsDb {
     pub fn visit_records(&self, run: &str, mut visit: impl FnMut(Record) -> bool) -> Result<(), ResultsDbError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT record FROM results WHERE run_id = ?1 ORDER BY cell_idx, repetition")
+            .prepare("SELECT record, span FROM results WHERE run_id = ?1 ORDER BY cell_idx, repetition")
             .map_err(self.sql())?;
         let mut rows = stmt.query(params![run]).map_err(self.sql())?;
         while let Some(row) = rows.next().map_err(self.sql())? {
-            let json: String = row.get(0).map_err(self.sql())?;
-            let record = serde_json::from_str(&json).map_err(|e| ResultsDbError::Corrupt {
-                run: run.to_string(),
-                what: "records",
-                reason: e.to_string(),
-            })?;
-            if !visit(record) {
+            let (json, span): (String, u32) = (row.get(0).map_err(self.sql())?, row.get(1).map_err(self.sql())?);
+            let record = parse_record(run, &json)?;
+            if !each_repetition(record, span, 0, &mut visit) {
                 break;
             }
         }
@@ -261,28 +300,67 @@ impl ResultsDb {
 
     /// Every record of a run, by cell and repetition.
     pub fn records(&self, run: &str) -> Result<Vec<Record>, ResultsDbError> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT record FROM results WHERE run_id = ?1 ORDER BY cell_idx, repetition")
-            .map_err(self.sql())?;
-        let rows = stmt
-            .query_map(params![run], |r| r.get::<_, String>(0))
-            .map_err(self.sql())?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(self.sql())?;
-        rows.iter()
-            .map(|json| serde_json::from_str(json))
-            .collect::<Result<Vec<Record>, _>>()
-            .map_err(|e| ResultsDbError::Corrupt { run: run.to_string(), what: "records", reason: e.to_string() })
+        let mut records = Vec::new();
+        self.visit_records(run, |r| {
+            records.push(r);
+            true
+        })?;
+        Ok(records)
     }
 
     /// The (cell index, repetition) pairs of a run that have a result.
     pub fn done(&self, run: &str) -> Result<Vec<(usize, u32)>, ResultsDbError> {
-        let mut stmt =
-            self.conn.prepare("SELECT cell_idx, repetition FROM results WHERE run_id = ?1").map_err(self.sql())?;
-        let rows = stmt.query_map(params![run], |r| Ok((r.get(0)?, r.get(1)?))).map_err(self.sql())?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+        let mut stmt = self
+            .conn
+            .prepare("SELECT cell_idx, repetition, span FROM results WHERE run_id = ?1")
+            .map_err(self.sql())?;
+        let rows = stmt.query_map(params![run], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).map_err(self.sql())?;
+        let rows: Vec<(usize, u32, u32)> = rows.collect::<Result<_, _>>().map_err(self.sql())?;
+        Ok(rows.into_iter().flat_map(|(cell, rep, span)| (rep..rep + span.max(1)).map(move |r| (cell, r))).collect())
     }
+}
+
+/// A stored record of `run`.
+pub(super) fn parse_record(run: &str, json: &str) -> Result<Record, ResultsDbError> {
+    serde_json::from_str(json).map_err(|e| ResultsDbError::Corrupt {
+        run: run.to_string(),
+        what: "records",
+        reason: e.to_string(),
+    })
+}
+
+/// Hands `visit` the repetitions a row of `span` stands for, from the `skip`th: its record, then
+/// copies of it for the repetitions after; false once `visit` says stop.
+pub(super) fn each_repetition(record: Record, span: u32, skip: u32, visit: &mut impl FnMut(Record) -> bool) -> bool {
+    for i in skip..span.max(1) {
+        let mut copy = record.clone();
+        copy.repetition += i;
+        if !visit(copy) {
+            return false;
+        }
+    }
+    true
+}
+
+/// `records` as rows: each with how many repetitions it stands for (MISS records of
+/// consecutive repetitions of a cell, for the same reason, are one row).
+fn spans(records: &[Record]) -> Vec<(&Record, u32)> {
+    let mut rows: Vec<(&Record, u32)> = Vec::new();
+    for record in records {
+        if let Some((first, span)) = rows.last_mut()
+            && record.status == Status::Miss
+            && first.status == Status::Miss
+            && first.run == record.run
+            && first.cell.index == record.cell.index
+            && first.reason == record.reason
+            && first.repetition + *span == record.repetition
+        {
+            *span += 1;
+            continue;
+        }
+        rows.push((record, 1));
+    }
+    rows
 }
 
 fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {

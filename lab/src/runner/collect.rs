@@ -6,15 +6,26 @@ use vm_spec::counters::{IommuCounts, ModelCounters};
 use vm_spec::{NicKind, Slot};
 
 use super::output::{GuestOutput, Report};
-use crate::matrix::Direction;
+use crate::matrix::{Direction, Protocol, Workload};
+use crate::measure::cpu::CpuCost;
+use crate::measure::latency::Latency;
+use crate::measure::packet_rate::PacketRate;
+use crate::measure::xdp::XdpFigures;
 use crate::record::{GuestDma, Record};
 use engines::agent::{FrameKind, Frames, StepStatus};
 use engines::probe_report::ProbeReport;
 use engines::{Booted, Snapshot, Window};
 
 /// Fills `record` from what the VM left; `nic` is the device's NIC, where the lab knows it
-/// (for the bus figures).
-pub(super) fn fill(record: &mut Record, booted: &Booted, output: &GuestOutput, nic: Option<NicKind>, slot: Slot) {
+/// (for the bus figures), `workload` the cell's.
+pub(super) fn fill(
+    record: &mut Record,
+    booted: &Booted,
+    output: &GuestOutput,
+    nic: Option<NicKind>,
+    slot: Slot,
+    workload: Option<&Workload>,
+) {
     record.exit = booted.exit.clone();
     record.error = booted.error.clone();
     record.crash = output.crash();
@@ -41,6 +52,19 @@ pub(super) fn fill(record: &mut Record, booted: &Booted, output: &GuestOutput, n
         Report::Linux(frames) => {
             record.guest_dma = guest_dma(frames, slot);
             agent_figures(record, frames, &booted.window);
+            match workload {
+                Some(&Workload::PacketRate { frame_bytes, direction, ip, .. }) => {
+                    packet_rate_figures(record, frames, frame_bytes, ip, direction);
+                }
+                Some(&Workload::Latency { protocol, message_bytes, .. }) => {
+                    latency_figures(record, frames, protocol, message_bytes);
+                }
+                Some(&Workload::Xdp { action, frame_bytes, .. }) => {
+                    record.workload.xdp = XdpFigures::of(frames, action, frame_bytes);
+                    record.workload.packets_per_s = record.workload.xdp.as_ref().map(|x| x.handled_per_s);
+                }
+                _ => {}
+            }
             model_of(&booted.window.begin).zip(model_of(&booted.window.end))
         }
     };
@@ -117,16 +141,26 @@ pub(super) fn agent_figures(record: &mut Record, frames: &Frames, window: &Windo
     if unloaded && let Some(done) = window.done.as_ref().and_then(|s| s.iommu.as_ref()) {
         record.mappings_after_unload = Some(done.live_mappings);
     }
+    let host_cpu = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.host_cpu);
+    record.cpu = CpuCost::over(frames, host_cpu(&window.begin).as_ref(), host_cpu(&window.end).as_ref(), packets);
     let Some(packets) = packets.filter(|&p| p > 0) else { return };
     if let Some(ms) = record.timings.workload_ms.filter(|&ms| ms > 0.0) {
         record.workload.packets_per_s = Some(packets as f64 * 1e3 / ms);
     }
+    window_maps(record, frames, window, packets);
+}
+
+/// Fills the record's IOMMU figures over the workload's window: maps, unmaps and requests per
+/// packet (`packets`: the packets the workload moved), maps by direction and those bounced, and
+/// the model's own maps.
+fn window_maps(record: &mut Record, frames: &Frames, window: &Window, packets: u64) {
     let per = |count: u64, packets: Option<u64>| packets.filter(|&p| p > 0).map(|p| count as f64 / p as f64);
     let iommu = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.iommu.clone());
     if let (Some(a), Some(b)) = (iommu(&window.begin), iommu(&window.end)) {
         let delta = |f: fn(&IommuCounts) -> u64| f(&b).saturating_sub(f(&a));
         record.maps_per_packet = per(delta(|c| c.maps), Some(packets));
         record.unmaps_per_packet = per(delta(|c| c.unmaps), Some(packets));
+        record.viommu_requests_per_packet = per(delta(|c| c.requests), Some(packets));
         // By direction, where the counters split them: maps the device may write (RX buffers)
         // per packet received, maps it only reads (TX buffers) per packet sent.
         if delta(|c| c.maps_writable) + delta(|c| c.maps_read_only) > 0 {
@@ -151,6 +185,30 @@ pub(super) fn agent_figures(record: &mut Record, frames: &Frames, window: &Windo
     let model = |s: &Option<Snapshot>| s.as_ref().and_then(|s| s.model);
     if let (Some(a), Some(b)) = (model(&window.begin), model(&window.end)) {
         record.model_maps_per_packet = per(b.dma_maps.saturating_sub(a.dma_maps), Some(packets));
+    }
+}
+
+/// A packet-rate workload's figures: frames sent, delivered and dropped; its packets per second
+/// are those delivered to the receiving socket.
+fn packet_rate_figures(record: &mut Record, frames: &Frames, frame_bytes: u32, ip: u8, direction: Direction) {
+    let payload = crate::matrix::udp_payload(frame_bytes, ip).unwrap_or(crate::matrix::MIN_IPERF_PAYLOAD);
+    record.workload.packet_rate = PacketRate::of(frames, frame_bytes, payload, direction);
+    if let Some(rate) = &record.workload.packet_rate {
+        record.workload.packets_per_s = Some(rate.delivered_per_s);
+    }
+}
+
+/// A latency workload's round trips; its packets per second are the messages' both ways.
+fn latency_figures(record: &mut Record, frames: &Frames, protocol: Protocol, message_bytes: u32) {
+    let report = frames.first(FrameKind::Sockperf).and_then(|f| f.as_str());
+    record.workload.latency = report.and_then(|text| Latency::parse(text, protocol, message_bytes));
+    if let Some(latency) = &record.workload.latency
+        && latency.seconds > 0.0
+    {
+        record.workload.output = Some(serde_json::Value::String(report.unwrap_or_default().to_string()));
+        record.timings.workload_ms = Some(latency.seconds * 1e3);
+        let packets = record.workload.rx_packets.zip(record.workload.tx_packets).map(|(r, t)| r + t);
+        record.workload.packets_per_s = packets.map(|p| p as f64 / latency.seconds);
     }
 }
 

@@ -57,28 +57,29 @@ impl Repetition<'_> {
                 (model.device_spec(), Some(model))
             }
         };
-        // In a Thunderbolt slot, the NIC is plugged once the guest is up (the engine does it at
-        // the agent's first frame), as the user plugs the cable into a booted machine.
+        // In a Thunderbolt slot, the NIC is plugged once the guest is up (driverlab's engine
+        // does it at the agent's first frame), as the user plugs the cable into a booted
+        // machine; QEMU's root port is occupied at boot (its hot-plug is ACPI's, not pciehp's).
         let spec = match self.slot() {
-            vm_spec::Slot::Thunderbolt if self.linux() => spec.in_slot(vm_spec::Slot::Thunderbolt).plugged_later(),
+            vm_spec::Slot::Thunderbolt if self.linux() && self.image.engine == crate::matrix::EngineKind::Driverlab => {
+                spec.in_slot(vm_spec::Slot::Thunderbolt).plugged_later()
+            }
             slot => spec.in_slot(slot),
         };
         Ok(StartedDevice { spec, model, peer, counters })
     }
 
     /// Where the guest sees the device: its matrix entry's slot; where the matrix does not say,
-    /// a host device's Linux cell on driverlab's VMM mirrors the host (a device the host takes
-    /// for removable, behind an external-facing port, goes into a Thunderbolt slot), and
-    /// anything else sits on the root bus.
+    /// a host device's Linux cell mirrors the host (a device the host takes for removable,
+    /// behind an external-facing port, goes into a Thunderbolt slot), and anything else sits on
+    /// the root bus.
     pub(super) fn slot(&self) -> vm_spec::Slot {
         if let Some(slot) = self.plan.plan.device(&self.cell.device).and_then(|d| d.slot) {
             return slot;
         }
         match self.source {
             DeviceSource::Host { bdf, .. }
-                if self.linux()
-                    && self.image.engine == crate::matrix::EngineKind::Driverlab
-                    && vm_spec::host::pci_removable(std::path::Path::new("/"), *bdf) == Some(true) =>
+                if self.linux() && vm_spec::host::pci_removable(std::path::Path::new("/"), *bdf) == Some(true) =>
             {
                 vm_spec::Slot::Thunderbolt
             }
@@ -89,12 +90,12 @@ impl Repetition<'_> {
     /// The workload's traffic peer, when it needs one: a namespace for a model, the host
     /// device's SSH peer.
     fn peer(&self) -> Result<Option<Peer>, engines::peer::PeerError> {
-        let iperf = matches!(self.plan.plan.workload(&self.cell.workload), Some(Workload::Iperf3 { .. }));
-        match (iperf, self.source) {
-            (true, DeviceSource::Model { .. }) => Peer::namespace().map(Some),
-            (true, DeviceSource::Host { peer: Some(host_peer), .. }) => {
+        let server = self.plan.plan.workload(&self.cell.workload).and_then(Workload::peer_server);
+        match (server, self.source) {
+            (Some(server), DeviceSource::Model { .. }) => Peer::namespace(server).map(Some),
+            (Some(server), DeviceSource::Host { peer: Some(host_peer), .. }) => {
                 let limit = Duration::from_secs_f64(self.plan.plan.matrix.timeout_s);
-                Peer::remote(&host_peer.destination, host_peer.addresses.clone(), limit).map(Some)
+                Peer::remote(&host_peer.destination, host_peer.addresses.clone(), limit, server).map(Some)
             }
             _ => Ok(None),
         }

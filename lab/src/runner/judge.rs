@@ -53,8 +53,20 @@ pub(super) fn judge(booted: &Booted, output: &GuestOutput, record: &Record, time
     if let Some(error) = &booted.device_error {
         return Err(Failure::DeviceError { what: error.clone() });
     }
+    thunderbolt(record)?;
     counts(record)?;
     workload(output, record)
+}
+
+/// A device in a Thunderbolt slot must have been an untrusted one to the guest (the agent's
+/// `iommu-group` step says), or the cell measured a trusted device under a Thunderbolt name.
+fn thunderbolt(record: &Record) -> Result<(), Failure> {
+    match &record.guest_dma {
+        Some(dma) if dma.slot == vm_spec::Slot::Thunderbolt && !dma.untrusted => {
+            Err(Failure::SlotNotHonoured { engine: record.engine })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The counts' own checks: the two counts of maps agree, the driver's teardown unmapped all.
@@ -83,7 +95,7 @@ fn workload(output: &GuestOutput, record: &Record) -> Result<(), Failure> {
                 Some(first) => problem(first),
                 // A device pulled mid-traffic (the surprise-unplug check) may end iperf3 without
                 // figures: the check is the agent's steps, not the throughput.
-                None if record.workload.gbit_s.is_none() && record.timings.pulled_ms.is_none() => {
+                None if !record.workload.measured() && record.timings.pulled_ms.is_none() => {
                     problem("the workload reported nothing")
                 }
                 None => Ok(()),

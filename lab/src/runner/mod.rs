@@ -21,8 +21,6 @@ use crate::matrix::{Cell, DeviceSource, Image, Workload};
 use crate::record::{Crash, Record};
 use engines::{BootRequest, Booted, Watch};
 
-pub use spec::cmdline;
-
 /// What every repetition of a run shares.
 #[derive(Debug, Clone)]
 pub struct RunContext {
@@ -97,22 +95,24 @@ impl<'a> Repetition<'a> {
     /// Runs the repetition, filling `record`; its verdict.
     fn run(&self, record: &mut Record) -> Result<(), Failure> {
         record.engine = self.image.engine;
+        // A full disk is named as such, not left to fail as a model that did not start.
+        crate::disk::check_room(&self.dir).map_err(|e| Failure::Setup { what: e.to_string() })?;
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| Failure::Setup { what: format!("artifacts folder {}: {e}", self.dir.display()) })?;
         let engine = self.env.engine(self.image.engine).map_err(|why| Failure::Setup { what: why.to_string() })?;
         let device = self.start_device(record)?;
         let spec = self.vm_spec(&device)?;
         let files = self.plan.files(&self.image.name);
-        let surprise_unplug_after = match self.plan.plan.workload(&self.cell.workload) {
-            Some(Workload::Iperf3 { surprise_unplug_after_s: Some(after), .. }) => {
-                Some(Duration::from_secs_f64(*after))
-            }
-            _ => None,
-        };
+        let unplug = self
+            .plan
+            .plan
+            .workload(&self.cell.workload)
+            .and_then(Workload::unplug)
+            .map(|(after, kind)| engines::Unplug { after: Duration::from_secs_f64(after), kind });
         let watch = Watch {
             silence: Duration::from_secs_f64(self.plan.plan.matrix.silence_s),
             agent_log: self.linux().then(|| self.dir.join(output::AGENT_LOG)),
-            surprise_unplug_after,
+            unplug,
         };
         let booted = engine.boot(BootRequest {
             spec,
@@ -131,7 +131,8 @@ impl<'a> Repetition<'a> {
         record.serial_log =
             self.dir.join(output::SERIAL_LOG).strip_prefix(&self.ctx.artifacts).ok().map(|p| p.display().to_string());
         let nic = self.plan.plan.device(&self.cell.device).and_then(|d| d.nic());
-        collect::fill(record, &booted, &output, nic, self.slot());
+        let workload = self.plan.plan.workload(&self.cell.workload);
+        collect::fill(record, &booted, &output, nic, self.slot(), workload);
         let verdict = judge::judge(&booted, &output, record, self.plan.plan.matrix.timeout_s);
         mark_hang(record, &booted, verdict.as_ref().err());
         verdict

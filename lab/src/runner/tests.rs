@@ -30,7 +30,7 @@ fn linux(serial: &str, frames: Frames) -> GuestOutput {
 }
 
 fn counters(maps: u64) -> Snapshot {
-    Snapshot { iommu: Some(IommuCounts { maps, unmaps: maps, ..IommuCounts::default() }), model: None }
+    Snapshot { iommu: Some(IommuCounts { maps, unmaps: maps, ..IommuCounts::default() }), model: None, host_cpu: None }
 }
 
 /// A passing record of a Linux cell under `workload`.
@@ -111,6 +111,7 @@ fn bounced_maps_are_counted_against_the_pool_and_are_none_without_one() {
         engines::agent::parse(&port)
     };
     let snapshot = |writable: u64, read_only: u64, bounced_w: u64, bounced_r: u64| Snapshot {
+        host_cpu: None,
         iommu: Some(IommuCounts {
             maps: writable + read_only,
             maps_writable: writable,
@@ -175,11 +176,20 @@ fn split(writable: u64, read_only: u64, model: u64, live: u64) -> Snapshot {
         maps_writable: writable,
         maps_read_only: read_only,
         live_mappings: live,
+        // a request per map and unmap, and a few others
+        requests: 2 * (writable + read_only) + 10,
         ..IommuCounts::default()
+    };
+    // the host's CPU grows with the maps: 1 us of vCPU per map, 100 ns of the VMM's others
+    let host_cpu = engines::HostCpu {
+        vcpu_ns: (writable + read_only) * 1000,
+        vmm_other_ns: (writable + read_only) * 100,
+        model_ns: model * 10,
     };
     Snapshot {
         iommu: Some(iommu),
         model: Some(vm_spec::counters::ModelCounters { dma_maps: model, ..Default::default() }),
+        host_cpu: Some(host_cpu),
     }
 }
 
@@ -198,7 +208,9 @@ fn maps_split_by_direction_page_reuse_and_the_teardown_are_recorded() {
     port.extend(encode(4, "workload-end", false, br#"{"workload":"iperf3","direction":"rx","exit":0}"#));
     port.extend(encode(5, "netdev-after", false, br#"{"rx_packets":10000,"tx_packets":5000}"#));
     port.extend(encode(6, "ethtool-S-after", true, ethtool(4100, 2050, 2010).as_bytes()));
-    port.extend(encode(7, "step", false, br#"{"step":"unload","status":"ok"}"#));
+    port.extend(encode(7, "stat-before", true, b"cpu  10 0 20 500 0 1 30 0 0 0\nintr 0\n"));
+    port.extend(encode(8, "stat-after", true, b"cpu  15 0 40 600 0 2 80 0 0 0\nintr 0\n"));
+    port.extend(encode(9, "step", false, br#"{"step":"unload","status":"ok"}"#));
     let frames = engines::agent::parse(&port);
     let mut record = passed("iperf-rx");
     // 5000 RX buffer maps and 5000 TX maps in the window; the model saw 10100 (some split).
@@ -217,6 +229,19 @@ fn maps_split_by_direction_page_reuse_and_the_teardown_are_recorded() {
     // Refills 4000 flips + 2000 reuses + 2000 frees: 6000 of 8000 needed no new page.
     assert_eq!(record.page_reuse, Some(0.75));
     assert_eq!(record.mappings_after_unload, Some(3));
+    // Requests: 2 per map and unmap of the window's 10000 maps, over the 10000 packets.
+    assert_eq!(record.viommu_requests_per_packet, Some(2.0));
+    // CPU: the guest busy 5+20+1+50 ticks (760 ms), the host 10000 maps x 1.1 us and the
+    // model's 10100 maps x 10 ns, over the 10000 packets received.
+    let cpu = record.cpu.unwrap();
+    assert_eq!(cpu.guest.unwrap().busy_ms(), 760.0);
+    assert_eq!(cpu.guest_ns_per_packet, Some(76_000.0));
+    assert_eq!(cpu.host.unwrap().vcpu_ns, 10_000_000);
+    assert_eq!(cpu.host_ns_per_packet, Some(1110.1));
+    let metrics = record.metrics();
+    assert_eq!(metrics[&crate::metric::Metric::HostCpuNsPerPacket], 1110.1);
+    assert_eq!(metrics[&crate::metric::Metric::GuestCpuNsPerPacket], 76_000.0);
+    assert_eq!(metrics[&crate::metric::Metric::ViommuRequestsPerPacket], 2.0);
     let booted = Booted {
         ending: Ending::Stopped { reason: ExitReason::Poweroff, detail: None },
         exit: None,
@@ -275,6 +300,29 @@ fn a_pulled_device_needs_no_throughput_but_a_clean_agent() {
 }
 
 #[test]
+fn a_thunderbolt_cell_whose_guest_trusted_the_device_is_an_error() {
+    let port = encode(0, "done", false, br#"{"ok":true,"failed":[]}"#);
+    let output = linux("", engines::agent::parse(&port));
+    let booted = Booted {
+        ending: Ending::Stopped { reason: ExitReason::Poweroff, detail: None },
+        ..Booted::failed(Ending::Killed)
+    };
+    let mut record = passed("rx");
+    record.workload.gbit_s = Some(1.0);
+    record.engine = EngineKind::Qemu;
+    let dma = |slot, untrusted| Some(GuestDma { slot, domain: IommuDomain::DmaFq, untrusted, swiotlb: false });
+    record.guest_dma = dma(vm_spec::Slot::Thunderbolt, false);
+    let failure = judge(&booted, &output, &record, 60.0).unwrap_err();
+    assert_eq!(failure.status(), Status::Error);
+    assert!(failure.to_string().contains("the guest did not take it for untrusted"), "{failure}");
+    assert!(failure.to_string().contains("engine qemu"), "{failure}");
+    record.guest_dma = dma(vm_spec::Slot::Thunderbolt, true);
+    judge(&booted, &output, &record, 60.0).unwrap();
+    record.guest_dma = dma(vm_spec::Slot::Root, false);
+    judge(&booted, &output, &record, 60.0).unwrap();
+}
+
+#[test]
 fn a_tx_workload_counts_maps_per_packet_sent() {
     let mut port = Vec::new();
     port.extend(encode(1, "netdev-before", false, br#"{"rx_packets":10,"tx_packets":100}"#));
@@ -298,7 +346,7 @@ fn linux_cells_get_the_agent_s_words() {
                 cmdline = \"quiet\"\n[[variant]]\nname = \"order3\"\nimage = \"debian\"\nparams = { \"atlantic.rxpageorder\" = 3 }\n\
                 [[workload]]\nname = \"rx\"\nkind = \"iperf3\"\nip = 6\nduration_s = 8\n";
     let plan = Plan::parse(std::path::Path::new("l.toml"), text).unwrap();
-    let words = cmdline(&plan, &plan.cells[0]);
+    let words = plan.cmdline(&plan.cells[0]);
     assert_eq!(
         words,
         "quiet atlantic.rxpageorder=3 console=ttyS0 panic=-1 driverlab.nic=atlantic driverlab.mtu=1500 \

@@ -305,6 +305,7 @@ impl RecipeBuilder for DaemonBuilder<'_> {
             kernel: request.kernel.clone(),
             modules: request.modules.clone(),
             drivers: request.drivers.clone(),
+            tools: request.tools.iter().map(|t| t.program().to_string()).collect(),
         };
         self.runtime.block_on(self.client.build_initramfs(&request)).map(|i| i.id).map_err(recipe_error)
     }

@@ -53,6 +53,21 @@ pub enum LabCommand {
     Devices(DbArgs),
     /// Lift a device's quarantine (after fixing it), e.g. `vfio=0000:63:00.0`.
     Release(ReleaseArgs),
+    /// Delete the oldest ended runs, with their results and artifacts, keeping the newest N
+    /// (runs queued or running are kept and not counted). The last line is `pruned K runs (R
+    /// results, M MiB of artifacts), kept N`.
+    Prune(PruneArgs),
+}
+
+/// Options of `lab prune`.
+#[derive(Args)]
+pub struct PruneArgs {
+    /// Ended runs to keep, the newest.
+    #[arg(long, value_name = "N")]
+    pub keep: usize,
+    /// The results database (`--db`).
+    #[command(flatten)]
+    pub db: DbArgs,
 }
 
 /// The results database.
@@ -346,6 +361,21 @@ impl LabCommand {
                 for (device, reason, since) in store.quarantine_list()? {
                     println!("quarantined {device}: {reason} (since {since}; `driverlab lab release {device}`)");
                 }
+                Ok(0)
+            }
+            LabCommand::Prune(args) => {
+                let mut store = args.db.open()?;
+                let pruned = store.prune(args.keep)?;
+                for run in &pruned.runs {
+                    println!("deleted run {run}");
+                }
+                println!(
+                    "pruned {} runs ({} results, {} MiB of artifacts), kept {}",
+                    pruned.runs.len(),
+                    pruned.results,
+                    pruned.artifact_bytes >> 20,
+                    args.keep
+                );
                 Ok(0)
             }
             LabCommand::Release(args) => {

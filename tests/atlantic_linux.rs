@@ -45,6 +45,13 @@ fn linux_checks_run(test: &str, example: &str) -> Option<std::sync::MutexGuard<'
 /// Runs `examples/{example}` into a fresh database; requires its last line to say that all of its
 /// `cells` passed and returns `lab show --json` of the run.
 fn run_example(example: &str, cells: usize) -> (serde_json::Value, tempfile::TempDir) {
+    run_example_ending(example, &format!("{cells} cells, {cells} passed, 0 failed, 0 errors"))
+}
+
+/// Runs `examples/{example}` into a fresh database; requires its last line to end in `counts`
+/// (`N cells, P passed, F failed, E errors`; exit code 0 only when nothing failed) and returns
+/// `lab show --json` of the run.
+fn run_example_ending(example: &str, counts: &str) -> (serde_json::Value, tempfile::TempDir) {
     let driverlab = env!("CARGO_BIN_EXE_driverlab");
     let matrix = format!("{}/examples/{example}", env!("CARGO_MANIFEST_DIR"));
     let logs = tempfile::tempdir().unwrap();
@@ -52,13 +59,10 @@ fn run_example(example: &str, cells: usize) -> (serde_json::Value, tempfile::Tem
     let out = Command::new(driverlab).args(["lab", "run", &matrix, "--db"]).arg(&db).output().expect("driverlab runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{example} failed:\n{stdout}\n{stderr}");
+    let clean = counts.contains(" 0 failed, 0 errors");
+    assert_eq!(out.status.code(), Some(if clean { 0 } else { 1 }), "{example}:\n{stdout}\n{stderr}");
     let run = stdout.lines().next().and_then(|l| l.strip_prefix("run ")?.strip_suffix(" started")).unwrap_or_default();
-    assert_eq!(
-        stdout.lines().last(),
-        Some(format!("run {run}: {cells} cells, {cells} passed, 0 failed, 0 errors").as_str()),
-        "{stdout}\n{stderr}"
-    );
+    assert_eq!(stdout.lines().last(), Some(format!("run {run}: {counts}").as_str()), "{stdout}\n{stderr}");
     let show = Command::new(driverlab).args(["lab", "show", run, "--json", "--db"]).arg(&db).output().unwrap();
     let shown = serde_json::from_slice(&show.stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     (shown, logs)
@@ -130,7 +134,10 @@ fn packet_rate_counts_frames_on_both_ends_and_the_drops_between() {
     assert_eq!((rate["frame_bytes"].as_u64(), rate["sender"].as_str()), (Some(64), Some("peer-iperf3")), "{rx}");
     let number = |v: &serde_json::Value| v.as_f64().unwrap_or_else(|| panic!("not a number: {rx}"));
     let (sent, delivered) = (number(&rate["sent"]), number(&rate["delivered"]));
-    assert!(delivered > 1000.0 && sent >= delivered, "{rate}");
+    // As fast as iperf3 sends, a TCG guest's softirqs can leave its iperf3 little time to read
+    // (CI saw 300 delivered and 378,128 dropped at the socket with the host busy): what counts
+    // is that the ends agree within the drops, below.
+    assert!(delivered >= 100.0 && sent >= delivered, "{rate}");
     assert_eq!(rx["workload"]["packets_per_s"], rate["delivered_per_s"], "the cell's rate is what was delivered");
     // What the guest's IP layer received is what its socket gave iperf3 and what the stack and
     // the socket dropped, and a few of the test's own (its TCP control connection, datagrams read
@@ -222,6 +229,56 @@ fn xdp_drop_and_pass_attach_natively_and_count_what_they_handled() {
         assert!(sent >= counted, "the peer sent {sent}, the program handled {counted}");
         assert!(record["cpu"]["host_ns_per_packet"].as_f64().is_some_and(|ns| ns > 0.0), "{record}");
     }
+}
+
+/// The `kselftest` workload (examples/atlantic-kselftest.toml): the kernel's own ping.py and
+/// stats.py in the guest against the peer's namespace as their SSH remote; the KTAP is parsed
+/// into each program's subtests with their results. ping.py's three subtests pass (both ways
+/// over the remote, IPv4, IPv6 and TCP through socat); of stats.py's, check_pause fails as it
+/// does on the real card (6.12's atlantic has get_pauseparam but no get_pause_stats in
+/// aq_ethtool.c's ethtool_ops, so the pause statistics the test asks for are empty), which
+/// fails the cell naming it, and what atlantic lacks otherwise is a SKIP or XFAIL with its
+/// reason.
+#[test]
+fn the_nic_selftests_run_against_the_peer_and_each_subtest_is_recorded() {
+    let Some(_turn) = linux_checks_run(
+        "the_nic_selftests_run_against_the_peer_and_each_subtest_is_recorded",
+        "atlantic-kselftest.toml",
+    ) else {
+        return;
+    };
+    let (shown, _logs) = run_example_ending("atlantic-kselftest.toml", "1 cells, 0 passed, 1 failed, 0 errors");
+    let record = &shown["records"][0];
+    assert_eq!(
+        (record["status"].as_str(), record["reason"].as_str()),
+        (Some("FAIL"), Some("selftests failed: stats.check_pause")),
+        "{record}"
+    );
+    let ktap = &record["workload"]["kselftest"];
+    assert_eq!(ktap["planned"], 2, "{ktap}");
+    let programs = ktap["tests"].as_array().unwrap();
+    let names: Vec<&str> = programs.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["selftests: drivers/net: ping.py", "selftests: drivers/net: stats.py"], "{ktap}");
+    let subtests = |p: &serde_json::Value| -> Vec<(String, String)> {
+        p["subtests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["name"].as_str().unwrap().to_string(), s["status"].as_str().unwrap().to_string()))
+            .collect()
+    };
+    let pass = |name: &str| (name.to_string(), "PASS".to_string());
+    assert_eq!(subtests(&programs[0]), [pass("ping.test_v4"), pass("ping.test_v6"), pass("ping.test_tcp")], "{ktap}");
+    assert_eq!((programs[1]["status"].as_str(), programs[1]["reason"].as_str()), (Some("FAIL"), Some("exit=1")));
+    let stats = subtests(&programs[1]);
+    assert_eq!(stats.len(), 5, "stats.py's subtests: {ktap}");
+    for (name, status) in &stats {
+        let expected: &[&str] = if name == "stats.check_pause" { &["FAIL"] } else { &["PASS", "SKIP", "XFAIL"] };
+        assert!(expected.contains(&status.as_str()), "{name} {status}: {ktap}");
+    }
+    let skipped = &programs[1]["subtests"].as_array().unwrap()[2];
+    assert_eq!(skipped["reason"], "qstats not supported by the device", "a SKIP keeps its reason: {ktap}");
+    assert!(record["cpu"]["host"]["vcpu_ns"].as_f64().is_some_and(|ns| ns > 0.0), "{record}");
 }
 
 /// What the CPU paid over a 10 s iperf3 workload under TCG, as a record holds it: the guest's

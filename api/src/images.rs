@@ -231,7 +231,7 @@ mod tests {
         let refused = guest_tools(&names(&["sockperf", "../bin/sh"])).unwrap_err();
         assert_eq!(
             (refused.status, refused.message.as_str()),
-            (StatusCode::UNPROCESSABLE_ENTITY, "tools: \"../bin/sh\" is none of sockperf, xdp-bench")
+            (StatusCode::UNPROCESSABLE_ENTITY, "tools: \"../bin/sh\" is none of sockperf, xdp-bench, kselftest")
         );
     }
 }

@@ -192,7 +192,7 @@ pub struct BuildInitramfs {
     #[serde(default)]
     pub drivers: Vec<String>,
     /// Programs the workloads need beyond iperf3 and ethtool: `sockperf` (for `latency`),
-    /// `xdp-bench` (for `xdp`).
+    /// `xdp-bench` (for `xdp`), `kselftest` (the NIC selftests with Python, for `kselftest`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<String>,
 }

@@ -57,6 +57,8 @@ pub enum FrameKind {
     XdpBench,
     /// The xdp workload's load, as the peer's UDP source counted it.
     XdpLoad,
+    /// The kselftest workload's KTAP (text).
+    Kselftest,
     /// The whole kernel log, at the end.
     Dmesg,
     /// The kernel log the workload added.

@@ -25,6 +25,7 @@ pub mod probe_report;
 pub mod program;
 pub mod qemu;
 pub mod runtime_dirs;
+pub mod ssh_remote;
 pub mod udp_source;
 pub mod vm_control;
 pub mod vm_process;

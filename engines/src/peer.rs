@@ -83,6 +83,10 @@ pub enum PeerServer {
     /// `driverlab peer udp-source` on port [`crate::udp_source::PORT`]: a load the guest asks
     /// for with one datagram (the xdp workload, whose program leaves no control connection).
     UdpSource,
+    /// `driverlab peer ssh-remote`: an SSH server the kernel's NIC selftests reach as their
+    /// remote, the guest's key enrolled on port [`crate::ssh_remote::ENROLL_PORT`] (the
+    /// kselftest workload; [`crate::ssh_remote`]).
+    SshRemote,
 }
 
 /// The port of the peer's UDP `sockperf server` (the agent's `driverlab.sockperf`).
@@ -98,13 +102,12 @@ impl PeerServer {
             PeerServer::Iperf3 if once => ["iperf3", "-s", "-1", "--forceflush"].map(String::from).into(),
             PeerServer::Iperf3 => ["iperf3", "-s"].map(String::from).into(),
             PeerServer::UdpSource => {
-                // This binary in the namespace; `driverlab` on a remote peer's PATH.
-                let program = match once {
-                    false => std::env::current_exe().map_or("driverlab".into(), |p| p.display().to_string()),
-                    true => "driverlab".into(),
-                };
                 let listen = format!("{address}:{}", crate::udp_source::PORT);
-                vec![program, "peer".into(), "udp-source".into(), "--listen".into(), listen]
+                vec![driverlab(once), "peer".into(), "udp-source".into(), "--listen".into(), listen]
+            }
+            PeerServer::SshRemote => {
+                let listen = format!("{address}:{}", crate::ssh_remote::ENROLL_PORT);
+                vec![driverlab(once), "peer".into(), "ssh-remote".into(), "--listen".into(), listen]
             }
             PeerServer::Sockperf { tcp } => {
                 let port = if tcp { SOCKPERF_TCP_PORT } else { SOCKPERF_UDP_PORT };
@@ -124,7 +127,7 @@ impl PeerServer {
         match self {
             PeerServer::Iperf3 => "Server listening",
             PeerServer::Sockperf { .. } => "to block on socket",
-            PeerServer::UdpSource => "listening",
+            PeerServer::UdpSource | PeerServer::SshRemote => "listening",
         }
     }
 
@@ -133,8 +136,16 @@ impl PeerServer {
         match self {
             PeerServer::Iperf3 => "iperf3",
             PeerServer::Sockperf { .. } => "sockperf",
-            PeerServer::UdpSource => "driverlab",
+            PeerServer::UdpSource | PeerServer::SshRemote => "driverlab",
         }
+    }
+}
+
+/// This binary, for a server in the namespace; `driverlab` on a remote peer's `PATH`.
+fn driverlab(remote: bool) -> String {
+    match remote {
+        false => std::env::current_exe().map_or("driverlab".into(), |p| p.display().to_string()),
+        true => "driverlab".into(),
     }
 }
 
@@ -143,6 +154,8 @@ pub struct Peer {
     place: Place,
     iperf: Option<Child>,
     addresses: Addresses,
+    /// A folder of the server's (the SSH remote's keys), removed with the peer.
+    scratch: Option<std::path::PathBuf>,
 }
 
 enum Place {
@@ -180,10 +193,17 @@ impl Peer {
         let netns = format!("driverlab-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let addresses = Addresses::default();
         ip(&["netns", "add", &netns])?;
-        let mut peer = Peer { place: Place::Namespace(netns.clone()), iperf: None, addresses };
+        let mut peer = Peer { place: Place::Namespace(netns.clone()), iperf: None, addresses, scratch: None };
         let ns = netns.as_str();
         wire(ns, &peer.addresses)?;
-        let words = server.command(&peer.addresses.peer_v4, false);
+        let mut words = server.command(&peer.addresses.peer_v4, false);
+        if server == PeerServer::SshRemote {
+            let dir = std::env::temp_dir().join(format!("{netns}-ssh"));
+            std::fs::create_dir(&dir)
+                .map_err(|e| PeerError::Command { what: format!("making {}", dir.display()), detail: e.to_string() })?;
+            words.extend(["--dir".into(), dir.display().to_string()]);
+            peer.scratch = Some(dir);
+        }
         let mut command = Command::new("ip");
         command
             .args(["netns", "exec", ns])
@@ -281,7 +301,7 @@ impl Peer {
             let mut text = String::new();
             let _ = stderr.read_to_string(&mut text);
         });
-        Ok(Peer { place: Place::Remote, iperf: Some(child), addresses })
+        Ok(Peer { place: Place::Remote, iperf: Some(child), addresses, scratch: None })
     }
 
     /// The namespace's name, for a namespace peer.
@@ -315,6 +335,9 @@ impl Drop for Peer {
             if let Err(e) = ip(&["netns", "del", netns]) {
                 tracing::warn!("{e}");
             }
+        }
+        if let Some(dir) = self.scratch.take() {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }

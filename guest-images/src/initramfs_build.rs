@@ -46,13 +46,16 @@ pub enum GuestTool {
     /// `xdp-bench` (xdp-tools): an XDP program that drops, passes or bounces frames (the `xdp`
     /// workload).
     XdpBench,
+    /// The kernel's NIC selftests with Python and what they run (the `kselftest` workload;
+    /// [`crate::kselftest`]).
+    Kselftest,
 }
 
 impl GuestTool {
     /// Every tool.
     pub const ALL: &[GuestTool] = <GuestTool as strum::VariantArray>::VARIANTS;
 
-    /// The program, as `PATH` finds it.
+    /// Its name; the program, as `PATH` finds it, for a tool that is one program.
     pub fn program(self) -> &'static str {
         self.into()
     }
@@ -62,6 +65,7 @@ impl GuestTool {
         match self {
             GuestTool::Sockperf => "sockperf",
             GuestTool::XdpBench => "xdp-tools",
+            GuestTool::Kselftest => crate::kselftest::SOURCE_PACKAGE,
         }
     }
 }
@@ -120,6 +124,9 @@ pub struct InitramfsManifest {
     /// The programs it carries beyond [`PROGRAMS`] (absent from older manifests).
     #[serde(default)]
     pub tools: Vec<GuestTool>,
+    /// The NIC selftests' source and Python, when it carries them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kselftest: Option<crate::kselftest::SuiteFacts>,
     /// Every file: path and SHA-256 (links: `-> target`).
     pub files: BTreeMap<String, String>,
 }
@@ -179,10 +186,14 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
     let mut tools = request.tools.clone();
     tools.sort_unstable();
     tools.dedup();
-    let programs = PROGRAMS.iter().map(|p| (*p, *p)).chain(tools.iter().map(|t| (t.program(), t.package())));
+    let programs = PROGRAMS
+        .iter()
+        .map(|p| (*p, *p))
+        .chain(tools.iter().filter(|t| **t != GuestTool::Kselftest).map(|t| (t.program(), t.package())));
     for (program, package) in programs {
         add_program(&mut tree, program, package)?;
     }
+    let kselftest = if tools.contains(&GuestTool::Kselftest) { Some(crate::kselftest::add(&mut tree)?) } else { None };
     let variants = Variants::of(store, &kernel, request)?;
     let modules = add_modules(&mut tree, &tree_index, &variants)?;
     let archive = tree.cpio_gz();
@@ -207,6 +218,7 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
         modules,
         patches: variants.patches,
         tools,
+        kselftest,
         files,
     };
     if store.manifest::<InitramfsManifest>(&id).is_err() {

@@ -11,6 +11,7 @@ pub mod initramfs;
 pub mod initramfs_build;
 pub mod kernel;
 pub mod kernel_image;
+pub mod kselftest;
 pub mod module_build;
 pub mod modules;
 pub mod patches;

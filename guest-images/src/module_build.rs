@@ -194,7 +194,8 @@ fn copy_sources(source: &SourceSpec, driver: &str, dest: &Path) -> Result<String
     }
 }
 
-fn installed_version(package: &str) -> Option<String> {
+/// The installed version of Debian package `package`.
+pub(crate) fn installed_version(package: &str) -> Option<String> {
     let out = Command::new("dpkg-query").args(["-W", "-f=${Version}", package]).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }

@@ -132,6 +132,7 @@ mod tests {
                 guest_dma: None,
                 link: None,
                 link_profile: None,
+                subtests: Vec::new(),
             }
         };
         let report = Report {

@@ -49,6 +49,20 @@ pub enum Failure {
         /// What went wrong.
         problem: String,
     },
+    /// Subtests of the kernel's selftests failed (FAIL).
+    SelftestsFailed {
+        /// Which, as `PROGRAM: SUBTEST` (or the program, when it failed without a subtest
+        /// failing: an error, a timeout).
+        failed: Vec<String>,
+    },
+    /// The kernel's selftests did not finish: the guest died or hung in the middle (ERROR: the
+    /// subtests after it have no result).
+    SelftestsCut {
+        /// The test that was running, or the last one that ended.
+        at: String,
+        /// How the guest ended.
+        cause: String,
+    },
     /// The driver left IOMMU mappings behind when it was unloaded (FAIL).
     MappingsLeft {
         /// How many.
@@ -132,6 +146,7 @@ impl Failure {
             | Failure::GuestStop { .. }
             | Failure::Crash { .. }
             | Failure::Workload { .. }
+            | Failure::SelftestsFailed { .. }
             | Failure::MappingsLeft { .. } => Status::Fail,
             Failure::Unrunnable { .. } => Status::Skip,
             Failure::Cancelled { .. } => Status::Miss,
@@ -165,6 +180,17 @@ impl std::fmt::Display for Failure {
             Failure::Timeout { limit_s } => write!(f, "hung: still running after {limit_s} s"),
             Failure::GuestStop { reason } => write!(f, "the guest ended with {reason}"),
             Failure::Crash { crash, line } => write!(f, "{crash}: {line}"),
+            Failure::SelftestsFailed { failed } => {
+                let shown: Vec<&str> = failed.iter().take(10).map(String::as_str).collect();
+                write!(f, "selftests failed: {}", shown.join(", "))?;
+                match failed.len().saturating_sub(shown.len()) {
+                    0 => Ok(()),
+                    more => write!(f, " and {more} more"),
+                }
+            }
+            Failure::SelftestsCut { at, cause } => {
+                write!(f, "the selftests did not finish: {at} was running when {cause}")
+            }
             Failure::MappingsLeft { count } => {
                 write!(f, "the driver left {count} IOMMU mapping(s) behind after it was unloaded")
             }

@@ -1,6 +1,7 @@
 //! Export of a run as KCIDB v4 JSON (schema 4.5), so results can go to KernelCI: the run is a
 //! checkout, each image a build, each repetition a test with its status, its throughput as the
-//! test's number, and the rest (maps per packet, the cell, the crash fingerprint) under `misc`.
+//! test's number, and the rest (maps per packet, the cell, the crash fingerprint) under `misc`;
+//! a kselftest repetition's subtests follow it as tests of their own below its path.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -8,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use crate::measure::ktap::KtapStatus;
 use crate::record::{Record, Status};
 use crate::results_db::RunInfo;
 
@@ -25,7 +27,7 @@ pub fn export(info: &RunInfo, records: &[Record], artifacts: &Path) -> Value {
     let images: BTreeSet<&str> = records.iter().map(|r| r.cell.image.as_str()).collect();
     let mut doc = head(info, images);
     let checkout_id = checkout_id(info);
-    doc["tests"] = records.iter().map(|r| test(&checkout_id, r, artifacts)).collect();
+    doc["tests"] = records.iter().flat_map(|r| tests(&checkout_id, r, artifacts)).collect();
     doc
 }
 
@@ -60,6 +62,37 @@ fn head<'a>(info: &RunInfo, images: impl IntoIterator<Item = &'a str>) -> Value 
         }],
         "builds": builds,
     })
+}
+
+/// One repetition as a test, and its selftests' subtests as tests below it.
+fn tests(checkout_id: &str, r: &Record, artifacts: &Path) -> Vec<Value> {
+    let repetition = test(checkout_id, r, artifacts);
+    let mut all = vec![repetition.clone()];
+    for program in r.workload.kselftest.iter().flat_map(|k| &k.tests) {
+        let program_path = segment(program.short_name().trim_end_matches(".py"));
+        for sub in &program.subtests {
+            let mut test = json!({
+                "id": format!("{}:{}:{}", repetition["id"].as_str().unwrap_or_default(), program_path, segment(&sub.name)),
+                "origin": ORIGIN,
+                "build_id": repetition["build_id"],
+                "path": format!("{}.kselftest.{program_path}.{}", repetition["path"].as_str().unwrap_or_default(), segment(&sub.name)),
+                "comment": format!("{}: {}", program.short_name(), sub.name),
+                // KCIDB has no XFAIL: an expected failure is a skip that says so.
+                "status": match sub.status {
+                    KtapStatus::Pass => "PASS",
+                    KtapStatus::Fail => "FAIL",
+                    KtapStatus::Skip | KtapStatus::Xfail => "SKIP",
+                },
+                "start_time": r.started_at,
+                "misc": {"ktap": sub.status.to_string(), "reason": sub.reason, "cell": r.cell.id, "repetition": r.repetition},
+            });
+            if let Some(log) = &repetition.get("output_files") {
+                test["output_files"] = (*log).clone();
+            }
+            all.push(test);
+        }
+    }
+    all
 }
 
 /// One repetition as a test.
@@ -122,14 +155,15 @@ impl<'w> KcidbWriter<'w> {
         Ok(KcidbWriter { out, checkout_id: checkout_id(info), artifacts: artifacts.to_path_buf(), tests: 0 })
     }
 
-    /// Writes one repetition's test.
+    /// Writes one repetition's test (and its subtests').
     pub fn test(&mut self, r: &Record) -> std::io::Result<()> {
-        if self.tests > 0 {
-            self.out.write_all(b",")?;
+        for test in tests(&self.checkout_id, r, &self.artifacts) {
+            if self.tests > 0 {
+                self.out.write_all(b",")?;
+            }
+            serde_json::to_writer(&mut *self.out, &test).map_err(std::io::Error::other)?;
+            self.tests += 1;
         }
-        serde_json::to_writer(&mut *self.out, &test(&self.checkout_id, r, &self.artifacts))
-            .map_err(std::io::Error::other)?;
-        self.tests += 1;
         Ok(())
     }
 
@@ -180,7 +214,11 @@ mod tests {
         pass.workload.gbit_s = Some(0.35);
         pass.maps_per_packet = Some(0.0625);
         pass.serial_log = Some("c01/rep0/serial.log".into());
-        let fail = crate::record::test_record(&info.id, &cell, 1, Status::Fail, "hung: no serial output for 60 s");
+        let mut fail = crate::record::test_record(&info.id, &cell, 1, Status::Fail, "selftests failed: ping.test_tcp");
+        fail.workload.kselftest = Some(crate::measure::ktap::Ktap::parse(
+            "TAP version 13\n1..1\n# selftests: drivers/net: ping.py\n# KTAP version 1\n# 1..3\n# ok 1 ping.test_v4\n\
+             # ok 2 ping.test_v6 # XFAIL no v6\n# not ok 3 ping.test_tcp\nnot ok 1 selftests: drivers/net: ping.py # exit=1\n",
+        ));
         (info, vec![pass, fail])
     }
 
@@ -205,13 +243,27 @@ mod tests {
     fn the_document_has_a_checkout_a_build_and_a_test_per_repetition() {
         let doc = document();
         assert_eq!(doc["version"]["major"], 4);
-        assert_eq!(doc["tests"].as_array().unwrap().len(), 2);
+        assert_eq!(doc["tests"].as_array().unwrap().len(), 5, "two repetitions and three subtests");
         let test = &doc["tests"][0];
         assert_eq!(test["id"], "driverlab:20261201-120000-abcd:c01:0");
         assert_eq!(test["path"], "driverlab.rx.order_3");
         assert_eq!(test["number"]["value"], 0.35);
         assert_eq!(test["build_id"], doc["builds"][0]["id"]);
         assert!(doc["tests"][1].get("number").is_none(), "no figure from a failed run");
+        let subtests: Vec<(&str, &str)> = doc["tests"].as_array().unwrap()[2..]
+            .iter()
+            .map(|t| (t["path"].as_str().unwrap(), t["status"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            subtests,
+            [
+                ("driverlab.rx.order_3.kselftest.ping.ping_test_v4", "PASS"),
+                ("driverlab.rx.order_3.kselftest.ping.ping_test_v6", "SKIP"),
+                ("driverlab.rx.order_3.kselftest.ping.ping_test_tcp", "FAIL"),
+            ]
+        );
+        assert_eq!(doc["tests"][3]["misc"]["ktap"], "XFAIL");
+        assert_eq!(doc["tests"][4]["id"], "driverlab:20261201-120000-abcd:c01:1:ping:ping_test_tcp");
     }
 
     #[test]

@@ -172,13 +172,17 @@ pub struct WorkloadResult {
     /// An `xdp` workload's program and load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xdp: Option<crate::measure::xdp::XdpFigures>,
+    /// A `kselftest` workload's results: each test program's, with its subtests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kselftest: Option<crate::measure::ktap::Ktap>,
 }
 
 impl WorkloadResult {
     /// Whether the workload measured what it is for: goodput (iperf3, packet-rate), round
-    /// trips (latency) or the frames an XDP program handled (xdp).
+    /// trips (latency), the frames an XDP program handled (xdp) or the selftests' results
+    /// (kselftest).
     pub fn measured(&self) -> bool {
-        self.gbit_s.is_some() || self.latency.is_some() || self.xdp.is_some()
+        self.gbit_s.is_some() || self.latency.is_some() || self.xdp.is_some() || self.kselftest.is_some()
     }
 }
 

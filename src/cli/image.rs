@@ -148,7 +148,8 @@ pub struct InitramfsArgs {
     #[arg(long = "driver", value_name = "NAME")]
     pub drivers: Vec<String>,
     /// A program the workloads need beyond iperf3 and ethtool (`sockperf` for `latency`,
-    /// `xdp-bench` for `xdp`), taken from this host with its libraries; repeatable.
+    /// `xdp-bench` for `xdp`, `kselftest` for the NIC selftests with Python and what they run),
+    /// taken from this host with its libraries; repeatable.
     #[arg(long = "tool", value_name = "TOOL")]
     pub tools: Vec<initramfs_build::GuestTool>,
     /// The store.

@@ -6,8 +6,8 @@ use std::ops::Range;
 use std::path::Path;
 
 use super::{
-    DeviceSource, EngineKind, Image, KernelRef, MAX_DESCRIPTION, MAX_MESSAGE, MAX_NAME, MAX_REPETITIONS, MIN_MESSAGE,
-    Matrix, MatrixError, MatrixErrorKind, ParamValues, Workload,
+    DeviceSource, EngineKind, Image, KernelRef, MAX_DESCRIPTION, MAX_MESSAGE, MAX_NAME, MAX_REPETITIONS,
+    MAX_SELFTEST_TIMEOUT, MIN_MESSAGE, Matrix, MatrixError, MatrixErrorKind, ParamValues, Workload,
 };
 
 /// The line of `text` where `span` starts.
@@ -260,6 +260,20 @@ impl Checker<'_> {
                     if !(MIN_MESSAGE..=MAX_MESSAGE).contains(message_bytes) {
                         let why = format!("{message_bytes} bytes: sockperf sends {MIN_MESSAGE} to {MAX_MESSAGE}");
                         return refuse("message_bytes", why);
+                    }
+                }
+                Workload::Kselftest { tests, timeout_s, mtu, .. } => {
+                    if let Err((field, why)) = check_traffic(4, 1.0, 1, *mtu) {
+                        return refuse(field, why);
+                    }
+                    if tests.is_empty() {
+                        return refuse("tests", "at least one test".into());
+                    }
+                    if let Some(twice) = tests.iter().enumerate().find(|(i, t)| tests[..*i].contains(t)) {
+                        return refuse("tests", format!("{:?} is listed twice", twice.1.as_str()));
+                    }
+                    if !(10..=MAX_SELFTEST_TIMEOUT).contains(timeout_s) {
+                        return refuse("timeout_s", format!("10 to {MAX_SELFTEST_TIMEOUT} seconds"));
                     }
                 }
                 _ => {}

@@ -66,6 +66,11 @@ impl Plan {
                 let seconds = duration_s.ceil() as u64;
                 words.push(format!("driverlab.sockperf={protocol},{seconds},{message_bytes},{rate_mps}"));
             }
+            Some(Workload::Kselftest { tests, timeout_s, mtu, .. }) => {
+                words.extend(self.agent_words(cell, *mtu));
+                let tests: Vec<&str> = tests.iter().map(super::SelftestName::as_str).collect();
+                words.push(format!("driverlab.kselftest={timeout_s},{}", tests.join(",")));
+            }
             None => {}
         }
         words.join(" ")

@@ -476,6 +476,64 @@ pub enum Workload {
         #[serde(default = "default_mtu")]
         mtu: u32,
     },
+    /// The kernel's own NIC selftests (tools/testing/selftests/drivers/net, from the kernel
+    /// source the image was built from) in the guest, with the peer on the device's wire as
+    /// their remote (`REMOTE_TYPE=ssh`; Linux images): each test's KTAP, one result per subtest.
+    Kselftest {
+        /// Its name.
+        name: String,
+        /// The tests to run, in order: paths below drivers/net (`ping.py`, `hw/csum.py`).
+        tests: Vec<SelftestName>,
+        /// Seconds each test may take before it is stopped and fails (`# TIMEOUT`).
+        #[serde(default = "default_selftest_timeout")]
+        timeout_s: u32,
+        /// The interface MTU.
+        #[serde(default = "default_mtu")]
+        mtu: u32,
+    },
+}
+
+/// A test of the kernel's NIC selftests: one of [`guest_images::kselftest::TESTS`], checked
+/// when the matrix is read.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SelftestName(String);
+
+impl TryFrom<String> for SelftestName {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<SelftestName, String> {
+        let known = guest_images::kselftest::TESTS;
+        if known.contains(&name.as_str()) {
+            return Ok(SelftestName(name));
+        }
+        Err(format!(
+            "{name:?} is not one of the NIC selftests images carry (tools/testing/selftests/drivers/net of {}): {}",
+            guest_images::kselftest::SOURCE_PACKAGE,
+            known.join(", ")
+        ))
+    }
+}
+
+impl From<SelftestName> for String {
+    fn from(name: SelftestName) -> String {
+        name.0
+    }
+}
+
+impl SelftestName {
+    /// The path below drivers/net.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The longest a selftest may be given.
+pub const MAX_SELFTEST_TIMEOUT: u32 = 3600;
+
+fn default_selftest_timeout() -> u32 {
+    // kselftest's own default is 45 s (runner.sh); Python's start under TCG takes seconds of it.
+    300
 }
 
 /// What an XDP program does with every frame.
@@ -581,7 +639,8 @@ impl Workload {
             | Workload::Iperf3 { name, .. }
             | Workload::PacketRate { name, .. }
             | Workload::Latency { name, .. }
-            | Workload::Xdp { name, .. } => name,
+            | Workload::Xdp { name, .. }
+            | Workload::Kselftest { name, .. } => name,
         }
     }
 
@@ -599,6 +658,7 @@ impl Workload {
                 Some(engines::peer::PeerServer::Sockperf { tcp: *protocol == Protocol::Tcp })
             }
             Workload::Xdp { .. } => Some(engines::peer::PeerServer::UdpSource),
+            Workload::Kselftest { .. } => Some(engines::peer::PeerServer::SshRemote),
         }
     }
 
@@ -607,6 +667,7 @@ impl Workload {
         match self {
             Workload::Latency { .. } => &[GuestTool::Sockperf],
             Workload::Xdp { .. } => &[GuestTool::XdpBench],
+            Workload::Kselftest { .. } => &[GuestTool::Kselftest],
             _ => &[],
         }
     }

@@ -371,3 +371,29 @@ fn an_xdp_workload_asks_for_xdp_bench_and_the_peer_s_udp_source() {
         assert!(err.message.contains(message), "{fields}: {err}");
     }
 }
+
+#[test]
+fn a_kselftest_workload_asks_for_the_suite_and_the_peer_s_ssh_remote_and_names_only_known_tests() {
+    let with = |fields: &str| GOOD.replace("kind = \"iperf3\"\nip = 6", &format!("kind = \"kselftest\"\n{fields}"));
+    let plan = parse(&with("tests = [\"ping.py\", \"hw/csum.py\"]\ntimeout_s = 120")).unwrap();
+    let workload = plan.workload("iperf").unwrap();
+    assert_eq!(workload.peer_server(), Some(engines::peer::PeerServer::SshRemote));
+    assert_eq!(plan.matrix.guest_tools(), [GuestTool::Kselftest]);
+    let cmdline = plan.cmdline(&plan.cells[1]);
+    assert!(cmdline.contains("driverlab.kselftest=120,ping.py,hw/csum.py"), "{cmdline}");
+    let defaults = parse(&with("tests = [\"stats.py\"]")).unwrap();
+    assert!(defaults.cmdline(&defaults.cells[1]).contains("driverlab.kselftest=300,stats.py"));
+    for (fields, field, message) in [
+        ("tests = [\"nosuch.py\"]", "syntax", "\"nosuch.py\" is not one of the NIC selftests images carry"),
+        ("tests = [\"../../../bin/sh\"]", "syntax", "ping.py, queues.py, stats.py"),
+        ("tests = [\"netcons_basic.sh\"]", "syntax", "not one of the NIC selftests"),
+        ("tests = []", "workload[1].tests", "at least one test"),
+        ("tests = [\"ping.py\", \"ping.py\"]", "workload[1].tests", "\"ping.py\" is listed twice"),
+        ("tests = [\"ping.py\"]\ntimeout_s = 5", "workload[1].timeout_s", "10 to 3600 seconds"),
+        ("tests = [\"ping.py\"]\nduration_s = 5", "syntax", "unknown field `duration_s`"),
+    ] {
+        let err = parse(&with(fields)).unwrap_err();
+        assert_eq!(err.field, field, "{err}");
+        assert!(err.message.contains(message), "{fields}: {err}");
+    }
+}

@@ -39,6 +39,13 @@ pub struct KtapTest {
     pub subtests: Vec<KtapTest>,
 }
 
+impl KtapTest {
+    /// Its name without the runner's `selftests: COLLECTION: ` prefix (`ping.py`).
+    pub fn short_name(&self) -> &str {
+        self.name.rsplit(": ").next().unwrap_or(&self.name)
+    }
+}
+
 /// A parsed KTAP document (or level of one).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ktap {
@@ -55,6 +62,25 @@ impl Ktap {
     /// Whether every planned test has a result.
     pub fn complete(&self) -> bool {
         self.planned.is_some_and(|n| n == self.tests.len()) && self.unfinished.is_none()
+    }
+
+    /// What failed: each failed subtest by name, or a failed test with no failed subtest by its
+    /// name and directive (`ping.py (exit=1)`: an error outside its subtests, a timeout).
+    pub fn failed(&self) -> Vec<String> {
+        let mut failed = Vec::new();
+        for test in self.tests.iter().filter(|t| t.status == KtapStatus::Fail) {
+            let subtests: Vec<String> =
+                test.subtests.iter().filter(|s| s.status == KtapStatus::Fail).map(|s| s.name.clone()).collect();
+            if subtests.is_empty() {
+                let name = test.short_name();
+                failed.push(match &test.reason {
+                    Some(reason) => format!("{name} ({reason})"),
+                    None => name.to_string(),
+                });
+            }
+            failed.extend(subtests);
+        }
+        failed
     }
 
     /// Parses `text`, an output that may hold other lines (a console's) before and after.
@@ -120,7 +146,11 @@ fn parse_level(lines: &[&str]) -> Ktap {
     }
     // Output after the last result: a test that started and never ended.
     let rest = parse_level_tail(&inner);
-    ktap.unfinished = started.or(rest).filter(|_| ktap.planned.is_none_or(|n| n != ktap.tests.len()));
+    let at = match (started, rest) {
+        (Some(program), Some(inside)) => Some(format!("{program}, {inside}")),
+        (program, inside) => program.or(inside),
+    };
+    ktap.unfinished = at.filter(|_| ktap.planned.is_none_or(|n| n != ktap.tests.len()));
     ktap
 }
 
@@ -195,7 +225,8 @@ ok 2 selftests: drivers/net: stats.py
         let ktap = Ktap::parse(&format!("{cut}[   12.3] BUG: kernel NULL pointer dereference\n"));
         assert!(!ktap.complete());
         assert_eq!(ktap.tests.len(), 1);
-        assert_eq!(ktap.unfinished.as_deref(), Some("selftests: drivers/net: stats.py"));
+        assert_eq!(ktap.unfinished.as_deref(), Some("selftests: drivers/net: stats.py, after stats.check_pause"));
+        assert_eq!(ktap.failed(), ["ping.test_tcp"]);
     }
 
     #[test]

@@ -99,6 +99,35 @@ pub struct CellReport {
     /// Every parameter of that model.
     #[serde(rename = "bus_profile", skip_serializing_if = "Option::is_none")]
     pub link_profile: Option<vm_spec::pcie_link::LinkProfile>,
+    /// The selftests' subtests (kselftest cells), by name, with their verdicts against the
+    /// baseline cell's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub subtests: Vec<SubtestSummary>,
+}
+
+/// One selftest subtest of a cell: its results over the repetitions and, against the baseline
+/// cell, whether it broke or was fixed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SubtestSummary {
+    /// Its name (`ping.test_v4`; a program's, `queues.py`, when it failed outside its subtests).
+    pub name: String,
+    /// Its results.
+    #[serde(flatten)]
+    pub tally: samples::SubtestTally,
+    /// Against the baseline cell; none for the baseline and where nothing changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<SubtestVerdict>,
+}
+
+/// A subtest's verdict against the baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::Display)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum SubtestVerdict {
+    /// It passed in every repetition of the baseline and failed here.
+    Regression,
+    /// It failed in the baseline and passed in every repetition here.
+    Fixed,
 }
 
 /// A run's report.
@@ -193,6 +222,7 @@ impl Report {
                 if let Some(b) = chosen {
                     let (mine, base) = (run.samples.cell(cell.index), run.samples.cell(b.index));
                     judge(&mut cells[i], mine, &snapshot[b.index], base, rule);
+                    summary::judge_subtests(&mut cells[i], base);
                 }
             }
         }
@@ -221,6 +251,7 @@ impl Report {
             if let Some(base) = a.cells.iter().find(|c| c.key() == cell.key()) {
                 let (mine, theirs) = (b.samples.cell(cell.index), a.samples.cell(base.index));
                 judge(&mut report.cells[i], mine, &a_report.cells[base.index], theirs, rule);
+                summary::judge_subtests(&mut report.cells[i], theirs);
                 report.cells[i].against = Some(format!("{}/{}", a.run, base.id));
             }
         }

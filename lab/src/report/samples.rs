@@ -15,6 +15,9 @@ use crate::record::{Crash, GuestDma, Record, Status};
 /// left out.
 pub const MAX_LISTED: usize = 20;
 
+/// Most distinct selftest subtests a cell tallies (6.12's NIC suite has about 60).
+pub const MAX_SUBTESTS: usize = 1000;
+
 /// One cell's share of a run's records.
 #[derive(Debug, Clone, Default)]
 pub struct CellSamples {
@@ -35,6 +38,28 @@ pub struct CellSamples {
     pub(super) passing: usize,
     /// Each metric's values over the passing repetitions, in order.
     pub(super) samples: BTreeMap<Metric, Vec<f64>>,
+    /// The selftests' subtests (kselftest cells) by name: their results over the repetitions.
+    pub(super) subtests: BTreeMap<String, SubtestTally>,
+}
+
+/// One subtest's results over a cell's repetitions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SubtestTally {
+    /// Repetitions it passed in.
+    pub pass: usize,
+    /// Repetitions it failed in.
+    pub fail: usize,
+    /// Repetitions it was skipped in.
+    pub skip: usize,
+    /// Repetitions it failed in as expected.
+    pub xfail: usize,
+}
+
+impl SubtestTally {
+    /// Whether it always passed (or failed as expected) and ran at least once.
+    pub fn clean(&self) -> bool {
+        self.fail == 0 && self.pass + self.xfail > 0
+    }
 }
 
 impl CellSamples {
@@ -70,11 +95,36 @@ impl CellSamples {
                 self.link_profile.clone_from(&link.profile);
             }
         }
+        self.tally_subtests(r);
         if r.status == Status::Pass {
             self.passing += 1;
             for &metric in Metric::ALL {
                 if let Some(value) = metric.read(r) {
                     self.samples.entry(metric).or_default().push(value);
+                }
+            }
+        }
+    }
+
+    /// Counts the record's subtests' results (a program that failed with no failed subtest
+    /// counts under its own name).
+    fn tally_subtests(&mut self, r: &Record) {
+        use crate::measure::ktap::KtapStatus;
+        for program in r.workload.kselftest.iter().flat_map(|k| &k.tests) {
+            let failed_inside = program.subtests.iter().any(|t| t.status == KtapStatus::Fail);
+            let own = (program.subtests.is_empty() || (program.status == KtapStatus::Fail && !failed_inside))
+                .then(|| (program.short_name().to_string(), program.status));
+            for (name, status) in program.subtests.iter().map(|t| (t.name.clone(), t.status)).chain(own) {
+                if self.subtests.len() >= MAX_SUBTESTS && !self.subtests.contains_key(&name) {
+                    self.left_out += 1;
+                    continue;
+                }
+                let tally = self.subtests.entry(name).or_default();
+                match status {
+                    KtapStatus::Pass => tally.pass += 1,
+                    KtapStatus::Fail => tally.fail += 1,
+                    KtapStatus::Skip => tally.skip += 1,
+                    KtapStatus::Xfail => tally.xfail += 1,
                 }
             }
         }

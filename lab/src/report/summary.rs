@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::samples::CellSamples;
-use super::{CellReport, MetricSummary};
+use super::{CellReport, MetricSummary, SubtestSummary, SubtestVerdict};
 use crate::matrix::{Cell, EngineKind};
 use crate::metric::Metric;
 use crate::record::Status;
@@ -42,6 +42,22 @@ pub(super) fn summarise(cell: &Cell, s: &CellSamples) -> CellReport {
         guest_dma: s.guest_dma,
         link: s.link.clone(),
         link_profile: s.link_profile.clone(),
+        subtests: (s.subtests.iter())
+            .map(|(name, &tally)| SubtestSummary { name: name.clone(), tally, verdict: None })
+            .collect(),
+    }
+}
+
+/// Each subtest's verdict against the baseline cell's samples `base`: a regression where it
+/// always passed there and failed here, fixed where it failed there and always passes here.
+pub(super) fn judge_subtests(report: &mut CellReport, base: &CellSamples) {
+    for subtest in &mut report.subtests {
+        let Some(before) = base.subtests.get(&subtest.name) else { continue };
+        subtest.verdict = match (before.clean(), subtest.tally.clean()) {
+            (true, false) if subtest.tally.fail > 0 => Some(SubtestVerdict::Regression),
+            (false, true) if before.fail > 0 => Some(SubtestVerdict::Fixed),
+            _ => None,
+        };
     }
 }
 

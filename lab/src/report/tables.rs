@@ -198,6 +198,31 @@ impl Report {
             .collect()
     }
 
+    /// The selftests table's header: what [`Report::subtest_rows`] gives.
+    pub const SUBTEST_COLUMNS: [&'static str; 5] = ["subtest", "cell", "variant", "results", "against baseline"];
+
+    /// One row per subtest of each kselftest cell, a subtest's cells together: its results over
+    /// the repetitions and its verdict against the baseline (`regression`, `fixed`).
+    pub fn subtest_rows(&self) -> Vec<[String; 5]> {
+        let mut rows: Vec<[String; 5]> = self
+            .cells
+            .iter()
+            .flat_map(|c| c.subtests.iter().map(move |s| (c, s)))
+            .map(|(c, s)| {
+                let t = s.tally;
+                let results: Vec<String> = [(t.pass, "PASS"), (t.fail, "FAIL"), (t.skip, "SKIP"), (t.xfail, "XFAIL")]
+                    .iter()
+                    .filter(|(n, _)| *n > 0)
+                    .map(|(n, word)| format!("{n} {word}"))
+                    .collect();
+                let verdict = s.verdict.map_or("-".to_string(), |v| v.to_string());
+                [s.name.clone(), c.cell.clone(), self.label(c), results.join(", "), verdict]
+            })
+            .collect();
+        rows.sort_by(|a, b| a[0].cmp(&b[0]));
+        rows
+    }
+
     /// The readiness table's header: what [`Report::ready_rows`] gives for each Linux cell.
     pub const READY_COLUMNS: [&'static str; 5] =
         ["cell", "variant", "agent up, median ms", "workload start, median ms", "VM run, median ms"];
@@ -276,6 +301,8 @@ pub(super) const LATENCY_NOTE: &str = "Request/response round trips (sockperf pi
      under an emulating engine they measure the emulation too.";
 
 /// What the readiness table is.
+pub(super) const SUBTEST_NOTE: &str = "The kernel's NIC selftests (tools/testing/selftests/drivers/net), each subtest's \
+     results over the cell's repetitions; a regression passed in every repetition of the baseline and failed here:";
 pub(super) const READY_NOTE: &str = "Time to a ready cell (from spawning the VMM):";
 
 /// `mean ± ci half-width` and `+12.3 %` of a metric, or dashes.

@@ -272,3 +272,50 @@ fn round_trips_get_their_table_and_less_is_better() {
     assert!(report.to_markdown().contains("| c02 | order3 | 30.0 ± "));
     assert!(report.to_html("").contains("<table id=\"latency\">"));
 }
+
+/// A record of a kselftest cell whose ping.py ran its three subtests with `tcp` as the third's
+/// result.
+fn selftest_record(cell: &Cell, rep: u32, tcp: &str) -> Record {
+    let status = if tcp.starts_with("not ok") { Status::Fail } else { Status::Pass };
+    let mut r = crate::record::test_record("r1", cell, rep, status, "selftests failed: ping.test_tcp");
+    let program = if status == Status::Fail {
+        "not ok 1 selftests: drivers/net: ping.py # exit=1"
+    } else {
+        "ok 1 selftests: drivers/net: ping.py"
+    };
+    r.workload.kselftest = Some(crate::measure::ktap::Ktap::parse(&format!(
+        "TAP version 13\n1..1\n# selftests: drivers/net: ping.py\n# KTAP version 1\n# 1..3\n# ok 1 ping.test_v4\n\
+         # ok 2 ping.test_v6 # SKIP Test requires IPv6 connectivity\n# {tcp} 3 ping.test_tcp\n{program}\n"
+    )));
+    r
+}
+
+#[test]
+fn a_subtest_that_passes_on_the_baseline_and_fails_on_a_variant_is_a_regression() {
+    let cells = [cell(0, "flip"), cell(1, "pool"), cell(2, "fixed")];
+    let mut records = Vec::new();
+    for rep in 0..3 {
+        records.push(selftest_record(&cells[0], rep, "ok"));
+        records.push(selftest_record(&cells[1], rep, if rep == 1 { "not ok" } else { "ok" }));
+        records.push(selftest_record(&cells[2], rep, "ok"));
+    }
+    let report = against_flip(&cells, &records);
+    let tcp = |c: usize| report.cells[c].subtests.iter().find(|s| s.name == "ping.test_tcp").unwrap().clone();
+    assert_eq!((tcp(0).tally.pass, tcp(0).verdict), (3, None), "the baseline has no verdict");
+    assert_eq!((tcp(1).tally.pass, tcp(1).tally.fail, tcp(1).verdict), (2, 1, Some(SubtestVerdict::Regression)));
+    assert_eq!(tcp(2).verdict, None, "passing on both is no change");
+    let v6 = report.cells[1].subtests.iter().find(|s| s.name == "ping.test_v6").unwrap();
+    assert_eq!((v6.tally.skip, v6.verdict), (3, None));
+    // Against a baseline where it failed, always passing is a fix.
+    let failing: Vec<Record> = (0..2).map(|rep| selftest_record(&cells[0], rep, "not ok")).collect();
+    let fixed =
+        against_flip(&cells, &[failing, records.iter().filter(|r| r.cell.index == 2).cloned().collect()].concat());
+    let fixed_tcp = fixed.cells[2].subtests.iter().find(|s| s.name == "ping.test_tcp").unwrap();
+    assert_eq!((fixed_tcp.tally.pass, fixed_tcp.verdict), (3, Some(SubtestVerdict::Fixed)));
+    let markdown = report.to_markdown();
+    assert!(markdown.contains("| ping.test_tcp | c02 | pool | 2 PASS, 1 FAIL | regression |"), "{markdown}");
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["cells"][1]["subtests"][0]["name"], "ping.test_tcp");
+    assert_eq!(json["cells"][1]["subtests"][0]["verdict"], "regression");
+    assert!(report.to_html("").contains("ping.test_tcp"));
+}

@@ -8,6 +8,7 @@ use vm_spec::{NicKind, Slot};
 use super::output::{GuestOutput, Report};
 use crate::matrix::{Direction, Protocol, Workload};
 use crate::measure::cpu::CpuCost;
+use crate::measure::ktap::Ktap;
 use crate::measure::latency::Latency;
 use crate::measure::packet_rate::PacketRate;
 use crate::measure::xdp::XdpFigures;
@@ -62,6 +63,14 @@ pub(super) fn fill(
                 Some(&Workload::Xdp { action, frame_bytes, .. }) => {
                     record.workload.xdp = XdpFigures::of(frames, action, frame_bytes);
                     record.workload.packets_per_s = record.workload.xdp.as_ref().map(|x| x.handled_per_s);
+                }
+                Some(Workload::Kselftest { .. }) => {
+                    // The agent's frame, else what reached the console before the guest died.
+                    let ktap = frames.first(FrameKind::Kselftest).and_then(|f| f.as_str()).map(Ktap::parse);
+                    record.workload.kselftest = ktap.or_else(|| {
+                        let from_console = Ktap::parse(&output.serial);
+                        from_console.planned.is_some().then_some(from_console)
+                    });
                 }
                 _ => {}
             }

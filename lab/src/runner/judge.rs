@@ -26,6 +26,9 @@ pub(super) fn judge(booted: &Booted, output: &GuestOutput, record: &Record, time
     if let Some(lost) = booted.exit.as_ref().and_then(|e| e.vcpu_state_lost.as_ref()) {
         return Err(Failure::HostLostState { detail: lost.clone() });
     }
+    if let Some(cut) = selftests_cut(booted, record, reason) {
+        return Err(cut);
+    }
     if let Some(silence) = booted.silent_for {
         // Where it stopped: the console's last line, when it printed one; and where its vCPUs
         // were when it was stopped (the VMM's exit detail), for a guest that hung before it
@@ -56,6 +59,23 @@ pub(super) fn judge(booted: &Booted, output: &GuestOutput, record: &Record, time
     thunderbolt(record)?;
     counts(record)?;
     workload(output, record)
+}
+
+/// A kselftest workload whose KTAP stops in the middle, in a guest that died, hung or ran out
+/// of time: where it stopped (the test that was running, after its last subtest) and why.
+fn selftests_cut(booted: &Booted, record: &Record, reason: ExitReason) -> Option<Failure> {
+    let ktap = record.workload.kselftest.as_ref().filter(|k| !k.complete())?;
+    let cause = match (&record.crash, booted.silent_for, reason) {
+        (Some(crash), _, _) => format!("the kernel logged {}: {}", crash.kind, crash.line),
+        (None, Some(silence), _) => format!("the guest went silent for {:.0} s", silence.as_secs_f64()),
+        (None, None, ExitReason::Poweroff) => return None,
+        (None, None, other) => format!("the guest ended with {other}"),
+    };
+    let at = ktap.unfinished.clone().unwrap_or_else(|| match ktap.tests.last() {
+        Some(last) => format!("the test after {}", last.short_name()),
+        None => "the first test".into(),
+    });
+    Some(Failure::SelftestsCut { at, cause })
 }
 
 /// A device in a Thunderbolt slot must have been an untrusted one to the guest (the agent's
@@ -90,6 +110,10 @@ fn workload(output: &GuestOutput, record: &Record) -> Result<(), Failure> {
     let problem = |problem: &str| Err(Failure::Workload { problem: problem.into() });
     match &output.report {
         Report::Linux(frames) => {
+            // The selftests' own verdict names the subtests (the agent's, the programs).
+            if let Some(failed) = record.workload.kselftest.as_ref().map(|k| k.failed()).filter(|f| !f.is_empty()) {
+                return Err(Failure::SelftestsFailed { failed });
+            }
             let verdict = engines::agent::verdict(frames, &output.serial);
             match verdict.problems.first() {
                 Some(first) => problem(first),

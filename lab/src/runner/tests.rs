@@ -18,6 +18,7 @@ use super::*;
 use crate::env::HostFacts;
 use crate::failure::HOST_LOST_STATE;
 use crate::matrix::{Direction, EngineKind, Plan};
+use crate::measure::ktap::Ktap;
 use crate::record::{GuestDma, IommuDomain, Status};
 use crate::results_db::{ResultsDb, RunState};
 use crate::scheduler::Progress;
@@ -297,6 +298,46 @@ fn a_pulled_device_needs_no_throughput_but_a_clean_agent() {
     port.extend(encode(1, "done", false, br#"{"ok":false,"failed":["surprise-unplug"]}"#));
     let failure = judge(&booted, &linux("", engines::agent::parse(&port)), &record, 60.0).unwrap_err();
     assert_eq!(failure.to_string(), "step surprise-unplug failed: eth0 still exists");
+}
+
+#[test]
+fn selftests_fail_naming_their_subtests_and_a_guest_that_died_among_them_is_an_error_naming_the_last() {
+    const KTAP: &str = "TAP version 13\n1..2\n# selftests: drivers/net: ping.py\n# KTAP version 1\n# 1..2\n\
+                        # ok 1 ping.test_v4\n# not ok 2 ping.test_tcp\nnot ok 1 selftests: drivers/net: ping.py # exit=1\n\
+                        # selftests: drivers/net: stats.py\n# KTAP version 1\n# 1..2\n# ok 1 stats.check_pause\n";
+    let mut port =
+        encode(0, "step", false, br#"{"step":"kselftest","status":"fail","reason":"selftests failed: ping.py"}"#);
+    port.extend(encode(1, "done", false, br#"{"ok":false,"failed":["kselftest"]}"#));
+    let output = linux("", engines::agent::parse(&port));
+    let powered_off = Booted {
+        ending: Ending::Stopped { reason: ExitReason::Poweroff, detail: None },
+        ..Booted::failed(Ending::Killed)
+    };
+    let mut record = passed("nic-selftests");
+    let finished = format!("{KTAP}# ok 2 stats.pkt_byte_sum\nok 2 selftests: drivers/net: stats.py\n");
+    record.workload.kselftest = Some(Ktap::parse(&finished));
+    let failure = judge(&powered_off, &output, &record, 60.0).unwrap_err();
+    assert_eq!((failure.status(), failure.to_string()), (Status::Fail, "selftests failed: ping.test_tcp".into()));
+    // The guest panicked in stats.py after its first subtest: the console's KTAP ends there.
+    record.workload.kselftest =
+        Some(Ktap::parse(&format!("{KTAP}[  80.1] Kernel panic - not syncing: Fatal exception\n")));
+    record.crash = Some(engines::crash::Crash {
+        kind: engines::crash::CrashKind::Panic,
+        line: "Kernel panic - not syncing: Fatal exception".into(),
+        frames: Vec::new(),
+        fingerprint: "f".into(),
+    });
+    let died = Booted {
+        ending: Ending::Stopped { reason: ExitReason::Panic, detail: None },
+        ..Booted::failed(Ending::Killed)
+    };
+    let failure = judge(&died, &output, &record, 60.0).unwrap_err();
+    assert_eq!(failure.status(), Status::Error);
+    assert_eq!(
+        failure.to_string(),
+        "the selftests did not finish: selftests: drivers/net: stats.py, after stats.check_pause was running when the \
+         kernel logged panic: Kernel panic - not syncing: Fatal exception"
+    );
 }
 
 #[test]

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 apt_install build-essential curl ca-certificates xz-utils busybox-static python3 python3-pip python3-venv \
     patch dwarves libelf1 libssl3 zlib1g shellcheck iperf3 sockperf xdp-tools ethtool iproute2 linux-source-6.12 chromium jq \
+    socat iputils-ping python3-yaml dash \
     openssh-client openssh-server e2fsprogs kmod procps
 ensure_rust
 # kcidb-io (PyPI) carries the KCIDB schema the KCIDB export is checked against.

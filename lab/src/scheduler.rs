@@ -80,8 +80,8 @@ fn refusal(host: &HostFacts, qemu: Option<&str>, plan: &RunPlan, cell: &Cell) ->
         ))
     } else if traffic && host_device && device.peer.is_none() {
         Some(format!(
-            "device {:?}: a traffic workload (iperf3, packet-rate) on a host device needs its peer on the NIC's wire: set peer = \"user@host\" \
-             (SSH with a key, iperf3 installed there) and its addresses (peer_ip, guest_ip)",
+            "device {:?}: a workload against a peer (iperf3, packet-rate, latency, xdp, kselftest) on a host device needs its peer on the NIC's wire: \
+             set peer = \"user@host\" (SSH with a key, the workload's server installed there: docs/hardware.md) and its addresses (peer_ip, guest_ip)",
             device.name
         ))
     } else if traffic && host_device && !host.ssh {
@@ -92,7 +92,7 @@ fn refusal(host: &HostFacts, qemu: Option<&str>, plan: &RunPlan, cell: &Cell) ->
         ))
     } else if traffic && !host_device && !host.root {
         Some(
-            "a traffic workload (iperf3, packet-rate) on a model needs its peer's network namespace, which needs root"
+            "a workload against a peer (iperf3, packet-rate, latency, xdp, kselftest) on a model needs its peer's network namespace, which needs root"
                 .into(),
         )
     } else if host_device && !host.vfio {

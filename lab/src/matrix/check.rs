@@ -315,7 +315,27 @@ impl Checker<'_> {
                 ),
             ));
         }
+        self.check_xdp_drivers(m)?;
         self.check_slots(m, probe_cells)
+    }
+
+    /// An xdp cell on a device whose driver has no XDP at all could only fail: refused before
+    /// the run, naming the driver (a driver with XDP that cannot attach natively fails its
+    /// cell's `xdp` step with the driver's words).
+    fn check_xdp_drivers(&self, m: &Matrix) -> Result<(), MatrixError> {
+        let xdp = m.workloads.iter().enumerate().find(|(_, w)| matches!(w.get_ref(), Workload::Xdp { .. }));
+        let Some((j, w)) = xdp else { return Ok(()) };
+        for (i, d) in m.devices.iter().enumerate() {
+            let driver = d.get_ref().linux_driver();
+            if let Some((_, source)) = DRIVERS_WITHOUT_XDP.iter().find(|(name, _)| *name == driver) {
+                let why = format!(
+                    "device[{i}]'s driver {driver} has no XDP in Linux 6.12 (no ndo_bpf in {source}): an xdp workload \
+                     needs a driver with native XDP, such as atlantic"
+                );
+                return Err(self.error(Some(w.span()), format!("workload[{j}].kind"), why));
+            }
+        }
+        Ok(())
     }
 
     /// A Thunderbolt slot is a root port with its own bus, which the probe guest does not scan
@@ -355,6 +375,10 @@ impl Checker<'_> {
         Ok(())
     }
 }
+
+/// Drivers with no XDP at all in Linux 6.12 (no `ndo_bpf` among their net_device_ops), and the
+/// file that says so.
+const DRIVERS_WITHOUT_XDP: &[(&str, &str)] = &[("lan743x", "drivers/net/ethernet/microchip/lan743x_main.c")];
 
 /// An image's recipe fields name things, never paths out of the kernel tree: `driver` is a
 /// folder of the tree (`drivers/...`, name parts only), `module` a module name. The field that

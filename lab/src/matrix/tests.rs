@@ -370,6 +370,11 @@ fn an_xdp_workload_asks_for_xdp_bench_and_the_peer_s_udp_source() {
         assert_eq!(err.field, field, "{err}");
         assert!(err.message.contains(message), "{fields}: {err}");
     }
+    // The LAN7430's driver has no XDP at all: refused before the run, naming it.
+    let lan = with("").replace("model = \"aqc100\"", "model = \"lan743x\"");
+    let err = parse(&lan).unwrap_err();
+    assert_eq!(err.field, "workload[1].kind", "{err}");
+    assert!(err.message.contains("device[0]'s driver lan743x has no XDP in Linux 6.12 (no ndo_bpf in"), "{err}");
 }
 
 #[test]

@@ -180,6 +180,28 @@ fn latency_measures_ordered_round_trips_over_udp_and_tcp() {
         return;
     };
     let (shown, _logs) = run_example("atlantic-latency.toml", 2);
+    latency_is_recorded(&shown);
+}
+
+/// The `latency` workload on the LAN7430 model with stock lan743x (examples/lan743x-latency.toml):
+/// the same figures, and RX maps per message, which lan743x makes for every frame it receives
+/// (an skb mapped per descriptor) where atlantic reuses its pages.
+#[test]
+fn latency_on_the_lan7430_maps_per_received_message() {
+    let Some(_turn) = linux_checks_run("latency_on_the_lan7430_maps_per_received_message", "lan743x-latency.toml")
+    else {
+        return;
+    };
+    let (shown, _logs) = run_example("lan743x-latency.toml", 1);
+    latency_is_recorded(&shown);
+    let record = &shown["records"][0];
+    let rx_maps = record["rx_maps_per_packet"].as_f64().unwrap_or(-1.0);
+    assert!((0.9..=1.1).contains(&rx_maps), "an RX map per received message: {rx_maps}: {record}");
+}
+
+/// Every record of a latency run: its protocol and size, at least 100 round trips, ordered
+/// percentiles, the CPU and the rate.
+fn latency_is_recorded(shown: &serde_json::Value) {
     for record in shown["records"].as_array().unwrap() {
         let latency = &record["workload"]["latency"];
         let protocol = if record["cell"]["workload"] == "tcp-64" { "tcp" } else { "udp" };

@@ -71,6 +71,8 @@ pub(super) fn fill(
                         let from_console = Ktap::parse(&output.serial);
                         from_console.planned.is_some().then_some(from_console)
                     });
+                    // The suite's time: its step's, key enrollment included.
+                    record.timings.workload_ms = frames.step("kselftest").and_then(|s| s.secs).map(|secs| secs * 1e3);
                 }
                 _ => {}
             }

@@ -141,6 +141,12 @@ impl PeerServer {
     }
 }
 
+/// The command a remote peer runs for `server` listening on `address` (after `timeout N`): what
+/// a gate in front of a peer must let through.
+pub fn remote_command(server: PeerServer, address: &str) -> Vec<String> {
+    server.command(address, true)
+}
+
 /// This binary, for a server in the namespace; `driverlab` on a remote peer's `PATH`.
 fn driverlab(remote: bool) -> String {
     match remote {

@@ -1,10 +1,12 @@
 //! A card's gate: the only command the box's SSH key for that card may run on the host
 //! (`command="driverlab nested-box gate --netns NS --control SOCK"` in the sshd's authorized
-//! keys). It reads what the box asked for from `SSH_ORIGINAL_COMMAND` and allows exactly two
-//! things:
+//! keys). It reads what the box asked for from `SSH_ORIGINAL_COMMAND` and allows exactly these:
 //!
-//! - `timeout N iperf3 -s -1 --forceflush`, what the lab runs on a real NIC's peer
-//!   ([`engines::peer::Peer::remote`]): run in the card's wire namespace;
+//! - the servers the lab runs on a real NIC's peer ([`engines::peer::Peer::remote`]), each run
+//!   in the card's wire namespace: `timeout N iperf3 -s -1 --forceflush` (iperf3 and
+//!   packet-rate workloads), `timeout N sockperf server -i ADDR -p 11111|11112 [--tcp]`
+//!   (latency), `timeout N driverlab peer udp-source --listen ADDR:9000` (xdp; this host's
+//!   driverlab);
 //! - `driverlab model counters`: for each line on stdin, one line of the card's model status
 //!   (its control socket's answer to `status`), so that the box's lab can set the model's count
 //!   beside its own virtio-iommu's ([`engines::peer::RemoteCounters`]).
@@ -23,21 +25,93 @@ pub enum GateCommand {
         /// The limit in seconds.
         limit_s: u64,
     },
+    /// `timeout N sockperf server -i ADDR -p PORT [--tcp]`.
+    SockperfServer {
+        /// The limit in seconds.
+        limit_s: u64,
+        /// The address to listen on.
+        address: std::net::Ipv4Addr,
+        /// TCP (port 11112), else UDP (port 11111).
+        tcp: bool,
+    },
+    /// `timeout N driverlab peer udp-source --listen ADDR:9000`.
+    UdpSource {
+        /// The limit in seconds.
+        limit_s: u64,
+        /// The address to listen on.
+        address: std::net::Ipv4Addr,
+    },
     /// `driverlab model counters`.
     ModelCounters,
+}
+
+impl GateCommand {
+    /// The command it runs in the card's namespace, for a server.
+    fn server(&self, driverlab: &str) -> Option<Vec<String>> {
+        let (limit_s, words): (u64, Vec<String>) = match *self {
+            GateCommand::Iperf3Server { limit_s } => {
+                (limit_s, ["iperf3", "-s", "-1", "--forceflush"].map(String::from).into())
+            }
+            GateCommand::SockperfServer { limit_s, address, tcp } => {
+                let port = if tcp { engines::peer::SOCKPERF_TCP_PORT } else { engines::peer::SOCKPERF_UDP_PORT };
+                let mut words: Vec<String> =
+                    ["sockperf", "server", "-i", &address.to_string(), "-p", &port.to_string()]
+                        .map(String::from)
+                        .into();
+                if tcp {
+                    words.push("--tcp".into());
+                }
+                (limit_s, words)
+            }
+            GateCommand::UdpSource { limit_s, address } => {
+                let listen = format!("{address}:{}", engines::udp_source::PORT);
+                (limit_s, [driverlab, "peer", "udp-source", "--listen", &listen].map(String::from).into())
+            }
+            GateCommand::ModelCounters => return None,
+        };
+        let mut command = vec!["timeout".to_string(), limit_s.to_string()];
+        command.extend(words);
+        Some(command)
+    }
+}
+
+/// A limit the gate accepts: 1 s to a day.
+fn limit(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(limit_s) if (1..=86_400).contains(&limit_s) => Ok(limit_s),
+        _ => Err(format!("the limit {text:?} is not 1 to 86400 seconds")),
+    }
+}
+
+/// An IPv4 address a server may listen on.
+fn address(text: &str) -> Result<std::net::Ipv4Addr, String> {
+    text.parse().map_err(|_| format!("{text:?} is not an IPv4 address"))
 }
 
 /// The command the box asked for, if it is one the gate allows.
 pub fn parse(original: &str) -> Result<GateCommand, String> {
     let words: Vec<&str> = original.split_whitespace().collect();
+    let (udp, tcp) = (engines::peer::SOCKPERF_UDP_PORT.to_string(), engines::peer::SOCKPERF_TCP_PORT.to_string());
     match words.as_slice() {
-        ["timeout", limit, "iperf3", "-s", "-1", "--forceflush"] => match limit.parse::<u64>() {
-            Ok(limit_s) if (1..=86_400).contains(&limit_s) => Ok(GateCommand::Iperf3Server { limit_s }),
-            _ => Err(format!("the limit {limit:?} is not 1 to 86400 seconds")),
-        },
+        ["timeout", n, "iperf3", "-s", "-1", "--forceflush"] => Ok(GateCommand::Iperf3Server { limit_s: limit(n)? }),
+        ["timeout", n, "sockperf", "server", "-i", ip, "-p", port] if *port == udp => {
+            Ok(GateCommand::SockperfServer { limit_s: limit(n)?, address: address(ip)?, tcp: false })
+        }
+        ["timeout", n, "sockperf", "server", "-i", ip, "-p", port, "--tcp"] if *port == tcp => {
+            Ok(GateCommand::SockperfServer { limit_s: limit(n)?, address: address(ip)?, tcp: true })
+        }
+        ["timeout", n, "driverlab", "peer", "udp-source", "--listen", listen] => {
+            let at = listen.parse::<std::net::SocketAddrV4>().map_err(|_| format!("{listen:?} is not ADDR:PORT"))?;
+            if at.port() != engines::udp_source::PORT {
+                return Err(format!("the UDP source listens on port {} only", engines::udp_source::PORT));
+            }
+            Ok(GateCommand::UdpSource { limit_s: limit(n)?, address: *at.ip() })
+        }
         ["driverlab", "model", "counters"] => Ok(GateCommand::ModelCounters),
         _ => Err(format!(
-            "{:?} is not allowed here: only `timeout N iperf3 -s -1 --forceflush` and `driverlab model counters`",
+            "{:?} is not allowed here: only the peer's servers (`timeout N iperf3 -s -1 --forceflush`, \
+             `timeout N sockperf server -i ADDR -p 11111|11112 [--tcp]`, `timeout N driverlab peer udp-source --listen \
+             ADDR:9000`) and `driverlab model counters`",
             original.chars().take(200).collect::<String>()
         )),
     }
@@ -47,9 +121,15 @@ pub fn parse(original: &str) -> Result<GateCommand, String> {
 /// `control`; returns the exit code.
 pub fn run(netns: &str, control: &Path) -> i32 {
     let original = std::env::var("SSH_ORIGINAL_COMMAND").unwrap_or_default();
+    let driverlab = std::env::current_exe().map_or("driverlab".into(), |p| p.display().to_string());
     match parse(&original) {
-        Ok(GateCommand::Iperf3Server { limit_s }) => {
-            iperf3_server(netns, limit_s, &control.with_extension("iperf3.pid"))
+        Ok(
+            command @ (GateCommand::Iperf3Server { .. }
+            | GateCommand::SockperfServer { .. }
+            | GateCommand::UdpSource { .. }),
+        ) => {
+            let Some(words) = command.server(&driverlab) else { return 1 };
+            server(netns, &words, &control.with_extension("server.pid"))
         }
         Ok(GateCommand::ModelCounters) => {
             let stdin = std::io::stdin();
@@ -74,15 +154,19 @@ pub fn run(netns: &str, control: &Path) -> i32 {
     }
 }
 
-/// Runs `timeout LIMIT iperf3 -s -1` in `netns` until it ends. A server the card's last
-/// repetition left (its SSH session gone, iperf3 still waiting for a client that never came)
-/// would hold the port: the one `pidfile` names is stopped first. A card's peer serves one lab,
-/// which holds the card's lease, so such a server is always stale.
-fn iperf3_server(netns: &str, limit_s: u64, pidfile: &Path) -> i32 {
+/// The words in a server's command line by which the gate knows one it started.
+const SERVERS: [&str; 3] = ["iperf3", "sockperf", "udp-source"];
+
+/// Runs a server's `words` in `netns` until it ends. A server the card's last repetition left
+/// (its SSH session gone, the server still waiting for a client that never came) would hold its
+/// port: the one `pidfile` names, if it is still a server, is stopped first. A card's peer serves
+/// one lab, which holds the card's lease, so such a server is always stale.
+fn server(netns: &str, words: &[String], pidfile: &Path) -> i32 {
     use std::os::unix::process::CommandExt;
     if let Some(pid) = std::fs::read_to_string(pidfile).ok().and_then(|t| t.trim().parse::<i32>().ok()) {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains("iperf3") {
+        let cmdline =
+            String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default()).into_owned();
+        if SERVERS.iter().any(|s| cmdline.contains(s)) {
             // The process group the last server ran in (its own, below).
             if let Some(group) = rustix::process::Pid::from_raw(pid) {
                 let _ = rustix::process::kill_process_group(group, rustix::process::Signal::TERM);
@@ -93,14 +177,11 @@ fn iperf3_server(netns: &str, limit_s: u64, pidfile: &Path) -> i32 {
             }
         }
     }
-    let child = Command::new("ip")
-        .args(["netns", "exec", netns, "timeout", &limit_s.to_string(), "iperf3", "-s", "-1", "--forceflush"])
-        .process_group(0)
-        .spawn();
+    let child = Command::new("ip").args(["netns", "exec", netns]).args(words).process_group(0).spawn();
     let mut child = match child {
         Ok(child) => child,
         Err(e) => {
-            eprintln!("gate: ip netns exec {netns} iperf3: {e}");
+            eprintln!("gate: ip netns exec {netns} {}: {e}", words.join(" "));
             return 1;
         }
     };
@@ -124,9 +205,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_peer_s_two_commands_pass() {
+    fn only_the_peer_s_servers_and_the_counters_pass() {
         assert_eq!(parse("timeout 120 iperf3 -s -1 --forceflush"), Ok(GateCommand::Iperf3Server { limit_s: 120 }));
         assert_eq!(parse("driverlab model counters"), Ok(GateCommand::ModelCounters));
+        let peer = std::net::Ipv4Addr::new(10, 77, 0, 1);
+        let sockperf = parse("timeout 60 sockperf server -i 10.77.0.1 -p 11112 --tcp").unwrap();
+        assert_eq!(sockperf, GateCommand::SockperfServer { limit_s: 60, address: peer, tcp: true });
+        let words = sockperf.server("driverlab").unwrap();
+        assert_eq!(words.join(" "), "timeout 60 sockperf server -i 10.77.0.1 -p 11112 --tcp");
+        let source = parse("timeout 60 driverlab peer udp-source --listen 10.77.0.1:9000").unwrap();
+        assert_eq!(source, GateCommand::UdpSource { limit_s: 60, address: peer });
+        let words = source.server("/usr/bin/driverlab").unwrap();
+        assert_eq!(words.join(" "), "timeout 60 /usr/bin/driverlab peer udp-source --listen 10.77.0.1:9000");
+        // What the lab's remote peer asks for is what the gate takes.
+        for server in [
+            engines::peer::PeerServer::Iperf3,
+            engines::peer::PeerServer::Sockperf { tcp: false },
+            engines::peer::PeerServer::Sockperf { tcp: true },
+            engines::peer::PeerServer::UdpSource,
+        ] {
+            let asked = format!("timeout 30 {}", engines::peer::remote_command(server, "10.77.0.1").join(" "));
+            assert!(parse(&asked).is_ok(), "{asked}");
+        }
         for refused in [
             "",
             "sh",
@@ -136,6 +236,13 @@ mod tests {
             "timeout 10 iperf3 -s --forceflush",
             "driverlab model control /tmp/x link-down",
             "timeout 10 sh -c iperf3",
+            "timeout 10 sockperf server -i 10.77.0.1 -p 22",
+            "timeout 10 sockperf server -i 10.77.0.1 -p 11111 --tcp",
+            "timeout 10 sockperf server -i ;reboot -p 11111",
+            "timeout 10 sockperf server -i 10.77.0.1 -p 11111 --load-vma=x",
+            "timeout 10 driverlab peer udp-source --listen 10.77.0.1:22",
+            "timeout 10 driverlab peer ssh-remote --listen 10.77.0.1:9001",
+            "timeout 10 driverlab vm run --kernel x",
         ] {
             assert!(parse(refused).is_err(), "{refused:?} refused");
         }

@@ -94,6 +94,9 @@ impl Jailed {
     /// removing `files` afterwards), or records that the jail is off. Blocks SIGINT and SIGTERM
     /// for every thread (they are waited for, see [`exit_on_signal`]).
     fn enter(name: &str, files: &[PathBuf], on: bool) -> Result<Jailed, ProcessError> {
+        if on {
+            jail::seccomp::one_malloc_arena();
+        }
         let spec = jail::JailSpec::from_env(name, MODEL_MEMORY, MODEL_THREADS, MODEL_CPUS)
             .map_err(|e| ProcessError::Setup(e.to_string()))?;
         let mut confinement = jail::Confinement { jailed: on, ..jail::Confinement::default() };

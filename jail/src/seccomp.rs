@@ -43,6 +43,17 @@ pub const RUNTIME: &[i64] = &[
     libc::SYS_tgkill,
 ];
 
+/// Keeps every thread's allocations in glibc's main arena. A thread arena that shrinks after
+/// large frees asks `/proc/sys/vm/overcommit_memory` once (`check_may_shrink_heap()`, glibc's
+/// malloc/arena.c), an `openat` no filter here allows: the VMM died of SIGSYS when a guest's
+/// driver tore down a 2048-buffer RX ring (the nested box, 2026-12-05). The main arena shrinks
+/// with `brk`, which [`RUNTIME`] allows. Call it first thing, before any thread starts.
+pub fn one_malloc_arena() {
+    // SAFETY: mallopt only sets a malloc parameter; M_ARENA_MAX takes effect for arenas made
+    // after it, so it is called before any thread exists.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+}
+
 /// Per system call, the argument conditions under which it is allowed (none: always).
 pub type Rules = BTreeMap<i64, Vec<SeccompRule>>;
 

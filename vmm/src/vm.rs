@@ -145,6 +145,9 @@ impl Process {
     /// fork cannot carry (KVM ties a VM to its process), so that from here on this is the
     /// supervisor's child, PID 1 of its own namespace.
     fn set_up(spec: &VmSpec, options: &RunOptions) -> Result<Process, Error> {
+        if spec.seccomp {
+            jail::seccomp::one_malloc_arena();
+        }
         spec.validate()?;
         config::check_host(spec)?;
         let jail_spec = jail::JailSpec::from_env("vm", spec.memory_mib * MIB, spec.vcpus as u64, spec.vcpus)

@@ -143,16 +143,8 @@ fn suite_tree() -> Result<(PathBuf, String), ImageError> {
         mkdir(&cache)?;
         let top = SOURCE_PACKAGE;
         let members: Vec<String> = SUITE_FOLDERS.iter().map(|f| format!("{top}/{f}")).collect();
-        run_tool(
-            Command::new("tar")
-                .arg("-xJf")
-                .arg(&tarball)
-                .arg("-C")
-                .arg(&cache)
-                .arg("--strip-components=1")
-                .args(&members),
-            &format!("unpacking the NIC selftests from {}", tarball.display()),
-        )?;
+        let what = format!("unpacking the NIC selftests from {}", tarball.display());
+        crate::module_build::unpack_source(&tarball, &cache, &members, &what)?;
         compile(&cache)?;
         write(&cache.join(".complete"), b"")?;
     }

@@ -175,23 +175,28 @@ fn copy_sources(source: &SourceSpec, driver: &str, dest: &Path) -> Result<String
             if !cache.join(format!("{}.complete", driver.replace('/', "_"))).exists() {
                 mkdir(&cache)?;
                 let member = format!("linux-source-{series}/{driver}");
-                run_tool(
-                    Command::new("tar")
-                        .arg("-xJf")
-                        .arg(&tarball)
-                        .arg("-C")
-                        .arg(&cache)
-                        .arg("--strip-components=1")
-                        .arg(&member),
-                    &format!("unpacking {driver} from {}", tarball.display()),
-                )
-                .map_err(|e| ImageError::Invalid(format!("{}: no {driver} in it? {e}", tarball.display())))?;
+                unpack_source(&tarball, &cache, &[member], &format!("unpacking {driver} from {}", tarball.display()))
+                    .map_err(|e| ImageError::Invalid(format!("{}: no {driver} in it? {e}", tarball.display())))?;
                 write(&cache.join(format!("{}.complete", driver.replace('/', "_"))), b"")?;
             }
             run_tool(Command::new("cp").arg("-a").arg(&unpacked).arg(&target), "copying the driver's sources")?;
             Ok(format!("package {package} {version}"))
         }
     }
+}
+
+/// Unpacks `members` (paths below the tarball's top folder, which is stripped) of a Debian
+/// `linux-source` tarball into `dest`.
+pub(crate) fn unpack_source(
+    tarball: &Path,
+    dest: &Path,
+    members: &[String],
+    what: &str,
+) -> Result<std::process::Output, ImageError> {
+    run_tool(
+        Command::new("tar").arg("-xJf").arg(tarball).arg("-C").arg(dest).arg("--strip-components=1").args(members),
+        what,
+    )
 }
 
 /// The installed version of Debian package `package`.

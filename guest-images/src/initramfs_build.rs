@@ -236,7 +236,12 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
 fn add_program(tree: &mut Tree, program: &str, package: &str) -> Result<(), ImageError> {
     let path = which(program, package)?;
     tree.file(&format!("bin/{program}"), 0o755, read(&path)?);
-    for lib in libraries(&path)? {
+    add_libraries(tree, &path)
+}
+
+/// Every library `binary` loads, at its path on this host.
+pub(crate) fn add_libraries(tree: &mut Tree, binary: &Path) -> Result<(), ImageError> {
+    for lib in libraries(binary)? {
         let data = read(&lib)?;
         tree.file(&lib.to_string_lossy(), 0o755, data);
     }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::initramfs::{Node, Tree};
-use crate::initramfs_build::{libraries, which};
+use crate::initramfs_build::{add_libraries, which};
 use crate::store::{ImageError, cache_dir, mkdir, read, run_tool, write};
 
 /// The tests a matrix may name: the Python tests of 6.12's drivers/net and drivers/net/hw, as
@@ -89,14 +89,6 @@ pub fn add(tree: &mut Tree) -> Result<SuiteFacts, ImageError> {
     tree.file("etc/group", 0o644, b"root:x:0:\n".to_vec());
     tree.add("root", Node::Dir);
     Ok(SuiteFacts { source, python })
-}
-
-fn add_libraries(tree: &mut Tree, binary: &Path) -> Result<(), ImageError> {
-    for lib in libraries(binary)? {
-        let data = read(&lib)?;
-        tree.file(&lib.to_string_lossy(), 0o755, data);
-    }
-    Ok(())
 }
 
 /// Every file below `dir` into `tree` at `at` (symbolic links followed), in path order.

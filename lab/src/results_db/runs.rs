@@ -37,27 +37,44 @@ pub struct RunInfo {
 impl ResultsDb {
     /// Records a new run of `plan` by this process; returns its ID.
     pub fn create_run(&mut self, plan: &Plan) -> Result<String, ResultsDbError> {
-        let id = new_run_id();
+        self.create_run_drawing(plan, new_run_id)
+    }
+
+    /// [`Self::create_run`] with the IDs drawn by `draw`.
+    pub(super) fn create_run_drawing(
+        &mut self,
+        plan: &Plan,
+        mut draw: impl FnMut() -> String,
+    ) -> Result<String, ResultsDbError> {
         let sql = self.sql();
         let tx = self.conn.transaction().map_err(&sql)?;
-        tx.execute(
-            "INSERT INTO runs (id, matrix_name, matrix_file, matrix_toml, baseline, repetitions, cells_total,
-                               state, host, pid, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9, ?10)",
-            params![
-                id,
-                plan.matrix.name,
-                plan.file.display().to_string(),
-                plan.text,
-                plan.baseline(),
-                plan.matrix.repetitions,
-                plan.cells.len(),
-                host_name(),
-                std::process::id(),
-                now_rfc3339(),
-            ],
-        )
-        .map_err(&sql)?;
+        // An ID is the second plus 16 random bits: runs made in one second (a burst of
+        // submits) can draw the same one, so a taken ID is drawn again.
+        let id = loop {
+            let id = draw();
+            let inserted = tx
+                .execute(
+                    "INSERT OR IGNORE INTO runs (id, matrix_name, matrix_file, matrix_toml, baseline, repetitions,
+                                                 cells_total, state, host, pid, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9, ?10)",
+                    params![
+                        id,
+                        plan.matrix.name,
+                        plan.file.display().to_string(),
+                        plan.text,
+                        plan.baseline(),
+                        plan.matrix.repetitions,
+                        plan.cells.len(),
+                        host_name(),
+                        std::process::id(),
+                        now_rfc3339(),
+                    ],
+                )
+                .map_err(&sql)?;
+            if inserted == 1 {
+                break id;
+            }
+        };
         for cell in &plan.cells {
             let json = serde_json::to_string(cell).expect("a cell always serializes");
             tx.execute(

@@ -37,6 +37,19 @@ fn runs_cells_and_results_survive_reopening_and_never_duplicate() {
 }
 
 #[test]
+fn a_run_id_drawn_twice_is_drawn_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = ResultsDb::open(&dir.path().join("lab.db")).unwrap();
+    let plan = plan();
+    let mut ids = ["20261205-051500-aaaa", "20261205-051500-aaaa", "20261205-051500-bbbb"].into_iter();
+    let mut draw = || ids.next().expect("no more than three draws").to_string();
+    assert_eq!(store.create_run_drawing(&plan, &mut draw).unwrap(), "20261205-051500-aaaa");
+    assert_eq!(store.create_run_drawing(&plan, &mut draw).unwrap(), "20261205-051500-bbbb");
+    assert_eq!(store.runs().unwrap().len(), 2);
+    assert_eq!(store.run_plan("20261205-051500-bbbb").unwrap().2, plan.cells);
+}
+
+#[test]
 fn a_run_whose_lab_is_gone_reads_as_interrupted() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = ResultsDb::open(&dir.path().join("lab.db")).unwrap();

@@ -376,3 +376,115 @@ fn qemus_thunderbolt_slot_makes_the_card_untrusted_and_bounces_its_tx() {
         assert_eq!((r["iommu"]["faults"].as_u64(), r["mappings_after_unload"].as_u64()), (Some(0), Some(0)), "{r}");
     }
 }
+
+/// Runs `driverlab lab bisect MATRIX ARGS` into the fresh database `db`: its exit code, stdout
+/// and stderr, and the run's ID (from its first line).
+fn bisect(matrix: &std::path::Path, args: &[&str], db: &std::path::Path) -> (Option<i32>, String, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_driverlab"))
+        .args(["lab", "bisect"])
+        .arg(matrix)
+        .args(args)
+        .arg("--db")
+        .arg(db)
+        .output()
+        .expect("driverlab runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let run =
+        stdout.lines().next().and_then(|l| l.strip_prefix("bisect ")?.strip_suffix(" started")).unwrap_or_default();
+    (out.status.code(), run.to_string(), stdout, stderr)
+}
+
+#[test]
+fn a_series_is_bisected_to_the_patch_that_changes_rx_maps_per_packet() {
+    let example = "atlantic-series-synthetic.toml";
+    let Some(_turn) = linux_checks_run("a_series_is_bisected_to_the_patch_that_changes_rx_maps_per_packet", example)
+    else {
+        return;
+    };
+    let matrix = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(example);
+    let logs = tempfile::tempdir().unwrap();
+    let db = logs.path().join("lab.db");
+    let (code, run, stdout, stderr) =
+        bisect(&matrix, &["--metric", "rx_maps_per_packet", "--threshold", "20", "--budget", "4"], &db);
+    let subject = "net: atlantic: default to RX pages of order 3";
+    assert_eq!(
+        (code, stdout.lines().last()),
+        (Some(0), Some(format!("bisect {run}: first change at patch 2/3 \"{subject}\"").as_str())),
+        "{stdout}\n{stderr}"
+    );
+    // The whole series first, then the middle of the range the change is in: 3/3, 1/3, 2/3.
+    let steps: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step ")).collect();
+    assert_eq!(steps.len(), 3, "{stdout}");
+    for (line, (prefix, verdict)) in steps.iter().zip([("3/3", "changed"), ("1/3", "same"), ("2/3", "changed")]) {
+        assert!(line.contains(&format!(": {prefix} \"")) && line.contains(&format!("\": {verdict} (")), "{line}");
+    }
+    // The evidence: the patch, its author, the figures on both sides with their intervals.
+    assert!(stdout.contains(&format!("patch 2/3: \"{subject}\" by driverlab <driverlab@example.org>")), "{stdout}");
+    assert!(stdout.contains("rx_maps_per_packet before it (1/3): ") && stdout.contains(" ± "), "{stdout}");
+    // The bisection is a run: its report has the series' curve; what it did not need is SKIP.
+    assert!(stdout.contains("| 2/3 | net: atlantic: default to RX pages of order 3 |"), "{stdout}");
+    let report = Command::new(env!("CARGO_BIN_EXE_driverlab"))
+        .args(["lab", "report", &run, "--format", "json", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let cells = report["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4, "the base and three prefixes: {report}");
+    let maps = |k: usize| cells[k]["metrics"]["rx_maps_per_packet"]["mean"].as_f64().unwrap_or(f64::NAN);
+    assert!(maps(2) < maps(1) / 2.0, "order 3 maps fewer RX pages per packet: {} against {}", maps(2), maps(1));
+    assert_eq!(cells[2]["previous"]["verdict"], "better", "{}", cells[2]);
+    let artifacts = logs.path().join("artifacts").join(&run).join("bisect.json");
+    let kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&artifacts).unwrap()).unwrap();
+    assert_eq!(
+        (kept["outcome"]["outcome"].as_str(), kept["outcome"]["patch"].as_u64()),
+        (Some("first-change"), Some(2))
+    );
+}
+
+#[test]
+fn a_prefix_that_oopses_is_a_broken_step_and_one_that_does_not_apply_is_its_build_fail() {
+    let test = "a_prefix_that_oopses_is_a_broken_step_and_one_that_does_not_apply_is_its_build_fail";
+    let Some(_turn) = linux_checks_run(test, "atlantic-series-synthetic.toml") else {
+        return;
+    };
+    // The synthetic example's matrix on tests/data/series-broken: 1/3 oopses when the module
+    // loads, 2/3 does not apply, 3/3 is a comment.
+    let logs = tempfile::tempdir().unwrap();
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/atlantic-series-synthetic.toml");
+    let series = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/series-broken");
+    let text = std::fs::read_to_string(&example)
+        .unwrap()
+        .replace("series = [\"patches/series-synthetic\"]", &format!("series = [{:?}]", series.display().to_string()));
+    let matrix = logs.path().join("broken.toml");
+    std::fs::write(&matrix, text).unwrap();
+    let db = logs.path().join("lab.db");
+    let (code, run, stdout, stderr) = bisect(&matrix, &["--metric", "rx_maps_per_packet", "--budget", "2"], &db);
+    let subject = "net: atlantic: write through NULL on load";
+    assert_eq!(
+        (code, stdout.lines().last()),
+        (Some(0), Some(format!("bisect {run}: first change at patch 1/3 \"{subject}\"").as_str())),
+        "{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("with it: the cell fails: "), "{stdout}");
+    let show =
+        Command::new(env!("CARGO_BIN_EXE_driverlab")).args(["lab", "show", &run, "--json", "--db"]).arg(&db).output();
+    let shown: serde_json::Value = serde_json::from_slice(&show.unwrap().stdout).unwrap();
+    let records = shown["records"].as_array().unwrap();
+    let of = |prefix: u64| records.iter().filter(move |r| r["cell"]["step"]["index"].as_u64() == Some(prefix));
+    assert!(of(0).take(2).all(|r| r["status"] == "PASS"), "the base passes: {shown}");
+    let oops = of(1).next().unwrap();
+    assert_eq!(oops["status"], "FAIL", "{oops}");
+    assert!(oops["crash"]["kind"].is_string(), "the oops is the crash: {oops}");
+    assert!(
+        of(2).all(|r| r["status"] == "FAIL" && r["failure"]["kind"] == "build-failed"),
+        "2/3 does not apply: {shown}"
+    );
+    let build = &of(2).next().unwrap()["failure"]["first_error"];
+    assert!(build.as_str().unwrap_or_default().contains("does not apply"), "{build}");
+    assert!(
+        of(3).all(|r| r["status"] == "SKIP" && r["reason"].as_str().unwrap_or_default().contains("prefix 2/3")),
+        "3/3 is not built: {shown}"
+    );
+}

@@ -381,3 +381,44 @@ fn cells_on_different_devices_run_in_parallel() {
     let overlap = one.iter().any(|a| two.iter().any(|b| a.0 < b.1 && b.0 < a.1));
     assert!(overlap, "the two devices' repetitions never overlapped: {one:?} {two:?}");
 }
+
+#[test]
+fn a_bisection_that_cannot_be_is_refused_before_anything_is_built_or_run() {
+    let lab = Lab::new();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let synthetic = std::fs::read_to_string(examples.join("atlantic-series-synthetic.toml")).unwrap();
+    let with_series = |series: &Path| {
+        synthetic.replace(
+            "series = [\"patches/series-synthetic\"]",
+            &format!("series = [{:?}]", series.display().to_string()),
+        )
+    };
+    let refused = |matrix: &str, args: &[&str], why: &str| {
+        let out = lab.run(&[&["bisect", matrix][..], args].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{matrix} {args:?}: {stderr}");
+        assert!(stderr.contains(why), "{matrix} {args:?}: {stderr}");
+        assert!(stdout(&out).is_empty(), "no run was created: {}", stdout(&out));
+    };
+    let series = lab.matrix("series.toml", &with_series(&examples.join("patches/series-synthetic")));
+    let probe = examples.join("probe-matrix.toml").display().to_string();
+    refused(&probe, &["--metric", "maps_per_packet"], "a bisection needs an image with `series`");
+    refused(&series, &["--metric", "nope"], "no metric \"nope\"; the report's are agent_ready_ms");
+    refused(&series, &["--metric", "latency_p99_us"], "workload \"rx\" gives no latency_p99_us");
+    refused(&series, &["--metric", "gbit_s", "--budget", "0"], "--budget 0");
+    refused(&series, &["--metric", "gbit_s", "--budget", "1"], "from the matrix's 2");
+    refused(&series, &["--metric", "gbit_s", "--direction", "sideways"], "give up, down or any");
+    let two = with_series(&examples.join("patches/series-synthetic"))
+        .replace("[[workload]]", "[[workload]]\nname = \"tx\"\nkind = \"iperf3\"\ndirection = \"tx\"\n\n[[workload]]");
+    refused(&lab.matrix("two.toml", &two), &["--metric", "gbit_s"], "the matrix has 2 workload(s) and 1 device(s)");
+    // A mail with no patch; seed 003's series, which is mtk_eth_soc's (no device of its kind here).
+    let words = lab.dir.path().join("words.mbox");
+    std::fs::write(&words, "From: a@b\nSubject: [PATCH 0/2] a cover letter\n\nJust words.\n").unwrap();
+    refused(&lab.matrix("words.toml", &with_series(&words)), &["--metric", "gbit_s"], "no patch in it");
+    let seed = lab.matrix("seed3.toml", &with_series(&examples.join("patches/003-mtk-eth-soc-rx.mbox")));
+    refused(&seed, &["--metric", "gbit_s"], "changes nothing in drivers/net/ethernet/aquantia/atlantic");
+    refused(&seed, &["--metric", "gbit_s"], "it changes drivers/net/ethernet/mediatek");
+    let out = lab.run(&["run", &seed]);
+    assert_eq!(out.status.code(), Some(2), "lab run refuses it the same: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout(&lab.run(&["list", "--json"])).trim().is_empty(), "no run was made");
+}

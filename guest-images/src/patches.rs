@@ -45,6 +45,9 @@ pub struct Patch {
     pub subject: String,
     /// Its author.
     pub author: String,
+    /// Its mail's `Message-ID` (without the angle brackets), when it came as a mail.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message_id: String,
     /// SHA-256 of the diff.
     pub sha256: String,
     /// The files it changes.
@@ -88,7 +91,9 @@ fn message(file: &str, lines: &[&str]) -> Option<Patch> {
         let mut value = String::new();
         let mut inside = false;
         for line in headers {
-            if let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix(':')) {
+            // Header names are case-insensitive (RFC 5322): `Message-Id` is `Message-ID`.
+            let named = line.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case(name));
+            if let Some((_, rest)) = named {
                 value = rest.trim().to_string();
                 inside = true;
             } else if inside && line.starts_with([' ', '\t']) {
@@ -117,6 +122,7 @@ fn message(file: &str, lines: &[&str]) -> Option<Patch> {
         file: file.to_string(),
         subject,
         author: header("From"),
+        message_id: header("Message-ID").trim_start_matches('<').trim_end_matches('>').to_string(),
         sha256: sha256(diff.as_bytes()),
         files,
         diff,
@@ -261,6 +267,9 @@ index 1..2 100644\n\
         assert_eq!(p.author, "Yangyu Chen <cyy@cyyself.name>");
         assert_eq!(p.files, ["a.c"]);
         assert!(p.diff.starts_with("diff --git a/a.c b/a.c\n") && p.diff.ends_with(" two\n"), "{}", p.diff);
+        assert_eq!(p.message_id, "", "format-patch writes none");
+        let mail = FORMAT_PATCH.replace("Date:", "Message-Id: <20250906135434.1-cyy@cyyself.name>\nDate:");
+        assert_eq!(parse("m", &mail).unwrap()[0].message_id, "20250906135434.1-cyy@cyyself.name");
     }
 
     #[test]
@@ -284,6 +293,7 @@ index 1..2 100644\n\
             file: "p".into(),
             subject: "s".into(),
             author: "a".into(),
+            message_id: String::new(),
             sha256: String::new(),
             files: vec!["drv/Kconfig".into(), "drv/x/a.c".into()],
             diff: diff.into(),

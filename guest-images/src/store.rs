@@ -288,9 +288,15 @@ pub fn run_tool(command: &mut std::process::Command, what: &str) -> Result<std::
     })?;
     if !out.status.success() {
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        let tail: Vec<&str> = text.lines().rev().take(12).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        return Err(ImageError::Tool { what: what.to_string(), detail: tail.join("\n") });
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(12)..];
+        // A compiler's first error is what to fix; it comes before the tail when errors pile up.
+        let first_error = lines.iter().position(|l| l.contains("error:"));
+        let detail = match first_error {
+            Some(i) if i < lines.len().saturating_sub(12) => format!("{}\n...\n{}", lines[i], tail.join("\n")),
+            _ => tail.join("\n"),
+        };
+        return Err(ImageError::Tool { what: what.to_string(), detail });
     }
     Ok(out)
 }

@@ -133,6 +133,9 @@ mod tests {
                 link: None,
                 link_profile: None,
                 subtests: Vec::new(),
+                step: None,
+                build_failed: false,
+                previous: None,
             }
         };
         let report = Report {

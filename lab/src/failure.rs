@@ -63,6 +63,15 @@ pub enum Failure {
         /// How the guest ended.
         cause: String,
     },
+    /// A prefix of a patch series did not build: a patch that does not apply, a compiler's
+    /// error, a module the kernel would not load (FAIL: the series is at fault; the report
+    /// says BUILD-FAIL).
+    BuildFailed {
+        /// The first error (the compiler's first `error:` line, or the build's own words).
+        first_error: String,
+        /// What the build said.
+        detail: String,
+    },
     /// The driver left IOMMU mappings behind when it was unloaded (FAIL).
     MappingsLeft {
         /// How many.
@@ -137,7 +146,21 @@ pub enum Failure {
     },
 }
 
+/// What reports call a prefix of a series that did not build.
+pub const BUILD_FAILED: &str = "BUILD-FAIL";
+
 impl Failure {
+    /// A build that failed with `detail`: its first error is the first line that says
+    /// `error:` (a compiler's, `patch`'s), else the detail's first line.
+    pub fn build_failed(detail: String) -> Failure {
+        let first = detail
+            .lines()
+            .find(|l| l.contains("error:") || l.contains("FAILED") || l.contains("does not apply"))
+            .or_else(|| detail.lines().next())
+            .unwrap_or_default();
+        Failure::BuildFailed { first_error: first.trim().to_string(), detail }
+    }
+
     /// The status a repetition that failed so gets.
     pub fn status(&self) -> Status {
         match self {
@@ -147,6 +170,7 @@ impl Failure {
             | Failure::Crash { .. }
             | Failure::Workload { .. }
             | Failure::SelftestsFailed { .. }
+            | Failure::BuildFailed { .. }
             | Failure::MappingsLeft { .. } => Status::Fail,
             Failure::Unrunnable { .. } => Status::Skip,
             Failure::Cancelled { .. } => Status::Miss,
@@ -191,6 +215,7 @@ impl std::fmt::Display for Failure {
             Failure::SelftestsCut { at, cause } => {
                 write!(f, "the selftests did not finish: {at} was running when {cause}")
             }
+            Failure::BuildFailed { first_error, .. } => write!(f, "{BUILD_FAILED}: {first_error}"),
             Failure::MappingsLeft { count } => {
                 write!(f, "the driver left {count} IOMMU mapping(s) behind after it was unloaded")
             }
@@ -241,6 +266,14 @@ mod tests {
         assert_eq!((workload.status(), workload.guest_died()), (Status::Fail, false));
         assert_eq!(Failure::Unrunnable { why: "x".into() }.status(), Status::Skip);
         assert_eq!(Failure::Cancelled { why: "x".into() }.status(), Status::Miss);
+        let build = Failure::build_failed(
+            "image \"a@2\": building atlantic\n  CC aq_nic.o\naq_nic.c:9:1: error: expected ';'\nmake: *** Error 2"
+                .into(),
+        );
+        assert_eq!(
+            (build.status(), build.to_string().as_str()),
+            (Status::Fail, "BUILD-FAIL: aq_nic.c:9:1: error: expected ';'")
+        );
         let crash = Failure::Crash { crash: CrashKind::Oops, line: "Oops: 0000".into() };
         assert_eq!(crash.to_string(), "oops: Oops: 0000");
         // The record's JSON names the kind and its fields.

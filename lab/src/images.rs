@@ -10,7 +10,8 @@ use guest_images::initramfs_build::InitramfsManifest;
 use guest_images::kernel_image::KernelManifest;
 use guest_images::store::ImageStore;
 
-use crate::matrix::{Image, InitrdRef, KernelRef, Plan};
+use crate::failure::Failure;
+use crate::matrix::{Cell, Image, InitrdRef, KernelRef, Plan, SeriesStep};
 use crate::recipe;
 
 /// An image's files, resolved.
@@ -46,24 +47,64 @@ pub struct RunPlan {
     pub plan: Plan,
     /// Each Linux image's files, by the image's name (the probe has none).
     files: BTreeMap<String, Resolved>,
+    /// The prefixes of series that were not built, by image name: why their cells do not run.
+    unbuilt: BTreeMap<String, Failure>,
 }
 
 impl RunPlan {
     /// Builds what `plan`'s recipes ask for (those not built yet: a download and a build can
     /// take minutes the first time), saying what it does through `note`, and resolves every
-    /// Linux image's files.
+    /// Linux image's files. A prefix of a series that does not build is no error of the run:
+    /// its cells are its BUILD-FAIL, and those of the later prefixes are skipped.
     pub fn prepare(plan: Plan, store: &ImageStore, note: &dyn Fn(&str)) -> Result<RunPlan, ImagesError> {
-        let mut files = BTreeMap::new();
-        for image in plan.matrix.images.iter().map(|i| i.get_ref()).filter(|i| !i.is_probe()) {
-            files.insert(image.name.clone(), resolve(&plan, image, store, note)?);
-        }
-        Ok(RunPlan { plan, files })
+        let images = plan.matrix.images.iter().map(|i| i.get_ref());
+        let (files, unbuilt) = resolve_all(images, &mut |image| resolve(&plan, image, store, note))?;
+        Ok(RunPlan { plan, files, unbuilt })
     }
 
     /// The files of the Linux image named `image`.
     pub fn files(&self, image: &str) -> Option<&Resolved> {
         self.files.get(image)
     }
+
+    /// The cells whose image was not built, with why: what the run records for them at once.
+    pub fn unbuilt(&self) -> Vec<(Cell, Failure)> {
+        let why = |cell: &Cell| self.unbuilt.get(&cell.image).map(|f| (cell.clone(), f.clone()));
+        self.plan.cells.iter().filter_map(why).collect()
+    }
+}
+
+/// Each Linux image of `images` resolved by `resolve`, in order; a series' prefix past its base
+/// that does not build is set aside with its BUILD-FAIL, and its series' later prefixes with
+/// the reason they were not built.
+type Resolution = (BTreeMap<String, Resolved>, BTreeMap<String, Failure>);
+
+fn resolve_all<'a>(
+    images: impl Iterator<Item = &'a Image>,
+    resolve: &mut dyn FnMut(&Image) -> Result<Resolved, ImagesError>,
+) -> Result<Resolution, ImagesError> {
+    let (mut files, mut unbuilt) = (BTreeMap::new(), BTreeMap::new());
+    let mut broken: BTreeMap<&str, &SeriesStep> = BTreeMap::new();
+    for image in images.filter(|i| !i.is_probe()) {
+        let step = image.step.as_ref().filter(|s| s.index > 0);
+        if let Some(failed) = step.and_then(|s| broken.get(s.series.as_str())) {
+            let why = format!("not built: the series' prefix {} did not build", failed.label());
+            unbuilt.insert(image.name.clone(), Failure::Unrunnable { why });
+            continue;
+        }
+        match (resolve(image), step) {
+            (Ok(resolved), _) => {
+                files.insert(image.name.clone(), resolved);
+            }
+            (Err(ImagesError::Build(e)), Some(step)) => {
+                tracing::info!("image {:?}: {} did not build: {e}", image.name, step.label());
+                unbuilt.insert(image.name.clone(), Failure::build_failed(e.to_string()));
+                broken.insert(&step.series, step);
+            }
+            (Err(e), _) => return Err(e),
+        }
+    }
+    Ok((files, unbuilt))
 }
 
 /// Resolves a Linux image of `plan` (not the probe), building what its recipe asks for.
@@ -145,4 +186,54 @@ fn initrd_name(image: &Image) -> String {
 
 fn manifest_kernel(manifest: &InitramfsManifest) -> Option<String> {
     Some(manifest.kernel.clone()).filter(|k| !k.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recipe::RecipeError;
+
+    #[test]
+    fn a_prefix_that_does_not_build_is_its_build_fail_and_the_later_ones_are_not_built() {
+        let patch = |n: usize| {
+            format!(
+                "From x Mon Sep 17 00:00:00 2001\nSubject: [PATCH {n}/3] p{n}\n\n\
+                 diff --git a/drivers/net/ethernet/aquantia/atlantic/a.c b/drivers/net/ethernet/aquantia/atlantic/a.c\n\
+                 --- a/drivers/net/ethernet/aquantia/atlantic/a.c\n+++ b/drivers/net/ethernet/aquantia/atlantic/a.c\n\
+                 @@ -1 +1,2 @@\n one\n+two\n"
+            )
+        };
+        let series = toml::Value::String((1..=3).map(patch).collect());
+        let text = format!(
+            "name = \"s\"\n[[device]]\nname = \"aq\"\nmodel = \"aqc100\"\n[[image]]\nname = \"atl\"\nkernel = \"debian\"\n\
+             initrd = \"agent\"\nseries = [{{ name = \"s\", text = {series} }}]\n[[variant]]\nname = \"v\"\nimage = \"atl\"\n\
+             [[workload]]\nname = \"rx\"\nkind = \"iperf3\"\n"
+        );
+        let plan = Plan::parse(std::path::Path::new("s.toml"), &text).unwrap();
+        let resolved = || Resolved { kernel: "vmlinux".into(), bzimage: None, initrd: None, manifest: None };
+        let mut asked = Vec::new();
+        let images = plan.matrix.images.iter().map(|i| i.get_ref());
+        let (files, unbuilt) = resolve_all(images, &mut |image| {
+            asked.push(image.name.clone());
+            match image.name.as_str() {
+                "atl@2" => Err(ImagesError::Build(RecipeError::Refused(
+                    "building atlantic\n  CC a.o\na.c:2:1: error: expected ';'".into(),
+                ))),
+                _ => Ok(resolved()),
+            }
+        })
+        .unwrap();
+        assert_eq!(asked, ["atl@0", "atl@1", "atl@2"], "nothing is built after the prefix that did not build");
+        assert_eq!(files.keys().collect::<Vec<_>>(), ["atl@0", "atl@1"]);
+        assert!(
+            matches!(&unbuilt["atl@2"], Failure::BuildFailed { first_error, .. } if first_error == "a.c:2:1: error: expected ';'"),
+            "{unbuilt:?}"
+        );
+        assert_eq!(unbuilt["atl@3"].to_string(), "not built: the series' prefix 2/3 p2 did not build");
+        assert_eq!(unbuilt["atl@3"].status(), crate::record::Status::Skip);
+        // The base not building is the run's error: nothing of the series can be measured.
+        let images = plan.matrix.images.iter().map(|i| i.get_ref());
+        let base = resolve_all(images, &mut |_| Err(ImagesError::Missing("no kernel".into())));
+        assert!(matches!(base, Err(ImagesError::Missing(_))));
+    }
 }

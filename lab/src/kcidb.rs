@@ -209,6 +209,7 @@ mod tests {
             params: BTreeMap::from([("probe.rx".to_string(), "order3".to_string())]),
             workload: "rx".into(),
             device: "aqc100".into(),
+            step: None,
         };
         let mut pass = crate::record::test_record(&info.id, &cell, 0, Status::Pass, "");
         pass.workload.gbit_s = Some(0.35);

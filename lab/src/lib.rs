@@ -9,8 +9,10 @@
 //! [`failure::Failure`] when it did not pass, and what its workload measured parsed once
 //! ([`measure`]: CPU per packet, packet rate, latency, XDP, KTAP); [`report`] summarises a
 //! run's records with [`stats`] over the [`metric::Metric`] table (with [`chart`] and
-//! [`kcidb`] as other views).
+//! [`kcidb`] as other views). A matrix's image may be a patch series ([`matrix::series`]: one
+//! image per prefix), which [`bisect`] searches for the patch that moved a figure.
 
+pub mod bisect;
 pub mod chart;
 pub mod disk;
 pub mod env;

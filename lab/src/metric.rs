@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::matrix::Workload;
 use crate::pcie_link::{LinkFigures, LinkPerPacket};
 use crate::record::Record;
 
@@ -148,6 +149,22 @@ impl Metric {
                 | Metric::AgentReadyMs
                 | Metric::WorkloadStartMs
         )
+    }
+
+    /// Whether a cell of `workload` can have it: its workload's own figures (throughput,
+    /// packet rate, latency, XDP), what every traffic cell counts (maps, CPU, the model's bus),
+    /// and the times every cell has. The NIC selftests give verdicts, not figures.
+    pub fn produced_by(self, workload: &Workload) -> bool {
+        use Workload::{Iperf3, Kselftest, Latency, PacketRate, ProbeRx, Xdp};
+        match self {
+            Metric::VmRunMs => true,
+            Metric::AgentReadyMs | Metric::WorkloadStartMs => !matches!(workload, ProbeRx { .. }),
+            Metric::GbitS => matches!(workload, ProbeRx { .. } | Iperf3 { .. } | PacketRate { .. }),
+            Metric::Retransmits => matches!(workload, Iperf3 { .. }),
+            Metric::LatencyMeanUs | Metric::LatencyP50Us | Metric::LatencyP99Us => matches!(workload, Latency { .. }),
+            Metric::XdpHandledPerS => matches!(workload, Xdp { .. }),
+            _ => !matches!(workload, Kselftest { .. }),
+        }
     }
 
     /// Its value in `record`, when the record has a finite one.

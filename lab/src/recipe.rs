@@ -145,14 +145,36 @@ fn agent_initramfs(
 /// The files of an image's patches: read here (paths through `resolve`), or as the matrix
 /// carries them.
 pub fn patch_files(image: &Image, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Vec<PatchFile>, ImageError> {
-    image
-        .patches
-        .iter()
-        .map(|patch| match patch {
-            PatchRef::Path(path) => PatchFile::read(&resolve(path)),
-            PatchRef::Text(file) => Ok(file.clone()),
-        })
-        .collect()
+    read_patches(&image.patches, resolve)
+}
+
+/// The files `refs` name: read here (paths through `resolve`; a folder gives its files in name
+/// order, as `git format-patch` numbers them), or as the matrix carries them.
+fn read_patches(refs: &[PatchRef], resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Vec<PatchFile>, ImageError> {
+    let mut files = Vec::new();
+    for patch in refs {
+        match patch {
+            PatchRef::Text(file) => files.push(file.clone()),
+            PatchRef::Path(path) => {
+                let path = resolve(path);
+                if !path.is_dir() {
+                    files.push(PatchFile::read(&path)?);
+                    continue;
+                }
+                let io = |source| ImageError::Io { path: path.clone(), source };
+                let mut inside: Vec<PathBuf> =
+                    std::fs::read_dir(&path).map_err(io)?.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect();
+                inside.sort();
+                if inside.is_empty() {
+                    return Err(ImageError::Invalid(format!("{}: an empty folder: no patch in it", path.display())));
+                }
+                for file in inside {
+                    files.push(PatchFile::read(&file)?);
+                }
+            }
+        }
+    }
+    Ok(files)
 }
 
 /// The matrix `text` (read from `file`) with every recipe image built by `builder` and named by
@@ -171,6 +193,10 @@ pub fn pin_recipes(
     edit_images(text, &mut |image, fields| {
         if !is_recipe(&image) {
             return Ok(false);
+        }
+        if !image.series.is_empty() {
+            let why = "a series is one image per prefix, and `lab pin` (and `--build-here`) pin one image per                        [[image]]: run the matrix where the lab builds its images (without --build-here)";
+            return Err(RecipeError::Refused(why.into()).of(&image.name));
         }
         let (kernel, initrd) = build(&resolve, &tools, &image, builder)?;
         pin(fields, &kernel, initrd.as_ref());
@@ -196,15 +222,31 @@ fn pin(fields: &mut toml::Table, kernel: &KernelRef, initrd: Option<&InitrdRef>)
 /// name and text (`{ name = "...", text = "..." }`): what a daemon is sent, since it opens no
 /// file a request names.
 pub fn inline_patches(file: &Path, text: &str) -> Result<String, RecipeError> {
+    inline(file, text, &["patches", "series"])
+}
+
+/// The matrix `text` (read from `file`) with each file of an image's `series` replaced by its
+/// name and text, a folder by its files: what a run stores, so that its prefixes are the same
+/// when it is resumed or reported, whatever becomes of the files.
+pub fn inline_series(file: &Path, text: &str) -> Result<String, RecipeError> {
+    inline(file, text, &["series"])
+}
+
+/// The matrix `text` with the patch files of the image fields `which` inlined.
+fn inline(file: &Path, text: &str, which: &[&str]) -> Result<String, RecipeError> {
     let resolve = beside(file);
     edit_images(text, &mut |image, fields| {
-        if image.patches.iter().all(|p| matches!(p, PatchRef::Text(_))) {
-            return Ok(false);
+        let mut changed = false;
+        for (field, refs) in [("patches", &image.patches), ("series", &image.series)] {
+            if !which.contains(&field) || refs.iter().all(|p| matches!(p, PatchRef::Text(_))) {
+                continue;
+            }
+            let files = read_patches(refs, &resolve).map_err(|e| RecipeError::from(e).of(&image.name))?;
+            let texts = toml::Value::try_from(files).map_err(|e| RecipeError::Failed(e.to_string()))?;
+            fields.insert(field.into(), texts);
+            changed = true;
         }
-        let files = patch_files(&image, &resolve).map_err(|e| RecipeError::from(e).of(&image.name))?;
-        let texts = toml::Value::try_from(files).map_err(|e| RecipeError::Failed(e.to_string()))?;
-        fields.insert("patches".into(), texts);
-        Ok(true)
+        Ok(changed)
     })
 }
 

@@ -106,9 +106,12 @@ fn check_image(i: usize, image: &Image) -> Result<(), MatrixError> {
             ),
         ));
     }
-    if let Some(j) = image.patches.iter().position(|p| matches!(p, PatchRef::Path(_))) {
+    let paths = [("patches", &image.patches), ("series", &image.series)].into_iter().find_map(|(field, refs)| {
+        refs.iter().position(|p| matches!(p, PatchRef::Path(_))).map(|j| format!("image[{i}].{field}[{j}]"))
+    });
+    if let Some(field) = paths {
         return Err(error(
-            format!("image[{i}].patches[{j}]"),
+            field,
             "a path: over the API a patch is its file's name and text, `{ name = \"...\", text = \"...\" }` \
              (`driverlab lab run --url` sends them so)",
         ));

@@ -176,6 +176,7 @@ pub fn create(
         return Err(LabError::Unrunnable(refused).into());
     }
     let run = store.create_run(&plan.plan)?;
+    scheduler::record_unrun(store, &run, &plan.plan, &plan.unbuilt())?;
     scheduler::record_skips(store, &run, &plan.plan, &refused)?;
     Ok((run, plan))
 }

@@ -123,11 +123,18 @@ fn engine_refusal(image: &crate::matrix::Image, host: &HostFacts, qemu: Option<&
 
 /// Records SKIP for every repetition of the cells `refused` names.
 pub fn record_skips(store: &ResultsDb, run: &str, plan: &Plan, refused: &[(Cell, String)]) -> Result<(), LabError> {
-    for (cell, reason) in refused {
+    let skipped: Vec<(Cell, Failure)> =
+        refused.iter().map(|(cell, why)| (cell.clone(), Failure::Unrunnable { why: why.clone() })).collect();
+    record_unrun(store, run, plan, &skipped)
+}
+
+/// Records every repetition of each cell of `unrun` as not run, for its failure (a SKIP, a
+/// prefix's BUILD-FAIL); a repetition with a result keeps it.
+pub fn record_unrun(store: &ResultsDb, run: &str, plan: &Plan, unrun: &[(Cell, Failure)]) -> Result<(), LabError> {
+    for (cell, failure) in unrun {
         let engine = plan.image(&cell.image).map(|i| i.engine).unwrap_or_default();
         for repetition in 0..plan.matrix.repetitions {
-            let failure = Failure::Unrunnable { why: reason.clone() };
-            store.record(&Record::not_run(run, cell, repetition, engine, failure))?;
+            store.record(&Record::not_run(run, cell, repetition, engine, failure.clone()))?;
         }
     }
     Ok(())
@@ -147,8 +154,31 @@ pub fn execute(
     progress: &dyn Progress,
     cancel: &AtomicBool,
 ) -> Result<Outcome, LabError> {
-    let artifacts = lock(&store).artifacts(run);
-    let done: BTreeSet<(usize, u32)> = lock(&store).done(run)?.into_iter().collect();
+    execute_some(&store, env, plan, run, &|_, _| true, progress, cancel)?;
+    finish(&store, run, cancel)
+}
+
+/// Marks `run` done (or cancelled, when `cancel` is set); its counts.
+pub fn finish(store: &Mutex<ResultsDb>, run: &str, cancel: &AtomicBool) -> Result<Outcome, LabError> {
+    let cancelled = cancel.load(Ordering::SeqCst);
+    let store = lock(store);
+    store.finish_run(run, if cancelled { RunState::Cancelled } else { RunState::Done })?;
+    Ok(Outcome { counts: store.result_counts(run)?.by_status, cancelled })
+}
+
+/// Runs the repetitions of `run` that `wanted` picks (a cell and a repetition) and that have no
+/// result yet, each device's in turn on its own worker.
+pub fn execute_some(
+    store: &Arc<Mutex<ResultsDb>>,
+    env: &LabEnv,
+    plan: &RunPlan,
+    run: &str,
+    wanted: &(dyn Fn(&Cell, u32) -> bool + Sync),
+    progress: &dyn Progress,
+    cancel: &AtomicBool,
+) -> Result<(), LabError> {
+    let artifacts = lock(store).artifacts(run);
+    let done: BTreeSet<(usize, u32)> = lock(store).done(run)?.into_iter().collect();
     let matrix = &plan.plan.matrix;
     let total = plan.plan.cells.len() * matrix.repetitions as usize;
     let recorded = Mutex::new(done.len());
@@ -159,12 +189,12 @@ pub fn execute(
         for device in &devices {
             let pending: Vec<(u32, &Cell)> = (0..matrix.repetitions)
                 .flat_map(|rep| plan.plan.cells.iter().filter(|c| c.device == *device).map(move |c| (rep, c)))
-                .filter(|(rep, c)| !done.contains(&(c.index, *rep)))
+                .filter(|(rep, c)| !done.contains(&(c.index, *rep)) && wanted(c, *rep))
                 .collect();
             if pending.is_empty() {
                 continue;
             }
-            let (store, ctx, recorded, errors) = (&store, &ctx, &recorded, &errors);
+            let (store, ctx, recorded, errors) = (&**store, &ctx, &recorded, &errors);
             scope.spawn(move || {
                 let worker = Worker { store, env, ctx, plan, device, progress, cancel, recorded, total };
                 if let Err(e) = worker.run(pending) {
@@ -173,13 +203,10 @@ pub fn execute(
             });
         }
     });
-    if let Some(e) = errors.into_inner().unwrap_or_else(|p| p.into_inner()).pop() {
-        return Err(e);
+    match errors.into_inner().unwrap_or_else(|p| p.into_inner()).pop() {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    let cancelled = cancel.load(Ordering::SeqCst);
-    let store = lock(&store);
-    store.finish_run(run, if cancelled { RunState::Cancelled } else { RunState::Done })?;
-    Ok(Outcome { counts: store.result_counts(run)?.by_status, cancelled })
 }
 
 /// Runs a repetition by `attempt`, and again, up to [`HOST_FAULT_RETRIES`] times, while the host

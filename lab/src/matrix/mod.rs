@@ -33,6 +33,7 @@ mod check;
 mod cmdline;
 mod device;
 mod plan;
+pub mod series;
 #[cfg(test)]
 mod tests;
 
@@ -49,6 +50,7 @@ pub use engines::agent::Direction;
 pub use engines::device::{DeviceSource, HostPeer, Wire};
 pub use guest_images::initramfs_build::GuestTool;
 pub use plan::{Cell, Plan};
+pub use series::SeriesStep;
 
 /// Most results (cells x repetitions) one run may have.
 pub const MAX_RESULTS: usize = 100_000;
@@ -188,6 +190,14 @@ pub struct Image {
     /// Files here, or (over the API) each file's name and text.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub patches: Vec<PatchRef>,
+    /// A patch series on top of `patches` (`initrd = "agent"` only): the image stands for one
+    /// image per prefix, the base and each patch added in turn ([`series`]). Files here (an
+    /// mbox, format-patch files, a folder of them), or (over the API) each file's name and text.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub series: Vec<PatchRef>,
+    /// Where in its series the image is, for an image [`series::expand`] wrote out.
+    #[serde(skip)]
+    pub step: Option<SeriesStep>,
     /// The driver's folder in the kernel tree, for `patches`.
     #[serde(default = "default_driver_folder")]
     pub driver: String,
@@ -305,6 +315,9 @@ pub struct Variant {
     /// what the guest's kernel picks].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iommu_domain: Option<IommuDomainChoice>,
+    /// Where in its series the variant's image is, for a variant [`series::expand`] wrote out.
+    #[serde(skip)]
+    pub step: Option<SeriesStep>,
 }
 
 /// A domain a variant asks the guest for.

@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Device, DeviceSource, Image, MAX_CELLS, MAX_RESULTS, Matrix, MatrixError, MatrixErrorKind, ParamValues, Variant,
-    Workload, check,
+    Device, DeviceSource, Image, MAX_CELLS, MAX_RESULTS, Matrix, MatrixError, ParamValues, Variant, Workload, check,
 };
 
 /// One cell: a variant with one value per parameter, under one workload, on one device.
@@ -28,6 +27,9 @@ pub struct Cell {
     pub workload: String,
     /// The device.
     pub device: String,
+    /// Where in its series the cell's image is, when it is a prefix of one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<super::SeriesStep>,
 }
 
 impl Cell {
@@ -35,6 +37,13 @@ impl Cell {
     pub fn key(&self) -> String {
         let params: Vec<String> = self.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
         format!("{}/{}[{}]/{}/{}", self.image, self.variant, params.join(","), self.workload, self.device)
+    }
+
+    /// Its parameters, workload and device: what the cells of one variant across a series'
+    /// prefixes share.
+    pub fn key_without_image(&self) -> String {
+        let params: Vec<String> = self.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!("[{}]/{}/{}", params.join(","), self.workload, self.device)
     }
 
     /// A short label for tables and charts: the variant and its parameters.
@@ -66,18 +75,6 @@ impl Plan {
         self.cells.len() * self.matrix.repetitions as usize
     }
 
-    /// Reads, checks and expands the matrix at `path`.
-    pub fn load(path: &Path) -> Result<Plan, MatrixError> {
-        let text = std::fs::read_to_string(path).map_err(|e| MatrixError {
-            kind: MatrixErrorKind::Unreadable,
-            file: path.to_path_buf(),
-            line: None,
-            field: "file".into(),
-            message: e.to_string(),
-        })?;
-        Plan::parse(path, &text)
-    }
-
     /// Checks and expands `text`, read from `file`.
     pub fn parse(file: &Path, text: &str) -> Result<Plan, MatrixError> {
         let matrix = Matrix::from_toml(file, text)?;
@@ -86,8 +83,14 @@ impl Plan {
 
     /// Checks and expands `matrix`, from `file`; `text` is what the run stores (TOML that parses
     /// into `matrix`), `spans_in` the text its spans point into, for the lines of errors.
-    pub fn from_matrix(file: &Path, matrix: Matrix, text: String, spans_in: Option<&str>) -> Result<Plan, MatrixError> {
+    pub fn from_matrix(
+        file: &Path,
+        mut matrix: Matrix,
+        text: String,
+        spans_in: Option<&str>,
+    ) -> Result<Plan, MatrixError> {
         let checker = check::Checker { file, text: spans_in };
+        super::series::expand(&mut matrix, &checker)?;
         let sources = checker.check(&matrix)?;
         // Counted from the matrix's shape before anything is expanded: twelve parameters of
         // ten values are 10^12 cells, which must be refused, not built.
@@ -198,6 +201,7 @@ fn expand(m: &Matrix) -> Vec<Cell> {
                         params: params.clone(),
                         workload: workload.name().to_string(),
                         device: device.name.clone(),
+                        step: variant.step.clone(),
                     });
                 }
             }

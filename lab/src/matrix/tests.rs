@@ -320,7 +320,8 @@ fn every_example_matrix_checks_out() {
             if !text.lines().any(|l| l.starts_with("model = ") || l.starts_with("bdf = ")) {
                 continue;
             }
-            Plan::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
+            let text = crate::recipe::inline_series(&path, &text).unwrap_or_else(|e| panic!("{e}"));
+            Plan::parse(&path, &text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             checked += 1;
         }
     }

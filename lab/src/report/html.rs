@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::Report;
-use super::tables::{CPU_NOTE, DMA_NOTE, LATENCY_NOTE, LINK_NOTE, SUBTEST_NOTE};
+use super::tables::{CPU_NOTE, DMA_NOTE, LATENCY_NOTE, LINK_NOTE, SERIES_NOTE, SUBTEST_NOTE};
 
 /// An HTML table `id` of `rows` under `columns`, after `intro`; nothing for no rows but the
 /// cells' own table (which has no intro).
@@ -52,6 +52,7 @@ impl Report {
         table(&mut out, "dma", Some(DMA_NOTE), &Report::DMA_COLUMNS, &self.dma_rows());
         table(&mut out, "cpu", Some(CPU_NOTE), &Report::CPU_COLUMNS, &self.cpu_rows());
         table(&mut out, "latency", Some(LATENCY_NOTE), &Report::LATENCY_COLUMNS, &self.latency_rows());
+        table(&mut out, "series", Some(SERIES_NOTE), &Report::SERIES_COLUMNS, &self.series_rows());
         table(&mut out, "subtests", Some(SUBTEST_NOTE), &Report::SUBTEST_COLUMNS, &self.subtest_rows());
         let bus = self.link_rows();
         if !bus.is_empty() {

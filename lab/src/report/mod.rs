@@ -103,6 +103,28 @@ pub struct CellReport {
     /// baseline cell's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub subtests: Vec<SubtestSummary>,
+    /// Where in its patch series the cell's image is (a cell of a series' prefix).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<crate::matrix::SeriesStep>,
+    /// Whether the prefix's image did not build (its repetitions are its BUILD-FAIL).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub build_failed: bool,
+    /// Against the previous prefix's cell (a series' prefix past the base): the change of the
+    /// metric the verdict is about, and its verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous: Option<StepChange>,
+}
+
+/// A prefix's change against the previous prefix of its series.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepChange {
+    /// The previous prefix's cell.
+    pub cell: String,
+    /// The metric compared: Gbit/s when both have it, else the first they share.
+    pub metric: Metric,
+    /// The change and its verdict.
+    #[serde(flatten)]
+    pub change: Change,
 }
 
 /// One selftest subtest of a cell: its results over the repetitions and, against the baseline
@@ -226,6 +248,7 @@ impl Report {
                 }
             }
         }
+        summary::judge_steps(&mut cells, run, rule);
         let engines: std::collections::BTreeSet<EngineKind> = cells.iter().filter_map(|c| c.engine).collect();
         let engine = match engines.len() {
             0 => RunEngine::Driverlab,

@@ -40,6 +40,8 @@ pub struct CellSamples {
     pub(super) samples: BTreeMap<Metric, Vec<f64>>,
     /// The selftests' subtests (kselftest cells) by name: their results over the repetitions.
     pub(super) subtests: BTreeMap<String, SubtestTally>,
+    /// Whether its image (a series' prefix) did not build.
+    pub(super) build_failed: bool,
 }
 
 /// One subtest's results over a cell's repetitions.
@@ -66,6 +68,7 @@ impl CellSamples {
     /// Takes in one of the cell's records.
     pub fn add(&mut self, r: &Record) {
         *self.status.entry(r.status).or_default() += 1;
+        self.build_failed |= matches!(r.failure, Some(crate::failure::Failure::BuildFailed { .. }));
         if let Some(reason) = r.reason.as_ref().filter(|_| r.status != Status::Pass)
             && !self.reasons.contains(reason)
         {

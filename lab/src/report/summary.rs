@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::samples::CellSamples;
-use super::{CellReport, MetricSummary, SubtestSummary, SubtestVerdict};
+use super::{CellReport, MetricSummary, RunRecords, StepChange, SubtestSummary, SubtestVerdict};
 use crate::matrix::{Cell, EngineKind};
 use crate::metric::Metric;
 use crate::record::Status;
@@ -45,6 +45,34 @@ pub(super) fn summarise(cell: &Cell, s: &CellSamples) -> CellReport {
         subtests: (s.subtests.iter())
             .map(|(name, &tally)| SubtestSummary { name: name.clone(), tally, verdict: None })
             .collect(),
+        step: cell.step.clone(),
+        build_failed: s.build_failed,
+        previous: None,
+    }
+}
+
+/// Each series prefix's cell against the previous prefix's cell with the same variant as
+/// written, parameters, workload and device: the change of Gbit/s (or the first metric both
+/// have) and its verdict.
+pub(super) fn judge_steps(reports: &mut [CellReport], run: &RunRecords<'_>, rule: &VerdictRule) {
+    // A prefix's cell by what it shares with the next prefix's, and its position.
+    let key = |cell: &Cell, index: usize| {
+        cell.step.as_ref().map(|s| (s.series.clone(), s.variant.clone(), index, cell.key_without_image()))
+    };
+    let by_key: BTreeMap<_, &Cell> =
+        run.cells.iter().filter_map(|c| Some((key(c, c.step.as_ref()?.index)?, c))).collect();
+    for cell in run.cells {
+        let Some(step) = cell.step.as_ref().filter(|s| s.index > 0) else { continue };
+        let Some(previous) = key(cell, step.index - 1).and_then(|k| by_key.get(&k)) else { continue };
+        let (mine, theirs) = (run.samples.cell(cell.index), run.samples.cell(previous.index));
+        let shared = |m: &Metric| theirs.samples.contains_key(m);
+        let metric = Some(Metric::PRIMARY)
+            .filter(|m| mine.samples.contains_key(m) && shared(m))
+            .or_else(|| mine.samples.keys().copied().find(|m| shared(m)));
+        let Some(metric) = metric else { continue };
+        if let Some(change) = rule.judge(theirs.of(metric), mine.of(metric), metric.higher_is_better()) {
+            reports[cell.index].previous = Some(StepChange { cell: previous.id.clone(), metric, change });
+        }
     }
 }
 

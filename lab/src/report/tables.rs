@@ -29,13 +29,7 @@ impl Report {
                 let status: Vec<String> =
                     c.status.iter().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{n} {s}")).collect();
                 let (gbit, gbit_change) = cell_metric(c, Metric::GbitS, 3);
-                // Maps per packet of the side the workload moves, where a cell splits them.
-                let side = match c.direction {
-                    Some(Direction::Tx) => Metric::TxMapsPerPacket,
-                    _ => Metric::RxMapsPerPacket,
-                };
-                let maps_metric = if c.metrics.contains_key(&side) { side } else { Metric::MapsPerPacket };
-                let (maps, maps_change) = cell_metric(c, maps_metric, 4);
+                let (maps, maps_change) = cell_metric(c, maps_metric(c), 4);
                 let verdict = c.verdict.map_or(String::from("-"), |v| v.to_string());
                 [
                     c.cell.clone(),
@@ -198,6 +192,53 @@ impl Report {
             .collect()
     }
 
+    /// The series table's header: what [`Report::series_rows`] gives.
+    pub const SERIES_COLUMNS: [&'static str; 9] = [
+        "cell",
+        "prefix",
+        "patch",
+        "status",
+        "Gbit/s",
+        "maps/packet",
+        "against the previous",
+        "against the base",
+        "variant",
+    ];
+
+    /// One row per cell of a series' prefix, in the series' order: its figures, its verdict
+    /// against the previous prefix and against the base, BUILD-FAIL where it did not build.
+    pub fn series_rows(&self) -> Vec<[String; 9]> {
+        self.cells
+            .iter()
+            .filter_map(|c| Some((c, c.step.as_ref()?)))
+            .map(|(c, step)| {
+                let status: Vec<String> =
+                    c.status.iter().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{n} {s}")).collect();
+                let maps = cell_metric(c, maps_metric(c), 4).0;
+                let (previous, base) = if c.build_failed {
+                    (crate::failure::BUILD_FAILED.to_string(), crate::failure::BUILD_FAILED.to_string())
+                } else {
+                    let previous = c.previous.as_ref().map_or("-".into(), |p| {
+                        let pct = p.change.change_pct.map_or("from 0".into(), |pct| format!("{pct:+.1} %"));
+                        format!("{} ({} {pct})", p.change.verdict, p.metric)
+                    });
+                    (previous, c.verdict.map_or("-".into(), |v| v.to_string()))
+                };
+                [
+                    c.cell.clone(),
+                    step.position(),
+                    step.subject.clone(),
+                    status.join(", "),
+                    cell_metric(c, Metric::GbitS, 3).0,
+                    maps,
+                    previous,
+                    base,
+                    self.label(c),
+                ]
+            })
+            .collect()
+    }
+
     /// The selftests table's header: what [`Report::subtest_rows`] gives.
     pub const SUBTEST_COLUMNS: [&'static str; 5] = ["subtest", "cell", "variant", "results", "against baseline"];
 
@@ -303,7 +344,19 @@ pub(super) const LATENCY_NOTE: &str = "Request/response round trips (sockperf pi
 /// What the readiness table is.
 pub(super) const SUBTEST_NOTE: &str = "The kernel's NIC selftests (tools/testing/selftests/drivers/net), each subtest's \
      results over the cell's repetitions; a regression passed in every repetition of the baseline and failed here:";
+pub(super) const SERIES_NOTE: &str = "The patch series, prefix by prefix (the base has none of its patches): each \
+     prefix against the one before it (the change of Gbit/s, or of the first figure both have) and against the base:";
 pub(super) const READY_NOTE: &str = "Time to a ready cell (from spawning the VMM):";
+
+/// The maps per packet a cell's tables show: of the side its workload moves, where the cell
+/// splits them.
+fn maps_metric(c: &CellReport) -> Metric {
+    let side = match c.direction {
+        Some(Direction::Tx) => Metric::TxMapsPerPacket,
+        _ => Metric::RxMapsPerPacket,
+    };
+    if c.metrics.contains_key(&side) { side } else { Metric::MapsPerPacket }
+}
 
 /// `mean ± ci half-width` and `+12.3 %` of a metric, or dashes.
 fn cell_metric(c: &CellReport, name: Metric, digits: usize) -> (String, String) {

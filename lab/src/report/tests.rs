@@ -13,6 +13,7 @@ fn cell(index: usize, variant: &str) -> Cell {
         params: BTreeMap::new(),
         workload: "rx".into(),
         device: "aq".into(),
+        step: None,
     }
 }
 

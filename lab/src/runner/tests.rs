@@ -44,6 +44,7 @@ fn passed(workload: &str) -> Record {
         params: Default::default(),
         workload: workload.into(),
         device: "aq".into(),
+        step: None,
     };
     Record::begun("r", &cell, 0).judged(None)
 }

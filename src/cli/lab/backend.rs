@@ -55,13 +55,13 @@ pub enum Backend {
 }
 
 /// Ctrl-C: finish the repetitions running, record the rest as MISS, mark the run cancelled.
-static CANCEL: AtomicBool = AtomicBool::new(false);
+pub(super) static CANCEL: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_interrupt(_: libc::c_int) {
     CANCEL.store(true, Ordering::SeqCst);
 }
 
-fn catch_interrupt() {
+pub(super) fn catch_interrupt() {
     // SAFETY: installing a handler that only stores to an atomic, which is async-signal-safe.
     unsafe { libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t) };
 }
@@ -91,7 +91,12 @@ impl Backend {
     pub fn run(&self, matrix: &Path, skip_unrunnable: bool, build_here: bool) -> anyhow::Result<Finished> {
         match self {
             Backend::Local(db) => {
-                let plan = Plan::load(matrix).map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
+                let text = std::fs::read_to_string(matrix)
+                    .map_err(|e| CodedError { message: format!("{}: {e}", matrix.display()), code: 2 })?;
+                // The run keeps its series' texts: a resumed run has the prefixes it started with.
+                let text = lab::recipe::inline_series(matrix, &text)
+                    .map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
+                let plan = Plan::parse(matrix, &text).map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
                 let env = crate::cli::lab_env()?;
                 let mut store = Backend::db(db)?;
                 // Images the lab builds (recipes) come first: the first time, a download and a build.

@@ -3,6 +3,7 @@
 //! through a daemon ([`backend`]) and prints the same either way ([`output`]).
 
 mod backend;
+mod bisect;
 pub mod daemon;
 mod output;
 
@@ -28,6 +29,12 @@ pub enum LabCommand {
     /// Exit code 0 when every repetition passed (or was skipped), 1 otherwise, 2 for a matrix that
     /// is invalid or cannot run here.
     Run(RunArgs),
+    /// Find the patch of a series that first moves a figure (or breaks the cell): a bisection
+    /// over the series' prefixes with the lab's statistical verdict at each step, repetitions
+    /// added where it cannot tell, up to a budget. Steps on stdout as they are judged; the last
+    /// line is `bisect ID: first change at patch K/N "SUBJECT"` (or `no change across N
+    /// patches`, `undecided between K/N and L/N`). The bisection is a run: `lab report ID`.
+    Bisect(bisect::BisectArgs),
     /// Finish an interrupted or cancelled run: only the repetitions without a result run.
     Resume(ResumeArgs),
     /// Build a matrix's image recipes (`kernel = "debian"`, `initrd = "agent"`, `patches`) in this
@@ -296,6 +303,7 @@ impl LabCommand {
     pub fn run(self) -> anyhow::Result<u8> {
         match self {
             LabCommand::Run(args) => run_matrix(args),
+            LabCommand::Bisect(args) => bisect::bisect(args),
             LabCommand::Resume(args) => resume(args),
             LabCommand::Pin(args) => {
                 let backend = Backend::of(&args.daemon, &DbArgs { db: None })?;

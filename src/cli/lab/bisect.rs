@@ -1,0 +1,182 @@
+//! `driverlab lab bisect`: the patch of a series that first moves a figure (or breaks the
+//! cell), found by bisection over its prefixes in a run of this process. Each step is printed
+//! as it is judged (stdout), each repetition as it ends (stderr); the last line is the
+//! contract of docs/lab.md: `bisect ID: first change at patch K/N "SUBJECT"`, `bisect ID: no
+//! change across N patches`, `bisect ID: undecided between K/N and L/N`, or `bisect ID: the
+//! base fails: WHY`.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use clap::Args;
+use lab::bisect::run::{BisectError, BisectOptions, BisectProgress, bisect_series};
+use lab::bisect::{Bisection, Direction, Outcome, Step, StepVerdict};
+use lab::matrix::{Plan, SeriesStep};
+use lab::metric::Metric;
+use lab::record::Record;
+use lab::scheduler::Progress;
+use lab::stats::Moments;
+
+use super::DbArgs;
+use super::output::Console;
+use crate::cli::CodedError;
+
+/// Options of `lab bisect`.
+#[derive(Args)]
+pub struct BisectArgs {
+    /// The matrix: one image with `series`, one variant on it, one workload, one device; its
+    /// `repetitions` are what each step starts with.
+    #[arg(value_name = "MATRIX.toml")]
+    pub matrix: PathBuf,
+    /// The figure, as the JSON report names it (e.g. `rx_maps_per_packet`, `gbit_s`).
+    #[arg(long, value_name = "NAME", value_parser = metric)]
+    pub metric: Metric,
+    /// Which way the figure must move to count: `up`, `down` or `any`.
+    #[arg(long, default_value = "any", value_parser = direction)]
+    pub direction: Direction,
+    /// A change smaller than this many percent is no change [default: 5].
+    #[arg(long, value_name = "PCT")]
+    pub threshold: Option<f64>,
+    /// Most repetitions of one prefix, where the lab's rule cannot tell a change from the noise
+    /// [default: 10, or the matrix's repetitions if more].
+    #[arg(long, value_name = "N")]
+    pub budget: Option<u32>,
+    /// The results database (`--db`).
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// A metric by its report name, or the names there are.
+fn metric(name: &str) -> Result<Metric, String> {
+    name.parse().map_err(|_| {
+        let names: Vec<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
+        format!("no metric {name:?}; the report's are {}", names.join(", "))
+    })
+}
+
+/// A direction by its name.
+fn direction(name: &str) -> Result<Direction, String> {
+    name.parse().map_err(|_| format!("{name:?}: give up, down or any"))
+}
+
+/// Runs `lab bisect`; the exit code: 0 for a verdict, 1 undecided or a failing base, 2 for a
+/// matrix or options that make no bisection.
+pub fn bisect(args: BisectArgs) -> anyhow::Result<u8> {
+    let refused = |message: String| CodedError { message, code: 2 };
+    let text = std::fs::read_to_string(&args.matrix).map_err(|e| refused(format!("{}: {e}", args.matrix.display())))?;
+    let text = lab::recipe::inline_series(&args.matrix, &text).map_err(|e| refused(e.to_string()))?;
+    let plan = Plan::parse(&args.matrix, &text).map_err(|e| refused(e.to_string()))?;
+    let env = crate::cli::lab_env()?;
+    let store = Arc::new(Mutex::new(args.db.open()?));
+    let options = BisectOptions {
+        metric: args.metric,
+        direction: args.direction,
+        threshold_pct: args.threshold,
+        budget: args.budget,
+    };
+    let console = StepConsole { console: Console::plain(), metric: args.metric, steps: Mutex::new(0) };
+    super::backend::catch_interrupt();
+    let (run, bisection) = bisect_series(store.clone(), &env, plan, &options, &console, &super::backend::CANCEL)
+        .map_err(|e| {
+            let code = if matches!(e, BisectError::Refused(_)) || matches!(&e, BisectError::Run(r) if r.is_bad_input())
+            {
+                2
+            } else {
+                1
+            };
+            CodedError { message: e.to_string(), code }
+        })?;
+    let store = store.lock().unwrap_or_else(|p| p.into_inner());
+    let report = lab::run::report(&store, &run, None).map_err(super::backend::coded)?;
+    print!("{}", report.to_markdown());
+    let steps = series_steps(&store, &run)?;
+    let (line, code) = last_line(&run, &bisection, &steps, args.metric);
+    println!("{line}");
+    Ok(code)
+}
+
+/// Each prefix's place in the series, from the run's cells.
+fn series_steps(store: &lab::results_db::ResultsDb, run: &str) -> anyhow::Result<Vec<SeriesStep>> {
+    Ok(store.run_plan(run)?.2.into_iter().filter_map(|c| c.step).collect())
+}
+
+/// The evidence and the last line of a bisection, and its exit code.
+fn last_line(run: &str, b: &Bisection, steps: &[SeriesStep], metric: Metric) -> (String, u8) {
+    let n = b.patches;
+    match &b.outcome {
+        Outcome::FirstChange { patch, before, after, broken } => {
+            let step = &steps[*patch];
+            let mut evidence = format!("patch {}: \"{}\"", step.position(), step.subject);
+            if !step.author.is_empty() {
+                evidence.push_str(&format!(" by {}", step.author));
+            }
+            if !step.message_id.is_empty() {
+                evidence.push_str(&format!(" <{}>", step.message_id));
+            }
+            println!("\n{evidence}");
+            println!("{metric} before it ({}/{n}): {}", patch - 1, figures(before.as_ref()));
+            match broken {
+                Some(why) => println!("with it: the cell fails: {why}"),
+                None => println!("{metric} with it ({}/{n}): {}", patch, figures(after.as_ref())),
+            }
+            (format!("bisect {run}: first change at patch {patch}/{n} \"{}\"", step.subject), 0)
+        }
+        Outcome::NoChange => (format!("bisect {run}: no change across {n} patches"), 0),
+        Outcome::Undecided { from, to } => (format!("bisect {run}: undecided between {from}/{n} and {to}/{n}"), 1),
+        Outcome::BaseBroken { why } => (format!("bisect {run}: the base fails: {why}"), 1),
+    }
+}
+
+/// `mean ± half-width (n N)`, or `none`.
+fn figures(m: Option<&Moments>) -> String {
+    match m {
+        Some(m) => match m.ci95 {
+            Some([lo, hi]) => format!("{:.4} ± {:.4} (n {})", m.mean, (hi - lo) / 2.0, m.n),
+            None => format!("{:.4} (n {})", m.mean, m.n),
+        },
+        None => "none".into(),
+    }
+}
+
+/// The run's progress on stderr, the bisection's steps on stdout.
+struct StepConsole {
+    console: Console,
+    metric: Metric,
+    steps: Mutex<usize>,
+}
+
+impl Progress for StepConsole {
+    fn recorded(&self, record: &Record, done: usize, total: usize) {
+        self.console.recorded(record, done, total);
+    }
+
+    fn note(&self, line: &str) {
+        self.console.note(line);
+    }
+}
+
+impl BisectProgress for StepConsole {
+    fn started(&self, run: &str) {
+        println!("bisect {run} started");
+    }
+
+    fn step(&self, step: &Step, at: &SeriesStep) {
+        let mut count = self.steps.lock().unwrap_or_else(|p| p.into_inner());
+        *count += 1;
+        let verdict = match &step.verdict {
+            StepVerdict::Broken { why } => format!("broken: {why}"),
+            other => other.word().to_string(),
+        };
+        let change = step.change.and_then(|c| c.change_pct).map(|pct| format!(", {pct:+.1} %")).unwrap_or_default();
+        let p = step.change.and_then(|c| c.p_value).map(|p| format!(", p {p:.2e}")).unwrap_or_default();
+        println!(
+            "step {count}: {} \"{}\": {verdict} ({} {} against the base's {}{change}{p}; {} repetitions)",
+            at.position(),
+            at.subject,
+            self.metric,
+            figures(step.figures.as_ref()),
+            figures(step.base.as_ref()),
+            step.runs
+        );
+    }
+}

@@ -33,3 +33,4 @@ pub mod run;
 pub mod runner;
 pub mod scheduler;
 pub mod stats;
+pub mod trial;

@@ -150,7 +150,7 @@ pub fn patch_files(image: &Image, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<
 
 /// The files `refs` name: read here (paths through `resolve`; a folder gives its files in name
 /// order, as `git format-patch` numbers them), or as the matrix carries them.
-fn read_patches(refs: &[PatchRef], resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Vec<PatchFile>, ImageError> {
+pub fn read_patches(refs: &[PatchRef], resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Vec<PatchFile>, ImageError> {
     let mut files = Vec::new();
     for patch in refs {
         match patch {

@@ -6,6 +6,7 @@ mod backend;
 mod bisect;
 pub mod daemon;
 mod output;
+mod trial;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,11 @@ pub enum LabCommand {
     /// line is `bisect ID: first change at patch K/N "SUBJECT"` (or `no change across N
     /// patches`, `undecided between K/N and L/N`). The bisection is a run: `lab report ID`.
     Bisect(bisect::BisectArgs),
+    /// Try a patch or a series in one command: write the matrix a user would (the stock driver
+    /// against the patched one, or every prefix of a series, on a model of its device under a
+    /// workload with the lab's defaults), show it on stderr and keep it in a file, and run it
+    /// as `lab run` does (the same stdout, report and last line).
+    Try(trial::TryArgs),
     /// Finish an interrupted or cancelled run: only the repetitions without a result run.
     Resume(ResumeArgs),
     /// Build a matrix's image recipes (`kernel = "debian"`, `initrd = "agent"`, `patches`) in this
@@ -304,6 +310,7 @@ impl LabCommand {
         match self {
             LabCommand::Run(args) => run_matrix(args),
             LabCommand::Bisect(args) => bisect::bisect(args),
+            LabCommand::Try(args) => trial::try_patches(args),
             LabCommand::Resume(args) => resume(args),
             LabCommand::Pin(args) => {
                 let backend = Backend::of(&args.daemon, &DbArgs { db: None })?;

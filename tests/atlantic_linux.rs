@@ -460,6 +460,7 @@ fn a_prefix_that_oopses_is_a_broken_step_and_one_that_does_not_apply_is_its_buil
     let matrix = logs.path().join("broken.toml");
     std::fs::write(&matrix, text).unwrap();
     let db = logs.path().join("lab.db");
+    every_prefix_checks_each_prefix_once_first(&matrix, &db);
     let (code, run, stdout, stderr) = bisect(&matrix, &["--metric", "rx_maps_per_packet", "--budget", "2"], &db);
     let subject = "net: atlantic: write through NULL on load";
     assert_eq!(
@@ -487,4 +488,37 @@ fn a_prefix_that_oopses_is_a_broken_step_and_one_that_does_not_apply_is_its_buil
         of(3).all(|r| r["status"] == "SKIP" && r["reason"].as_str().unwrap_or_default().contains("prefix 2/3")),
         "3/3 is not built: {shown}"
     );
+}
+
+/// `lab run --every-prefix` on the broken series (2 repetitions): each prefix's check runs once,
+/// before any cell of the matrix's own workload; 2/3's cells are its BUILD-FAIL, 3/3's SKIP.
+fn every_prefix_checks_each_prefix_once_first(matrix: &std::path::Path, db: &std::path::Path) {
+    let driverlab = env!("CARGO_BIN_EXE_driverlab");
+    let out =
+        Command::new(driverlab).args(["lab", "run"]).arg(matrix).args(["--every-prefix", "--db"]).arg(db).output();
+    let out = out.expect("driverlab runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let run = stdout.lines().next().and_then(|l| l.strip_prefix("run ")?.strip_suffix(" started")).unwrap_or_default();
+    assert_eq!(
+        (out.status.code(), stdout.lines().last()),
+        (Some(1), Some(format!("run {run}: 8 cells, 3 passed, 7 failed, 0 errors, 6 skipped").as_str())),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let show = Command::new(driverlab).args(["lab", "show", run, "--json", "--db"]).arg(db).output().unwrap();
+    let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    let records = shown["records"].as_array().unwrap();
+    let booted = |check: bool| {
+        records.iter().filter(move |r| {
+            (r["cell"]["workload"] == "prefix-check") == check
+                && r["status"] != "SKIP"
+                && r["failure"]["kind"] != "build-failed"
+        })
+    };
+    let checks: Vec<&str> = booted(true).filter_map(|r| r["started_at"].as_str()).collect();
+    let others: Vec<&str> = booted(false).filter_map(|r| r["started_at"].as_str()).collect();
+    assert_eq!((checks.len(), others.len()), (2, 4), "the base's and 1/3's check, and their two repetitions each");
+    assert!(checks.iter().max() < others.iter().min(), "the checks ran first: {checks:?} then {others:?}");
+    let once = records.iter().filter(|r| r["reason"] == "a prefix check runs once").count();
+    assert_eq!(once, 2, "the base's and 1/3's second repetition of the check: {shown}");
 }

@@ -177,6 +177,7 @@ pub fn create(
     }
     let run = store.create_run(&plan.plan)?;
     scheduler::record_unrun(store, &run, &plan.plan, &plan.unbuilt())?;
+    scheduler::record_checks_once(store, &run, &plan.plan)?;
     scheduler::record_skips(store, &run, &plan.plan, &refused)?;
     Ok((run, plan))
 }

@@ -140,6 +140,20 @@ pub fn record_unrun(store: &ResultsDb, run: &str, plan: &Plan, unrun: &[(Cell, F
     Ok(())
 }
 
+/// Records the repetitions past the first of each prefix check's cell (`--every-prefix`) as
+/// SKIP: a check runs once.
+pub fn record_checks_once(store: &ResultsDb, run: &str, plan: &Plan) -> Result<(), LabError> {
+    let checks = plan.cells.iter().filter(|c| plan.workload(&c.workload).is_some_and(Workload::is_prefix_check));
+    let once = Failure::Unrunnable { why: "a prefix check runs once".into() };
+    for cell in checks {
+        let engine = plan.image(&cell.image).map(|i| i.engine).unwrap_or_default();
+        for repetition in 1..plan.matrix.repetitions {
+            store.record(&Record::not_run(run, cell, repetition, engine, once.clone()))?;
+        }
+    }
+    Ok(())
+}
+
 /// The identity of a device for leases and quarantine (see [`crate::matrix::Device::lease_key`]).
 fn lease_key(plan: &Plan, device: &str) -> Option<String> {
     plan.device(device)?.lease_key()
@@ -194,6 +208,9 @@ pub fn execute_some(
             if pending.is_empty() {
                 continue;
             }
+            // A series' prefix checks come before everything else (`--every-prefix`).
+            let mut pending = pending;
+            pending.sort_by_key(|(_, c)| !plan.plan.workload(&c.workload).is_some_and(Workload::is_prefix_check));
             let (store, ctx, recorded, errors) = (&**store, &ctx, &recorded, &errors);
             scope.spawn(move || {
                 let worker = Worker { store, env, ctx, plan, device, progress, cancel, recorded, total };

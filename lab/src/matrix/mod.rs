@@ -412,6 +412,11 @@ pub enum Workload {
         /// the two.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         orderly_unplug_after_s: Option<f64>,
+        /// A series' prefix check (`lab run --every-prefix` adds one): each cell runs once,
+        /// before every other cell of the run, so that each prefix is seen to load, pass
+        /// traffic and unload cleanly before any long workload.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        prefix_check: bool,
     },
     /// UDP frames of one size at a given rate, or as fast as the sender can, between the guest
     /// and the peer on the device's wire (Linux images): the packets per second delivered to
@@ -594,6 +599,11 @@ fn default_frame_bytes() -> u32 {
 }
 
 impl Workload {
+    /// Whether it is a series' prefix check: run once per cell, before the others.
+    pub fn is_prefix_check(&self) -> bool {
+        matches!(self, Workload::Iperf3 { prefix_check: true, .. })
+    }
+
     /// The unplug check the workload asks for: when (seconds into the traffic) and how.
     pub fn unplug(&self) -> Option<(f64, engines::UnplugKind)> {
         match self {

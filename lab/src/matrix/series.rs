@@ -134,6 +134,37 @@ pub(super) fn expand(matrix: &mut Matrix, checker: &Checker) -> Result<(), Matri
     Ok(())
 }
 
+/// The name of the workload `--every-prefix` adds.
+pub const PREFIX_CHECK: &str = "prefix-check";
+
+/// The matrix `text` with a prefix check as its first workload (`lab run --every-prefix`):
+/// iperf3 from the peer for 2 s, run once per cell before every other cell, so that every
+/// prefix of the series is seen to load, link, pass traffic and unload with no warning and no
+/// mapping left before any long workload. Refused for a matrix without a series, or with a
+/// workload of that name already.
+pub fn every_prefix(text: &str) -> Result<String, String> {
+    let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.message().to_string())?;
+    let has_series = table
+        .get("image")
+        .and_then(toml::Value::as_array)
+        .is_some_and(|images| images.iter().any(|i| i.get("series").is_some()));
+    if !has_series {
+        return Err("--every-prefix checks the prefixes of a series: the matrix has no image with `series`".into());
+    }
+    let workloads = table.entry("workload").or_insert_with(|| toml::Value::Array(Vec::new()));
+    let Some(workloads) = workloads.as_array_mut() else { return Err("`workload` is no list of tables".into()) };
+    if workloads.iter().any(|w| w.get("name").and_then(toml::Value::as_str) == Some(PREFIX_CHECK)) {
+        return Err(format!("--every-prefix adds a workload {PREFIX_CHECK:?}, and the matrix has one"));
+    }
+    let check: toml::Table = format!(
+        "name = \"{PREFIX_CHECK}\"\nkind = \"iperf3\"\ndirection = \"rx\"\nduration_s = 2\nprefix_check = true\n"
+    )
+    .parse()
+    .expect("a valid table");
+    workloads.insert(0, toml::Value::Table(check));
+    toml::to_string(&table).map_err(|e| e.to_string())
+}
+
 /// What a field's error is: the field (given the image's index) and why.
 type ReadError = (fn(usize) -> String, String);
 
@@ -346,6 +377,20 @@ mod tests {
         assert!(refused(&matrix(&long, "")).contains("at most 64"));
         let path = matrix(&mbox(), "").replace("{ name = \"s.mbox\", text = ", "\"s.mbox\", { name = \"t\", text = ");
         assert!(refused(&path).contains("were not read"), "{}", refused(&path));
+    }
+
+    #[test]
+    fn every_prefix_adds_a_check_that_comes_first_and_refuses_a_matrix_without_a_series() {
+        let text = every_prefix(&matrix(&mbox(), "")).unwrap();
+        let plan = parse(&text).unwrap();
+        assert!(plan.matrix.workloads[0].get_ref().is_prefix_check());
+        let first = &plan.cells[0];
+        assert_eq!((first.workload.as_str(), first.variant.as_str()), (PREFIX_CHECK, "v@0"));
+        assert_eq!(plan.cells.len(), 16, "4 prefixes x 2 values x 2 workloads");
+        assert_eq!(parse(&plan.text).unwrap().cells, plan.cells, "the stored text has the check");
+        let plain = "name = \"m\"\n[[image]]\nname = \"p\"\nkernel = \"probe\"\n";
+        assert!(every_prefix(plain).unwrap_err().contains("no image with `series`"));
+        assert!(every_prefix(&text).unwrap_err().contains("has one"));
     }
 
     #[test]

@@ -66,6 +66,17 @@ pub(super) fn catch_interrupt() {
     unsafe { libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t) };
 }
 
+/// How `lab run` runs its matrix.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Cells this host cannot run are SKIP rather than refused.
+    pub skip_unrunnable: bool,
+    /// The image recipes are built on this host (for a daemon that reads its image store).
+    pub build_here: bool,
+    /// A prefix check of every prefix of the series first ([`lab::matrix::series::every_prefix`]).
+    pub every_prefix: bool,
+}
+
 /// A run's error as the CLI's: 2 for the user's mistakes, 1 otherwise.
 pub fn coded(e: RunError) -> anyhow::Error {
     let code = if e.is_bad_input() { 2 } else { 1 };
@@ -86,17 +97,17 @@ impl Backend {
     }
 
     /// Runs the matrix at `matrix` to its end, printing `run ID started` first and a line per
-    /// repetition on stderr; `build_here` builds its image recipes on this host first (for a
-    /// daemon that reads this host's image store).
-    pub fn run(&self, matrix: &Path, skip_unrunnable: bool, build_here: bool) -> anyhow::Result<Finished> {
+    /// repetition on stderr, as `options` ask.
+    pub fn run(&self, matrix: &Path, options: &RunOptions) -> anyhow::Result<Finished> {
+        let refused = |message: String| CodedError { message, code: 2 };
+        let text = std::fs::read_to_string(matrix).map_err(|e| refused(format!("{}: {e}", matrix.display())))?;
+        let text = if options.every_prefix { lab::matrix::series::every_prefix(&text).map_err(refused)? } else { text };
+        let skip_unrunnable = options.skip_unrunnable;
         match self {
             Backend::Local(db) => {
-                let text = std::fs::read_to_string(matrix)
-                    .map_err(|e| CodedError { message: format!("{}: {e}", matrix.display()), code: 2 })?;
                 // The run keeps its series' texts: a resumed run has the prefixes it started with.
-                let text = lab::recipe::inline_series(matrix, &text)
-                    .map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
-                let plan = Plan::parse(matrix, &text).map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
+                let text = lab::recipe::inline_series(matrix, &text).map_err(|e| refused(e.to_string()))?;
+                let plan = Plan::parse(matrix, &text).map_err(|e| refused(e.to_string()))?;
                 let env = crate::cli::lab_env()?;
                 let mut store = Backend::db(db)?;
                 // Images the lab builds (recipes) come first: the first time, a download and a build.
@@ -106,17 +117,14 @@ impl Backend {
                 execute(store, &env, &plan, &run)
             }
             Backend::Remote(client) => {
-                let text = std::fs::read_to_string(matrix)
-                    .map_err(|e| CodedError { message: format!("{}: {e}", matrix.display()), code: 2 })?;
                 // The daemon builds the recipes (or, with `build_here`, this host does, into the
                 // store the daemon reads); it is sent the patches' texts, never their paths.
-                let text = if build_here {
+                let text = if options.build_here {
                     let images = guest_images::store::ImageStore::new(guest_images::store::default_root());
                     lab::recipe::pin_recipes(matrix, &text, &images, &|line| eprintln!("built here: {line}"))
                         .map_err(|e| CodedError { message: e.to_string(), code: 1 })?
                 } else {
-                    lab::recipe::inline_patches(matrix, &text)
-                        .map_err(|e| CodedError { message: e.to_string(), code: 2 })?
+                    lab::recipe::inline_patches(matrix, &text).map_err(|e| refused(e.to_string()))?
                 };
                 let runtime = runtime()?;
                 let run =

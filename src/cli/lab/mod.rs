@@ -141,6 +141,11 @@ pub struct RunArgs {
     /// this host's store, such as the nested box.
     #[arg(long)]
     pub build_here: bool,
+    /// Before any other workload, run every prefix of the matrix's series once through a short
+    /// check (load, link, 2 s of traffic, unload; no warning, no mapping left): a series that
+    /// breaks in the middle and mends later is caught.
+    #[arg(long)]
+    pub every_prefix: bool,
     /// The report's format.
     #[arg(long, value_enum, default_value = "md")]
     pub format: Format,
@@ -454,7 +459,12 @@ fn finish(backend: &Backend, finished: Finished, format: Format) -> anyhow::Resu
 
 fn run_matrix(args: RunArgs) -> anyhow::Result<u8> {
     let backend = Backend::of(&args.daemon, &args.db)?;
-    let finished = backend.run(&args.matrix, args.skip_unrunnable, args.build_here)?;
+    let options = backend::RunOptions {
+        skip_unrunnable: args.skip_unrunnable,
+        build_here: args.build_here,
+        every_prefix: args.every_prefix,
+    };
+    let finished = backend.run(&args.matrix, &options)?;
     finish(&backend, finished, args.format)
 }
 

@@ -97,6 +97,7 @@ pub fn try_patches(args: TryArgs) -> anyhow::Result<u8> {
         matrix: out,
         skip_unrunnable: false,
         build_here: false,
+        every_prefix: false,
         format: args.format,
         daemon: args.daemon,
         db: args.db,

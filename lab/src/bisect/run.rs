@@ -127,55 +127,84 @@ pub fn goal(options: &BisectOptions, repetitions: u32) -> Result<Goal, BisectErr
 
 /// What a bisection reports as it goes.
 pub trait BisectProgress: Progress {
-    /// The run was created.
-    fn started(&self, run: &str);
     /// A step was judged.
     fn step(&self, step: &Step, at: &SeriesStep);
 }
 
-/// Bisects the series of `plan` as `options` ask, in a new run of `store`; its ID and what the
-/// bisection decided.
-pub fn bisect_series(
-    store: Arc<Mutex<ResultsDb>>,
-    env: &LabEnv,
-    mut plan: Plan,
-    options: &BisectOptions,
-    progress: &dyn BisectProgress,
-    cancel: &AtomicBool,
-) -> Result<(String, Bisection), BisectError> {
-    let series = SeriesCells::of(&plan, options.metric)?;
-    let goal = goal(options, plan.matrix.repetitions)?;
-    plan.matrix.repetitions = goal.budget;
-    let note = |line: &str| progress.note(line);
-    let (run, run_plan) = crate::run::create(&mut lock(&store), env, plan, false, &note)?;
-    progress.started(&run);
-    let mut prober = RunProber {
-        store: &store,
-        env,
-        plan: &run_plan,
-        run: &run,
-        series: &series,
-        goal: &goal,
-        progress,
-        cancel,
-        ran: vec![0; series.cells.len()],
-    };
-    let bisection =
-        bisect(series.patches(), &goal, &mut prober, &mut |step| progress.step(step, &series.steps[step.prefix]))?;
-    let unneeded: Vec<(Cell, Failure)> = series
-        .cells
-        .iter()
-        .map(|c| (c.clone(), Failure::Unrunnable { why: "not needed by the bisection".into() }))
-        .collect();
-    scheduler::record_unrun(&lock(&store), &run, &run_plan.plan, &unneeded)?;
-    let artifacts = lock(&store).artifacts(&run);
-    let json = serde_json::to_string_pretty(&bisection).expect("a bisection always serializes");
-    if let Err(e) = std::fs::create_dir_all(&artifacts).and_then(|()| std::fs::write(artifacts.join(BISECT_FILE), json))
-    {
-        progress.note(&format!("{}: {e}", artifacts.join(BISECT_FILE).display()));
+/// A bisection's run, made and ready to execute.
+#[derive(Debug, Clone)]
+pub struct BisectRun {
+    /// The run.
+    pub run: String,
+    /// What it executes.
+    pub plan: RunPlan,
+    /// The series' cells, by prefix.
+    pub series: SeriesCells,
+    /// What it looks for.
+    pub goal: Goal,
+}
+
+impl BisectRun {
+    /// Checks that `plan` and `options` make a bisection, builds the prefixes' images and
+    /// creates the run in `store` (its repetitions the budget), progress through `note`.
+    pub fn create(
+        store: &mut ResultsDb,
+        env: &LabEnv,
+        mut plan: Plan,
+        options: &BisectOptions,
+        note: &dyn Fn(&str),
+    ) -> Result<BisectRun, BisectError> {
+        let series = SeriesCells::of(&plan, options.metric)?;
+        let goal = goal(options, plan.matrix.repetitions)?;
+        plan.matrix.repetitions = goal.budget;
+        let (run, plan) = crate::run::create(store, env, plan, false, note)?;
+        Ok(BisectRun { run, plan, series, goal })
     }
-    scheduler::finish(&store, &run, cancel)?;
-    Ok((run, bisection))
+
+    /// Bisects: runs the repetitions the search asks for, records those it did not need as
+    /// SKIP, keeps what it decided beside the run's artifacts, and ends the run.
+    pub fn execute(
+        &self,
+        store: Arc<Mutex<ResultsDb>>,
+        env: &LabEnv,
+        progress: &dyn BisectProgress,
+        cancel: &AtomicBool,
+    ) -> Result<Bisection, BisectError> {
+        let (series, goal, run) = (&self.series, &self.goal, self.run.as_str());
+        let mut prober = RunProber {
+            store: &store,
+            env,
+            plan: &self.plan,
+            run,
+            series,
+            goal,
+            progress,
+            cancel,
+            ran: vec![0; series.cells.len()],
+        };
+        let bisection =
+            bisect(series.patches(), goal, &mut prober, &mut |step| progress.step(step, &series.steps[step.prefix]))?;
+        let unneeded: Vec<(Cell, Failure)> = series
+            .cells
+            .iter()
+            .map(|c| (c.clone(), Failure::Unrunnable { why: "not needed by the bisection".into() }))
+            .collect();
+        scheduler::record_unrun(&lock(&store), run, &self.plan.plan, &unneeded)?;
+        let file = lock(&store).artifacts(run).join(BISECT_FILE);
+        let json = serde_json::to_string_pretty(&bisection).expect("a bisection always serializes");
+        let kept = file.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(&file, json));
+        if let Err(e) = kept {
+            progress.note(&format!("{}: {e}", file.display()));
+        }
+        scheduler::finish(&store, run, cancel)?;
+        Ok(bisection)
+    }
+}
+
+/// What a stored bisection decided: its `bisect.json`, when it finished.
+pub fn stored(store: &ResultsDb, run: &str) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(store.artifacts(run).join(BISECT_FILE)).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 /// Runs a series' prefixes as repetitions of the run's cells.

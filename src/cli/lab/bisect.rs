@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use clap::Args;
-use lab::bisect::run::{BisectError, BisectOptions, BisectProgress, bisect_series};
+use lab::bisect::run::{BisectError, BisectOptions, BisectProgress, BisectRun};
 use lab::bisect::{Bisection, Direction, Outcome, Step, StepVerdict};
 use lab::matrix::{Plan, SeriesStep};
 use lab::metric::Metric;
@@ -75,17 +75,18 @@ pub fn bisect(args: BisectArgs) -> anyhow::Result<u8> {
         budget: args.budget,
     };
     let console = StepConsole { console: Console::plain(), metric: args.metric, steps: Mutex::new(0) };
+    let coded = |e: BisectError| {
+        let bad_input = matches!(e, BisectError::Refused(_)) || matches!(&e, BisectError::Run(r) if r.is_bad_input());
+        CodedError { message: e.to_string(), code: if bad_input { 2 } else { 1 } }
+    };
+    let made = {
+        let mut db = store.lock().unwrap_or_else(|p| p.into_inner());
+        BisectRun::create(&mut db, &env, plan, &options, &|line| console.note(line)).map_err(coded)?
+    };
+    println!("bisect {} started", made.run);
     super::backend::catch_interrupt();
-    let (run, bisection) = bisect_series(store.clone(), &env, plan, &options, &console, &super::backend::CANCEL)
-        .map_err(|e| {
-            let code = if matches!(e, BisectError::Refused(_)) || matches!(&e, BisectError::Run(r) if r.is_bad_input())
-            {
-                2
-            } else {
-                1
-            };
-            CodedError { message: e.to_string(), code }
-        })?;
+    let bisection = made.execute(store.clone(), &env, &console, &super::backend::CANCEL).map_err(coded)?;
+    let run = made.run;
     let store = store.lock().unwrap_or_else(|p| p.into_inner());
     let report = lab::run::report(&store, &run, None).map_err(super::backend::coded)?;
     print!("{}", report.to_markdown());
@@ -156,10 +157,6 @@ impl Progress for StepConsole {
 }
 
 impl BisectProgress for StepConsole {
-    fn started(&self, run: &str) {
-        println!("bisect {run} started");
-    }
-
     fn step(&self, step: &Step, at: &SeriesStep) {
         let mut count = self.steps.lock().unwrap_or_else(|p| p.into_inner());
         *count += 1;

@@ -405,8 +405,25 @@ fn a_series_is_bisected_to_the_patch_that_changes_rx_maps_per_packet() {
     let matrix = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(example);
     let logs = tempfile::tempdir().unwrap();
     let db = logs.path().join("lab.db");
-    let (code, run, stdout, stderr) =
-        bisect(&matrix, &["--metric", "rx_maps_per_packet", "--threshold", "20", "--budget", "4"], &db);
+    // Through a daemon (`POST /v1/bisects`, its steps from the run's events), as CI would.
+    let socket = logs.path().join("api.sock");
+    let daemon = Command::new(env!("CARGO_BIN_EXE_driverlab"))
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .arg("--db")
+        .arg(&db)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("driverlab serve starts");
+    let _daemon = KillOnDrop(daemon);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(std::time::Instant::now() < deadline, "the daemon answers on its socket");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let socket = socket.display().to_string();
+    let args = ["--metric", "rx_maps_per_packet", "--threshold", "20", "--budget", "4", "--socket", &socket];
+    let (code, run, stdout, stderr) = bisect(&matrix, &args, &db);
     let subject = "net: atlantic: default to RX pages of order 3";
     assert_eq!(
         (code, stdout.lines().last()),
@@ -425,8 +442,7 @@ fn a_series_is_bisected_to_the_patch_that_changes_rx_maps_per_packet() {
     // The bisection is a run: its report has the series' curve; what it did not need is SKIP.
     assert!(stdout.contains("| 2/3 | net: atlantic: default to RX pages of order 3 |"), "{stdout}");
     let report = Command::new(env!("CARGO_BIN_EXE_driverlab"))
-        .args(["lab", "report", &run, "--format", "json", "--db"])
-        .arg(&db)
+        .args(["lab", "report", &run, "--format", "json", "--socket", &socket])
         .output()
         .unwrap();
     let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
@@ -521,4 +537,14 @@ fn every_prefix_checks_each_prefix_once_first(matrix: &std::path::Path, db: &std
     assert!(checks.iter().max() < others.iter().min(), "the checks ran first: {checks:?} then {others:?}");
     let once = records.iter().filter(|r| r["reason"] == "a prefix check runs once").count();
     assert_eq!(once, 2, "the base's and 1/3's second repetition of the check: {shown}");
+}
+
+/// A child process killed when the test lets go of it.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

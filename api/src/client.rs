@@ -272,6 +272,19 @@ impl Client {
         Ok(serde_json::from_slice::<crate::types::Created>(&answer.body)?.id)
     }
 
+    /// `POST /v1/bisects?QUERY` of a TOML matrix (`query`: `metric=...&budget=...`).
+    pub async fn submit_bisect(&self, matrix: Vec<u8>, query: &str) -> Result<String, ClientError> {
+        let path = format!("/v1/bisects?{query}");
+        let answer = self.expect(("POST", &path), &[("content-type", "application/toml")], Some(matrix), 201).await?;
+        Ok(serde_json::from_slice::<crate::types::Created>(&answer.body)?.id)
+    }
+
+    /// `GET /v1/bisects/{run}`.
+    pub async fn bisect_status(&self, run: &str) -> Result<crate::types::BisectStatus, ClientError> {
+        let answer = self.expect(("GET", &format!("/v1/bisects/{run}")), &[], None, 200).await?;
+        Ok(serde_json::from_slice(&answer.body)?)
+    }
+
     /// `POST /v1/runs/{run}/resume`.
     pub async fn resume_run(&self, run: &str) -> Result<crate::types::RunStatus, ClientError> {
         let answer = self.expect(("POST", &format!("/v1/runs/{run}/resume")), &[], None, 202).await?;

@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod bench;
+pub mod bisects;
 pub mod client;
 pub mod daemon;
 pub mod devices;

@@ -31,6 +31,21 @@ pub struct SubmitParams {
     pub skip_unrunnable: bool,
 }
 
+/// `POST /v1/bisects?metric=NAME&direction=up&threshold=PCT&budget=N`.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct BisectParams {
+    /// the figure, as the JSON report names it (`rx_maps_per_packet`, `gbit_s`, ...)
+    pub metric: String,
+    /// which way it must move to count: `up`, `down` or `any` [default: any]
+    pub direction: Option<String>,
+    /// a change smaller than this many percent is no change [default: 5]
+    pub threshold: Option<f64>,
+    /// most repetitions of one prefix [default: 10, or the matrix's repetitions if more]
+    pub budget: Option<u32>,
+}
+
 /// `GET /v1/runs/{id}/report?baseline=VARIANT`.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -8,8 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
+use lab::bisect::Step;
+use lab::bisect::run::{BisectProgress, BisectRun};
 use lab::env::LabEnv;
 use lab::images::RunPlan;
+use lab::matrix::SeriesStep;
 use lab::record::Record;
 use lab::results_db::{ResultsDb, RunState};
 use lab::scheduler::Progress;
@@ -50,7 +53,26 @@ struct Queue {
 impl Queue {
     /// The results of the live runs and of the places held for runs about to be queued.
     fn results_taken(&self) -> usize {
-        self.live.values().map(|l| results_of(&l.plan)).sum::<usize>() + self.reserved_results
+        self.live.values().map(|l| results_of(l.work.plan())).sum::<usize>() + self.reserved_results
+    }
+}
+
+/// What a queued run executes: a matrix's repetitions, or a bisection of its series.
+#[derive(Clone)]
+pub(crate) enum Work {
+    /// Every repetition without a result.
+    Run(RunPlan),
+    /// The repetitions the bisection asks for.
+    Bisect(BisectRun),
+}
+
+impl Work {
+    /// The plan its run executes.
+    fn plan(&self) -> &RunPlan {
+        match self {
+            Work::Run(plan) => plan,
+            Work::Bisect(bisect) => &bisect.plan,
+        }
     }
 }
 
@@ -99,7 +121,7 @@ impl Drop for Reservation<'_> {
 }
 
 struct Live {
-    plan: RunPlan,
+    work: Work,
     running: bool,
     cancel: Arc<AtomicBool>,
     events: broadcast::Sender<RunEvent>,
@@ -133,12 +155,13 @@ impl RunQueue {
         Ok(Reservation { shared: &self.shared, results: 0, used: false })
     }
 
-    /// Queues `run` (created, or claimed for a resume) to execute `plan`, in the place
+    /// Queues `run` (created, or claimed for a resume) to execute `work`, in the place
     /// `reservation` holds with the plan's results ([`Reservation::hold_results`], which this
     /// takes for a caller that did not); 409 if the run is live already (two resumes at once).
-    pub(crate) fn enqueue(&self, mut reservation: Reservation<'_>, run: &str, plan: RunPlan) -> Result<(), Problem> {
-        if reservation.results != results_of(&plan) {
-            reservation.hold_results(results_of(&plan))?;
+    pub(crate) fn enqueue(&self, mut reservation: Reservation<'_>, run: &str, work: Work) -> Result<(), Problem> {
+        let results = results_of(work.plan());
+        if reservation.results != results {
+            reservation.hold_results(results)?;
         }
         let mut queue = lock(&self.shared.queue);
         if queue.live.contains_key(run) {
@@ -150,7 +173,7 @@ impl RunQueue {
         queue.reserved_results -= std::mem::take(&mut reservation.results);
         let (events, _) = broadcast::channel(256);
         let live = Live {
-            plan,
+            work,
             running: false,
             cancel: Arc::new(AtomicBool::new(false)),
             events,
@@ -179,7 +202,7 @@ impl RunQueue {
                 place.hold_results(plan.plan.results())?;
                 store.claim_run(&run)?;
                 store.set_queued(&run, true)?;
-                self.enqueue(place, &run, plan)
+                self.enqueue(place, &run, Work::Run(plan))
             });
             match requeued {
                 Ok(()) => {
@@ -257,19 +280,26 @@ impl Shared {
 
     /// Executes a live run to its end, then retires it.
     fn execute(self: &Arc<Shared>, run: &str) {
-        let (plan, cancel) = {
+        let (work, cancel) = {
             let mut queue = lock(&self.queue);
             let Some(live) = queue.live.get_mut(run) else { return };
             live.running = true;
             live.started = Some(Instant::now());
-            (live.plan.clone(), live.cancel.clone())
+            (live.work.clone(), live.cancel.clone())
         };
         let progress = Events { shared: self.clone(), run: run.to_string() };
-        let outcome = ResultsDb::open(&self.db).map_err(lab::run::RunError::from).and_then(|store| {
+        let outcome = ResultsDb::open(&self.db).map_err(|e| e.to_string()).and_then(|store| {
             // Started: a daemon that dies from here leaves it interrupted, not queued.
-            store.set_queued(run, false)?;
+            store.set_queued(run, false).map_err(|e| e.to_string())?;
             let store = Arc::new(Mutex::new(store));
-            lab::run::execute(store, &self.env, &plan, run, &progress, &cancel)
+            match &work {
+                Work::Run(plan) => lab::run::execute(store, &self.env, plan, run, &progress, &cancel)
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                Work::Bisect(bisect) => {
+                    bisect.execute(store, &self.env, &progress, &cancel).map(drop).map_err(|e| e.to_string())
+                }
+            }
         });
         if let Err(e) = outcome {
             tracing::error!("run {run}: {e}");
@@ -321,6 +351,12 @@ impl Progress for Events {
 
     fn note(&self, line: &str) {
         self.shared.send(&self.run, RunEvent::Note { line: line.into() }, false);
+    }
+}
+
+impl BisectProgress for Events {
+    fn step(&self, step: &Step, at: &SeriesStep) {
+        self.shared.send(&self.run, RunEvent::Step { at: at.clone(), step: step.clone() }, false);
     }
 }
 

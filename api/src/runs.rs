@@ -15,7 +15,7 @@ use crate::daemon::Daemon;
 use crate::payload::Payload;
 use crate::problem::{Problem, blocking};
 use crate::query::{Params, ReportParams, RunsParams, SubmitParams};
-use crate::run_queue::status_from_db;
+use crate::run_queue::{Work, status_from_db};
 use crate::types::{Created, RunEvent, RunStatus};
 
 /// A run's status, live state included.
@@ -82,39 +82,60 @@ pub async fn submit(
     Params(SubmitParams { skip_unrunnable }): Params<SubmitParams>,
     payload: Payload,
 ) -> Response {
-    let result = async {
-        let request = matrix_request(&payload)?;
-        let daemon = daemon.clone();
-        blocking(move || {
-            // The place first: a run that could not be queued is never created.
-            let mut place = daemon.runs.reserve()?;
-            // The run's results and artifacts need room: a full disk is said now, not found
-            // by each repetition.
-            lab::disk::check_room(&daemon.config.db).map_err(|e| Problem::insufficient_storage(e.to_string()))?;
-            let mut store = daemon.store()?;
-            let registered = |name: &str| store.device(name).ok().flatten();
-            let plan = lab::request::plan(request, &registered).map_err(matrix_problem)?;
-            place.hold_results(plan.results())?;
-            // Recipes are built now, one build at a time (the same images again are found built).
-            let recipes = plan.matrix.images.iter().any(|i| lab::recipe::is_recipe(i.get_ref()));
-            let _only = match recipes {
-                true => Some(daemon.builds.try_lock().map_err(|_| {
-                    Problem::busy("an image build is running and this matrix's recipes need one; try again after it")
-                })?),
-                false => None,
-            };
-            let note = |line: &str| tracing::info!("{line}");
-            let (run, plan) = lab::run::create(&mut store, &daemon.env, plan, skip_unrunnable, &note)?;
-            store.set_queued(&run, true)?;
-            daemon.runs.enqueue(place, &run, plan)?;
-            Ok(run)
-        })
-        .await
-    }
+    let created = create_queued(daemon, &payload, move |store, env, plan| {
+        let note = |line: &str| tracing::info!("{line}");
+        let (run, plan) = lab::run::create(store, env, plan, skip_unrunnable, &note)?;
+        Ok((run, Work::Run(plan)))
+    })
     .await;
-    match result {
+    created_at("/v1/runs", created)
+}
+
+/// Checks the matrix of `payload`, makes its run with `make` and queues it: a place in the
+/// queue first (a run that could not be queued is never made), room on the disk, the results it
+/// holds, and the daemon's one build at a time when its recipes need one.
+pub(crate) async fn create_queued(
+    daemon: Arc<Daemon>,
+    payload: &Payload,
+    make: impl FnOnce(
+        &mut lab::results_db::ResultsDb,
+        &lab::env::LabEnv,
+        lab::matrix::Plan,
+    ) -> Result<(String, Work), Problem>
+    + Send
+    + 'static,
+) -> Result<String, Problem> {
+    let request = matrix_request(payload)?;
+    blocking(move || {
+        let mut place = daemon.runs.reserve()?;
+        // The run's results and artifacts need room: a full disk is said now, not found by
+        // each repetition.
+        lab::disk::check_room(&daemon.config.db).map_err(|e| Problem::insufficient_storage(e.to_string()))?;
+        let mut store = daemon.store()?;
+        let registered = |name: &str| store.device(name).ok().flatten();
+        let plan = lab::request::plan(request, &registered).map_err(matrix_problem)?;
+        place.hold_results(plan.results())?;
+        // Recipes are built now, one build at a time (the same images again are found built).
+        let recipes = plan.matrix.images.iter().any(|i| lab::recipe::is_recipe(i.get_ref()));
+        let _only = match recipes {
+            true => Some(daemon.builds.try_lock().map_err(|_| {
+                Problem::busy("an image build is running and this matrix's recipes need one; try again after it")
+            })?),
+            false => None,
+        };
+        let (run, work) = make(&mut store, &daemon.env, plan)?;
+        store.set_queued(&run, true)?;
+        daemon.runs.enqueue(place, &run, work)?;
+        Ok(run)
+    })
+    .await
+}
+
+/// 201 with the new run's `Location` under `collection`, or the problem.
+pub(crate) fn created_at(collection: &str, created: Result<String, Problem>) -> Response {
+    match created {
         Ok(id) => {
-            let location = format!("/v1/runs/{id}");
+            let location = format!("{collection}/{id}");
             (StatusCode::CREATED, [(header::LOCATION, location)], Json(Created { id })).into_response()
         }
         Err(problem) => problem.into_response(),
@@ -215,7 +236,7 @@ pub async fn resume(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
         place.hold_results(plan.plan.results())?;
         store.claim_run(&id)?;
         store.set_queued(&id, true)?;
-        daemon.runs.enqueue(place, &id, plan)?;
+        daemon.runs.enqueue(place, &id, Work::Run(plan))?;
         status(&daemon, &id)
     })
     .await;

@@ -242,6 +242,29 @@ pub enum RunEvent {
         /// The line.
         line: String,
     },
+    /// A bisection judged a prefix of its series (`POST /v1/bisects`).
+    Step {
+        /// The prefix: its place in the series, its last patch's subject, author, Message-ID.
+        at: lab::matrix::SeriesStep,
+        /// The step: `prefix`, `verdict` (`same`, `changed`, `broken` with `why`,
+        /// `undecided`), `figures` and the `base`'s (n, mean, stddev, min, max, median,
+        /// ci95), the `change` against the base (`change_pct`, `p_value`, `verdict`), `runs`.
+        #[schema(value_type = Object)]
+        step: lab::bisect::Step,
+    },
+}
+
+/// `GET /v1/bisects/{id}`: a bisection's run and what it decided.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BisectStatus {
+    /// Its run.
+    pub run: RunStatus,
+    /// What it decided, as `lab bisect` keeps it (`bisect.json`): `metric`, `patches`,
+    /// `steps` and `outcome` (`first-change` with `patch`, `before`, `after`, `broken`;
+    /// `no-change`; `undecided` with `from`, `to`; `base-broken` with `why`); `outcome` is
+    /// null until it ends.
+    #[schema(value_type = Object)]
+    pub bisection: serde_json::Value,
 }
 
 /// `POST /v1/vms`: one VM. Kernels and initrds are images; devices are registered devices.

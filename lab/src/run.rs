@@ -215,6 +215,13 @@ pub fn resumable(store: &ResultsDb, env: &LabEnv, run: &str, note: &dyn Fn(&str)
             });
         }
     }
+    if crate::bisect::run::stored(store, run).is_some() {
+        return Err(RunError::NotResumable {
+            run: run.into(),
+            state: info.state,
+            why: "it is a bisection, whose repetitions follow its steps: bisect again (`lab bisect`, POST /v1/bisects); its prefixes' images are built",
+        });
+    }
     let (file, text, cells) = store.run_plan(run)?;
     let plan = Plan::parse(Path::new(&file), &text)?;
     if plan.cells != cells {

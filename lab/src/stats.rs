@@ -57,7 +57,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// Mean, spread and a 95% confidence interval of a sample.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
 pub struct Moments {
     /// How many samples.
     pub n: usize,
@@ -117,7 +117,7 @@ pub fn welch_p(a: &[f64], b: &[f64]) -> Option<f64> {
 }
 
 /// What a change against the baseline amounts to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::Display)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, strum::Display)]
 #[serde(rename_all = "lowercase")]
 #[strum(serialize_all = "lowercase")]
 pub enum Verdict {
@@ -151,7 +151,7 @@ impl Default for VerdictRule {
 }
 
 /// A change against the baseline and its verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
 pub struct Change {
     /// The candidate's mean against the baseline's, in percent (none when the baseline's is 0).
     pub change_pct: Option<f64>,

@@ -9,6 +9,7 @@ mod common;
 mod fixture;
 
 mod access;
+mod bisects;
 mod bounded;
 mod devices_and_vms;
 mod limits;

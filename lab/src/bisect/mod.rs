@@ -11,7 +11,7 @@
 
 pub mod run;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::metric::Metric;
 use crate::stats::{Change, Moments, Verdict, VerdictRule};
@@ -65,7 +65,7 @@ pub trait Prober {
 }
 
 /// A step's verdict.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "verdict", rename_all = "lowercase")]
 pub enum StepVerdict {
     /// The figure is where the base's is.
@@ -94,7 +94,7 @@ impl StepVerdict {
 }
 
 /// One step of a bisection: a prefix judged against the base.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Step {
     /// The prefix: patches applied.
     pub prefix: usize,
@@ -112,7 +112,7 @@ pub struct Step {
 }
 
 /// How a bisection ended.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "kebab-case")]
 pub enum Outcome {
     /// Patch `patch` (1-based) is the first that moves the figure or breaks the cell.
@@ -143,8 +143,10 @@ pub enum Outcome {
 }
 
 /// A finished bisection: its steps, in the order they ran, and its outcome.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Bisection {
+    /// The figure.
+    pub metric: Metric,
     /// Patches in the series.
     pub patches: usize,
     /// The steps.
@@ -165,7 +167,7 @@ pub fn bisect<P: Prober>(
     let mut judge = Judge { goal, prober, base: Measured::default() };
     judge.base = judge.prober.probe(0, goal.repetitions)?;
     if let Some(why) = judge.base.broken.clone() {
-        return Ok(Bisection { patches, steps, outcome: Outcome::BaseBroken { why } });
+        return Ok(Bisection { metric: goal.metric, patches, steps, outcome: Outcome::BaseBroken { why } });
     }
     let mut record = |step: Step, steps: &mut Vec<Step>| {
         on_step(&step);
@@ -175,9 +177,14 @@ pub fn bisect<P: Prober>(
     };
     let last = judge.step(patches)?;
     match record(last, &mut steps) {
-        StepVerdict::Same => return Ok(Bisection { patches, steps, outcome: Outcome::NoChange }),
+        StepVerdict::Same => return Ok(Bisection { metric: goal.metric, patches, steps, outcome: Outcome::NoChange }),
         StepVerdict::Undecided => {
-            return Ok(Bisection { patches, steps, outcome: Outcome::Undecided { from: 0, to: patches } });
+            return Ok(Bisection {
+                metric: goal.metric,
+                patches,
+                steps,
+                outcome: Outcome::Undecided { from: 0, to: patches },
+            });
         }
         StepVerdict::Changed | StepVerdict::Broken { .. } => {}
     }
@@ -189,7 +196,12 @@ pub fn bisect<P: Prober>(
             StepVerdict::Same => same = mid,
             StepVerdict::Changed | StepVerdict::Broken { .. } => changed = mid,
             StepVerdict::Undecided => {
-                return Ok(Bisection { patches, steps, outcome: Outcome::Undecided { from: same, to: changed } });
+                return Ok(Bisection {
+                    metric: goal.metric,
+                    patches,
+                    steps,
+                    outcome: Outcome::Undecided { from: same, to: changed },
+                });
             }
         }
     }
@@ -202,7 +214,7 @@ pub fn bisect<P: Prober>(
         _ => None,
     });
     let outcome = Outcome::FirstChange { patch: changed, before: figures(same), after: figures(changed), broken };
-    Ok(Bisection { patches, steps, outcome })
+    Ok(Bisection { metric: goal.metric, patches, steps, outcome })
 }
 
 /// Judges prefixes against the base, adding repetitions where the rule cannot tell.

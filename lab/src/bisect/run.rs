@@ -158,6 +158,10 @@ impl BisectRun {
         let goal = goal(options, plan.matrix.repetitions)?;
         plan.matrix.repetitions = goal.budget;
         let (run, plan) = crate::run::create(store, env, plan, false, note)?;
+        // The run is a bisection's from the start: it is not resumed as a plain run.
+        let begun =
+            serde_json::json!({"metric": goal.metric, "patches": series.patches(), "steps": [], "outcome": null});
+        keep(store, &run, &begun).map_err(|e| BisectError::Refused(format!("{BISECT_FILE}: {e}")))?;
         Ok(BisectRun { run, plan, series, goal })
     }
 
@@ -182,26 +186,40 @@ impl BisectRun {
             cancel,
             ran: vec![0; series.cells.len()],
         };
-        let bisection =
-            bisect(series.patches(), goal, &mut prober, &mut |step| progress.step(step, &series.steps[step.prefix]))?;
+        let searched =
+            bisect(series.patches(), goal, &mut prober, &mut |step| progress.step(step, &series.steps[step.prefix]));
+        let bisection = match searched {
+            Ok(bisection) => bisection,
+            Err(e) => {
+                if matches!(e, BisectError::Cancelled) {
+                    scheduler::finish(&store, run, cancel)?;
+                }
+                return Err(e);
+            }
+        };
         let unneeded: Vec<(Cell, Failure)> = series
             .cells
             .iter()
             .map(|c| (c.clone(), Failure::Unrunnable { why: "not needed by the bisection".into() }))
             .collect();
         scheduler::record_unrun(&lock(&store), run, &self.plan.plan, &unneeded)?;
-        let file = lock(&store).artifacts(run).join(BISECT_FILE);
-        let json = serde_json::to_string_pretty(&bisection).expect("a bisection always serializes");
-        let kept = file.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(&file, json));
-        if let Err(e) = kept {
-            progress.note(&format!("{}: {e}", file.display()));
+        if let Err(e) = keep(&lock(&store), run, &bisection) {
+            progress.note(&format!("{BISECT_FILE}: {e}"));
         }
         scheduler::finish(&store, run, cancel)?;
         Ok(bisection)
     }
 }
 
-/// What a stored bisection decided: its `bisect.json`, when it finished.
+/// Writes what a bisection decided (or that it began) beside `run`'s artifacts.
+fn keep(store: &ResultsDb, run: &str, what: &impl serde::Serialize) -> std::io::Result<()> {
+    let dir = store.artifacts(run);
+    std::fs::create_dir_all(&dir)?;
+    let json = serde_json::to_string_pretty(what).expect("a bisection always serializes");
+    std::fs::write(dir.join(BISECT_FILE), json)
+}
+
+/// What the bisection of `run` decided (`outcome` null until it ends), if `run` is one.
 pub fn stored(store: &ResultsDb, run: &str) -> Option<serde_json::Value> {
     let text = std::fs::read_to_string(store.artifacts(run).join(BISECT_FILE)).ok()?;
     serde_json::from_str(&text).ok()

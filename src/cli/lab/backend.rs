@@ -130,7 +130,7 @@ impl Backend {
                 let run =
                     runtime.block_on(client.submit_run(text.into_bytes(), skip_unrunnable)).map_err(client_coded)?;
                 println!("run {run} started");
-                runtime.block_on(follow(client, &run))
+                runtime.block_on(follow(client, &run, &|_, _| ()))
             }
         }
     }
@@ -173,7 +173,7 @@ impl Backend {
                 let runtime = runtime()?;
                 runtime.block_on(client.resume_run(run)).map_err(client_coded)?;
                 println!("run {run} resumed");
-                runtime.block_on(follow(client, run))
+                runtime.block_on(follow(client, run, &|_, _| ()))
             }
         }
     }
@@ -236,8 +236,13 @@ fn execute(store: ResultsDb, env: &LabEnv, plan: &RunPlan, run: &str) -> anyhow:
     Ok(Finished::Ended(run::status(&store, run)?))
 }
 
-/// Follows a daemon's run to its end (Ctrl-C cancels it), a line per repetition on stderr.
-async fn follow(client: &Client, run: &str) -> anyhow::Result<Finished> {
+/// Follows a daemon's run to its end (Ctrl-C cancels it), a line per repetition on stderr, and
+/// a bisection's steps to `on_step`.
+pub(super) async fn follow(
+    client: &Client,
+    run: &str,
+    on_step: &(dyn Fn(&lab::matrix::SeriesStep, &lab::bisect::Step) + Sync),
+) -> anyhow::Result<Finished> {
     let canceller = client.clone();
     let cancelled = run.to_string();
     let ctrl_c = tokio::spawn(async move {
@@ -264,6 +269,10 @@ async fn follow(client: &Client, run: &str) -> anyhow::Result<Finished> {
             }
             RunEvent::Note { line } => {
                 console.line(&line);
+                true
+            }
+            RunEvent::Step { at, step } => {
+                on_step(&at, &step);
                 true
             }
             RunEvent::State { status } => {

@@ -41,6 +41,9 @@ pub struct BisectArgs {
     /// [default: 10, or the matrix's repetitions if more].
     #[arg(long, value_name = "N")]
     pub budget: Option<u32>,
+    /// The daemon to go through (`POST /v1/bisects`).
+    #[command(flatten)]
+    pub daemon: super::daemon::DaemonArgs,
     /// The results database (`--db`).
     #[command(flatten)]
     pub db: DbArgs,
@@ -59,12 +62,21 @@ fn direction(name: &str) -> Result<Direction, String> {
     name.parse().map_err(|_| format!("{name:?}: give up, down or any"))
 }
 
-/// Runs `lab bisect`; the exit code: 0 for a verdict, 1 undecided or a failing base, 2 for a
-/// matrix or options that make no bisection.
+/// Runs `lab bisect`, here or through the daemon; the exit code: 0 for a verdict, 1 undecided
+/// or a failing base, 2 for a matrix or options that make no bisection.
 pub fn bisect(args: BisectArgs) -> anyhow::Result<u8> {
     let refused = |message: String| CodedError { message, code: 2 };
     let text = std::fs::read_to_string(&args.matrix).map_err(|e| refused(format!("{}: {e}", args.matrix.display())))?;
-    let text = lab::recipe::inline_series(&args.matrix, &text).map_err(|e| refused(e.to_string()))?;
+    match args.daemon.client()? {
+        Some(client) => through_daemon(&args, &client, &text),
+        None => here(&args, &text),
+    }
+}
+
+/// The bisection in this process.
+fn here(args: &BisectArgs, text: &str) -> anyhow::Result<u8> {
+    let refused = |message: String| CodedError { message, code: 2 };
+    let text = lab::recipe::inline_series(&args.matrix, text).map_err(|e| refused(e.to_string()))?;
     let plan = Plan::parse(&args.matrix, &text).map_err(|e| refused(e.to_string()))?;
     let env = crate::cli::lab_env()?;
     let store = Arc::new(Mutex::new(args.db.open()?));
@@ -90,15 +102,47 @@ pub fn bisect(args: BisectArgs) -> anyhow::Result<u8> {
     let store = store.lock().unwrap_or_else(|p| p.into_inner());
     let report = lab::run::report(&store, &run, None).map_err(super::backend::coded)?;
     print!("{}", report.to_markdown());
-    let steps = series_steps(&store, &run)?;
+    let steps: Vec<SeriesStep> = store.run_plan(&run)?.2.into_iter().filter_map(|c| c.step).collect();
     let (line, code) = last_line(&run, &bisection, &steps, args.metric);
     println!("{line}");
     Ok(code)
 }
 
-/// Each prefix's place in the series, from the run's cells.
-fn series_steps(store: &lab::results_db::ResultsDb, run: &str) -> anyhow::Result<Vec<SeriesStep>> {
-    Ok(store.run_plan(run)?.2.into_iter().filter_map(|c| c.step).collect())
+/// The bisection through the daemon (`POST /v1/bisects`): its steps from the run's events, its
+/// report and outcome once it ends.
+fn through_daemon(args: &BisectArgs, client: &api::client::Client, text: &str) -> anyhow::Result<u8> {
+    let text =
+        lab::recipe::inline_patches(&args.matrix, text).map_err(|e| CodedError { message: e.to_string(), code: 2 })?;
+    let mut query = format!("metric={}&direction={}", args.metric, args.direction);
+    if let Some(threshold) = args.threshold {
+        query.push_str(&format!("&threshold={threshold}"));
+    }
+    if let Some(budget) = args.budget {
+        query.push_str(&format!("&budget={budget}"));
+    }
+    let runtime = super::daemon::runtime()?;
+    let run = runtime.block_on(client.submit_bisect(text.into_bytes(), &query)).map_err(super::daemon::coded)?;
+    println!("bisect {run} started");
+    let console = StepConsole { console: Console::plain(), metric: args.metric, steps: Mutex::new(0) };
+    let finished = runtime.block_on(super::backend::follow(client, &run, &|at, step| console.step(step, at)))?;
+    if let super::backend::Finished::Interrupted { why, .. } = finished {
+        println!("bisect {run}: interrupted: {why}");
+        return Ok(1);
+    }
+    let status = runtime.block_on(client.bisect_status(&run)).map_err(super::daemon::coded)?;
+    let Ok(bisection) = serde_json::from_value::<Bisection>(status.bisection) else {
+        println!("bisect {run}: ended {} before it decided", status.run.state);
+        return Ok(1);
+    };
+    let report = runtime.block_on(client.report(&run, None, "application/json")).map_err(super::daemon::coded)?;
+    let report: serde_json::Value = serde_json::from_str(&report)?;
+    let steps: Vec<SeriesStep> = (report["cells"].as_array().into_iter().flatten())
+        .filter_map(|c| serde_json::from_value(c["step"].clone()).ok())
+        .collect();
+    print!("{}", runtime.block_on(client.report(&run, None, "text/markdown")).map_err(super::daemon::coded)?);
+    let (line, code) = last_line(&run, &bisection, &steps, args.metric);
+    println!("{line}");
+    Ok(code)
 }
 
 /// The evidence and the last line of a bisection, and its exit code.

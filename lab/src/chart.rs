@@ -21,19 +21,29 @@ struct Bar {
     interval: Option<[f64; 2]>,
 }
 
+/// A bar per cell; a series' prefix is labelled by its place (`2/3`), and BUILD-FAIL where it
+/// did not build.
 fn bars(report: &Report, metric: Metric) -> Vec<Bar> {
     report
         .cells
         .iter()
         .map(|c| {
             let m = c.metrics.get(&metric);
-            Bar {
-                label: report.label(c),
-                mean: m.map_or(0.0, |m| m.moments.mean),
-                interval: m.and_then(|m| m.moments.ci95),
-            }
+            let label = match (&c.step, c.build_failed) {
+                (Some(step), false) => step.position(),
+                (Some(step), true) => format!("{} {}", step.position(), crate::failure::BUILD_FAILED),
+                (None, _) => report.label(c),
+            };
+            Bar { label, mean: m.map_or(0.0, |m| m.moments.mean), interval: m.and_then(|m| m.moments.ci95) }
         })
         .collect()
+}
+
+/// Whether the report's cells are one series' prefixes in order: then the bars are joined
+/// into the figure's curve across the series.
+fn is_series(report: &Report) -> bool {
+    let steps: Vec<_> = report.cells.iter().map(|c| c.step.as_ref()).collect();
+    steps.iter().all(Option::is_some) && steps.windows(2).all(|w| w[0].map(|s| s.index) < w[1].map(|s| s.index))
 }
 
 fn panel<DB: DrawingBackend>(
@@ -41,6 +51,7 @@ fn panel<DB: DrawingBackend>(
     title: &str,
     bars: &[Bar],
     colour: RGBColor,
+    curve: bool,
 ) -> Result<(), ChartError>
 where
     DB::ErrorType: 'static,
@@ -63,6 +74,10 @@ where
             Rectangle::new([(x + 0.2, 0.0), (x + 0.8, b.mean)], colour.mix(0.8).filled())
         }))
         .map_err(err)?;
+    if curve {
+        let points = bars.iter().enumerate().map(|(i, b)| (i as f64 + 0.5, b.mean));
+        chart.draw_series(LineSeries::new(points, BLACK.stroke_width(2))).map_err(err)?;
+    }
     for (i, b) in bars.iter().enumerate() {
         let x = i as f64 + 0.5;
         if let Some([lo, hi]) = b.interval {
@@ -88,8 +103,14 @@ pub fn svg(report: &Report) -> Result<String, ChartError> {
         let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(|e| ChartError(e.to_string()))?;
         let (left, right) = root.split_horizontally(SIZE.0 / 2);
-        panel(&left, "throughput, Gbit/s", &bars(report, Metric::GbitS), RGBColor(0x2b, 0x6c, 0xb0))?;
-        panel(&right, "IOMMU maps per packet", &bars(report, Metric::MapsPerPacket), RGBColor(0xc0, 0x5a, 0x20))?;
+        // A series' curve: Gbit/s and the RX maps per packet the seeds are about, prefix by prefix.
+        let curve = is_series(report);
+        let (maps, title) = match curve {
+            true => (Metric::RxMapsPerPacket, "RX IOMMU maps per packet, prefix by prefix"),
+            false => (Metric::MapsPerPacket, "IOMMU maps per packet"),
+        };
+        panel(&left, "throughput, Gbit/s", &bars(report, Metric::GbitS), RGBColor(0x2b, 0x6c, 0xb0), curve)?;
+        panel(&right, title, &bars(report, maps), RGBColor(0xc0, 0x5a, 0x20), curve)?;
         root.present().map_err(|e| ChartError(e.to_string()))?;
     }
     Ok(out)
@@ -152,5 +173,27 @@ mod tests {
             assert!(svg.contains(label), "{label}");
         }
         assert!(svg.matches("<rect").count() > 6, "the background and six bars");
+        // The curve is the only line two pixels wide.
+        assert!(!svg.contains("stroke-width=\"2\""), "no curve across cells that are no series");
+        // A series' prefixes: bars by their place, joined by the curve; a BUILD-FAIL said.
+        let mut series = report.clone();
+        for (index, cell) in series.cells.iter_mut().enumerate() {
+            let step = crate::matrix::SeriesStep {
+                series: "atl".into(),
+                index,
+                count: 2,
+                subject: String::new(),
+                author: String::new(),
+                message_id: String::new(),
+                variant: "v".into(),
+            };
+            cell.step = Some(step);
+        }
+        series.cells[2].build_failed = true;
+        let svg = super::svg(&series).unwrap();
+        for label in ["0/2", "1/2", "2/2 BUILD-FAIL", "RX IOMMU maps per packet, prefix by prefix"] {
+            assert!(svg.contains(label), "{label}");
+        }
+        assert_eq!(svg.matches("stroke-width=\"2\"").count(), 2, "a curve in each panel");
     }
 }

@@ -422,3 +422,40 @@ fn a_bisection_that_cannot_be_is_refused_before_anything_is_built_or_run() {
     assert_eq!(out.status.code(), Some(2), "lab run refuses it the same: {}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout(&lab.run(&["list", "--json"])).trim().is_empty(), "no run was made");
 }
+
+#[test]
+fn lab_try_writes_shows_and_keeps_the_matrix_and_runs_it_as_lab_run() {
+    let lab = Lab::new();
+    let patch = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/patches/000-atlantic-rxpageorder.patch");
+    let kept = lab.dir.path().join("try.toml");
+    let out = lab.run(&[
+        "try",
+        &patch.display().to_string(),
+        "--engine",
+        "qemu",
+        "--repetitions",
+        "0",
+        "--out",
+        &kept.display().to_string(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let text = std::fs::read_to_string(&kept).unwrap();
+    assert!(
+        stderr.contains(&format!("# the matrix, kept in {}:", kept.display())) && stderr.contains(&text),
+        "{stderr}"
+    );
+    assert!(
+        text.contains("baseline = \"stock\"")
+            && text.contains(&format!("patches = [{:?}]", patch.display().to_string())),
+        "{text}"
+    );
+    // Then as `lab run`, whose check refuses it (on any host: no repetition) before anything is
+    // built, naming the kept file.
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("{}: repetitions: must be between 1 and 1000", kept.display())), "{stderr}");
+    // --every-prefix wants a series.
+    let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/probe-matrix.toml").display().to_string();
+    let out = lab.run(&["run", &probe, "--every-prefix"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the matrix has no image with `series`"));
+}

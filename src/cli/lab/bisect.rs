@@ -97,7 +97,14 @@ fn here(args: &BisectArgs, text: &str) -> anyhow::Result<u8> {
     };
     println!("bisect {} started", made.run);
     super::backend::catch_interrupt();
-    let bisection = made.execute(store.clone(), &env, &console, &super::backend::CANCEL).map_err(coded)?;
+    let bisection = match made.execute(store.clone(), &env, &console, &super::backend::CANCEL) {
+        Ok(bisection) => bisection,
+        Err(BisectError::Cancelled) => {
+            println!("bisect {}: ended cancelled before it decided", made.run);
+            return Ok(1);
+        }
+        Err(e) => return Err(coded(e).into()),
+    };
     let run = made.run;
     let store = store.lock().unwrap_or_else(|p| p.into_inner());
     let report = lab::run::report(&store, &run, None).map_err(super::backend::coded)?;

@@ -92,7 +92,12 @@ fn resolve_all<'a>(
             unbuilt.insert(image.name.clone(), Failure::Unrunnable { why });
             continue;
         }
-        match (resolve(image), step) {
+        // A prefix `lab pin` could not build is its BUILD-FAIL as one built here would be.
+        let resolved = match &image.unbuilt {
+            Some(why) => Err(ImagesError::Build(crate::recipe::RecipeError::Refused(why.clone()))),
+            None => resolve(image),
+        };
+        match (resolved, step) {
             (Ok(resolved), _) => {
                 files.insert(image.name.clone(), resolved);
             }

@@ -11,7 +11,8 @@ use guest_images::module_build::{self, ModuleRequest, SourceSpec};
 use guest_images::patches::PatchFile;
 use guest_images::store::{ImageError, ImageStore};
 
-use crate::matrix::{Image, InitrdRef, KernelRef, Matrix, PatchRef};
+use crate::failure::Failure;
+use crate::matrix::{Image, InitrdRef, KernelRef, Matrix, PatchRef, PinnedPrefix, SeriesStep};
 
 /// Why a recipe was not built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -195,8 +196,8 @@ pub fn pin_recipes(
             return Ok(false);
         }
         if !image.series.is_empty() {
-            let why = "a series is one image per prefix, and `lab pin` (and `--build-here`) pin one image per                        [[image]]: run the matrix where the lab builds its images (without --build-here)";
-            return Err(RecipeError::Refused(why.into()).of(&image.name));
+            pin_series(&resolve, &tools, image, fields, builder, note)?;
+            return Ok(true);
         }
         let (kernel, initrd) = build(&resolve, &tools, &image, builder)?;
         pin(fields, &kernel, initrd.as_ref());
@@ -204,6 +205,58 @@ pub fn pin_recipes(
         note(&format!("image {}: kernel {kernel}{initrd}", image.name));
         Ok(true)
     })
+}
+
+/// A series' image table with its files' texts and what each prefix built (`pinned`): the
+/// prefixes in order until one does not build, which is pinned as its first error (the
+/// daemon records its BUILD-FAIL and skips the rest); the base not building is the error.
+fn pin_series(
+    resolve: &dyn Fn(&Path) -> PathBuf,
+    tools: &[GuestTool],
+    mut image: Image,
+    fields: &mut toml::Table,
+    builder: &dyn RecipeBuilder,
+    note: &dyn Fn(&str),
+) -> Result<(), RecipeError> {
+    let name = image.name.clone();
+    let of_image = |e: RecipeError| e.of(&name);
+    let files = read_patches(&image.series, resolve).map_err(|e| of_image(e.into()))?;
+    image.series = files.iter().cloned().map(PatchRef::Text).collect();
+    let prefixes = crate::matrix::series::prefix_images(&image).map_err(|e| of_image(RecipeError::Refused(e)))?;
+    let mut pinned = Vec::new();
+    for prefix in &prefixes {
+        let position = prefix.step.as_ref().map(SeriesStep::position).unwrap_or_default();
+        match build(resolve, tools, prefix, builder) {
+            Ok((kernel, initrd)) => {
+                note(&format!("image {name} {position}: kernel {kernel}{}", initrd_words(initrd.as_ref())));
+                pinned.push(PinnedPrefix { kernel: Some(kernel), initrd, build_failed: None });
+            }
+            Err(e) if prefix.step.as_ref().is_some_and(|s| s.index > 0) => {
+                note(&format!("image {name} {position}: did not build: {e}"));
+                let first_error = match Failure::build_failed(e.to_string()) {
+                    Failure::BuildFailed { first_error, .. } => first_error,
+                    other => other.to_string(),
+                };
+                pinned.push(PinnedPrefix { build_failed: Some(first_error), ..PinnedPrefix::default() });
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let texts = toml::Value::try_from(files).map_err(|e| RecipeError::Failed(e.to_string()))?;
+    let pins = toml::Value::try_from(pinned).map_err(|e| RecipeError::Failed(e.to_string()))?;
+    fields.insert("series".into(), texts);
+    fields.insert("pinned".into(), pins);
+    // The base's patches go as texts too: a daemon opens no file a matrix names.
+    if !image.patches.is_empty() {
+        let base = patch_files(&image, resolve).map_err(|e| of_image(e.into()))?;
+        fields.insert("patches".into(), toml::Value::try_from(base).map_err(|e| RecipeError::Failed(e.to_string()))?);
+    }
+    Ok(())
+}
+
+fn initrd_words(initrd: Option<&InitrdRef>) -> String {
+    initrd.map(|i| format!(", initrd {i}")).unwrap_or_default()
 }
 
 /// An image's table with its recipe replaced by what it built.
@@ -346,6 +399,62 @@ mod tests {
             "the patched driver"
         );
         assert_eq!(asked[4], "initramfs kernel-00000000000000aa [\"module-00000000000000bb\"] []");
+    }
+
+    /// A builder whose module builds fail from the `fails_at`th patch on.
+    struct FailsAt(usize);
+
+    impl RecipeBuilder for FailsAt {
+        fn kernel(&self, _: Option<&str>) -> Result<String, RecipeError> {
+            Ok("kernel-00000000000000aa".into())
+        }
+        fn module(&self, request: &ModuleRequest) -> Result<String, RecipeError> {
+            match request.patches.len() >= self.0 {
+                true => Err(RecipeError::Failed("building atlantic\na.c:2:1: error: expected ';'".into())),
+                false => Ok(format!("module-00000000000000{:02x}", request.patches.len())),
+            }
+        }
+        fn initramfs(&self, request: &InitramfsRequest) -> Result<String, RecipeError> {
+            Ok(format!("initramfs-00000000000000{:02x}", request.modules.len() + 0xc0))
+        }
+    }
+
+    #[test]
+    fn a_series_is_pinned_prefix_by_prefix_until_one_does_not_build() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("s")).unwrap();
+        for n in 1..=3 {
+            let patch = format!(
+                "Subject: [PATCH {n}/3] p{n}\n\ndiff --git a/drivers/net/ethernet/aquantia/atlantic/a.c \
+                 b/drivers/net/ethernet/aquantia/atlantic/a.c\n--- a/drivers/net/ethernet/aquantia/atlantic/a.c\n\
+                 +++ b/drivers/net/ethernet/aquantia/atlantic/a.c\n@@ -1 +1,2 @@\n one\n+two\n"
+            );
+            std::fs::write(dir.path().join(format!("s/000{n}.patch")), patch).unwrap();
+        }
+        let text = "name = \"m\"\n[[device]]\nname = \"aq\"\nmodel = \"aqc100\"\n[[image]]\nname = \"atl\"\n\
+                    kernel = \"debian\"\ninitrd = \"agent\"\nseries = [\"s\"]\n[[variant]]\nname = \"v\"\nimage = \"atl\"\n\
+                    [[workload]]\nname = \"rx\"\nkind = \"iperf3\"\n";
+        let file = dir.path().join("m.toml");
+        let noted = RefCell::new(Vec::new());
+        let pinned = pin_recipes(&file, text, &FailsAt(2), &|line| noted.borrow_mut().push(line.to_string())).unwrap();
+        let table: toml::Table = pinned.parse().unwrap();
+        let pins = table["image"][0]["pinned"].as_array().unwrap();
+        assert_eq!(pins.len(), 3, "the base, 1/3, and 2/3 which did not build: {pinned}");
+        assert_eq!(pins[1]["initrd"].as_str(), Some("initramfs-00000000000000c1"));
+        assert_eq!(pins[2]["build_failed"].as_str(), Some("a.c:2:1: error: expected ';'"));
+        assert!(table["image"][0]["series"][0]["text"].as_str().unwrap().contains("p1"), "the series' texts go along");
+        assert!(noted.borrow().iter().any(|l| l.contains("2/3: did not build")), "{:?}", noted.borrow());
+        // The daemon's side: pinned prefixes are image IDs, 2/3 its BUILD-FAIL, 3/3 never built.
+        let plan = crate::matrix::Plan::parse(&dir.path().join("elsewhere.toml"), &pinned).unwrap();
+        let image = |name: &str| plan.image(name).unwrap().clone();
+        assert_eq!(image("atl@1").kernel.to_string(), "kernel-00000000000000aa");
+        assert!(!is_recipe(&image("atl@1")) && image("atl@1").patches.is_empty());
+        assert_eq!(image("atl@2").unbuilt.as_deref(), Some("a.c:2:1: error: expected ';'"));
+        assert_eq!(plan.cells.len(), 4);
+        // A pinned list that does not fit its series is refused.
+        let short = pinned.replace("build_failed = \"a.c:2:1: error: expected ';'\"", "");
+        let e = crate::matrix::Plan::parse(&file, &short).unwrap_err();
+        assert!(e.to_string().contains("image[0].pinned"), "{e}");
     }
 
     #[test]

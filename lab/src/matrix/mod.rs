@@ -195,9 +195,16 @@ pub struct Image {
     /// mbox, format-patch files, a folder of them), or (over the API) each file's name and text.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub series: Vec<PatchRef>,
+    /// What `lab pin` built for each prefix of `series`, in order (the base first): the
+    /// prefix's kernel and initrd images, or why it did not build (then the list ends there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<PinnedPrefix>,
     /// Where in its series the image is, for an image [`series::expand`] wrote out.
     #[serde(skip)]
     pub step: Option<SeriesStep>,
+    /// Why the image did not build, for a pinned prefix [`series::expand`] wrote out.
+    #[serde(skip)]
+    pub unbuilt: Option<String>,
     /// The driver's folder in the kernel tree, for `patches`.
     #[serde(default = "default_driver_folder")]
     pub driver: String,
@@ -223,6 +230,21 @@ pub struct Image {
     /// The device behind a virtio-iommu (the point of the lab: its maps are counted).
     #[serde(default = "yes")]
     pub iommu: bool,
+}
+
+/// A prefix of a series as `lab pin` built it: its images, or why it did not build.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PinnedPrefix {
+    /// The kernel image's ID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelRef>,
+    /// The initramfs image's ID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<InitrdRef>,
+    /// Why it did not build (its first error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_failed: Option<String>,
 }
 
 fn default_driver_folder() -> String {

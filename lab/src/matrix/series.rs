@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::check::Checker;
-use super::{Image, MAX_NAME, Matrix, MatrixError, PatchRef};
+use super::{Image, InitrdRef, KernelRef, MAX_NAME, Matrix, MatrixError, PatchRef, PinnedPrefix};
 
 /// Most patches one series may have.
 pub const MAX_SERIES: usize = 64;
@@ -95,7 +95,9 @@ pub(super) fn expand(matrix: &mut Matrix, checker: &Checker) -> Result<(), Matri
         let patches = read(&image).map_err(|(field, why)| checker.error(Some(span.clone()), field(i), why))?;
         fits(&image, &patches, matrix)
             .map_err(|why| checker.error(Some(span.clone()), format!("image[{i}].series"), why))?;
-        let series = prefixes(&image, &patches);
+        let mut series = prefixes(&image, &patches);
+        apply_pins(&mut series, &image.pinned)
+            .map_err(|why| checker.error(Some(span.clone()), format!("image[{i}].pinned"), why))?;
         steps.insert(image.name.clone(), series.iter().filter_map(|p| p.step.clone()).collect());
         images.extend(series.into_iter().map(|p| Spanned::new(span.clone(), p)));
     }
@@ -226,6 +228,47 @@ fn fits(image: &Image, patches: &[Patch], matrix: &Matrix) -> Result<(), String>
     Ok(())
 }
 
+/// The prefixes of `image`'s series as images to build (its `pinned` aside): what `lab pin`
+/// builds. The series' files must be texts.
+pub fn prefix_images(image: &Image) -> Result<Vec<Image>, String> {
+    let patches = read(image).map_err(|(_, why)| why)?;
+    Ok(prefixes(image, &patches))
+}
+
+/// The prefixes `pinned` names as the images `lab pin` built (a prefix that did not build kept
+/// as its reason, the ones after it as they were, never built); refused for a list that does not
+/// fit the series or names no image IDs.
+fn apply_pins(prefixes: &mut [Image], pinned: &[PinnedPrefix]) -> Result<(), String> {
+    if pinned.is_empty() {
+        return Ok(());
+    }
+    let ends_in_failure = pinned.last().is_some_and(|p| p.build_failed.is_some());
+    if pinned.len() > prefixes.len() || (pinned.len() < prefixes.len() && !ends_in_failure) {
+        return Err(format!(
+            "{} prefixes pinned for a series of {} (what `lab pin` writes)",
+            pinned.len(),
+            prefixes.len()
+        ));
+    }
+    for (prefix, pin) in prefixes.iter_mut().zip(pinned) {
+        match (pin, &pin.build_failed) {
+            (
+                PinnedPrefix { kernel: Some(KernelRef::Store(_)), initrd: None | Some(InitrdRef::Store(_)), .. },
+                None,
+            ) => {
+                prefix.kernel = pin.kernel.clone().expect("matched");
+                prefix.initrd = pin.initrd.clone();
+                prefix.patches = Vec::new();
+            }
+            (PinnedPrefix { kernel: None, initrd: None, .. }, Some(why)) => prefix.unbuilt = Some(why.clone()),
+            _ => {
+                return Err("each prefix is its kernel and initramfs images' IDs, or `build_failed` alone".into());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The series' prefixes as images: the base, then each patch added in turn.
 fn prefixes(image: &Image, patches: &[Patch]) -> Vec<Image> {
     let count = patches.len();
@@ -246,6 +289,7 @@ fn prefixes(image: &Image, patches: &[Patch]) -> Vec<Image> {
                 name: step.image_name(),
                 patches: image.patches.iter().cloned().chain(applied).collect(),
                 series: Vec::new(),
+                pinned: Vec::new(),
                 step: Some(step),
                 ..image.clone()
             }

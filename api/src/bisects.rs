@@ -63,7 +63,12 @@ pub async fn submit(
         Ok(options) => options,
         Err(p) => return created_at("/v1/bisects", Err(p)),
     };
-    let created = create_queued(daemon, &payload, move |store, env, plan| {
+    // A bisection's run has the budget's repetitions of every prefix: held before it is made.
+    let results = move |plan: &lab::matrix::Plan| {
+        let goal = lab::bisect::run::goal(&options, plan.matrix.repetitions).map_err(problem)?;
+        Ok(plan.cells.len() * goal.budget as usize)
+    };
+    let created = create_queued(daemon, &payload, results, move |store, env, plan| {
         let note = |line: &str| tracing::info!("{line}");
         let made = BisectRun::create(store, env, plan, &options, &note).map_err(problem)?;
         Ok((made.run.clone(), Work::Bisect(made)))

@@ -82,7 +82,8 @@ pub async fn submit(
     Params(SubmitParams { skip_unrunnable }): Params<SubmitParams>,
     payload: Payload,
 ) -> Response {
-    let created = create_queued(daemon, &payload, move |store, env, plan| {
+    let results = |plan: &lab::matrix::Plan| Ok(plan.results());
+    let created = create_queued(daemon, &payload, results, move |store, env, plan| {
         let note = |line: &str| tracing::info!("{line}");
         let (run, plan) = lab::run::create(store, env, plan, skip_unrunnable, &note)?;
         Ok((run, Work::Run(plan)))
@@ -92,11 +93,13 @@ pub async fn submit(
 }
 
 /// Checks the matrix of `payload`, makes its run with `make` and queues it: a place in the
-/// queue first (a run that could not be queued is never made), room on the disk, the results it
-/// holds, and the daemon's one build at a time when its recipes need one.
+/// queue first (a run that could not be queued is never made), room on the disk, the results
+/// the run will have (`results` of its plan), and the daemon's one build at a time when its
+/// recipes need one.
 pub(crate) async fn create_queued(
     daemon: Arc<Daemon>,
     payload: &Payload,
+    results: impl FnOnce(&lab::matrix::Plan) -> Result<usize, Problem> + Send + 'static,
     make: impl FnOnce(
         &mut lab::results_db::ResultsDb,
         &lab::env::LabEnv,
@@ -114,7 +117,8 @@ pub(crate) async fn create_queued(
         let mut store = daemon.store()?;
         let registered = |name: &str| store.device(name).ok().flatten();
         let plan = lab::request::plan(request, &registered).map_err(matrix_problem)?;
-        place.hold_results(plan.results())?;
+        // Held before anything is built or made: a refusal leaves nothing behind.
+        place.hold_results(results(&plan)?)?;
         // Recipes are built now, one build at a time (the same images again are found built).
         let recipes = plan.matrix.images.iter().any(|i| lab::recipe::is_recipe(i.get_ref()));
         let _only = match recipes {

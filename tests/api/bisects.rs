@@ -34,3 +34,37 @@ fn a_bisection_that_cannot_be_is_refused_with_the_reason_and_nothing_is_queued()
     let answer = call(&client, "GET", "/v1/bisects/20261205-000000-abcd", &[], None);
     assert_eq!(answer.status, 404, "{}", String::from_utf8_lossy(&answer.body));
 }
+
+#[test]
+fn a_bisection_holds_its_budget_s_results_before_anything_is_built() {
+    let test = "a_bisection_holds_its_budget_s_results_before_anything_is_built";
+    if !crate::common::kvm_available(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(dir.path(), &[]);
+    let client = daemon.client();
+    let toml = [("content-type", "application/toml")];
+    // Two runs leave 30 of the daemon's 200,000 results: 100 x 1000 and 130 x 769.
+    for (values, repetitions) in [(100, 1000), (130, 769)] {
+        let values: Vec<String> = (0..values).map(|i| i.to_string()).collect();
+        let big = format!(
+            "name = \"big\"\nrepetitions = {repetitions}\n[[device]]\nname = \"aq\"\nmodel = \"aqc100\"\n\
+             [[image]]\nname = \"probe\"\nkernel = \"probe\"\n[[variant]]\nname = \"v\"\nimage = \"probe\"\n\
+             params = {{ \"m.p\" = [{}] }}\n[[workload]]\nname = \"rx\"\nkind = \"probe-rx\"\n",
+            values.join(", ")
+        );
+        let answer = call(&client, "POST", "/v1/runs", &toml, Some(big.as_bytes()));
+        assert_eq!(answer.status, 201, "{}", String::from_utf8_lossy(&answer.body));
+    }
+    // The synthetic series is 4 prefixes of 2 repetitions (8 results), but its bisection's run
+    // has the budget's 10 of each: 40, refused before its images are built or its run made.
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let file = examples.join("atlantic-series-synthetic.toml");
+    let sent = lab::recipe::inline_patches(&file, &std::fs::read_to_string(&file).unwrap()).unwrap();
+    let answer = call(&client, "POST", "/v1/bisects?metric=rx_maps_per_packet", &toml, Some(sent.as_bytes()));
+    assert_eq!(answer.status, 429, "{}", String::from_utf8_lossy(&answer.body));
+    assert!(json_of(&answer)["message"].as_str().unwrap().contains("this run has 40"), "{}", json_of(&answer));
+    let runs = json_of(&call(&client, "GET", "/v1/runs", &[], None));
+    assert_eq!(runs.as_array().map(Vec::len), Some(2), "no run was made for the bisection: {runs}");
+}

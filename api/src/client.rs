@@ -266,9 +266,25 @@ impl Client {
     }
 
     /// `POST /v1/runs` of a TOML matrix; the run's ID.
-    pub async fn submit_run(&self, matrix: Vec<u8>, skip_unrunnable: bool) -> Result<String, ClientError> {
-        let path = if skip_unrunnable { "/v1/runs?skip_unrunnable=true" } else { "/v1/runs" };
-        let answer = self.expect(("POST", path), &[("content-type", "application/toml")], Some(matrix), 201).await?;
+    pub async fn submit_run(
+        &self,
+        matrix: Vec<u8>,
+        skip_unrunnable: bool,
+        share: Option<&lab::fleet::FleetShard>,
+    ) -> Result<String, ClientError> {
+        let mut query = Vec::new();
+        if skip_unrunnable {
+            query.push("skip_unrunnable=true".to_string());
+        }
+        if let Some(share) = share {
+            query.push(format!(
+                "shard={}&fleet={}",
+                query_value(&share.shard.to_string()),
+                query_value(share.fleet.as_str())
+            ));
+        }
+        let path = if query.is_empty() { "/v1/runs".to_string() } else { format!("/v1/runs?{}", query.join("&")) };
+        let answer = self.expect(("POST", &path), &[("content-type", "application/toml")], Some(matrix), 201).await?;
         Ok(serde_json::from_slice::<crate::types::Created>(&answer.body)?.id)
     }
 
@@ -322,6 +338,16 @@ impl Client {
     /// `GET /v1/runs/{run}/report` in the media type `accept`, judged against `baseline`.
     pub async fn report(&self, run: &str, baseline: Option<&str>, accept: &str) -> Result<String, ClientError> {
         let mut path = format!("/v1/runs/{run}/report");
+        if let Some(baseline) = baseline {
+            path.push_str(&format!("?baseline={}", query_value(baseline)));
+        }
+        let answer = self.expect(("GET", &path), &[("accept", accept)], None, 200).await?;
+        Ok(String::from_utf8_lossy(&answer.body).into_owned())
+    }
+
+    /// Fleet run `fleet`'s report in the format `accept` names, judged against `baseline`.
+    pub async fn fleet_report(&self, fleet: &str, baseline: Option<&str>, accept: &str) -> Result<String, ClientError> {
+        let mut path = format!("/v1/fleets/{}/report", query_value(fleet));
         if let Some(baseline) = baseline {
             path.push_str(&format!("?baseline={}", query_value(baseline)));
         }

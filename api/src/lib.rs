@@ -12,6 +12,7 @@ pub mod bisects;
 pub mod client;
 pub mod daemon;
 pub mod devices;
+pub mod fleets;
 pub mod images;
 pub mod listeners;
 pub mod payload;

@@ -130,7 +130,9 @@ impl From<lab::run::RunError> for Problem {
     fn from(e: lab::run::RunError) -> Problem {
         match e {
             lab::run::RunError::ResultsDb(e) => e.into(),
-            lab::run::RunError::NotResumable { .. } => Problem::conflict(e.to_string()),
+            lab::run::RunError::NotResumable { .. } | lab::run::RunError::ShardTaken { .. } => {
+                Problem::conflict(e.to_string())
+            }
             lab::run::RunError::NoBaseline { .. } => Problem::bad_request(e.to_string()),
             e if e.is_bad_input() => Problem::unprocessable(e.to_string()),
             e => Problem::internal(e.to_string()),

@@ -22,13 +22,32 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
     }
 }
 
-/// `POST /v1/runs?skip_unrunnable=true`.
+/// `POST /v1/runs?skip_unrunnable=true&shard=K/N&fleet=ID`.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct SubmitParams {
     /// record cells this host cannot run as SKIP instead of refusing the matrix
     #[serde(default)]
     pub skip_unrunnable: bool,
+    /// run shard K of N of the matrix's repetitions (with `fleet`): this box's share of a fleet run
+    #[serde(default)]
+    #[param(value_type = Option<String>, example = "2/3")]
+    pub shard: Option<lab::fleet::Shard>,
+    /// the fleet run the shard belongs to, an ID the caller gives (letters, digits, `.`, `_`, `-`)
+    #[serde(default)]
+    #[param(value_type = Option<String>, example = "ci-8812-aqc100")]
+    pub fleet: Option<lab::fleet::FleetId>,
+}
+
+impl SubmitParams {
+    /// The fleet run and shard asked for: both or neither.
+    pub fn share(&self) -> Result<Option<lab::fleet::FleetShard>, Problem> {
+        match (&self.fleet, self.shard) {
+            (Some(fleet), Some(shard)) => Ok(Some(lab::fleet::FleetShard { fleet: fleet.clone(), shard })),
+            (None, None) => Ok(None),
+            _ => Err(Problem::bad_request("give shard=K/N and fleet=ID together: a shard is of a fleet run")),
+        }
+    }
 }
 
 /// `POST /v1/bisects?metric=NAME&direction=up&threshold=PCT&budget=N`.
@@ -90,6 +109,18 @@ mod tests {
     async fn flags_take_true_or_false_and_a_mistake_names_the_parameter() {
         assert!(params::<SubmitParams>("/v1/runs?skip_unrunnable=true").await.unwrap().skip_unrunnable);
         assert!(!params::<SubmitParams>("/v1/runs").await.unwrap().skip_unrunnable);
+        let sharded = params::<SubmitParams>("/v1/runs?shard=2/3&fleet=ci-1").await.unwrap();
+        assert_eq!(sharded.share().unwrap().unwrap().shard.to_string(), "2/3");
+        assert!(params::<SubmitParams>("/v1/runs?shard=2/3").await.unwrap().share().is_err());
+        for bad in ["/v1/runs?shard=0/3&fleet=a", "/v1/runs?shard=4/3&fleet=a", "/v1/runs?shard=1/3&fleet=../x"] {
+            let refused = params::<SubmitParams>(bad).await.unwrap_err();
+            assert_eq!(refused.status, axum::http::StatusCode::BAD_REQUEST, "{bad}");
+            assert!(
+                refused.message.contains("shard") || refused.message.contains("fleet"),
+                "{bad}: {}",
+                refused.message
+            );
+        }
         let e = params::<SerialParams>("/v1/vms/a/serial?follow=yes").await.unwrap_err();
         assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
         assert!(e.message.contains("follow"), "{}", e.message);

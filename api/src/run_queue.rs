@@ -200,7 +200,7 @@ impl RunQueue {
             let requeued = self.reserve().and_then(|mut place| {
                 let plan = lab::run::resumable(&store, &self.shared.env, &run, &|line| tracing::info!("{line}"))?;
                 place.hold_results(plan.plan.results())?;
-                store.claim_run(&run)?;
+                lab::run::claim(&mut store, &run, &plan)?;
                 store.set_queued(&run, true)?;
                 self.enqueue(place, &run, Work::Run(plan))
             });

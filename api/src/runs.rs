@@ -79,12 +79,22 @@ fn matrix_request(payload: &Payload) -> Result<lab::request::Request, Problem> {
     ))]
 pub async fn submit(
     State(daemon): State<Arc<Daemon>>,
-    Params(SubmitParams { skip_unrunnable }): Params<SubmitParams>,
+    Params(params): Params<SubmitParams>,
     payload: Payload,
 ) -> Response {
-    let results = |plan: &lab::matrix::Plan| Ok(plan.results());
+    let share = match params.share() {
+        Ok(share) => share,
+        Err(problem) => return problem.into_response(),
+    };
+    let skip_unrunnable = params.skip_unrunnable;
+    // A shard holds its share of the results.
+    let shard = share.as_ref().map(|s| s.shard);
+    let results = move |plan: &lab::matrix::Plan| {
+        Ok(shard.map_or_else(|| plan.results(), |s| s.share(plan.cells.len(), plan.matrix.repetitions)))
+    };
     let created = create_queued(daemon, &payload, results, move |store, env, plan| {
         let note = |line: &str| tracing::info!("{line}");
+        let plan = plan.with_share(share);
         let (run, plan) = lab::run::create(store, env, plan, skip_unrunnable, &note)?;
         Ok((run, Work::Run(plan)))
     })
@@ -238,7 +248,7 @@ pub async fn resume(State(daemon): State<Arc<Daemon>>, Path(id): Path<String>) -
         let plan = lab::run::resumable(&store, &daemon.env, &id, &|line| tracing::info!("{line}"))?;
         // Every refusal before the claim: a refused resume leaves the run as it was.
         place.hold_results(plan.plan.results())?;
-        store.claim_run(&id)?;
+        lab::run::claim(&mut store, &id, &plan)?;
         store.set_queued(&id, true)?;
         daemon.runs.enqueue(place, &id, Work::Run(plan))?;
         status(&daemon, &id)
@@ -314,7 +324,7 @@ pub async fn events(
 }
 
 /// What `Accept` asks for, of the report's formats.
-fn report_format(headers: &HeaderMap) -> Result<&'static str, Problem> {
+pub(crate) fn report_format(headers: &HeaderMap) -> Result<&'static str, Problem> {
     const FORMATS: [&str; 5] = ["application/json", "text/markdown", "text/csv", "image/svg+xml", "text/html"];
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("*/*");
     for wanted in accept.split(',').map(|p| p.split(';').next().unwrap_or_default().trim()) {
@@ -356,19 +366,29 @@ pub async fn report(
             let _permit = permit;
             let store = daemon.store()?;
             let report = lab::run::report(&store, &id, baseline.as_deref())?;
-            let chart = || lab::chart::svg(&report).map_err(|e| Problem::internal(format!("the chart: {e}")));
-            let body = match format {
-                "application/json" => report.to_json(),
-                "text/markdown" => report.to_markdown(),
-                "text/csv" => report.to_csv(),
-                "image/svg+xml" => chart()?,
-                _ => report.to_html(&chart()?),
-            };
+            let body = rendered(&report, format)?;
             Ok((format, body))
         })
         .await
     }
     .await;
+    report_response(result)
+}
+
+/// `report` in `format` (one of [`report_format`]'s).
+pub(crate) fn rendered(report: &lab::report::Report, format: &str) -> Result<String, Problem> {
+    let chart = || lab::chart::svg(report).map_err(|e| Problem::internal(format!("the chart: {e}")));
+    Ok(match format {
+        "application/json" => report.to_json(),
+        "text/markdown" => report.to_markdown(),
+        "text/csv" => report.to_csv(),
+        "image/svg+xml" => chart()?,
+        _ => report.to_html(&chart()?),
+    })
+}
+
+/// A rendered report (its format and body) as the answer, or the problem.
+pub(crate) fn report_response(result: Result<(&'static str, String), Problem>) -> Response {
     match result {
         Ok((format, body)) => {
             let content_type =

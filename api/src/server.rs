@@ -17,7 +17,7 @@ use crate::daemon::Daemon;
 use crate::listeners;
 use crate::problem::Problem;
 use crate::types::{HostInfo, Version};
-use crate::{bench, bisects, devices, images, results, runs, vms};
+use crate::{bench, bisects, devices, fleets, images, results, runs, vms};
 
 /// The API's OpenAPI 3.1 document, made from the handlers and their types.
 #[derive(OpenApi)]
@@ -30,6 +30,7 @@ use crate::{bench, bisects, devices, images, results, runs, vms};
         images::list, images::show, images::build_kernel, images::build_module, images::build_initramfs,
         runs::submit, runs::list, runs::show, runs::cancel, runs::resume, runs::events, runs::report,
         bisects::submit, bisects::show,
+        fleets::report,
         results::list, results::database,
         vms::start, vms::list, vms::show, vms::counters, vms::stop, vms::remove, vms::serial,
         bench::boot,
@@ -119,6 +120,7 @@ pub fn router(daemon: Arc<Daemon>) -> Router {
         .route("/v1/runs/{id}/resume", post(runs::resume))
         .route("/v1/runs/{id}/events", get(runs::events))
         .route("/v1/runs/{id}/report", get(runs::report))
+        .route("/v1/fleets/{id}/report", get(fleets::report))
         .route("/v1/bisects", post(bisects::submit))
         .route("/v1/bisects/{id}", get(bisects::show))
         .route("/v1/results", get(results::list))

@@ -157,6 +157,7 @@ mod tests {
                 step: None,
                 build_failed: false,
                 previous: None,
+                box_effect: None,
             }
         };
         let report = Report {
@@ -166,6 +167,8 @@ mod tests {
             engine: RunEngine::Driverlab,
             baseline: None,
             cells: vec![cell("flip", 0.06, 0.5), cell("order3", 0.35, 0.0625), cell("pool", 2.9, 0.0)],
+            boxes: Vec::new(),
+            missing_shards: Vec::new(),
         };
         let svg = svg(&report).unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{}", &svg[..100]);

@@ -58,7 +58,14 @@ fn head<'a>(info: &RunInfo, images: impl IntoIterator<Item = &'a str>) -> Value 
             "origin": ORIGIN,
             "comment": format!("matrix {} ({})", info.matrix, info.matrix_file),
             "start_time": info.created_at,
-            "misc": {"host": info.host, "repetitions": info.repetitions, "cells": info.cells_total},
+            "misc": {
+                "host": info.host,
+                "repetitions": info.repetitions,
+                "cells": info.cells_total,
+                "matrix_hash": info.matrix_hash,
+                "fleet": info.fleet,
+                "box": info.box_identity,
+            },
         }],
         "builds": builds,
     })
@@ -198,6 +205,13 @@ mod tests {
             results: 2,
             state: RunState::Done,
             host: "lab1".into(),
+            matrix_hash: Some("0123456789abcdef".into()),
+            fleet: Some(crate::fleet::FleetShard { fleet: "ci-1".parse().unwrap(), shard: "2/3".parse().unwrap() }),
+            box_identity: Some(crate::fleet::BoxIdentity {
+                host: "lab1".into(),
+                cpu: "AMD RYZEN AI MAX+ 395".into(),
+                ..Default::default()
+            }),
             created_at: "2026-12-01T12:00:00.000Z".into(),
             finished_at: None,
         };
@@ -265,6 +279,11 @@ mod tests {
         );
         assert_eq!(doc["tests"][3]["misc"]["ktap"], "XFAIL");
         assert_eq!(doc["tests"][4]["id"], "driverlab:20261201-120000-abcd:c01:1:ping:ping_test_tcp");
+        // The box it ran on, and the fleet run's shard.
+        let misc = &doc["checkouts"][0]["misc"];
+        assert_eq!(misc["box"]["cpu"], "AMD RYZEN AI MAX+ 395");
+        assert_eq!((misc["fleet"]["fleet"].as_str(), misc["fleet"]["shard"].as_str()), (Some("ci-1"), Some("2/3")));
+        assert_eq!(misc["matrix_hash"], "0123456789abcdef");
     }
 
     #[test]

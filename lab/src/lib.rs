@@ -10,13 +10,15 @@
 //! ([`measure`]: CPU per packet, packet rate, latency, XDP, KTAP); [`report`] summarises a
 //! run's records with [`stats`] over the [`metric::Metric`] table (with [`chart`] and
 //! [`kcidb`] as other views). A matrix's image may be a patch series ([`matrix::series`]: one
-//! image per prefix), which [`bisect`] searches for the patch that moved a figure.
+//! image per prefix), which [`bisect`] searches for the patch that moved a figure. A matrix may be
+//! spread over several boxes as shards of a [`fleet`] run, reported as one.
 
 pub mod bisect;
 pub mod chart;
 pub mod disk;
 pub mod env;
 pub mod failure;
+pub mod fleet;
 pub mod image_ref;
 pub mod images;
 pub mod kcidb;

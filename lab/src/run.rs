@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use crate::env::LabEnv;
+use crate::fleet::{BoxIdentity, FleetShard};
 use crate::images::{ImagesError, RunPlan};
 use crate::matrix::{MatrixError, Plan};
 use crate::report::{Report, RunRecords, RunSamples};
@@ -39,6 +40,18 @@ pub enum RunError {
         /// Its variants.
         variants: String,
     },
+    /// The fleet run's shard is a run here already.
+    #[error("shard {} of fleet run {} is run {run} here already ({state}): {}", .share.shard, .share.fleet,
+        if matches!(.state, RunState::Done) { "its results are in; a shard runs once per fleet run".to_string() }
+        else { format!("`driverlab lab resume {run}` finishes it") })]
+    ShardTaken {
+        /// The fleet run and shard.
+        share: FleetShard,
+        /// The run that is that shard.
+        run: String,
+        /// Its state.
+        state: RunState,
+    },
     /// The run cannot be resumed.
     #[error("run {run} is {state:?}: {why}")]
     NotResumable {
@@ -58,6 +71,7 @@ impl RunError {
             self,
             RunError::Matrix(_)
                 | RunError::NoBaseline { .. }
+                | RunError::ShardTaken { .. }
                 | RunError::Lab(LabError::Unrunnable(_))
                 | RunError::Images(
                     ImagesError::Missing(_) | ImagesError::Build(crate::recipe::RecipeError::Refused(_))
@@ -114,6 +128,9 @@ pub struct RunStatus {
     pub repetitions: u32,
     /// The host it runs on.
     pub host: String,
+    /// The fleet run and shard it is, when it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetShard>,
     /// Where it is.
     pub state: RunPhase,
     /// Cells whose every repetition has a result.
@@ -141,11 +158,20 @@ pub struct RunStatus {
 pub fn status(db: &ResultsDb, run: &str) -> Result<RunStatus, ResultsDbError> {
     let info = db.run(run)?;
     let counted = db.result_counts(run)?;
-    let repetitions = info.repetitions as usize;
+    // A shard's cells are done with the shard's repetitions of them.
+    let shard = info.fleet.as_ref().map(|f| f.shard);
+    let wanted = |cell: usize| match shard {
+        Some(shard) => shard.repetitions_of(cell, info.repetitions).count(),
+        None => info.repetitions as usize,
+    };
     Ok(RunStatus {
-        cells_done: counted.per_cell.values().filter(|&&n| n >= repetitions).count(),
+        cells_done: (0..info.cells_total)
+            .filter(|&c| counted.per_cell.get(&c).copied().unwrap_or(0) >= wanted(c))
+            .count(),
         results: counted.total(),
-        results_total: info.cells_total * repetitions,
+        results_total: shard
+            .map_or(info.cells_total * info.repetitions as usize, |s| s.share(info.cells_total, info.repetitions)),
+        fleet: info.fleet,
         eta_s: None,
         counts: counted.by_status,
         state: info.state.into(),
@@ -170,12 +196,18 @@ pub fn create(
     skip_unrunnable: bool,
     note: &dyn Fn(&str),
 ) -> Result<(String, RunPlan), RunError> {
+    if let Some(share) = plan.share()
+        && let Some(taken) = store.shard_run(share)?
+    {
+        return Err(RunError::ShardTaken { share: share.clone(), run: taken.id, state: taken.state });
+    }
     let plan = RunPlan::prepare(plan, &env.images, note)?;
     let refused = scheduler::refusals(env, &plan);
     if !refused.is_empty() && !skip_unrunnable {
         return Err(LabError::Unrunnable(refused).into());
     }
     let run = store.create_run(&plan.plan)?;
+    store.set_box(&run, &BoxIdentity::collect(&plan.plan))?;
     scheduler::record_unrun(store, &run, &plan.plan, &plan.unbuilt())?;
     scheduler::record_checks_once(store, &run, &plan.plan)?;
     scheduler::record_skips(store, &run, &plan.plan, &refused)?;
@@ -223,7 +255,7 @@ pub fn resumable(store: &ResultsDb, env: &LabEnv, run: &str, note: &dyn Fn(&str)
         });
     }
     let (file, text, cells) = store.run_plan(run)?;
-    let plan = Plan::parse(Path::new(&file), &text)?;
+    let plan = Plan::parse(Path::new(&file), &text)?.with_share(info.fleet);
     if plan.cells != cells {
         return Err(ResultsDbError::Corrupt {
             run: run.into(),
@@ -233,6 +265,14 @@ pub fn resumable(store: &ResultsDb, env: &LabEnv, run: &str, note: &dyn Fn(&str)
         .into());
     }
     Ok(RunPlan::prepare(plan, &env.images, note)?)
+}
+
+/// Takes `run` (of `plan`) to resume it in this process, on this box: its MISS records go, and
+/// its box is this one.
+pub fn claim(store: &mut ResultsDb, run: &str, plan: &RunPlan) -> Result<(), RunError> {
+    store.claim_run(run)?;
+    store.set_box(run, &BoxIdentity::collect(&plan.plan))?;
+    Ok(())
 }
 
 /// The report of `run`, judged against `baseline` (the matrix's own when none is given).

@@ -133,7 +133,7 @@ pub fn record_skips(store: &ResultsDb, run: &str, plan: &Plan, refused: &[(Cell,
 pub fn record_unrun(store: &ResultsDb, run: &str, plan: &Plan, unrun: &[(Cell, Failure)]) -> Result<(), LabError> {
     for (cell, failure) in unrun {
         let engine = plan.image(&cell.image).map(|i| i.engine).unwrap_or_default();
-        for repetition in 0..plan.matrix.repetitions {
+        for repetition in plan.repetitions_of(cell) {
             store.record(&Record::not_run(run, cell, repetition, engine, failure.clone()))?;
         }
     }
@@ -147,7 +147,7 @@ pub fn record_checks_once(store: &ResultsDb, run: &str, plan: &Plan) -> Result<(
     let once = Failure::Unrunnable { why: "a prefix check runs once".into() };
     for cell in checks {
         let engine = plan.image(&cell.image).map(|i| i.engine).unwrap_or_default();
-        for repetition in 1..plan.matrix.repetitions {
+        for repetition in plan.repetitions_of(cell).filter(|&r| r > 0) {
             store.record(&Record::not_run(run, cell, repetition, engine, once.clone()))?;
         }
     }
@@ -194,7 +194,7 @@ pub fn execute_some(
     let artifacts = lock(store).artifacts(run);
     let done: BTreeSet<(usize, u32)> = lock(store).done(run)?.into_iter().collect();
     let matrix = &plan.plan.matrix;
-    let total = plan.plan.cells.len() * matrix.repetitions as usize;
+    let total = plan.plan.results();
     let recorded = Mutex::new(done.len());
     let ctx = RunContext { run: run.to_string(), artifacts };
     let devices: Vec<String> = matrix.devices.iter().map(|d| d.get_ref().name.clone()).collect();
@@ -203,7 +203,7 @@ pub fn execute_some(
         for device in &devices {
             let pending: Vec<(u32, &Cell)> = (0..matrix.repetitions)
                 .flat_map(|rep| plan.plan.cells.iter().filter(|c| c.device == *device).map(move |c| (rep, c)))
-                .filter(|(rep, c)| !done.contains(&(c.index, *rep)) && wanted(c, *rep))
+                .filter(|(rep, c)| plan.plan.holds(c, *rep) && !done.contains(&(c.index, *rep)) && wanted(c, *rep))
                 .collect();
             if pending.is_empty() {
                 continue;
@@ -349,6 +349,12 @@ impl Worker<'_> {
         let dir = self.ctx.artifacts.join("health").join(self.device);
         let health = health::check_device(engine, &self.env.programs.model, &dir, source, device.nic())?;
         self.progress.note(&format!("health {}", health.verdict()));
+        if health.ok {
+            // What the box's device is (its firmware, its link), for the run's box.
+            if let Err(e) = lock(self.store).saw_health(&self.ctx.run, self.device, &health) {
+                tracing::warn!("run {}: the box's device {} not stored: {e}", self.ctx.run, self.device);
+            }
+        }
         if health.ok { Ok(()) } else { Err(health.failures.join("; ")) }
     }
 

@@ -12,5 +12,7 @@ mod access;
 mod bisects;
 mod bounded;
 mod devices_and_vms;
+mod fleet;
 mod limits;
 mod runs;
+mod workflow;

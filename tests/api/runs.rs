@@ -532,21 +532,25 @@ fn the_hardware_workflow_is_valid_and_its_matrix_builds_through_a_daemon() {
     let test = "the_hardware_workflow_is_valid_and_its_matrix_builds_through_a_daemon";
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let workflow = root.join(".github/workflows/hardware-lab.yml");
-    // GitHub's schema for workflows, through check-jsonschema next to schemathesis.
+    let action = root.join(".github/actions/lab-shard/action.yml");
+    // GitHub's schemas for workflows and actions, through check-jsonschema next to schemathesis.
     match std::env::var_os("DRIVERLAB_SCHEMATHESIS").filter(|s| !s.is_empty()) {
         Some(st) => {
             let checker = Path::new(&st).with_file_name("check-jsonschema");
-            let out = Command::new(checker)
-                .args(["--builtin-schema", "vendor.github-workflows"])
-                .arg(&workflow)
-                .output()
-                .expect("check-jsonschema runs");
-            assert!(
-                out.status.success(),
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            for (schema, file) in [("vendor.github-workflows", &workflow), ("vendor.github-actions", &action)] {
+                let out = Command::new(&checker)
+                    .args(["--builtin-schema", schema])
+                    .arg(file)
+                    .output()
+                    .expect("check-jsonschema runs");
+                assert!(
+                    out.status.success(),
+                    "{}: {}{}",
+                    file.display(),
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
         }
         None => common::skip(
             test,
@@ -554,6 +558,9 @@ fn the_hardware_workflow_is_valid_and_its_matrix_builds_through_a_daemon() {
             "its schema part: set DRIVERLAB_SCHEMATHESIS (scripts/fetch-schemathesis.sh)",
         ),
     }
+    // The project's own check of what the schema cannot see: the jobs' wiring (the fan-out of
+    // shards, the re-run of missing ones, the merge) and every shell step through shellcheck.
+    crate::workflow::check(&workflow, &action);
     if std::env::var_os("DRIVERLAB_IMAGE_TESTS").is_none() {
         let why = "set DRIVERLAB_IMAGE_TESTS=1 with the kernel image's package reachable (scripts/test.sh does)";
         common::skip(test, common::Lacks::Setup, why);

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::fleet::FleetShard;
+
 use super::{
     Device, DeviceSource, Image, MAX_CELLS, MAX_RESULTS, Matrix, MatrixError, ParamValues, Variant, Workload, check,
 };
@@ -67,12 +69,56 @@ pub struct Plan {
     pub cells: Vec<Cell>,
     /// Its devices' typed forms, by name: checked once, used by every repetition.
     sources: BTreeMap<String, DeviceSource>,
+    /// The box's shard of a fleet run, when the run is one ([`crate::fleet`]).
+    share: Option<FleetShard>,
 }
 
 impl Plan {
-    /// The results a run of the plan has: its cells times the repetitions.
+    /// The results a run of the plan has: its cells times the repetitions, or its shard's share
+    /// of them.
     pub fn results(&self) -> usize {
-        self.cells.len() * self.matrix.repetitions as usize
+        match &self.share {
+            Some(share) => share.shard.share(self.cells.len(), self.matrix.repetitions),
+            None => self.cells.len() * self.matrix.repetitions as usize,
+        }
+    }
+
+    /// The plan as shard `share` of a fleet run (or the whole matrix, with none).
+    pub fn with_share(mut self, share: Option<FleetShard>) -> Plan {
+        self.share = share;
+        self
+    }
+
+    /// The fleet run and shard the plan is, if it is one.
+    pub fn share(&self) -> Option<&FleetShard> {
+        self.share.as_ref()
+    }
+
+    /// Whether repetition `repetition` of `cell` is this plan's to run (every one, unless the
+    /// plan is a shard).
+    pub fn holds(&self, cell: &Cell, repetition: u32) -> bool {
+        self.share.as_ref().is_none_or(|s| s.shard.holds(cell.index, repetition, self.matrix.repetitions))
+    }
+
+    /// The repetitions of `cell` this plan runs.
+    pub fn repetitions_of<'a>(&'a self, cell: &'a Cell) -> impl Iterator<Item = u32> + 'a {
+        (0..self.matrix.repetitions).filter(move |&r| self.holds(cell, r))
+    }
+
+    /// What identifies the matrix across boxes: a hash of its name, repetitions, cells,
+    /// variants and workloads (not its images' IDs or devices' definitions, which each box
+    /// pins and registers for itself). Shards of one fleet run have the same.
+    pub fn matrix_hash(&self) -> String {
+        use sha2::Digest;
+        let identity = serde_json::json!({
+            "name": self.matrix.name,
+            "repetitions": self.matrix.repetitions,
+            "cells": self.cells,
+            "variants": self.matrix.variants.iter().map(|v| v.get_ref()).collect::<Vec<_>>(),
+            "workloads": self.matrix.workloads.iter().map(|w| w.get_ref()).collect::<Vec<_>>(),
+        });
+        let digest = sha2::Sha256::digest(identity.to_string().as_bytes());
+        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
     }
 
     /// Checks and expands `text`, read from `file`.
@@ -110,7 +156,7 @@ impl Plan {
             ));
         }
         let cells = expand(&matrix);
-        let plan = Plan { file: file.to_path_buf(), text, matrix, cells, sources };
+        let plan = Plan { file: file.to_path_buf(), text, matrix, cells, sources, share: None };
         if let Err((i, why)) = plan.check_vms() {
             let span = plan.matrix.variants.get(i).map(|v| v.span());
             return Err(checker.error(span, format!("variant[{i}]"), why));

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use super::Report;
+use super::boxes::{BOX_EFFECT_NOTE, BOXES_NOTE};
 use super::tables::{CPU_NOTE, DMA_NOTE, LATENCY_NOTE, LINK_NOTE, SERIES_NOTE, SUBTEST_NOTE};
 
 /// An HTML table `id` of `rows` under `columns`, after `intro`; nothing for no rows but the
@@ -61,6 +62,8 @@ impl Report {
                 let _ = writeln!(out, "<p>{}</p>", escape(&parameters));
             }
         }
+        table(&mut out, "boxes", Some(BOXES_NOTE), &Report::BOX_COLUMNS, &self.box_rows());
+        table(&mut out, "box-effects", Some(BOX_EFFECT_NOTE), &Report::BOX_EFFECT_COLUMNS, &self.box_effect_rows());
         for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
             let _ = writeln!(out, "<p>{}: {}</p>", escape(&c.cell), escape(&c.notes.join("; ")));
         }

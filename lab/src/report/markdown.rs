@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use super::Report;
+use super::boxes::{BOX_EFFECT_NOTE, BOXES_NOTE};
 use super::tables::{CPU_NOTE, DMA_NOTE, LATENCY_NOTE, LINK_NOTE, READY_NOTE, SERIES_NOTE, SUBTEST_NOTE};
 
 /// A markdown table of `rows` under `columns`, after `intro`; nothing for no rows but the
@@ -44,6 +45,8 @@ impl Report {
             }
         }
         table(&mut out, Some(READY_NOTE), &Report::READY_COLUMNS, &self.ready_rows());
+        table(&mut out, Some(BOXES_NOTE), &Report::BOX_COLUMNS, &self.box_rows());
+        table(&mut out, Some(BOX_EFFECT_NOTE), &Report::BOX_EFFECT_COLUMNS, &self.box_effect_rows());
         for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
             let _ = writeln!(out, "\n{}: {}", c.cell, c.notes.join("; "));
         }

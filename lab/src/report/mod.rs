@@ -3,6 +3,7 @@
 //! contract in `docs/lab.md`, here), as tables (`tables`) in markdown (`markdown`) and HTML
 //! (`html`), and as CSV (`csv`); `chart` draws the SVG.
 
+mod boxes;
 pub mod csv;
 mod html;
 mod markdown;
@@ -113,6 +114,10 @@ pub struct CellReport {
     /// metric the verdict is about, and its verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub previous: Option<StepChange>,
+    /// A fleet run's cell: how its boxes' figures spread, and whether a box differs from the
+    /// others ([`crate::fleet::effect`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub box_effect: Option<crate::fleet::BoxEffect>,
 }
 
 /// A prefix's change against the previous prefix of its series.
@@ -167,6 +172,12 @@ pub struct Report {
     pub baseline: Option<String>,
     /// The cells.
     pub cells: Vec<CellReport>,
+    /// A fleet run's report: its shards, each with its run and the box it ran on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub boxes: Vec<crate::fleet::FleetBox>,
+    /// A fleet run's report: the shards no database imported so far has.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing_shards: Vec<crate::fleet::Shard>,
 }
 
 /// The engine of a run's VMs: one, or `mixed` when cells ran under different ones.
@@ -262,6 +273,8 @@ impl Report {
             engine,
             baseline: baseline.map(String::from),
             cells,
+            boxes: Vec::new(),
+            missing_shards: Vec::new(),
         }
     }
 

@@ -166,7 +166,7 @@ impl CellSamples {
     }
 
     /// The passing values of `metric`.
-    pub(super) fn of(&self, metric: Metric) -> &[f64] {
+    pub fn of(&self, metric: Metric) -> &[f64] {
         self.samples.get(&metric).map_or(&[], Vec::as_slice)
     }
 }

@@ -48,6 +48,7 @@ pub(super) fn summarise(cell: &Cell, s: &CellSamples) -> CellReport {
         step: cell.step.clone(),
         build_failed: s.build_failed,
         previous: None,
+        box_effect: None,
     }
 }
 

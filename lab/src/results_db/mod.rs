@@ -87,6 +87,13 @@ const MIGRATIONS: &[&str] = &[
     // 5: a row may stand for several repetitions of its cell, from its own on: a cancel's MISS
     // rows, one per run of repetitions that never ran, rather than one each.
     "ALTER TABLE results ADD COLUMN span INTEGER NOT NULL DEFAULT 1;",
+    // 6: fleet runs: a run may be shard K/N of a fleet run (several boxes, one matrix), carries
+    // its matrix's hash (what the shards share), and the box it ran on.
+    "ALTER TABLE runs ADD COLUMN matrix_hash TEXT;
+    ALTER TABLE runs ADD COLUMN fleet TEXT;
+    ALTER TABLE runs ADD COLUMN shard TEXT;
+    ALTER TABLE runs ADD COLUMN box TEXT;
+    CREATE INDEX runs_by_fleet ON runs (fleet, shard);",
 ];
 
 /// Errors of the results database.
@@ -131,6 +138,14 @@ pub enum ResultsDbError {
         what: &'static str,
         /// What went wrong, in words.
         reason: String,
+    },
+    /// A database whose fleet runs cannot be merged into this one.
+    #[error("results database {}: not merged: {conflict}", file.display())]
+    FleetConflict {
+        /// The database that was to be merged.
+        file: PathBuf,
+        /// What conflicts.
+        conflict: String,
     },
     /// The database was written by a newer driverlab.
     #[error("results database {}: schema version {found}, this driverlab knows up to {known}", path.display())]
@@ -259,20 +274,28 @@ impl ResultsDb {
     }
 
     /// Merges every run of the database at `other` that this one lacks, with its cells and
-    /// results; results already here are kept. Returns (runs added, results added).
+    /// results; results already here are kept. A fleet run's shard that another run here
+    /// already is, or a shard whose matrix differs from its fleet run's here, is refused and
+    /// nothing is merged. Returns (runs added, results added).
     pub fn import(&mut self, other: &Path) -> Result<(usize, usize), ResultsDbError> {
         let source = ResultsDb::open(other)?;
         drop(source);
         let sql = self.sql();
         let tx = self.conn.transaction().map_err(&sql)?;
         tx.execute("ATTACH DATABASE ?1 AS other", params![other.display().to_string()]).map_err(&sql)?;
+        let refused = fleet_conflict(&tx).map_err(&sql)?;
+        if let Some(conflict) = refused {
+            drop(tx);
+            self.conn.execute("DETACH DATABASE other", []).map_err(self.sql())?;
+            return Err(ResultsDbError::FleetConflict { file: other.to_path_buf(), conflict });
+        }
         let runs = tx
             .execute(
                 "INSERT OR IGNORE INTO runs (id, matrix_name, matrix_file, matrix_toml, baseline, repetitions,
-                        cells_total, state, host, pid, created_at, finished_at)
+                        cells_total, state, host, pid, created_at, finished_at, matrix_hash, fleet, shard, box)
                  SELECT id, matrix_name, matrix_file, matrix_toml, baseline, repetitions,
                         cells_total, CASE state WHEN 'running' THEN 'interrupted' ELSE state END, host, pid,
-                        created_at, finished_at FROM other.runs",
+                        created_at, finished_at, matrix_hash, fleet, shard, box FROM other.runs",
                 [],
             )
             .map_err(&sql)?;
@@ -288,4 +311,51 @@ impl ResultsDb {
         self.conn.execute("DETACH DATABASE other", []).map_err(self.sql())?;
         Ok((runs, results))
     }
+}
+
+/// Why the attached database `other` cannot be merged into this one: a run of it that is a
+/// shard another run is (here or in it), or is of a fleet run whose matrix differs.
+fn fleet_conflict(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Option<String>> {
+    use rusqlite::OptionalExtension;
+    let same_shard = tx
+        .query_row(
+            "SELECT o.id, o.fleet, o.shard, r.id FROM other.runs o
+             JOIN (SELECT id, fleet, shard FROM main.runs UNION ALL SELECT id, fleet, shard FROM other.runs) r
+               ON r.fleet = o.fleet AND r.shard = o.shard AND r.id != o.id
+             WHERE o.fleet IS NOT NULL AND NOT EXISTS (SELECT 1 FROM main.runs m WHERE m.id = o.id) LIMIT 1",
+            [],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?)),
+        )
+        .optional()?;
+    if let Some((run, fleet, shard, taken_by)) = same_shard {
+        return Ok(Some(format!(
+            "its run {run} is shard {shard} of fleet run {fleet}, which run {taken_by} already is: \
+             one database per shard (a shard run again on another box is that box's database alone)"
+        )));
+    }
+    let other_matrix = tx
+        .query_row(
+            "SELECT o.id, o.fleet, o.matrix_hash, r.id, r.matrix_hash FROM other.runs o
+             JOIN main.runs r ON r.fleet = o.fleet AND r.matrix_hash IS NOT o.matrix_hash
+             WHERE o.fleet IS NOT NULL LIMIT 1",
+            [],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                ))
+            },
+        )
+        .optional()?;
+    Ok(other_matrix.map(|(run, fleet, hash, here, here_hash)| {
+        format!(
+            "its run {run} is of fleet run {fleet} with matrix {}, and run {here} of that fleet run here has matrix {}: \
+             the shards of one fleet run are of one matrix",
+            hash.unwrap_or_default(),
+            here_hash.unwrap_or_default()
+        )
+    }))
 }

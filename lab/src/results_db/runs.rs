@@ -4,8 +4,15 @@ use rusqlite::{OptionalExtension, params};
 
 use super::processes::holder_alive;
 use super::{ResultsDb, ResultsDbError, RunState, host_name};
+use crate::fleet::{BoxIdentity, FleetId, FleetShard, Shard};
 use crate::matrix::{Cell, Plan};
 use crate::record::{Record, Status, now_rfc3339};
+
+/// The columns [`run_info`] reads, from `runs`.
+const RUN_SELECT: &str = "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
+        created_at, finished_at, (SELECT COALESCE(SUM(span), 0) FROM results WHERE run_id = runs.id), claimed_at,
+        matrix_hash, fleet, shard, box
+    FROM runs";
 
 /// A run as the database holds it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -32,6 +39,13 @@ pub struct RunInfo {
     pub created_at: String,
     /// When it finished.
     pub finished_at: Option<String>,
+    /// Its matrix's hash ([`Plan::matrix_hash`]; none for runs made before fleets).
+    pub matrix_hash: Option<String>,
+    /// The fleet run and shard it is, if it is one.
+    pub fleet: Option<FleetShard>,
+    /// The box it ran on, as it saw itself ([`BoxIdentity`]); none for runs made before.
+    #[serde(rename = "box")]
+    pub box_identity: Option<BoxIdentity>,
 }
 
 impl ResultsDb {
@@ -55,8 +69,8 @@ impl ResultsDb {
             let inserted = tx
                 .execute(
                     "INSERT OR IGNORE INTO runs (id, matrix_name, matrix_file, matrix_toml, baseline, repetitions,
-                                                 cells_total, state, host, pid, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9, ?10)",
+                                                 cells_total, state, host, pid, created_at, matrix_hash, fleet, shard)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9, ?10, ?11, ?12, ?13)",
                     params![
                         id,
                         plan.matrix.name,
@@ -68,6 +82,9 @@ impl ResultsDb {
                         host_name(),
                         std::process::id(),
                         now_rfc3339(),
+                        plan.matrix_hash(),
+                        plan.share().map(|s| s.fleet.to_string()),
+                        plan.share().map(|s| s.shard.to_string()),
                     ],
                 )
                 .map_err(&sql)?;
@@ -227,14 +244,7 @@ impl ResultsDb {
     fn run_row(&self, run: &str) -> Result<RunInfo, ResultsDbError> {
         let row = self
             .conn
-            .query_row(
-                "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
-                        created_at, finished_at,
-                        (SELECT COALESCE(SUM(span), 0) FROM results WHERE run_id = runs.id), claimed_at
-                 FROM runs WHERE id = ?1",
-                params![run],
-                run_info,
-            )
+            .query_row(&format!("{RUN_SELECT} WHERE id = ?1"), params![run], run_info)
             .optional()
             .map_err(self.sql())?;
         row.ok_or_else(|| ResultsDbError::NoRun(run.to_string()))
@@ -260,16 +270,62 @@ impl ResultsDb {
     pub fn runs_page(&self, offset: usize, limit: usize) -> Result<Vec<RunInfo>, ResultsDbError> {
         let mut stmt = self
             .conn
-            .prepare(
-                "SELECT id, matrix_name, matrix_file, baseline, repetitions, cells_total, state, host, pid,
-                        created_at, finished_at,
-                        (SELECT COALESCE(SUM(span), 0) FROM results WHERE run_id = runs.id), claimed_at
-                 FROM runs ORDER BY created_at DESC, id DESC LIMIT ?1 OFFSET ?2",
-            )
+            .prepare(&format!("{RUN_SELECT} ORDER BY created_at DESC, id DESC LIMIT ?1 OFFSET ?2"))
             .map_err(self.sql())?;
         let (limit, offset) = (i64::try_from(limit).unwrap_or(i64::MAX), i64::try_from(offset).unwrap_or(i64::MAX));
         let rows = stmt.query_map(params![limit, offset], run_info).map_err(self.sql())?;
         rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+
+    /// The runs of fleet run `fleet`, by shard.
+    pub fn fleet_runs(&self, fleet: &FleetId) -> Result<Vec<RunInfo>, ResultsDbError> {
+        let mut stmt =
+            self.conn.prepare(&format!("{RUN_SELECT} WHERE fleet = ?1 ORDER BY shard, id")).map_err(self.sql())?;
+        let rows = stmt.query_map(params![fleet.as_str()], run_info).map_err(self.sql())?;
+        let mut runs = rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())?;
+        // A run whose shard does not parse (an edited database) is no shard.
+        runs.retain(|r| r.fleet.is_some());
+        runs.sort_by_key(|r| r.fleet.as_ref().map(|f| f.shard));
+        Ok(runs)
+    }
+
+    /// The run that is shard `share` here, if one is.
+    pub fn shard_run(&self, share: &FleetShard) -> Result<Option<RunInfo>, ResultsDbError> {
+        Ok(self
+            .fleet_runs(&share.fleet)?
+            .into_iter()
+            .find(|r| r.fleet.as_ref().is_some_and(|f| f.shard == share.shard)))
+    }
+
+    /// Stores the box `run` runs on (made at its creation, again at a resume).
+    pub fn set_box(&self, run: &str, identity: &BoxIdentity) -> Result<(), ResultsDbError> {
+        let json = serde_json::to_string(identity).expect("a box identity always serializes");
+        self.conn.execute("UPDATE runs SET box = ?2 WHERE id = ?1", params![run, json]).map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// The box `run` ran on, if it was stored.
+    pub fn run_box(&self, run: &str) -> Result<Option<BoxIdentity>, ResultsDbError> {
+        let json: Option<String> = self
+            .conn
+            .query_row("SELECT box FROM runs WHERE id = ?1", params![run], |r| r.get(0))
+            .optional()
+            .map_err(self.sql())?
+            .ok_or_else(|| ResultsDbError::NoRun(run.to_string()))?;
+        json.map(|j| serde_json::from_str(&j)).transpose().map_err(|e| ResultsDbError::Corrupt {
+            run: run.to_string(),
+            what: "box",
+            reason: e.to_string(),
+        })
+    }
+
+    /// Takes what device `device`'s health check read into the box `run` runs on.
+    pub fn saw_health(&self, run: &str, device: &str, health: &engines::health::Health) -> Result<(), ResultsDbError> {
+        if let Some(mut identity) = self.run_box(run)? {
+            identity.saw_health(device, health);
+            self.set_box(run, &identity)?;
+        }
+        Ok(())
     }
 
     /// A run's matrix text, its file name and its stored cells.
@@ -402,7 +458,16 @@ fn run_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
         created_at,
         finished_at: r.get(10)?,
         results: r.get(11)?,
+        matrix_hash: r.get(13)?,
+        fleet: fleet_shard(r.get(14)?, r.get(15)?),
+        box_identity: r.get::<_, Option<String>>(16)?.and_then(|json| serde_json::from_str(&json).ok()),
     })
+}
+
+/// The fleet run and shard stored as `fleet` and `shard` (none when either is missing or does
+/// not parse: such a run is not counted as a shard).
+fn fleet_shard(fleet: Option<String>, shard: Option<String>) -> Option<FleetShard> {
+    Some(FleetShard { fleet: fleet?.parse::<FleetId>().ok()?, shard: shard?.parse::<Shard>().ok()? })
 }
 
 /// A new run ID: UTC date and time, then random hex (`20261201-153012-a3f9`).

@@ -26,7 +26,7 @@ use crate::cli::CodedError;
 /// How a run that was followed to its end ended.
 pub enum Finished {
     /// It ended (done, or cancelled): its status.
-    Ended(RunStatus),
+    Ended(Box<RunStatus>),
     /// Its daemon went away before it ended.
     Interrupted {
         /// The run.
@@ -67,7 +67,7 @@ pub(super) fn catch_interrupt() {
 }
 
 /// How `lab run` runs its matrix.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// Cells this host cannot run are SKIP rather than refused.
     pub skip_unrunnable: bool,
@@ -75,6 +75,8 @@ pub struct RunOptions {
     pub build_here: bool,
     /// A prefix check of every prefix of the series first ([`lab::matrix::series::every_prefix`]).
     pub every_prefix: bool,
+    /// The box's shard of a fleet run, when the run is one.
+    pub share: Option<lab::fleet::FleetShard>,
 }
 
 /// A run's error as the CLI's: 2 for the user's mistakes, 1 otherwise.
@@ -107,7 +109,8 @@ impl Backend {
             Backend::Local(db) => {
                 // The run keeps its series' texts: a resumed run has the prefixes it started with.
                 let text = lab::recipe::inline_series(matrix, &text).map_err(|e| refused(e.to_string()))?;
-                let plan = Plan::parse(matrix, &text).map_err(|e| refused(e.to_string()))?;
+                let plan =
+                    Plan::parse(matrix, &text).map_err(|e| refused(e.to_string()))?.with_share(options.share.clone());
                 let env = crate::cli::lab_env()?;
                 let mut store = Backend::db(db)?;
                 // Images the lab builds (recipes) come first: the first time, a download and a build.
@@ -127,8 +130,9 @@ impl Backend {
                     lab::recipe::inline_patches(matrix, &text).map_err(|e| refused(e.to_string()))?
                 };
                 let runtime = runtime()?;
-                let run =
-                    runtime.block_on(client.submit_run(text.into_bytes(), skip_unrunnable)).map_err(client_coded)?;
+                let run = runtime
+                    .block_on(client.submit_run(text.into_bytes(), skip_unrunnable, options.share.as_ref()))
+                    .map_err(client_coded)?;
                 println!("run {run} started");
                 runtime.block_on(follow(client, &run, &|_, _| ()))
             }
@@ -165,7 +169,7 @@ impl Backend {
                 let env = crate::cli::lab_env()?;
                 let mut store = Backend::db(db)?;
                 let plan = run::resumable(&store, &env, run, &|line| eprintln!("{line}")).map_err(coded)?;
-                store.claim_run(run)?;
+                run::claim(&mut store, run, &plan).map_err(coded)?;
                 println!("run {run} resumed");
                 execute(store, &env, &plan, run)
             }
@@ -221,19 +225,42 @@ impl Backend {
             }
         }
     }
+
+    /// Fleet run `fleet`'s report in `format`, judged against `baseline` (the matrix's own when
+    /// none).
+    pub fn fleet_report(
+        &self,
+        fleet: &lab::fleet::FleetId,
+        baseline: Option<&str>,
+        format: Format,
+    ) -> anyhow::Result<String> {
+        match self {
+            Backend::Local(db) => {
+                let store = Backend::db(db)?;
+                let report = lab::fleet::fleet_report(&store, fleet, baseline).map_err(|e| {
+                    let code = if e.is_bad_input() { 2 } else { 1 };
+                    anyhow::Error::from(CodedError { message: e.to_string(), code })
+                })?;
+                super::render(&report, format)
+            }
+            Backend::Remote(client) => runtime()?
+                .block_on(client.fleet_report(fleet.as_str(), baseline, format.media_type()))
+                .map_err(client_coded),
+        }
+    }
 }
 
 /// Executes `run` in this process (Ctrl-C cancels it), progress on stderr.
 fn execute(store: ResultsDb, env: &LabEnv, plan: &RunPlan, run: &str) -> anyhow::Result<Finished> {
     let done = store.done(run)?.len();
-    let total = plan.plan.cells.len() * plan.plan.matrix.repetitions as usize;
+    let total = plan.plan.results();
     let store = Arc::new(Mutex::new(store));
     let console = Console::new(total, done);
     catch_interrupt();
     run::execute(store.clone(), env, plan, run, &console, &CANCEL).map_err(coded)?;
     console.finish();
     let store = store.lock().unwrap_or_else(|p| p.into_inner());
-    Ok(Finished::Ended(run::status(&store, run)?))
+    Ok(Finished::Ended(Box::new(run::status(&store, run)?)))
 }
 
 /// Follows a daemon's run to its end (Ctrl-C cancels it), a line per repetition on stderr, and
@@ -292,7 +319,7 @@ pub(super) async fn follow(
         Ok(()) => {}
     }
     Ok(match last.filter(|s| s.state.ended()) {
-        Some(status) => Finished::Ended(status),
+        Some(status) => Finished::Ended(Box::new(status)),
         None => Finished::Interrupted {
             run: run.to_string(),
             why: "the daemon closed the run's event stream before the run ended".into(),

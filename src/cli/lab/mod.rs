@@ -113,6 +113,8 @@ pub enum Format {
     Csv,
     /// An SVG chart of throughput and maps per packet per cell.
     Svg,
+    /// A page with the tables and the chart (what the API's report page is).
+    Html,
 }
 
 impl Format {
@@ -123,6 +125,7 @@ impl Format {
             Format::Json => "application/json",
             Format::Csv => "text/csv",
             Format::Svg => "image/svg+xml",
+            Format::Html => "text/html",
         }
     }
 }
@@ -146,6 +149,15 @@ pub struct RunArgs {
     /// breaks in the middle and mends later is caught.
     #[arg(long)]
     pub every_prefix: bool,
+    /// Run shard K of N of the matrix's repetitions, this box's share of a fleet run (with
+    /// --fleet): repetition r of cell c is shard (c x repetitions + r) mod N + 1, so with N
+    /// repetitions or more every cell has repetitions on every shard.
+    #[arg(long, value_name = "K/N", requires = "fleet")]
+    pub shard: Option<lab::fleet::Shard>,
+    /// The fleet run the shard belongs to: an ID the caller gives (a CI run's, say), the same on
+    /// every box; `lab report --fleet ID` reports the shards as one run.
+    #[arg(long, value_name = "ID", requires = "shard")]
+    pub fleet: Option<lab::fleet::FleetId>,
     /// The report's format.
     #[arg(long, value_enum, default_value = "md")]
     pub format: Format,
@@ -218,7 +230,12 @@ pub struct ShowArgs {
 #[derive(Args)]
 pub struct ReportArgs {
     /// The run.
-    pub run: String,
+    #[arg(required_unless_present = "fleet")]
+    pub run: Option<String>,
+    /// Report fleet run ID as one run: its shards' runs in this database (`lab import` each
+    /// box's first), with the boxes and each cell's box effect.
+    #[arg(long, value_name = "ID", conflicts_with = "run")]
+    pub fleet: Option<lab::fleet::FleetId>,
     /// Judge against this variant instead of the matrix's baseline.
     #[arg(long, value_name = "VARIANT")]
     pub baseline: Option<String>,
@@ -326,7 +343,12 @@ impl LabCommand {
             LabCommand::Show(args) => show(args),
             LabCommand::Report(args) => {
                 let backend = Backend::of(&args.daemon, &args.db)?;
-                let text = backend.report(&args.run, args.baseline.as_deref(), args.output.format)?;
+                let baseline = args.baseline.as_deref();
+                let text = match (&args.fleet, &args.run) {
+                    (Some(fleet), _) => backend.fleet_report(fleet, baseline, args.output.format)?,
+                    (None, Some(run)) => backend.report(run, baseline, args.output.format)?,
+                    (None, None) => unreachable!("clap requires RUN or --fleet"),
+                };
                 write_out(&text, args.output.out.as_deref())?;
                 Ok(0)
             }
@@ -432,6 +454,7 @@ fn render(report: &lab::report::Report, format: Format) -> anyhow::Result<String
         Format::Json => report.to_json(),
         Format::Csv => report.to_csv(),
         Format::Svg => lab::chart::svg(report)?,
+        Format::Html => report.to_html(&lab::chart::svg(report)?),
     })
 }
 
@@ -444,7 +467,7 @@ fn write_report(report: &lab::report::Report, format: Format, out: Option<&Path>
 /// passed (or was skipped) and the run is done.
 fn finish(backend: &Backend, finished: Finished, format: Format) -> anyhow::Result<u8> {
     let status = match finished {
-        Finished::Ended(status) => status,
+        Finished::Ended(status) => *status,
         Finished::Interrupted { run, why } => {
             println!("{}", output::interrupted_line(&run, &why));
             return Ok(1);
@@ -463,6 +486,7 @@ fn run_matrix(args: RunArgs) -> anyhow::Result<u8> {
         skip_unrunnable: args.skip_unrunnable,
         build_here: args.build_here,
         every_prefix: args.every_prefix,
+        share: args.fleet.zip(args.shard).map(|(fleet, shard)| lab::fleet::FleetShard { fleet, shard }),
     };
     let finished = backend.run(&args.matrix, &options)?;
     finish(&backend, finished, args.format)

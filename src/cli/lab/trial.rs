@@ -98,6 +98,8 @@ pub fn try_patches(args: TryArgs) -> anyhow::Result<u8> {
         skip_unrunnable: false,
         build_here: false,
         every_prefix: false,
+        shard: None,
+        fleet: None,
         format: args.format,
         daemon: args.daemon,
         db: args.db,

@@ -10,9 +10,9 @@ use axum::response::{IntoResponse, Response};
 use lab::fleet::{FleetError, FleetId};
 
 use crate::daemon::Daemon;
-use crate::problem::{Problem, blocking};
+use crate::problem::Problem;
 use crate::query::{Params, ReportParams};
-use crate::runs::{rendered, report_format, report_response};
+use crate::runs::serve_report;
 
 /// A fleet report's refusal or failure as an answer.
 fn problem(e: FleetError) -> Problem {
@@ -46,17 +46,8 @@ pub async fn report(
         Ok(fleet) => fleet,
         Err(e) => return Problem::bad_request(format!("{e}")).into_response(),
     };
-    let result = async {
-        let format = report_format(&headers)?;
-        let permit = daemon.heavy_read()?;
-        blocking(move || {
-            let _permit = permit;
-            let store = daemon.store()?;
-            let report = lab::fleet::fleet_report(&store, &fleet, baseline.as_deref()).map_err(problem)?;
-            Ok((format, rendered(&report, format)?))
-        })
-        .await
-    }
-    .await;
-    report_response(result)
+    serve_report(daemon, &headers, move |store| {
+        lab::fleet::fleet_report(store, &fleet, baseline.as_deref()).map_err(problem)
+    })
+    .await
 }

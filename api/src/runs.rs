@@ -324,7 +324,7 @@ pub async fn events(
 }
 
 /// What `Accept` asks for, of the report's formats.
-pub(crate) fn report_format(headers: &HeaderMap) -> Result<&'static str, Problem> {
+fn report_format(headers: &HeaderMap) -> Result<&'static str, Problem> {
     const FORMATS: [&str; 5] = ["application/json", "text/markdown", "text/csv", "image/svg+xml", "text/html"];
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("*/*");
     for wanted in accept.split(',').map(|p| p.split(';').next().unwrap_or_default().trim()) {
@@ -359,15 +359,24 @@ pub async fn report(
     Params(ReportParams { baseline }): Params<ReportParams>,
     headers: HeaderMap,
 ) -> Response {
+    serve_report(daemon, &headers, move |store| Ok(lab::run::report(store, &id, baseline.as_deref())?)).await
+}
+
+/// The report `make` makes from the daemon's database, rendered as `headers` ask: one of the
+/// heavy reads the daemon makes at once, off the async threads.
+pub(crate) async fn serve_report(
+    daemon: Arc<Daemon>,
+    headers: &HeaderMap,
+    make: impl FnOnce(&lab::results_db::ResultsDb) -> Result<lab::report::Report, Problem> + Send + 'static,
+) -> Response {
     let result = async {
-        let format = report_format(&headers)?;
+        let format = report_format(headers)?;
         let permit = daemon.heavy_read()?;
         blocking(move || {
             let _permit = permit;
             let store = daemon.store()?;
-            let report = lab::run::report(&store, &id, baseline.as_deref())?;
-            let body = rendered(&report, format)?;
-            Ok((format, body))
+            let report = make(&store)?;
+            Ok((format, rendered(&report, format)?))
         })
         .await
     }
@@ -376,7 +385,7 @@ pub async fn report(
 }
 
 /// `report` in `format` (one of [`report_format`]'s).
-pub(crate) fn rendered(report: &lab::report::Report, format: &str) -> Result<String, Problem> {
+fn rendered(report: &lab::report::Report, format: &str) -> Result<String, Problem> {
     let chart = || lab::chart::svg(report).map_err(|e| Problem::internal(format!("the chart: {e}")));
     Ok(match format {
         "application/json" => report.to_json(),
@@ -388,7 +397,7 @@ pub(crate) fn rendered(report: &lab::report::Report, format: &str) -> Result<Str
 }
 
 /// A rendered report (its format and body) as the answer, or the problem.
-pub(crate) fn report_response(result: Result<(&'static str, String), Problem>) -> Response {
+fn report_response(result: Result<(&'static str, String), Problem>) -> Response {
     match result {
         Ok((format, body)) => {
             let content_type =

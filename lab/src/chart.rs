@@ -167,6 +167,7 @@ mod tests {
             engine: RunEngine::Driverlab,
             baseline: None,
             cells: vec![cell("flip", 0.06, 0.5), cell("order3", 0.35, 0.0625), cell("pool", 2.9, 0.0)],
+            box_identity: None,
             boxes: Vec::new(),
             missing_shards: Vec::new(),
         };

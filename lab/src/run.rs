@@ -293,7 +293,9 @@ pub fn report(store: &ResultsDb, run: &str, baseline: Option<&str>) -> Result<Re
         });
     }
     let baseline = baseline.or(info.baseline.as_deref());
-    Ok(Report::of_run(&records, baseline, &VerdictRule::default()))
+    let mut report = Report::of_run(&records, baseline, &VerdictRule::default());
+    report.box_identity = info.box_identity;
+    Ok(report)
 }
 
 /// Run `b` against run `a`, cell by cell.

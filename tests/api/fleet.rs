@@ -184,6 +184,10 @@ fn a_matrix_run_as_three_shards_on_three_boxes_is_one_report_with_the_slow_box_s
     let report = report_json(&["--fleet", FLEET, "--db", &fleet_db]);
     let whole_report = report_json(&[&whole, "--db", &fleet_db]);
     assert_eq!(report["run"], FLEET);
+    assert!(
+        whole_report["box"]["cpu"].is_string() && whole_report["box"]["devices"][0]["name"] == "aqc100",
+        "{whole_report}"
+    );
     assert_eq!(report["state"], "done", "{report}");
     let layout = |r: &Value| -> Vec<(Value, Value, Value, Vec<String>)> {
         r["cells"]

@@ -64,6 +64,9 @@ impl Report {
         }
         table(&mut out, "boxes", Some(BOXES_NOTE), &Report::BOX_COLUMNS, &self.box_rows());
         table(&mut out, "box-effects", Some(BOX_EFFECT_NOTE), &Report::BOX_EFFECT_COLUMNS, &self.box_effect_rows());
+        if let Some(identity) = &self.box_identity {
+            let _ = writeln!(out, "<p>Ran on {}.</p>", escape(&identity.summary()));
+        }
         for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
             let _ = writeln!(out, "<p>{}: {}</p>", escape(&c.cell), escape(&c.notes.join("; ")));
         }

@@ -47,6 +47,9 @@ impl Report {
         table(&mut out, Some(READY_NOTE), &Report::READY_COLUMNS, &self.ready_rows());
         table(&mut out, Some(BOXES_NOTE), &Report::BOX_COLUMNS, &self.box_rows());
         table(&mut out, Some(BOX_EFFECT_NOTE), &Report::BOX_EFFECT_COLUMNS, &self.box_effect_rows());
+        if let Some(identity) = &self.box_identity {
+            let _ = writeln!(out, "\nRan on {}.", identity.summary());
+        }
         for c in self.cells.iter().filter(|c| !c.notes.is_empty()) {
             let _ = writeln!(out, "\n{}: {}", c.cell, c.notes.join("; "));
         }

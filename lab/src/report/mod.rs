@@ -172,6 +172,9 @@ pub struct Report {
     pub baseline: Option<String>,
     /// The cells.
     pub cells: Vec<CellReport>,
+    /// A run's report: the box it ran on, as the run stored it.
+    #[serde(rename = "box", skip_serializing_if = "Option::is_none")]
+    pub box_identity: Option<crate::fleet::BoxIdentity>,
     /// A fleet run's report: its shards, each with its run and the box it ran on.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub boxes: Vec<crate::fleet::FleetBox>,
@@ -273,6 +276,7 @@ impl Report {
             engine,
             baseline: baseline.map(String::from),
             cells,
+            box_identity: None,
             boxes: Vec::new(),
             missing_shards: Vec::new(),
         }

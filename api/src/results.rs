@@ -243,6 +243,15 @@ pub async fn list(State(daemon): State<Arc<Daemon>>, Params(params): Params<Resu
             let kcidb = match (filter.format, runs.into_iter().next()) {
                 (Format::Kcidb, Some(info)) => {
                     let images: BTreeSet<String> = store.run_plan(&info.id)?.2.into_iter().map(|c| c.image).collect();
+                    // A series' prefix that did not build is a build that is not valid: one pass
+                    // over the records, one at a time, before the document's head.
+                    let mut unbuilt = BTreeSet::new();
+                    store.visit_records(&info.id, |r| {
+                        unbuilt.extend(lab::kcidb::unbuilt_images([&r]));
+                        true
+                    })?;
+                    let images: Vec<(String, bool)> =
+                        images.into_iter().map(|i| (i.clone(), !unbuilt.contains(&i))).collect();
                     Some((info, images))
                 }
                 _ => None,
@@ -264,7 +273,7 @@ fn answer(
     params: ResultsParams,
     filter: Filter,
     counts: &[(String, usize)],
-    kcidb: Option<(lab::results_db::RunInfo, BTreeSet<String>)>,
+    kcidb: Option<(lab::results_db::RunInfo, Vec<(String, bool)>)>,
 ) -> Response {
     let page = filter.page(counts);
     let next = page.more.then(|| next_page(params, filter.offset + page.len()));
@@ -292,8 +301,12 @@ fn answer(
         match kcidb {
             Some((info, images)) => {
                 let artifacts = store.artifacts(&info.id);
-                let mut doc =
-                    lab::kcidb::KcidbWriter::start(out, &info, images.iter().map(String::as_str), &artifacts)?;
+                let mut doc = lab::kcidb::KcidbWriter::start(
+                    out,
+                    &info,
+                    images.iter().map(|(i, valid)| (i.as_str(), *valid)),
+                    &artifacts,
+                )?;
                 each(&mut |r| doc.test(r))?;
                 doc.finish()
             }

@@ -126,6 +126,37 @@ fn make_and_enter(parent: &Path, kind: &str, pid: u32, limits: &[(&str, String)]
     }
 }
 
+/// How long moving a process into a cgroup takes on this host: a child that sleeps is moved
+/// into a cgroup of its own below [`crate::CGROUP_PARENT`] (in the unified hierarchy, else the
+/// v1 memory one), timed, ended, and its cgroup removed (`driverlab doctor`).
+pub(crate) fn time_a_move() -> Result<std::time::Duration, JailError> {
+    let root = Path::new(ROOT);
+    let (hierarchy, controller) = if root.join("cgroup.controllers").exists() {
+        (root.to_path_buf(), None)
+    } else {
+        (root.join("memory"), Some("memory"))
+    };
+    let own = own_cgroup(controller)?;
+    let parent = hierarchy.join(own.trim_start_matches('/')).join(crate::CGROUP_PARENT);
+    let mut child = std::process::Command::new("sleep")
+        .arg("10")
+        .spawn()
+        .map_err(|e| JailError::Host(format!("starting `sleep` to move: {e}")))?;
+    let dir = make(&parent, "doctor", child.id());
+    let timed = dir.and_then(|dir| {
+        let started = std::time::Instant::now();
+        let moved = write(&dir.join("cgroup.procs"), &child.id().to_string());
+        let took = started.elapsed();
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir(&dir);
+        moved.map(|()| took)
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    timed
+}
+
 /// Makes the process's cgroup and moves it there.
 pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, JailError> {
     let memory = spec.memory.saturating_add(MEMORY_OVERHEAD);

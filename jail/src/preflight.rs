@@ -2,6 +2,7 @@
 //! process take each step, and what an operator can do where it does not.
 
 use std::path::Path;
+use std::time::Duration;
 
 /// Whether a part of the jail will hold here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +45,9 @@ pub fn preflight() -> Vec<Readiness> {
             )),
         },
     });
+    if root && (v1 || v2) {
+        out.push(cgroup_moves(crate::cgroup::time_a_move().map_err(|e| e.to_string()), v2));
+    }
     out.push(Readiness {
         name: "jail-landlock",
         result: match crate::ruleset::abi_version() {
@@ -55,4 +59,53 @@ pub fn preflight() -> Vec<Readiness> {
         },
     });
     out
+}
+
+/// A move into a cgroup slower than this is worth the operator's fix.
+const SLOW_MOVE: Duration = Duration::from_millis(2);
+
+/// What `moved` (how long moving a process into a cgroup took here, or why it could not be
+/// timed) means for the jail (`v2`: the unified hierarchy is at /sys/fs/cgroup). Without the
+/// kernel's `favordynmods` (a cgroup2 mount option, global to every hierarchy), a move waits for
+/// an RCU grace period on the cgroup threadgroup rwsem (`cgroup_attach_lock()`,
+/// kernel/cgroup/cgroup.c); with it (and, from Linux 6.18, ever after it was once set), it does
+/// not.
+fn cgroup_moves(moved: Result<Duration, String>, v2: bool) -> Readiness {
+    let fix = if v2 {
+        "mount -o remount,favordynmods /sys/fs/cgroup (or a kernel with CONFIG_CGROUP_FAVOR_DYNMODS=y)"
+    } else {
+        "mount -o remount,favordynmods /sys/fs/cgroup/unified, the cgroup2 hierarchy beside the v1 ones (the option \
+         holds for every hierarchy; without one: mkdir /sys/fs/cgroup/unified && mount -t cgroup2 -o favordynmods \
+         none /sys/fs/cgroup/unified), or a kernel with CONFIG_CGROUP_FAVOR_DYNMODS=y"
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let result = match moved {
+        Ok(took) if took <= SLOW_MOVE => Ok(format!("moving a process into a cgroup took {:.2} ms here", ms(took))),
+        Ok(took) => Err((
+            format!(
+                "moving a process into a cgroup took {:.1} ms here (an RCU grace period): every VMM and model pays \
+                 it, most of the jail's cost (docs/benchmarks.md)",
+                ms(took)
+            ),
+            fix.to_string(),
+        )),
+        Err(why) => Err((format!("a move into a cgroup could not be timed: {why}"), String::new())),
+    };
+    Readiness { name: "jail-speed", result }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_cgroup_move_says_how_to_make_it_quick() {
+        assert!(cgroup_moves(Ok(Duration::from_micros(40)), false).result.unwrap().contains("0.04 ms"));
+        let (what, fix) = cgroup_moves(Ok(Duration::from_millis(11)), false).result.unwrap_err();
+        assert!(what.contains("11.0 ms"), "{what}");
+        assert!(fix.starts_with("mount -o remount,favordynmods /sys/fs/cgroup/unified"), "{fix}");
+        let (_, fix) = cgroup_moves(Ok(Duration::from_millis(11)), true).result.unwrap_err();
+        assert!(fix.starts_with("mount -o remount,favordynmods /sys/fs/cgroup "), "{fix}");
+        assert!(cgroup_moves(Err("no sleep".into()), true).result.unwrap_err().0.contains("no sleep"));
+    }
 }

@@ -25,7 +25,8 @@ fn segment(s: &str) -> String {
 /// folder, for the serial logs' URLs.
 pub fn export(info: &RunInfo, records: &[Record], artifacts: &Path) -> Value {
     let images: BTreeSet<&str> = records.iter().map(|r| r.cell.image.as_str()).collect();
-    let mut doc = head(info, images);
+    let unbuilt = unbuilt_images(records);
+    let mut doc = head(info, images.into_iter().map(|i| (i, !unbuilt.contains(i))));
     let checkout_id = checkout_id(info);
     doc["tests"] = records.iter().flat_map(|r| tests(&checkout_id, r, artifacts)).collect();
     doc
@@ -35,19 +36,30 @@ fn checkout_id(info: &RunInfo) -> String {
     format!("{ORIGIN}:{}", info.id)
 }
 
-/// The document but its tests: the schema's version, the run as a checkout, each image a build.
-fn head<'a>(info: &RunInfo, images: impl IntoIterator<Item = &'a str>) -> Value {
+/// The images of `records` that did not build (a series' prefix with a BUILD-FAIL): their
+/// builds are not valid.
+pub fn unbuilt_images<'a>(records: impl IntoIterator<Item = &'a Record>) -> BTreeSet<String> {
+    records
+        .into_iter()
+        .filter(|r| matches!(r.failure, Some(crate::failure::Failure::BuildFailed { .. })))
+        .map(|r| r.cell.image.clone())
+        .collect()
+}
+
+/// The document but its tests: the schema's version, the run as a checkout, each image a build
+/// (with whether it built).
+fn head<'a>(info: &RunInfo, images: impl IntoIterator<Item = (&'a str, bool)>) -> Value {
     let checkout_id = checkout_id(info);
     let builds: Vec<Value> = images
         .into_iter()
-        .map(|image| {
+        .map(|(image, valid)| {
             json!({
                 "id": format!("{checkout_id}:{}", segment(image)),
                 "origin": ORIGIN,
                 "checkout_id": checkout_id,
                 "comment": format!("image {image}"),
                 "architecture": "x86_64",
-                "valid": true,
+                "valid": valid,
             })
         })
         .collect();
@@ -148,11 +160,12 @@ pub struct KcidbWriter<'w> {
 }
 
 impl<'w> KcidbWriter<'w> {
-    /// Writes the document's head for the run `info` and its `images`.
+    /// Writes the document's head for the run `info` and its `images`, each with whether it
+    /// built.
     pub fn start<'a>(
         out: &'w mut dyn Write,
         info: &RunInfo,
-        images: impl IntoIterator<Item = &'a str>,
+        images: impl IntoIterator<Item = (&'a str, bool)>,
         artifacts: &Path,
     ) -> std::io::Result<KcidbWriter<'w>> {
         let head = serde_json::to_string(&head(info, images)).map_err(std::io::Error::other)?;
@@ -241,7 +254,7 @@ mod tests {
     fn the_streamed_document_is_the_same_document() {
         let (info, records) = run();
         let mut out = Vec::new();
-        let mut writer = KcidbWriter::start(&mut out, &info, ["probe"], Path::new(ARTIFACTS)).unwrap();
+        let mut writer = KcidbWriter::start(&mut out, &info, [("probe", true)], Path::new(ARTIFACTS)).unwrap();
         for r in &records {
             writer.test(r).unwrap();
         }
@@ -249,7 +262,7 @@ mod tests {
         let streamed: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(streamed, export(&info, &records, Path::new(ARTIFACTS)));
         let mut empty = Vec::new();
-        KcidbWriter::start(&mut empty, &info, ["probe"], Path::new(ARTIFACTS)).unwrap().finish().unwrap();
+        KcidbWriter::start(&mut empty, &info, [("probe", true)], Path::new(ARTIFACTS)).unwrap().finish().unwrap();
         let empty: Value = serde_json::from_slice(&empty).unwrap();
         assert_eq!(empty["tests"], serde_json::json!([]));
     }
@@ -284,6 +297,24 @@ mod tests {
         assert_eq!(misc["box"]["cpu"], "AMD RYZEN AI MAX+ 395");
         assert_eq!((misc["fleet"]["fleet"].as_str(), misc["fleet"]["shard"].as_str()), (Some("ci-1"), Some("2/3")));
         assert_eq!(misc["matrix_hash"], "0123456789abcdef");
+    }
+
+    #[test]
+    fn a_prefix_that_did_not_build_is_a_build_that_is_not_valid() {
+        let (info, mut records) = run();
+        let mut unbuilt = records[1].clone();
+        unbuilt.cell.image = "probe@2".into();
+        unbuilt.failure =
+            Some(crate::failure::Failure::BuildFailed { first_error: "error: x".into(), detail: String::new() });
+        records.push(unbuilt);
+        let doc = export(&info, &records, Path::new(ARTIFACTS));
+        let valid: Vec<(&str, bool)> = doc["builds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| (b["comment"].as_str().unwrap(), b["valid"].as_bool().unwrap()))
+            .collect();
+        assert_eq!(valid, [("image probe", true), ("image probe@2", false)]);
     }
 
     #[test]

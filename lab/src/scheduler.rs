@@ -122,7 +122,7 @@ fn engine_refusal(image: &crate::matrix::Image, host: &HostFacts, qemu: Option<&
 }
 
 /// Records SKIP for every repetition of the cells `refused` names.
-pub fn record_skips(store: &ResultsDb, run: &str, plan: &Plan, refused: &[(Cell, String)]) -> Result<(), LabError> {
+pub fn record_skips(store: &mut ResultsDb, run: &str, plan: &Plan, refused: &[(Cell, String)]) -> Result<(), LabError> {
     let skipped: Vec<(Cell, Failure)> =
         refused.iter().map(|(cell, why)| (cell.clone(), Failure::Unrunnable { why: why.clone() })).collect();
     record_unrun(store, run, plan, &skipped)
@@ -130,27 +130,38 @@ pub fn record_skips(store: &ResultsDb, run: &str, plan: &Plan, refused: &[(Cell,
 
 /// Records every repetition of each cell of `unrun` as not run, for its failure (a SKIP, a
 /// prefix's BUILD-FAIL); a repetition with a result keeps it.
-pub fn record_unrun(store: &ResultsDb, run: &str, plan: &Plan, unrun: &[(Cell, Failure)]) -> Result<(), LabError> {
-    for (cell, failure) in unrun {
-        let engine = plan.image(&cell.image).map(|i| i.engine).unwrap_or_default();
-        for repetition in plan.repetitions_of(cell) {
-            store.record(&Record::not_run(run, cell, repetition, engine, failure.clone()))?;
-        }
-    }
-    Ok(())
+pub fn record_unrun(store: &mut ResultsDb, run: &str, plan: &Plan, unrun: &[(Cell, Failure)]) -> Result<(), LabError> {
+    let repetitions =
+        unrun.iter().flat_map(|(cell, failure)| plan.repetitions_of(cell).map(move |r| (cell, r, failure.clone())));
+    record_not_run(store, run, plan, repetitions)
 }
 
 /// Records the repetitions past the first of each prefix check's cell (`--every-prefix`) as
 /// SKIP: a check runs once.
-pub fn record_checks_once(store: &ResultsDb, run: &str, plan: &Plan) -> Result<(), LabError> {
-    let checks = plan.cells.iter().filter(|c| plan.workload(&c.workload).is_some_and(Workload::is_prefix_check));
+pub fn record_checks_once(store: &mut ResultsDb, run: &str, plan: &Plan) -> Result<(), LabError> {
     let once = Failure::Unrunnable { why: "a prefix check runs once".into() };
-    for cell in checks {
-        let engine = plan.image(&cell.image).map(|i| i.engine).unwrap_or_default();
-        for repetition in plan.repetitions_of(cell).filter(|&r| r > 0) {
-            store.record(&Record::not_run(run, cell, repetition, engine, once.clone()))?;
-        }
-    }
+    let checks = plan.cells.iter().filter(|c| plan.workload(&c.workload).is_some_and(Workload::is_prefix_check));
+    let once = &once;
+    let repetitions =
+        checks.flat_map(|cell| plan.repetitions_of(cell).filter(|&r| r > 0).map(move |r| (cell, r, once.clone())));
+    record_not_run(store, run, plan, repetitions)
+}
+
+/// Records each (cell, repetition, failure) of `unrun` as not run, in one transaction.
+fn record_not_run<'a>(
+    store: &mut ResultsDb,
+    run: &str,
+    plan: &Plan,
+    unrun: impl IntoIterator<Item = (&'a Cell, u32, Failure)>,
+) -> Result<(), LabError> {
+    let records: Vec<Record> = unrun
+        .into_iter()
+        .map(|(cell, repetition, failure)| {
+            let engine = plan.image(&cell.image).map(|i| i.engine).unwrap_or_default();
+            Record::not_run(run, cell, repetition, engine, failure)
+        })
+        .collect();
+    store.record_all(&records)?;
     Ok(())
 }
 

@@ -202,7 +202,7 @@ impl BisectRun {
             .iter()
             .map(|c| (c.clone(), Failure::Unrunnable { why: "not needed by the bisection".into() }))
             .collect();
-        scheduler::record_unrun(&lock(&store), run, &self.plan.plan, &unneeded)?;
+        scheduler::record_unrun(&mut lock(&store), run, &self.plan.plan, &unneeded)?;
         if let Err(e) = keep(&lock(&store), run, &bisection) {
             progress.note(&format!("{BISECT_FILE}: {e}"));
         }

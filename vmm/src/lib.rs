@@ -19,6 +19,7 @@ pub mod memory;
 pub mod memory_slots;
 pub mod platform;
 pub mod seccomp;
+pub mod snapshot;
 pub mod vcpu;
 pub mod vm;
 pub mod x86;

@@ -1,0 +1,202 @@
+//! A vCPU's state as KVM holds it, read and written back: general and special registers, the
+//! XSAVE area (the FPU's state with it), XCRs, debug registers, the MSRs KVM lists as saveable, the local APIC, pending events
+//! and the MP state. Written back in the order KVM needs (Firecracker's, for x86): the MP state
+//! first, then registers, XSAVE, XCRs, debug registers, the LAPIC, MSRs and the events last.
+
+use kvm_bindings::{
+    Msrs, kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
+    kvm_xsave,
+};
+use kvm_ioctls::{Kvm, VcpuFd};
+use serde::{Deserialize, Serialize};
+
+/// Errors reading or writing a vCPU's state.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuStateError {
+    /// A KVM call failed.
+    #[error("vCPU state: {what}: {source}")]
+    Kvm {
+        /// The call.
+        what: &'static str,
+        /// KVM's error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// MSRs could not be put in KVM's list form.
+    #[error("vCPU state: {0} MSRs do not fit KVM's list")]
+    Msrs(usize),
+    /// KVM took fewer MSRs back than were saved.
+    #[error("vCPU state: KVM set {set} of {saved} MSRs (the first refused: {first:#x})")]
+    MsrsRefused {
+        /// How many it set.
+        set: usize,
+        /// How many were saved.
+        saved: usize,
+        /// The first it refused.
+        first: u32,
+    },
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuStateError {
+    move |source| VcpuStateError::Kvm { what, source }
+}
+
+/// One vCPU's state.
+#[derive(Serialize, Deserialize)]
+pub struct VcpuState {
+    /// General registers.
+    pub regs: kvm_regs,
+    /// Segment, control and descriptor-table registers.
+    pub sregs: kvm_sregs,
+    /// The XSAVE area.
+    pub xsave: kvm_xsave,
+    /// The extended control registers.
+    pub xcrs: kvm_xcrs,
+    /// Debug registers.
+    pub debug_regs: kvm_debugregs,
+    /// The MSRs KVM lists as saveable and could read.
+    pub msrs: Vec<kvm_msr_entry>,
+    /// MSRs KVM lists and refused to read (left at their reset values on restore).
+    pub msrs_unread: Vec<u32>,
+    /// The local APIC.
+    pub lapic: kvm_lapic_state,
+    /// Pending exceptions, interrupts, NMIs, SMIs.
+    pub events: kvm_vcpu_events,
+    /// Running, halted, waiting for SIPI.
+    pub mp_state: kvm_mp_state,
+}
+
+impl std::fmt::Debug for VcpuState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VcpuState")
+            .field("rip", &self.regs.rip)
+            .field("msrs", &self.msrs.len())
+            .field("msrs_unread", &self.msrs_unread)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VcpuState {
+    /// Reads `vcpu`'s state (of a VM on `kvm`). The vCPU must not be running.
+    pub fn capture(kvm_fd: &Kvm, vcpu: &VcpuFd) -> Result<VcpuState, VcpuStateError> {
+        let mp_state = vcpu.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?;
+        let (msrs, msrs_unread) = read_msrs(kvm_fd, vcpu)?;
+        Ok(VcpuState {
+            regs: vcpu.get_regs().map_err(kvm("KVM_GET_REGS"))?,
+            sregs: vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?,
+            xsave: vcpu.get_xsave().map_err(kvm("KVM_GET_XSAVE"))?,
+            xcrs: vcpu.get_xcrs().map_err(kvm("KVM_GET_XCRS"))?,
+            debug_regs: vcpu.get_debug_regs().map_err(kvm("KVM_GET_DEBUGREGS"))?,
+            msrs,
+            msrs_unread,
+            lapic: vcpu.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?,
+            events: vcpu.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?,
+            mp_state,
+        })
+    }
+
+    /// Writes the state into `vcpu` (a new vCPU with the same CPUID as the one it was read from).
+    pub fn restore(&self, vcpu: &VcpuFd) -> Result<(), VcpuStateError> {
+        vcpu.set_mp_state(self.mp_state).map_err(kvm("KVM_SET_MP_STATE"))?;
+        vcpu.set_regs(&self.regs).map_err(kvm("KVM_SET_REGS"))?;
+        vcpu.set_sregs(&self.sregs).map_err(kvm("KVM_SET_SREGS"))?;
+        // SAFETY: the area was read by KVM_GET_XSAVE (4 KiB, the legacy size) on a vCPU of the same
+        // CPUID, so it holds no feature this vCPU lacks and no more than the ioctl copies.
+        unsafe { vcpu.set_xsave(&self.xsave) }.map_err(kvm("KVM_SET_XSAVE"))?;
+        vcpu.set_xcrs(&self.xcrs).map_err(kvm("KVM_SET_XCRS"))?;
+        vcpu.set_debug_regs(&self.debug_regs).map_err(kvm("KVM_SET_DEBUGREGS"))?;
+        vcpu.set_lapic(&self.lapic).map_err(kvm("KVM_SET_LAPIC"))?;
+        let msrs = Msrs::from_entries(&self.msrs).map_err(|_| VcpuStateError::Msrs(self.msrs.len()))?;
+        let set = vcpu.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
+        if set < self.msrs.len() {
+            return Err(VcpuStateError::MsrsRefused { set, saved: self.msrs.len(), first: self.msrs[set].index });
+        }
+        vcpu.set_vcpu_events(&self.events).map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
+        Ok(())
+    }
+}
+
+/// Every MSR KVM lists as saveable that the vCPU lets be read, and those it refused: KVM stops
+/// a read at the first refused one, so the rest is read again past it.
+fn read_msrs(kvm_fd: &Kvm, vcpu: &VcpuFd) -> Result<(Vec<kvm_msr_entry>, Vec<u32>), VcpuStateError> {
+    let indices = kvm_fd.get_msr_index_list().map_err(kvm("KVM_GET_MSR_INDEX_LIST"))?;
+    let mut left: &[u32] = indices.as_slice();
+    let (mut read, mut unread) = (Vec::new(), Vec::new());
+    while !left.is_empty() {
+        let entries: Vec<kvm_msr_entry> =
+            left.iter().map(|&index| kvm_msr_entry { index, ..Default::default() }).collect();
+        let mut msrs = Msrs::from_entries(&entries).map_err(|_| VcpuStateError::Msrs(entries.len()))?;
+        let n = vcpu.get_msrs(&mut msrs).map_err(kvm("KVM_GET_MSRS"))?;
+        read.extend_from_slice(&msrs.as_slice()[..n]);
+        if n < left.len() {
+            unread.push(left[n]);
+            left = &left[n + 1..];
+        } else {
+            left = &[];
+        }
+    }
+    Ok((read, unread))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A VM with the in-kernel irqchip and one vCPU given every CPUID feature KVM supports.
+    fn vcpu(kvm_fd: &Kvm) -> (kvm_ioctls::VmFd, VcpuFd) {
+        let vm = kvm_fd.create_vm().unwrap();
+        vm.create_irq_chip().unwrap();
+        let vcpu = vm.create_vcpu(0).unwrap();
+        let cpuid = kvm_fd.get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES).unwrap();
+        vcpu.set_cpuid2(&cpuid).unwrap();
+        (vm, vcpu)
+    }
+
+    #[test]
+    fn a_vcpu_s_state_goes_through_a_snapshot_file_into_a_new_vcpu() {
+        let Ok(kvm_fd) = Kvm::new() else {
+            testkit::skip(
+                "a_vcpu_s_state_goes_through_a_snapshot_file_into_a_new_vcpu",
+                testkit::Lacks::Setup,
+                "no /dev/kvm",
+            );
+            return;
+        };
+        let (_vm, first) = vcpu(&kvm_fd);
+        let mut regs = first.get_regs().unwrap();
+        (regs.rip, regs.rax, regs.rsp, regs.rflags) = (0x10_0000, 0xdead_beef, 0x8000, 0x2);
+        first.set_regs(&regs).unwrap();
+        // MSR_KERNEL_GS_BASE: any value a guest may write.
+        const KERNEL_GS_BASE: u32 = 0xc000_0102;
+        let written = Msrs::from_entries(&[kvm_msr_entry {
+            index: KERNEL_GS_BASE,
+            data: 0xffff_8880_1234_5000,
+            ..Default::default()
+        }])
+        .unwrap();
+        assert_eq!(first.set_msrs(&written).unwrap(), 1);
+        let state = VcpuState::capture(&kvm_fd, &first).unwrap();
+        assert!(state.msrs.iter().any(|m| m.index == KERNEL_GS_BASE && m.data == 0xffff_8880_1234_5000), "{state:?}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vcpu0.snap");
+        crate::snapshot::write_snapshot(&path, &state).unwrap();
+        let read: VcpuState = crate::snapshot::read_snapshot(&path).unwrap();
+
+        let (_vm2, second) = vcpu(&kvm_fd);
+        read.restore(&second).unwrap();
+        let again = VcpuState::capture(&kvm_fd, &second).unwrap();
+        let r = again.regs;
+        assert_eq!((r.rip, r.rax, r.rsp, r.rflags), (0x10_0000, 0xdead_beef, 0x8000, 0x2));
+        assert_eq!(again.sregs.cr0, state.sregs.cr0);
+        assert_eq!(again.sregs.cs.selector, state.sregs.cs.selector);
+        assert!(again.msrs.iter().any(|m| m.index == KERNEL_GS_BASE && m.data == 0xffff_8880_1234_5000));
+        assert_eq!(
+            again.lapic.regs[..0x40],
+            state.lapic.regs[..0x40],
+            "the LAPIC's first registers (its ID, version, TPR)"
+        );
+        assert_eq!(again.xcrs.xcrs[0].value, state.xcrs.xcrs[0].value);
+        assert_eq!(again.mp_state.mp_state, state.mp_state.mp_state);
+    }
+}

@@ -10,11 +10,11 @@ use kvm_bindings::{
 use kvm_ioctls::{Kvm, VcpuFd};
 use serde::{Deserialize, Serialize};
 
-/// Errors reading or writing a vCPU's state.
+/// Errors reading or writing a vCPU's or a VM's KVM state.
 #[derive(Debug, thiserror::Error)]
-pub enum VcpuStateError {
+pub enum KvmStateError {
     /// A KVM call failed.
-    #[error("vCPU state: {what}: {source}")]
+    #[error("KVM state: {what}: {source}")]
     Kvm {
         /// The call.
         what: &'static str,
@@ -23,10 +23,10 @@ pub enum VcpuStateError {
         source: kvm_ioctls::Error,
     },
     /// MSRs could not be put in KVM's list form.
-    #[error("vCPU state: {0} MSRs do not fit KVM's list")]
+    #[error("KVM state: {0} MSRs do not fit KVM's list")]
     Msrs(usize),
     /// KVM took fewer MSRs back than were saved.
-    #[error("vCPU state: KVM set {set} of {saved} MSRs (the first refused: {first:#x})")]
+    #[error("KVM state: KVM set {set} of {saved} MSRs (the first refused: {first:#x})")]
     MsrsRefused {
         /// How many it set.
         set: usize,
@@ -37,8 +37,8 @@ pub enum VcpuStateError {
     },
 }
 
-fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuStateError {
-    move |source| VcpuStateError::Kvm { what, source }
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> KvmStateError {
+    move |source| KvmStateError::Kvm { what, source }
 }
 
 /// One vCPU's state.
@@ -78,7 +78,7 @@ impl std::fmt::Debug for VcpuState {
 
 impl VcpuState {
     /// Reads `vcpu`'s state (of a VM on `kvm`). The vCPU must not be running.
-    pub fn capture(kvm_fd: &Kvm, vcpu: &VcpuFd) -> Result<VcpuState, VcpuStateError> {
+    pub fn capture(kvm_fd: &Kvm, vcpu: &VcpuFd) -> Result<VcpuState, KvmStateError> {
         let mp_state = vcpu.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?;
         let (msrs, msrs_unread) = read_msrs(kvm_fd, vcpu)?;
         Ok(VcpuState {
@@ -96,7 +96,7 @@ impl VcpuState {
     }
 
     /// Writes the state into `vcpu` (a new vCPU with the same CPUID as the one it was read from).
-    pub fn restore(&self, vcpu: &VcpuFd) -> Result<(), VcpuStateError> {
+    pub fn restore(&self, vcpu: &VcpuFd) -> Result<(), KvmStateError> {
         vcpu.set_mp_state(self.mp_state).map_err(kvm("KVM_SET_MP_STATE"))?;
         vcpu.set_regs(&self.regs).map_err(kvm("KVM_SET_REGS"))?;
         vcpu.set_sregs(&self.sregs).map_err(kvm("KVM_SET_SREGS"))?;
@@ -106,10 +106,10 @@ impl VcpuState {
         vcpu.set_xcrs(&self.xcrs).map_err(kvm("KVM_SET_XCRS"))?;
         vcpu.set_debug_regs(&self.debug_regs).map_err(kvm("KVM_SET_DEBUGREGS"))?;
         vcpu.set_lapic(&self.lapic).map_err(kvm("KVM_SET_LAPIC"))?;
-        let msrs = Msrs::from_entries(&self.msrs).map_err(|_| VcpuStateError::Msrs(self.msrs.len()))?;
+        let msrs = Msrs::from_entries(&self.msrs).map_err(|_| KvmStateError::Msrs(self.msrs.len()))?;
         let set = vcpu.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
         if set < self.msrs.len() {
-            return Err(VcpuStateError::MsrsRefused { set, saved: self.msrs.len(), first: self.msrs[set].index });
+            return Err(KvmStateError::MsrsRefused { set, saved: self.msrs.len(), first: self.msrs[set].index });
         }
         vcpu.set_vcpu_events(&self.events).map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
         Ok(())
@@ -118,14 +118,14 @@ impl VcpuState {
 
 /// Every MSR KVM lists as saveable that the vCPU lets be read, and those it refused: KVM stops
 /// a read at the first refused one, so the rest is read again past it.
-fn read_msrs(kvm_fd: &Kvm, vcpu: &VcpuFd) -> Result<(Vec<kvm_msr_entry>, Vec<u32>), VcpuStateError> {
+fn read_msrs(kvm_fd: &Kvm, vcpu: &VcpuFd) -> Result<(Vec<kvm_msr_entry>, Vec<u32>), KvmStateError> {
     let indices = kvm_fd.get_msr_index_list().map_err(kvm("KVM_GET_MSR_INDEX_LIST"))?;
     let mut left: &[u32] = indices.as_slice();
     let (mut read, mut unread) = (Vec::new(), Vec::new());
     while !left.is_empty() {
         let entries: Vec<kvm_msr_entry> =
             left.iter().map(|&index| kvm_msr_entry { index, ..Default::default() }).collect();
-        let mut msrs = Msrs::from_entries(&entries).map_err(|_| VcpuStateError::Msrs(entries.len()))?;
+        let mut msrs = Msrs::from_entries(&entries).map_err(|_| KvmStateError::Msrs(entries.len()))?;
         let n = vcpu.get_msrs(&mut msrs).map_err(kvm("KVM_GET_MSRS"))?;
         read.extend_from_slice(&msrs.as_slice()[..n]);
         if n < left.len() {

@@ -1,0 +1,173 @@
+//! Guest RAM in a snapshot: the memory file's data extents (a booted guest has touched a part of
+//! its RAM; the rest is a hole, read as zeros) written into a sparse file of the same size, with
+//! the extents and their SHA-256 kept in the snapshot's state; and read back into a new memory
+//! file, checked. (Mapping the file `MAP_PRIVATE` instead, which costs nothing up front, suits a
+//! VM whose devices are kernel VFIO; a device model on vfio-user must share the guest's RAM,
+//! which a private mapping cannot: that choice belongs to the restore, not done yet.)
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::SeekFrom;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Bytes copied at a time.
+const CHUNK: usize = 1 << 20;
+
+/// Errors saving or restoring guest RAM.
+#[derive(Debug, thiserror::Error)]
+pub enum RamError {
+    /// A file operation failed.
+    #[error("guest RAM {}: {what}: {source}", path.display())]
+    Io {
+        /// The RAM file (or the memory file, `memfd`).
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not the RAM that was saved.
+    #[error("guest RAM {}: {why}: the snapshot's RAM was changed after it was written", path.display())]
+    Mismatch {
+        /// The RAM file.
+        path: PathBuf,
+        /// What differs.
+        why: String,
+    },
+}
+
+/// What a snapshot keeps of its RAM file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RamImage {
+    /// The memory file's size.
+    pub size: u64,
+    /// `(offset, length)` of each extent with data, ascending.
+    pub extents: Vec<(u64, u64)>,
+    /// SHA-256 of the extents' bytes, in order.
+    pub sha256: String,
+}
+
+fn io(path: &Path, what: &'static str) -> impl FnOnce(std::io::Error) -> RamError + use<> {
+    let path = path.to_path_buf();
+    move |source| RamError::Io { path, what, source }
+}
+
+/// The data extents of `file` (of `size` bytes): `SEEK_DATA` and `SEEK_HOLE`.
+fn data_extents(file: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    let mut extents = Vec::new();
+    let mut at = 0;
+    while at < size {
+        let start = match rustix::fs::seek(file, SeekFrom::Data(at)) {
+            Ok(start) => start,
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let end = rustix::fs::seek(file, SeekFrom::Hole(start))?.min(size);
+        extents.push((start, end - start));
+        at = end;
+    }
+    Ok(extents)
+}
+
+/// Copies `len` bytes at `offset` from `from` to `to`, feeding them to `hash`.
+fn copy(from: &File, to: &File, offset: u64, len: u64, hash: &mut Sha256) -> std::io::Result<()> {
+    let mut buffer = vec![0u8; CHUNK.min(len as usize)];
+    let mut done = 0;
+    while done < len {
+        let n = buffer.len().min((len - done) as usize);
+        from.read_exact_at(&mut buffer[..n], offset + done)?;
+        hash.update(&buffer[..n]);
+        to.write_all_at(&buffer[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// Writes the RAM in `memory` (its memory file, `size` bytes) into a new sparse file at `to`.
+pub fn save(memory: &File, size: u64, to: &Path) -> Result<RamImage, RamError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let memfd = Path::new("memfd");
+    let extents = data_extents(memory, size).map_err(io(memfd, "finding its data"))?;
+    let file =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(to).map_err(io(to, "creating"))?;
+    file.set_len(size).map_err(io(to, "sizing"))?;
+    let mut hash = Sha256::new();
+    for &(offset, len) in &extents {
+        copy(memory, &file, offset, len, &mut hash).map_err(io(to, "writing"))?;
+    }
+    file.sync_all().map_err(io(to, "syncing"))?;
+    Ok(RamImage { size, extents, sha256: format!("{:x}", hash.finalize()) })
+}
+
+/// Reads the RAM file at `from` (saved as `image`) into `memory`, a new memory file of the
+/// image's size, refusing a file that is not the RAM that was saved.
+pub fn restore(image: &RamImage, from: &Path, memory: &File) -> Result<(), RamError> {
+    let file = File::open(from).map_err(io(from, "opening"))?;
+    let size = file.metadata().map_err(io(from, "reading its size"))?.len();
+    if size != image.size {
+        return Err(RamError::Mismatch {
+            path: from.to_path_buf(),
+            why: format!("{size} bytes, saved as {}", image.size),
+        });
+    }
+    let mut hash = Sha256::new();
+    for &(offset, len) in &image.extents {
+        copy(&file, memory, offset, len, &mut hash).map_err(io(from, "reading"))?;
+    }
+    let found = format!("{:x}", hash.finalize());
+    if found != image.sha256 {
+        return Err(RamError::Mismatch {
+            path: from.to_path_buf(),
+            why: format!("SHA-256 {found}, saved as {}", image.sha256),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory(size: u64) -> File {
+        let memfd = memfd::MemfdOptions::default().create("ram").unwrap().into_file();
+        memfd.set_len(size).unwrap();
+        memfd
+    }
+
+    #[test]
+    fn touched_ram_is_saved_sparse_and_restored_into_a_new_memory_file() {
+        const MIB: u64 = 1 << 20;
+        let size = 64 * MIB;
+        let guest = memory(size);
+        // What a guest touched: its first page, a stretch in the middle, its last page.
+        guest.write_all_at(b"\xeb\xfe boot code", 0).unwrap();
+        guest.write_all_at(&vec![0x5a; 3 * MIB as usize], 20 * MIB).unwrap();
+        guest.write_all_at(b"top of RAM", size - 4096).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ram");
+        let image = save(&guest, size, &path).unwrap();
+        let stored: u64 = image.extents.iter().map(|e| e.1).sum();
+        assert!(stored < 4 * MIB, "only the touched pages: {:?}", image.extents);
+        use std::os::unix::fs::MetadataExt;
+        assert!(std::fs::metadata(&path).unwrap().blocks() * 512 < 8 * MIB, "the file is sparse");
+
+        let restored = memory(size);
+        restore(&image, &path, &restored).unwrap();
+        for (offset, len) in [(0, 4096), (20 * MIB - 4096, 3 * MIB + 8192), (size - 4096, 4096), (40 * MIB, 4096)] {
+            let (mut a, mut b) = (vec![0u8; len as usize], vec![0u8; len as usize]);
+            guest.read_exact_at(&mut a, offset).unwrap();
+            restored.read_exact_at(&mut b, offset).unwrap();
+            assert!(a == b, "the bytes at {offset:#x}");
+        }
+        // A changed RAM file is refused.
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(b"\x90", 21 * MIB).unwrap();
+        let refused = restore(&image, &path, &memory(size)).unwrap_err();
+        assert!(matches!(refused, RamError::Mismatch { .. }), "{refused}");
+        assert!(matches!(save(&guest, size, &path), Err(RamError::Io { .. })), "written once");
+    }
+}

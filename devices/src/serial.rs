@@ -85,6 +85,35 @@ impl Write for Output {
     }
 }
 
+/// A UART's registers and receive FIFO, as a snapshot keeps them (vm-superio's `SerialState`,
+/// with serde).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SerialPortState {
+    /// Divisor latch, low and high byte.
+    pub baud_divisor: [u8; 2],
+    /// Interrupt enable register.
+    pub interrupt_enable: u8,
+    /// Interrupt identification register.
+    pub interrupt_identification: u8,
+    /// Line control register.
+    pub line_control: u8,
+    /// Line status register.
+    pub line_status: u8,
+    /// Modem control register.
+    pub modem_control: u8,
+    /// Modem status register.
+    pub modem_status: u8,
+    /// Scratch register.
+    pub scratch: u8,
+    /// Received bytes the guest has not read.
+    pub in_buffer: Vec<u8>,
+}
+
+/// Errors making a UART from a saved state.
+#[derive(Debug, thiserror::Error)]
+#[error("serial port state: {0}")]
+pub struct SerialStateError(String);
+
 /// A 16550 UART on the port bus.
 pub struct SerialPort {
     uart: Serial<EventFdTrigger, NoEvents, Output>,
@@ -101,6 +130,47 @@ impl SerialPort {
     /// Flushes buffered output to the sink.
     pub fn flush(&mut self) {
         let _ = self.uart.writer_mut().flush();
+    }
+
+    /// Its registers and receive FIFO.
+    pub fn state(&self) -> SerialPortState {
+        let s = self.uart.state();
+        SerialPortState {
+            baud_divisor: [s.baud_divisor_low, s.baud_divisor_high],
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+
+    /// A UART in `state` that raises `interrupt` and writes to `sink` (a restored VM's).
+    pub fn from_state(
+        state: &SerialPortState,
+        interrupt: EventFd,
+        sink: Box<dyn Write + Send>,
+    ) -> Result<(Self, Arc<SerialStats>), SerialStateError> {
+        let saved = vm_superio::serial::SerialState {
+            baud_divisor_low: state.baud_divisor[0],
+            baud_divisor_high: state.baud_divisor[1],
+            interrupt_enable: state.interrupt_enable,
+            interrupt_identification: state.interrupt_identification,
+            line_control: state.line_control,
+            line_status: state.line_status,
+            modem_control: state.modem_control,
+            modem_status: state.modem_status,
+            scratch: state.scratch,
+            in_buffer: state.in_buffer.clone(),
+        };
+        let stats = Arc::new(SerialStats::default());
+        let output = Output { sink, stats: stats.clone(), failed: false };
+        let uart = Serial::from_state(&saved, EventFdTrigger(interrupt), NoEvents, output)
+            .map_err(|e| SerialStateError(format!("{e:?}")))?;
+        Ok((SerialPort { uart }, stats))
     }
 }
 
@@ -159,6 +229,30 @@ mod tests {
         let mut lsr = [0u8; 1];
         port.read(5, &mut lsr);
         assert_ne!(lsr[0] & 0x20, 0, "THR empty");
+    }
+
+    #[test]
+    fn a_port_s_state_makes_the_same_port() {
+        let irq = EventFd::new(libc_nonblock()).unwrap();
+        let (mut port, _) = SerialPort::new(irq.try_clone().unwrap(), Box::new(Shared::default()));
+        port.write(3, &[0x83]); // LCR: DLAB set, 8 bits
+        port.write(0, &[0x01]); // divisor low: 115200 baud
+        port.write(3, &[0x03]); // LCR: DLAB clear
+        port.write(7, &[0x5a]); // scratch
+        port.write(1, &[0x01]); // IER: received data
+        let state = port.state();
+        let json = serde_json::to_string(&state).unwrap();
+        let back: SerialPortState = serde_json::from_str(&json).unwrap();
+        let out = Shared::default();
+        let (mut restored, _) = SerialPort::from_state(&back, irq, Box::new(out.clone())).unwrap();
+        assert_eq!(restored.state(), state);
+        let mut scratch = [0u8; 1];
+        restored.read(7, &mut scratch);
+        assert_eq!(scratch[0], 0x5a);
+        restored.write(0, b"x");
+        assert_eq!(out.0.lock().unwrap().as_slice(), b"x", "the restored port writes to its new sink");
+        let full = SerialPortState { in_buffer: vec![0; 4096], ..state };
+        assert!(SerialPort::from_state(&full, EventFd::new(0).unwrap(), Box::new(Shared::default())).is_err());
     }
 
     fn libc_nonblock() -> i32 {

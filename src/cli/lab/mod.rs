@@ -341,95 +341,113 @@ impl LabCommand {
             }
             LabCommand::List(args) => list(args),
             LabCommand::Show(args) => show(args),
-            LabCommand::Report(args) => {
-                let backend = Backend::of(&args.daemon, &args.db)?;
-                let baseline = args.baseline.as_deref();
-                let text = match (&args.fleet, &args.run) {
-                    (Some(fleet), _) => backend.fleet_report(fleet, baseline, args.output.format)?,
-                    (None, Some(run)) => backend.report(run, baseline, args.output.format)?,
-                    (None, None) => unreachable!("clap requires RUN or --fleet"),
-                };
-                write_out(&text, args.output.out.as_deref())?;
-                Ok(0)
-            }
-            LabCommand::Compare(args) => {
-                let store = args.db.open()?;
-                let report = run::compare(&store, &args.a, &args.b).map_err(backend::coded)?;
-                write_report(&report, args.output.format, args.output.out.as_deref())
-            }
-            LabCommand::Export(args) => {
-                let store = args.db.open()?;
-                let info = store.run(&args.run)?;
-                let records = store.records(&args.run)?;
-                let doc = match args.format {
-                    ExportFormat::Kcidb => lab::kcidb::export(&info, &records, &store.artifacts(&args.run)),
-                };
-                write_out(&serde_json::to_string_pretty(&doc)?, args.out.as_deref())?;
-                Ok(0)
-            }
-            LabCommand::Import(args) => {
-                let scratch = tempfile::tempdir()?;
-                let (other, from) = match (&args.url, &args.other) {
-                    (Some(url), _) => {
-                        let daemon =
-                            DaemonArgs { socket: None, url: Some(url.clone()), token_file: args.token_file.clone() };
-                        let client = daemon.client()?.context("no daemon")?;
-                        let copy = scratch.path().join("lab.db");
-                        daemon::runtime()?.block_on(client.database(&copy)).map_err(daemon::coded)?;
-                        (copy, url.clone())
-                    }
-                    (None, Some(other)) => {
-                        if !other.is_file() {
-                            return Err(CodedError {
-                                message: format!("{}: no such results database", other.display()),
-                                code: 2,
-                            }
-                            .into());
-                        }
-                        (other.clone(), other.display().to_string())
-                    }
-                    (None, None) => unreachable!("clap requires DB or --url"),
-                };
-                let mut store = args.db.open()?;
-                let (runs, results) = store.import(&other)?;
-                println!("imported {runs} runs and {results} results from {from}");
-                Ok(0)
-            }
-            LabCommand::Devices(db) => {
-                let store = db.open()?;
-                for (device, holder) in store.leases()? {
-                    println!("leased      {device}: run {} (pid {} on {})", holder.run, holder.pid, holder.host);
-                }
-                for (device, reason, since) in store.quarantine_list()? {
-                    println!("quarantined {device}: {reason} (since {since}; `driverlab lab release {device}`)");
-                }
-                Ok(0)
-            }
-            LabCommand::Prune(args) => {
-                let mut store = args.db.open()?;
-                let pruned = store.prune(args.keep)?;
-                for run in &pruned.runs {
-                    println!("deleted run {run}");
-                }
-                println!(
-                    "pruned {} runs ({} results, {} MiB of artifacts), kept {}",
-                    pruned.runs.len(),
-                    pruned.results,
-                    pruned.artifact_bytes >> 20,
-                    args.keep
-                );
-                Ok(0)
-            }
-            LabCommand::Release(args) => {
-                let store = args.db.open()?;
-                if store.unquarantine(&args.device)? {
-                    println!("{} is no longer quarantined", args.device);
-                    Ok(0)
-                } else {
-                    Err(CodedError { message: format!("{} is not quarantined", args.device), code: 2 }.into())
-                }
-            }
+            LabCommand::Report(args) => report(args),
+            LabCommand::Compare(args) => compare(args),
+            LabCommand::Export(args) => export(args),
+            LabCommand::Import(args) => import(args),
+            LabCommand::Devices(db) => devices(db),
+            LabCommand::Prune(args) => prune(args),
+            LabCommand::Release(args) => release(args),
         }
+    }
+}
+
+/// `lab report`: a run's or a fleet run's report.
+fn report(args: ReportArgs) -> anyhow::Result<u8> {
+    let backend = Backend::of(&args.daemon, &args.db)?;
+    let baseline = args.baseline.as_deref();
+    let text = match (&args.fleet, &args.run) {
+        (Some(fleet), _) => backend.fleet_report(fleet, baseline, args.output.format)?,
+        (None, Some(run)) => backend.report(run, baseline, args.output.format)?,
+        (None, None) => unreachable!("clap requires RUN or --fleet"),
+    };
+    write_out(&text, args.output.out.as_deref())?;
+    Ok(0)
+}
+
+/// `lab compare`: run B against run A.
+fn compare(args: CompareArgs) -> anyhow::Result<u8> {
+    let store = args.db.open()?;
+    let report = run::compare(&store, &args.a, &args.b).map_err(backend::coded)?;
+    write_report(&report, args.output.format, args.output.out.as_deref())
+}
+
+/// `lab export`: a run as KCIDB JSON.
+fn export(args: ExportArgs) -> anyhow::Result<u8> {
+    let store = args.db.open()?;
+    let info = store.run(&args.run)?;
+    let records = store.records(&args.run)?;
+    let doc = match args.format {
+        ExportFormat::Kcidb => lab::kcidb::export(&info, &records, &store.artifacts(&args.run)),
+    };
+    write_out(&serde_json::to_string_pretty(&doc)?, args.out.as_deref())?;
+    Ok(0)
+}
+
+/// `lab import`: another box's database merged into this one.
+fn import(args: ImportArgs) -> anyhow::Result<u8> {
+    let scratch = tempfile::tempdir()?;
+    let (other, from) = match (&args.url, &args.other) {
+        (Some(url), _) => {
+            let daemon = DaemonArgs { socket: None, url: Some(url.clone()), token_file: args.token_file.clone() };
+            let client = daemon.client()?.context("no daemon")?;
+            let copy = scratch.path().join("lab.db");
+            daemon::runtime()?.block_on(client.database(&copy)).map_err(daemon::coded)?;
+            (copy, url.clone())
+        }
+        (None, Some(other)) => {
+            if !other.is_file() {
+                return Err(
+                    CodedError { message: format!("{}: no such results database", other.display()), code: 2 }.into()
+                );
+            }
+            (other.clone(), other.display().to_string())
+        }
+        (None, None) => unreachable!("clap requires DB or --url"),
+    };
+    let mut store = args.db.open()?;
+    let (runs, results) = store.import(&other)?;
+    println!("imported {runs} runs and {results} results from {from}");
+    Ok(0)
+}
+
+/// `lab devices`: leases and quarantines.
+fn devices(db: DbArgs) -> anyhow::Result<u8> {
+    let store = db.open()?;
+    for (device, holder) in store.leases()? {
+        println!("leased      {device}: run {} (pid {} on {})", holder.run, holder.pid, holder.host);
+    }
+    for (device, reason, since) in store.quarantine_list()? {
+        println!("quarantined {device}: {reason} (since {since}; `driverlab lab release {device}`)");
+    }
+    Ok(0)
+}
+
+/// `lab prune`: the oldest ended runs deleted.
+fn prune(args: PruneArgs) -> anyhow::Result<u8> {
+    let mut store = args.db.open()?;
+    let pruned = store.prune(args.keep)?;
+    for run in &pruned.runs {
+        println!("deleted run {run}");
+    }
+    println!(
+        "pruned {} runs ({} results, {} MiB of artifacts), kept {}",
+        pruned.runs.len(),
+        pruned.results,
+        pruned.artifact_bytes >> 20,
+        args.keep
+    );
+    Ok(0)
+}
+
+/// `lab release`: a quarantine lifted.
+fn release(args: ReleaseArgs) -> anyhow::Result<u8> {
+    let store = args.db.open()?;
+    if store.unquarantine(&args.device)? {
+        println!("{} is no longer quarantined", args.device);
+        Ok(0)
+    } else {
+        Err(CodedError { message: format!("{} is not quarantined", args.device), code: 2 }.into())
     }
 }
 

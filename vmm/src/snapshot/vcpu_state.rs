@@ -37,7 +37,8 @@ pub enum KvmStateError {
     },
 }
 
-fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> KvmStateError {
+/// A KVM call's error as a state error naming the call.
+pub(super) fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> KvmStateError {
     move |source| KvmStateError::Kvm { what, source }
 }
 

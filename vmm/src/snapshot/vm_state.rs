@@ -6,6 +6,7 @@ use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
 
 use super::KvmStateError as Error;
+use super::vcpu_state::kvm;
 
 /// The VM's irqchips and clock.
 #[derive(Serialize, Deserialize)]
@@ -21,10 +22,6 @@ impl std::fmt::Debug for VmState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VmState").field("clock_ns", &self.clock.clock).finish_non_exhaustive()
     }
-}
-
-fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
-    move |source| Error::Kvm { what, source }
 }
 
 const CHIPS: [u32; 3] = [KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQCHIP_IOAPIC];

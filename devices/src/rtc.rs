@@ -49,6 +49,24 @@ const UIP_WINDOW: Duration = Duration::from_micros(244);
 /// The time source: the duration since the UNIX epoch.
 pub type Clock = Box<dyn Fn() -> Duration + Send>;
 
+/// The RTC as a snapshot keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RtcState {
+    /// The register the index port selects.
+    pub index: u8,
+    /// Whether NMIs are masked (bit 7 of the index port).
+    pub nmi_masked: bool,
+    /// The 128 bytes of registers and CMOS RAM.
+    pub ram: Vec<u8>,
+    /// The guest's time minus the host's, in seconds.
+    pub offset_s: i64,
+}
+
+/// A saved RTC state that cannot be an RTC's.
+#[derive(Debug, thiserror::Error)]
+#[error("RTC state: {0} bytes of CMOS RAM, an RTC has 128")]
+pub struct RtcStateError(usize);
+
 /// The CMOS RTC and its RAM.
 pub struct CmosRtc {
     index: usize,
@@ -59,9 +77,14 @@ pub struct CmosRtc {
     clock: Clock,
 }
 
+/// The host's wall clock.
+pub fn host_clock() -> Clock {
+    Box::new(|| SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default())
+}
+
 impl Default for CmosRtc {
     fn default() -> Self {
-        CmosRtc::new(Box::new(|| SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default()))
+        CmosRtc::new(host_clock())
     }
 }
 
@@ -74,6 +97,29 @@ impl CmosRtc {
         ram[REG_B] = B_24H;
         ram[REG_D] = D_VRT;
         CmosRtc { index: 0, nmi_masked: false, ram, offset_s: 0, clock }
+    }
+
+    /// Its registers, RAM and the guest's offset from the host's clock, as a snapshot keeps them.
+    pub fn state(&self) -> RtcState {
+        RtcState {
+            index: self.index as u8,
+            nmi_masked: self.nmi_masked,
+            ram: self.ram.to_vec(),
+            offset_s: self.offset_s,
+        }
+    }
+
+    /// An RTC reading `clock` in a saved state: the guest's time goes on from the host's now
+    /// plus the offset the guest had set, so a restored guest's wall clock is stepped to now.
+    pub fn from_state(state: &RtcState, clock: Clock) -> Result<CmosRtc, RtcStateError> {
+        let ram: [u8; 128] = state.ram.as_slice().try_into().map_err(|_| RtcStateError(state.ram.len()))?;
+        Ok(CmosRtc {
+            index: (state.index & 0x7f) as usize,
+            nmi_masked: state.nmi_masked,
+            ram,
+            offset_s: state.offset_s,
+            clock,
+        })
     }
 
     /// Whether the guest masked NMIs through bit 7 of the index port.
@@ -299,6 +345,33 @@ mod tests {
         assert_eq!((read(&mut rtc, 0), read(&mut rtc, 4), read(&mut rtc, 9)), (40, 22, 26));
         write(&mut rtc, 0x0b, B_BINARY);
         assert_eq!(read(&mut rtc, 4), 0x80 | 10, "10 PM in 12-hour mode");
+    }
+
+    #[test]
+    fn a_restored_rtc_keeps_the_guest_s_settings_and_offset_and_reads_the_host_s_now() {
+        let now = Arc::new(AtomicU64::new(T * 1_000_000_000));
+        let mut rtc = rtc_at(now.clone());
+        write(&mut rtc, 0x0b, B_24H | B_BINARY);
+        write(&mut rtc, 0x40, 0x5a);
+        // The guest sets its clock an hour ahead of the host's.
+        write(&mut rtc, 0x0b, B_24H | B_BINARY | B_SET);
+        write(&mut rtc, 4, 23);
+        write(&mut rtc, 0x0b, B_24H | B_BINARY);
+        let saved: RtcState = serde_json::from_str(&serde_json::to_string(&rtc.state()).unwrap()).unwrap();
+        // Restored ten minutes later.
+        let later = Arc::new(AtomicU64::new((T + 600) * 1_000_000_000));
+        let reading = later.clone();
+        let mut restored =
+            CmosRtc::from_state(&saved, Box::new(move || Duration::from_nanos(reading.load(Ordering::SeqCst))))
+                .unwrap();
+        assert_eq!(read(&mut restored, 0x40), 0x5a, "CMOS RAM");
+        assert_eq!(
+            (read(&mut restored, 4), read(&mut restored, 2)),
+            (23, 32),
+            "binary mode, an hour ahead, ten minutes on"
+        );
+        let short = RtcState { ram: vec![0; 12], ..saved };
+        assert!(CmosRtc::from_state(&short, Box::new(|| Duration::ZERO)).is_err());
     }
 
     #[test]

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use vm_spec::control::{
     BouncePool, ControlError as ErrorBody, LiveCounters, PlugRequest, ShutdownAccepted, ShutdownRequest, SlotInfo,
-    UnplugRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO, VM_PLUG, VM_SHUTDOWN, VM_UNPLUG, VmInfo,
+    SnapshotAccepted, UnplugRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO, VM_PLUG, VM_SHUTDOWN, VM_SNAPSHOT,
+    VM_UNPLUG, VmInfo,
 };
 
 /// Most bytes of an answer read.
@@ -92,6 +93,12 @@ impl ControlClient {
         let request = UnplugRequest { device: device.into(), surprise };
         let body = serde_json::to_vec(&request).expect("an UnplugRequest always serializes");
         self.call("PUT", VM_UNPLUG, Some(&body))
+    }
+
+    /// `PUT /api/v1/vm.snapshot`: stop the VM and write its snapshot into its `--snapshot-to`
+    /// directory (the process's exit line says when it is written).
+    pub fn snapshot(&self) -> Result<SnapshotAccepted, ControlError> {
+        self.call("PUT", VM_SNAPSHOT, None)
     }
 
     /// One request; the answer's JSON body as `T`.

@@ -11,7 +11,8 @@ const REGS: usize = CONFIG_SIZE / 4;
 
 use super::regs::{
     BAR0, BRIDGE_BUS_NUMBERS, BRIDGE_IO_WINDOW, BRIDGE_MEMORY_WINDOW, CACHE_LINE_SIZE, CAPABILITIES_POINTER, COMMAND,
-    HEADER_END as FIRST_CAPABILITY, HEADER_TYPE, INTERRUPT_LINE, STATUS, STATUS_CAPABILITIES, SUBSYSTEM_VENDOR_ID,
+    HEADER_END as FIRST_CAPABILITY, HEADER_TYPE, INTERRUPT_LINE, REVISION, STATUS, STATUS_CAPABILITIES,
+    SUBSYSTEM_VENDOR_ID,
 };
 
 /// Command register: I/O space decoding.
@@ -257,6 +258,31 @@ impl PciConfiguration {
     /// Reads dword register `reg` (offset / 4); registers past the space read 0.
     pub fn read_reg(&self, reg: usize) -> u32 {
         self.regs.get(reg).copied().unwrap_or(0)
+    }
+
+    /// Every register, as a snapshot keeps them.
+    pub fn registers(&self) -> Vec<u32> {
+        self.regs.to_vec()
+    }
+
+    /// Puts back registers from [`PciConfiguration::registers`] of a function with the same IDs
+    /// (vendor, device, class, revision, subsystem), refusing those of another kind of function.
+    pub fn set_registers(&mut self, saved: &[u32]) -> Result<(), String> {
+        if saved.len() != REGS {
+            return Err(format!("{} configuration registers saved, a function has {REGS}", saved.len()));
+        }
+        // Vendor and device; revision and class; subsystem.
+        const IDS: [usize; 3] = [0, REVISION / 4, SUBSYSTEM_VENDOR_ID / 4];
+        if let Some(&reg) = IDS.iter().find(|&&reg| saved[reg] != self.regs[reg]) {
+            return Err(format!(
+                "saved from another kind of function: register {:#x} is {:#010x} here, {:#010x} saved",
+                reg * 4,
+                self.regs[reg],
+                saved[reg]
+            ));
+        }
+        self.regs.copy_from_slice(saved);
+        Ok(())
     }
 
     /// Reads `data.len()` bytes at `offset` without side effects.

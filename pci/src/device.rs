@@ -29,6 +29,15 @@ pub trait PciDevice: Send {
     fn bar_write(&mut self, bar: usize, offset: u64, data: &[u8]);
     /// The BARs that currently decode (address set, decoding enabled in the command register).
     fn bar_mappings(&self) -> Vec<BarMapping>;
+    /// Its state as a snapshot keeps it; `None` for a function whose state cannot be saved (a
+    /// passed-through device's lives in the hardware).
+    fn snapshot_state(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Puts back a state from [`PciDevice::snapshot_state`] of the same kind of function.
+    fn restore_state(&mut self, _state: &serde_json::Value) -> Result<(), String> {
+        Err(format!("{} cannot be restored from a snapshot", self.name()))
+    }
 }
 
 /// The decoded BARs of a configuration space: memory BARs when memory decoding is on, I/O BARs

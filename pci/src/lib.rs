@@ -21,7 +21,9 @@ pub use config::{BarKind, PciConfiguration, PciIds};
 pub use device::{BarMapping, PciDevice};
 pub use msi::MsiConfig;
 pub use msix::MsixConfig;
-pub use root::{Arrival, PciConfigIo, PciConfigMmio, PciRoot, Removal, SlotError};
+pub use root::{
+    Arrival, FunctionState, PciConfigIo, PciConfigMmio, PciRoot, PciRootState, PciStateError, Removal, SlotError,
+};
 pub use root_port::RootPort;
 
 /// Errors building PCI devices and the bus.

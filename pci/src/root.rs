@@ -65,6 +65,62 @@ impl PciDevice for HostBridge {
     fn bar_mappings(&self) -> Vec<BarMapping> {
         decoded_bars(&self.config)
     }
+    fn snapshot_state(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(self.config.registers()).ok()
+    }
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), String> {
+        let registers: Vec<u32> = serde_json::from_value(state.clone()).map_err(|e| e.to_string())?;
+        self.config.set_registers(&registers)
+    }
+}
+
+/// Bus 0's functions as a snapshot keeps them, by device/function number.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PciRootState {
+    /// Each function's state.
+    pub functions: Vec<FunctionState>,
+}
+
+/// One function's saved state.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FunctionState {
+    /// Its device/function number on bus 0.
+    pub devfn: u8,
+    /// What it is (for messages).
+    pub name: String,
+    /// Its state, as the function gave it.
+    pub state: serde_json::Value,
+}
+
+/// Why the root complex's state cannot be saved or put back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PciStateError {
+    /// A function whose state cannot be saved (a passed-through device, a root port).
+    #[error("{name} at 00:{:02x}.{} cannot be snapshotted", devfn >> 3, devfn & 7)]
+    NotSaveable {
+        /// Its device/function number.
+        devfn: u8,
+        /// What it is.
+        name: String,
+    },
+    /// The saved functions are not this VM's.
+    #[error("the snapshot's PCI functions ({saved}) are not this VM's ({here})")]
+    OtherFunctions {
+        /// Those saved.
+        saved: String,
+        /// Those here.
+        here: String,
+    },
+    /// A function refused its saved state.
+    #[error("{name} at 00:{:02x}.{}: {why}", devfn >> 3, devfn & 7)]
+    Refused {
+        /// Its device/function number.
+        devfn: u8,
+        /// What it is.
+        name: String,
+        /// Why.
+        why: String,
+    },
 }
 
 /// One BAR of one device, as a region on the MMIO (or port) bus.
@@ -242,6 +298,43 @@ impl PciRoot {
             self.bus_for(old.kind).remove(old.addr);
         }
         Ok(adapter.device)
+    }
+
+    /// Bus 0's functions' states; refused when one of them cannot be saved.
+    pub fn snapshot_state(&self) -> Result<PciRootState, PciStateError> {
+        let mut functions = Vec::with_capacity(self.slots.len());
+        for (&devfn, slot) in &self.slots {
+            let device = lock(&slot.device);
+            let name = device.name().to_string();
+            let state =
+                device.snapshot_state().ok_or_else(|| PciStateError::NotSaveable { devfn, name: name.clone() })?;
+            functions.push(FunctionState { devfn, name, state });
+        }
+        Ok(PciRootState { functions })
+    }
+
+    /// Puts back bus 0's functions' states (from [`PciRoot::snapshot_state`] of a VM with the
+    /// same functions) and maps their BARs where they were.
+    pub fn restore_state(&mut self, saved: &PciRootState) -> Result<(), PciStateError> {
+        let saved_numbers: Vec<u8> = saved.functions.iter().map(|f| f.devfn).collect();
+        if saved_numbers != self.functions() {
+            let list = |numbers: &[u8]| {
+                numbers.iter().map(|d| format!("{:02x}.{}", d >> 3, d & 7)).collect::<Vec<_>>().join(", ")
+            };
+            return Err(PciStateError::OtherFunctions { saved: list(&saved_numbers), here: list(&self.functions()) });
+        }
+        for function in &saved.functions {
+            let Some(slot) = self.slots.get(&function.devfn) else { continue };
+            let mut device = lock(&slot.device);
+            device.restore_state(&function.state).map_err(|why| PciStateError::Refused {
+                devfn: function.devfn,
+                name: device.name().to_string(),
+                why,
+            })?;
+            drop(device);
+            self.refresh_bars(Target::Bus0(function.devfn));
+        }
+        Ok(())
     }
 
     /// The devices on bus 0, by device/function number.
@@ -467,6 +560,80 @@ mod tests {
         config.add_bar(0, 0x1000, BarKind::Memory32).unwrap();
         config.set_bar_address(0, 0xc000_0000);
         Arc::new(Mutex::new(Echo { config }))
+    }
+
+    /// An [`Echo`] that saves its configuration registers as the host bridge does.
+    struct SavedEcho(Echo);
+
+    impl PciDevice for SavedEcho {
+        fn name(&self) -> &str {
+            "saved echo"
+        }
+        fn config_read(&mut self, reg: usize) -> u32 {
+            self.0.config_read(reg)
+        }
+        fn config_write(&mut self, offset: usize, data: &[u8]) {
+            self.0.config_write(offset, data)
+        }
+        fn bar_read(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
+            self.0.bar_read(bar, offset, data)
+        }
+        fn bar_write(&mut self, _bar: usize, _offset: u64, _data: &[u8]) {}
+        fn bar_mappings(&self) -> Vec<BarMapping> {
+            self.0.bar_mappings()
+        }
+        fn snapshot_state(&self) -> Option<serde_json::Value> {
+            serde_json::to_value(self.0.config.registers()).ok()
+        }
+        fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), String> {
+            let registers: Vec<u32> = serde_json::from_value(state.clone()).map_err(|e| e.to_string())?;
+            self.0.config.set_registers(&registers)
+        }
+    }
+
+    fn saved_echo(address: u64) -> Arc<Mutex<SavedEcho>> {
+        let echo = Arc::into_inner(echo()).unwrap().into_inner().unwrap();
+        let mut echo = SavedEcho(echo);
+        echo.0.config.set_bar_address(0, address);
+        Arc::new(Mutex::new(echo))
+    }
+
+    #[test]
+    fn bus_0_s_state_goes_into_a_new_root_with_its_bars_where_the_guest_put_them() {
+        let root = |mmio: &Arc<Bus>| PciRoot::new(mmio.clone(), Arc::new(Bus::new()));
+        let first_bus = Arc::new(Bus::new());
+        let mut first = root(&first_bus);
+        first.add_device(2, saved_echo(0xc000_0000)).unwrap();
+        // The guest moves the BAR, turns on memory decoding and bus mastering on both functions.
+        first.config_write(0, 2 << 3, 0x10, &0xd000_0000u32.to_le_bytes());
+        first.config_write(0, 2 << 3, 0x04, &[0x06, 0]);
+        first.config_write(0, 0, 0x04, &[0x06, 0]);
+        let saved = first.snapshot_state().unwrap();
+        let json = serde_json::to_string(&saved).unwrap();
+
+        let second_bus = Arc::new(Bus::new());
+        let mut second = root(&second_bus);
+        second.add_device(2, saved_echo(0xc000_0000)).unwrap();
+        second.restore_state(&serde_json::from_str(&json).unwrap()).unwrap();
+        assert_eq!(second.config_read(0, 0, 1) & 0xffff, 0x0006, "the host bridge's command register");
+        assert_eq!(second.config_read(0, 2 << 3, 4), 0xd000_0000);
+        let mut data = [0u8; 1];
+        use vm_device::bus::Access;
+        assert!(second_bus.read(0xd000_0010, &mut data) == Access::Handled && data[0] == 0x10, "the BAR decodes there");
+        assert!(second_bus.read(0xc000_0010, &mut data) == Access::Unclaimed, "and not where the new device had it");
+
+        // Refused: a function that keeps no state, another set of functions, another kind.
+        let mut plain = root(&Arc::new(Bus::new()));
+        plain.add_device(2, echo()).unwrap();
+        let refused = plain.snapshot_state().unwrap_err();
+        assert_eq!(refused.to_string(), "echo at 00:02.0 cannot be snapshotted");
+        let mut fewer = root(&Arc::new(Bus::new()));
+        let refused = fewer.restore_state(&saved).unwrap_err();
+        assert_eq!(refused.to_string(), "the snapshot's PCI functions (00.0, 02.0) are not this VM's (00.0)");
+        let mut other = saved.clone();
+        other.functions[0].state = serde_json::to_value(vec![0u32; crate::config::CONFIG_SIZE / 4]).unwrap();
+        let refused = second.restore_state(&other).unwrap_err();
+        assert!(refused.to_string().contains("saved from another kind of function"), "{refused}");
     }
 
     fn io_read32(port: &mut PciConfigIo, address: u32) -> u32 {

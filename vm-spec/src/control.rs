@@ -9,8 +9,9 @@
 //! | `PUT /api/v1/vm.bounce-pool` | 200 [`BouncePool`]; body [`BouncePool`]: where the guest's swiotlb is |
 //! | `PUT /api/v1/vm.plug`       | 200 [`SlotInfo`]; body [`PlugRequest`]: a device into its empty hot-plug slot |
 //! | `PUT /api/v1/vm.unplug`     | 200 (surprise) or 202 (orderly: the guest lets go, then the slot empties) [`SlotInfo`]; body [`UnplugRequest`] |
+//! | `PUT /api/v1/vm.snapshot`   | 202 [`SnapshotAccepted`]: the vCPUs stop, the snapshot is written to the run's `--snapshot-to` directory, the VM ends (reason `snapshot`); 409 when this VM cannot be snapshotted |
 //!
-//! Errors are JSON [`ControlError`] bodies with 400, 404, 405 or 413. One request per connection
+//! Errors are JSON [`ControlError`] bodies with 400, 404, 405, 409 or 413. One request per connection
 //! is answered (`Connection: close`).
 
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,8 @@ pub const VM_BOUNCE_POOL: &str = "/api/v1/vm.bounce-pool";
 pub const VM_PLUG: &str = "/api/v1/vm.plug";
 /// `PUT`: a device out of its hot-plug slot, orderly or by surprise.
 pub const VM_UNPLUG: &str = "/api/v1/vm.unplug";
+/// `PUT`: stop the vCPUs, write a snapshot, end the VM.
+pub const VM_SNAPSHOT: &str = "/api/v1/vm.snapshot";
 /// Largest request the control socket reads, headers and body.
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
 /// Seconds the guest gets to power off after the power button before the VMM stops it.
@@ -156,6 +159,17 @@ pub struct ShutdownAccepted {
     pub state: VmState,
     /// The grace period in effect.
     pub grace_s: f64,
+}
+
+/// The answer to `PUT /api/v1/vm.snapshot`: the vCPUs are being stopped; the process then writes
+/// the snapshot and exits with its exit line (reason `snapshot` and the exit line's `snapshot`
+/// once it is written, or `vmm-error` saying why it could not be).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotAccepted {
+    /// The state now (`stopping`).
+    pub state: VmState,
+    /// The directory the snapshot goes to, as given to `--snapshot-to`.
+    pub dir: String,
 }
 
 /// `PUT /api/v1/vm.bounce-pool`: the guest's swiotlb bounce pool, inclusive guest-physical

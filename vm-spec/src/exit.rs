@@ -37,6 +37,8 @@ pub mod code {
     /// Stopped through the control socket (`vm.shutdown`) after the guest ignored the power
     /// button.
     pub const SHUTDOWN: i32 = 7;
+    /// The VM stopped after its snapshot was written (`vm.snapshot` on the control socket).
+    pub const SNAPSHOT: i32 = 0;
 }
 
 /// Why a VM stopped, as the exit line names it (`reason`).
@@ -62,6 +64,9 @@ pub enum ExitReason {
     EntryFailure,
     /// The VMM failed while the VM ran.
     VmmError,
+    /// Stopped after a snapshot of it was written (`vm.snapshot`): the exit line's `snapshot`
+    /// says where and how big.
+    Snapshot,
 }
 
 impl ExitReason {
@@ -75,6 +80,7 @@ impl ExitReason {
             ExitReason::Shutdown => code::SHUTDOWN,
             ExitReason::KvmInternalError | ExitReason::EntryFailure => code::KVM_ERROR,
             ExitReason::VmmError => code::VMM_ERROR,
+            ExitReason::Snapshot => code::SNAPSHOT,
         }
     }
 
@@ -96,6 +102,7 @@ impl ExitReason {
             ExitReason::KvmInternalError => "kvm-internal-error",
             ExitReason::EntryFailure => "entry-failure",
             ExitReason::VmmError => "vmm-error",
+            ExitReason::Snapshot => "snapshot",
         }
     }
 }
@@ -220,6 +227,34 @@ pub struct ExitSummary {
     /// fault, not the guest's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vcpu_state_lost: Option<String>,
+    /// The snapshot written when the VM stopped for one (reason `snapshot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotWritten>,
+    /// How the VM was restored from a snapshot (`vm run --restore`); absent for a VM that booted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<Restored>,
+}
+
+/// The exit line's `snapshot`: what was written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotWritten {
+    /// Milliseconds from the vCPUs' stop to both files written and synced.
+    pub ms: f64,
+    /// Bytes of the state file (header and JSON body).
+    pub state_bytes: u64,
+    /// Bytes of guest RAM with data (the RAM file is sparse: its size is the guest's RAM).
+    pub ram_data_bytes: u64,
+}
+
+/// The exit line's `restored`: how the VM got its state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Restored {
+    /// Milliseconds to read and check the snapshot, copy its RAM into guest memory and write
+    /// the vCPUs', the VM's and the devices' state (part of `setup_ms`, in place of loading a
+    /// kernel).
+    pub ms: f64,
+    /// Bytes of guest RAM read back.
+    pub ram_data_bytes: u64,
 }
 
 /// The VMM's set-up, phase by phase, in milliseconds (they add up to `setup_ms`).
@@ -354,6 +389,8 @@ mod tests {
             }],
             confinement: None,
             vcpu_state_lost: None,
+            snapshot: None,
+            restored: None,
         };
         let line = summary.to_json();
         assert!(line.starts_with(r#"{"vmm":"exit","reason":"poweroff","exit_code":0,"#), "{line}");

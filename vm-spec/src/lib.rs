@@ -34,7 +34,8 @@ pub mod spec;
 
 pub use bdf::Bdf;
 pub use exit::{
-    AddressCount, DeviceCounters, DeviceSummary, ErrorKind, ErrorLine, ExitCounts, ExitReason, ExitSummary,
+    AddressCount, DeviceCounters, DeviceSummary, ErrorKind, ErrorLine, ExitCounts, ExitReason, ExitSummary, Restored,
+    SnapshotWritten,
 };
 pub use nic::NicKind;
 pub use spec::{

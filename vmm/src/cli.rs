@@ -34,7 +34,7 @@ pub struct RunArgs {
     pub control: Option<PathBuf>,
     /// Kernel: an ELF vmlinux (PVH or 64-bit entry), a bzImage, or `probe` for the embedded
     /// probe guest.
-    #[arg(long, value_name = "PATH|probe", required_unless_present = "config")]
+    #[arg(long, value_name = "PATH|probe", required_unless_present_any = ["config", "restore"])]
     pub kernel: Option<String>,
     /// Initial ramdisk.
     #[arg(long, value_name = "PATH")]
@@ -82,6 +82,17 @@ pub struct RunArgs {
     /// docs/vmm.md): for debugging, or where the jail cannot work.
     #[arg(long)]
     pub no_jail: bool,
+    /// Make DIR (which must not exist yet) for a snapshot of this VM, written when the control
+    /// socket's `vm.snapshot` stops it (docs/vmm.md, "Snapshots").
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_to: Option<PathBuf>,
+    /// Start from the snapshot in DIR instead of booting. The VM is the snapshot's (kernel,
+    /// command line, memory, vCPUs, devices); --serial, --com2, --timeout, --control,
+    /// --snapshot-to, --no-jail and --no-seccomp apply to it.
+    #[arg(long, value_name = "DIR", conflicts_with_all = [
+        "config", "kernel", "initrd", "cmdline", "memory", "vcpus", "entry", "iommu", "iommu_bypass", "devices",
+    ])]
+    pub restore: Option<PathBuf>,
 }
 
 /// A failure before the VM ran, as the error line reports it.
@@ -161,6 +172,33 @@ fn spec_of(args: &RunArgs) -> Result<VmSpec, Refused> {
     Ok(spec)
 }
 
+/// The spec of a VM restored from `snapshot`: the snapshot's, with this run's serial outputs (COM1
+/// to stdout unless given; a COM2 the snapshot's VM had is discarded unless given), timeout and
+/// jail and seccomp settings.
+fn restored_spec(args: &RunArgs, snapshot: &crate::snapshot::VmSnapshot) -> Result<VmSpec, Refused> {
+    let usage = |e: vm_spec::SpecError| refused(ErrorKind::Usage, e.to_string());
+    let mut spec = snapshot.spec.clone();
+    spec.serial.com1 = args.serial.as_deref().map(str::parse).transpose().map_err(usage)?.unwrap_or_default();
+    spec.serial.com2 = match (&args.com2, &snapshot.spec.serial.com2) {
+        (Some(com2), Some(_)) => Some(com2.parse::<SerialOutput>().map_err(usage)?),
+        (Some(_), None) => return Err(refused(ErrorKind::Usage, "--com2: the snapshot's VM has no COM2")),
+        (None, Some(_)) => Some(SerialOutput::Discard),
+        (None, None) => None,
+    };
+    spec.timeout_s = args.timeout;
+    spec.seccomp = !args.no_seccomp;
+    spec.jail = !args.no_jail;
+    spec.validate().map_err(|e| refused(ErrorKind::Spec, e.to_string()))?;
+    Ok(spec)
+}
+
+/// Reads and checks the snapshot `--restore` names.
+fn read_restore(dir: &std::path::Path) -> Result<crate::Restore, Refused> {
+    let started = std::time::Instant::now();
+    let snapshot = crate::snapshot::vm_snapshot::load(dir).map_err(|e| Refused(crate::Error::Snapshot(e).to_line()))?;
+    Ok(crate::Restore { dir: dir.to_path_buf(), snapshot: std::sync::Arc::new(snapshot), read: started.elapsed() })
+}
+
 /// Prints the error line (after a human-readable line) and returns its exit code.
 pub fn report_error(line: &ErrorLine) -> u8 {
     eprintln!("error: {}", line.message);
@@ -171,7 +209,15 @@ pub fn report_error(line: &ErrorLine) -> u8 {
 /// Runs `vm run`: builds the spec, runs the VM (`probe_image` is what `--kernel probe` boots),
 /// prints the exit or error line last on stderr; returns the process's exit code.
 pub fn run(args: RunArgs, probe_image: &'static [u8]) -> u8 {
-    let spec = match spec_of(&args) {
+    let restore = match args.restore.as_deref().map(read_restore).transpose() {
+        Ok(restore) => restore,
+        Err(Refused(line)) => return report_error(&line),
+    };
+    let spec = match &restore {
+        Some(restore) => restored_spec(&args, &restore.snapshot),
+        None => spec_of(&args),
+    };
+    let spec = match spec {
         Ok(spec) => spec,
         Err(Refused(line)) => return report_error(&line),
     };
@@ -179,7 +225,8 @@ pub fn run(args: RunArgs, probe_image: &'static [u8]) -> u8 {
         println!("{}", serde_json::to_string_pretty(&spec).unwrap_or_default());
         return 0;
     }
-    let options = crate::RunOptions { probe_image, control_socket: args.control };
+    let options =
+        crate::RunOptions { probe_image, control_socket: args.control, snapshot_to: args.snapshot_to, restore };
     match crate::run(&spec, &options) {
         Ok(summary) => {
             eprintln!("{}", summary.to_json());

@@ -20,12 +20,12 @@ use jail::seccomp::BpfProgram;
 use vm_spec::confinement::Confinement;
 use vm_spec::control::{
     BouncePool, ControlError as ErrorBody, DEFAULT_SHUTDOWN_GRACE_S, LiveCounters, MAX_REQUEST_BYTES, PlugRequest,
-    ShutdownAccepted, ShutdownRequest, SlotInfo, UnplugRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO, VM_PLUG,
-    VM_SHUTDOWN, VM_UNPLUG, VmInfo, VmState,
+    ShutdownAccepted, ShutdownRequest, SlotInfo, SnapshotAccepted, UnplugRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO,
+    VM_PLUG, VM_SHUTDOWN, VM_SNAPSHOT, VM_UNPLUG, VmInfo, VmState,
 };
 use vm_spec::{ExitCounts, VmSpec};
 
-use crate::exit::VmStop;
+use crate::exit::{StopCause, VmStop};
 
 /// How long a connected client may take to send its request.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -80,6 +80,8 @@ pub trait VmObserver: Send + Sync {
     fn plug(&self, request: PlugRequest) -> Result<SlotInfo, (u16, String)>;
     /// Pulls a device out of its slot; the HTTP status and why, when refused.
     fn unplug(&self, request: UnplugRequest) -> Result<SlotInfo, (u16, String)>;
+    /// Why this VM cannot be snapshotted, if it cannot.
+    fn snapshot_refusal(&self) -> Option<String>;
 }
 
 /// What the control thread knows of the VM, shared with the VMM's threads.
@@ -92,6 +94,7 @@ pub struct ControlState {
     stop: Arc<VmStop>,
     pid: u32,
     confinement: OnceLock<Confinement>,
+    snapshot_dir: OnceLock<String>,
 }
 
 impl ControlState {
@@ -107,7 +110,18 @@ impl ControlState {
             stop,
             pid,
             confinement: OnceLock::new(),
+            snapshot_dir: OnceLock::new(),
         }
+    }
+
+    /// Records where `vm.snapshot` writes (`--snapshot-to`).
+    pub fn set_snapshot_dir(&self, dir: String) {
+        let _ = self.snapshot_dir.set(dir);
+    }
+
+    /// The boot protocol, once chosen.
+    pub fn entry(&self) -> Option<String> {
+        self.entry.get().cloned()
     }
 
     /// Records how the process is confined.
@@ -190,6 +204,28 @@ impl ControlState {
             _ => VmState::Stopping,
         };
         Ok(ShutdownAccepted { state, grace_s: grace })
+    }
+
+    /// Stops the vCPUs for a snapshot, when this VM has somewhere to write one and can be
+    /// snapshotted: the HTTP status and why, when not.
+    fn snapshot(&self) -> Result<SnapshotAccepted, (u16, String)> {
+        let Some(dir) = self.snapshot_dir.get() else {
+            return Err((
+                409,
+                "this VM was started without --snapshot-to DIR: it has nowhere to write a snapshot".into(),
+            ));
+        };
+        let Some(observer) = self.observer.get() else {
+            return Err((409, "the VM is still booting".into()));
+        };
+        if self.state() == VmState::Stopping {
+            return Err((409, "the VM is stopping already".into()));
+        }
+        if let Some(why) = observer.snapshot_refusal() {
+            return Err((409, format!("this VM cannot be snapshotted: {why}")));
+        }
+        self.stop.request(StopCause::Snapshot);
+        Ok(SnapshotAccepted { state: VmState::Stopping, dir: dir.clone() })
     }
 }
 
@@ -330,9 +366,9 @@ fn read_request(stream: &mut UnixStream) -> Result<(String, String, Vec<u8>), An
 fn route(state: &ControlState, method: &str, path: &str, body: &[u8]) -> Answer {
     let allowed = match path {
         VM_INFO | VM_COUNTERS => "GET",
-        VM_SHUTDOWN | VM_BOUNCE_POOL | VM_PLUG | VM_UNPLUG => "PUT",
+        VM_SHUTDOWN | VM_BOUNCE_POOL | VM_PLUG | VM_UNPLUG | VM_SNAPSHOT => "PUT",
         _ => {
-            let routes = [VM_INFO, VM_COUNTERS, VM_SHUTDOWN, VM_BOUNCE_POOL, VM_PLUG, VM_UNPLUG];
+            let routes = [VM_INFO, VM_COUNTERS, VM_SHUTDOWN, VM_BOUNCE_POOL, VM_PLUG, VM_UNPLUG, VM_SNAPSHOT];
             return error(404, "Not Found", format!("no such route; there are {}", routes.join(", ")));
         }
     };
@@ -342,6 +378,10 @@ fn route(state: &ControlState, method: &str, path: &str, body: &[u8]) -> Answer 
     match path {
         VM_INFO => json(200, "OK", &state.info()),
         VM_COUNTERS => json(200, "OK", &state.counters()),
+        VM_SNAPSHOT => match state.snapshot() {
+            Ok(accepted) => json(202, "Accepted", &accepted),
+            Err((status, why)) => error(status, reason_phrase(status), why),
+        },
         VM_PLUG => slot_request(state, body, |o, r: PlugRequest| o.plug(r), 200),
         VM_UNPLUG => {
             let surprise = serde_json::from_slice::<UnplugRequest>(body).is_ok_and(|r| r.surprise);
@@ -443,6 +483,9 @@ mod tests {
             use vm_spec::control::SlotState;
             let state = if request.surprise { SlotState::Empty } else { SlotState::Releasing };
             Ok(SlotInfo { device: request.device, port: "00:02.0".into(), bdf: "01:00.0".into(), state })
+        }
+        fn snapshot_refusal(&self) -> Option<String> {
+            None
         }
     }
 

@@ -42,6 +42,8 @@ pub enum StopCause {
     },
     /// The VMM failed while the VM ran.
     VmmError(String),
+    /// Stopped to be snapshotted (`vm.snapshot`).
+    Snapshot,
 }
 
 impl StopCause {
@@ -57,6 +59,7 @@ impl StopCause {
             StopCause::InternalError { .. } => ExitReason::KvmInternalError,
             StopCause::EntryFailure { .. } => ExitReason::EntryFailure,
             StopCause::VmmError(_) => ExitReason::VmmError,
+            StopCause::Snapshot => ExitReason::Snapshot,
         }
     }
 
@@ -127,6 +130,11 @@ impl VmStop {
             state.shutdown_by = Some(by);
             self.changed.notify_all();
         }
+    }
+
+    /// The stop's reason, once one was requested.
+    pub fn reason(&self) -> Option<StopCause> {
+        self.state().reason.clone()
     }
 
     /// True once a stop was requested.

@@ -38,6 +38,21 @@ pub struct RunOptions {
     pub probe_image: &'static [u8],
     /// Serve the control socket at this path.
     pub control_socket: Option<PathBuf>,
+    /// Make this directory for a snapshot, which the control socket's `vm.snapshot` writes.
+    pub snapshot_to: Option<PathBuf>,
+    /// Start from this snapshot instead of booting the spec's kernel.
+    pub restore: Option<Restore>,
+}
+
+/// A snapshot to start a VM from, read and checked (`vm run --restore DIR`).
+#[derive(Debug, Clone)]
+pub struct Restore {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its state.
+    pub snapshot: std::sync::Arc<snapshot::VmSnapshot>,
+    /// How long reading and checking the state took.
+    pub read: std::time::Duration,
 }
 
 /// Why a passed-through device could not be set up.
@@ -112,6 +127,9 @@ pub enum Error {
     /// The jail's settings (from the environment) are invalid.
     #[error("jail: {0}")]
     Jail(#[from] jail::JailError),
+    /// A snapshot cannot be taken or restored.
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::SnapshotError),
     /// Another system call failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -127,6 +145,7 @@ impl Error {
             Error::Device { failure: DeviceFailure::Peer, .. } => ErrorKind::Peer,
             Error::KvmUnavailable(_) | Error::Kvm { .. } | Error::Vcpu(_) => ErrorKind::Kvm,
             Error::Control(e) if e.is_bad_input() => ErrorKind::Spec,
+            Error::Snapshot(e) => e.kind(),
             _ => ErrorKind::Host,
         }
     }

@@ -10,7 +10,7 @@ use devices::power::{
     ACPI_PM_BASE, ACPI_PM_LEN, AcpiPower, I8042, I8042_BASE, I8042_LEN, PVPANIC_PORT, PostCode, PvPanic,
 };
 use devices::rtc::{CmosRtc, RTC_BASE, RTC_LEN};
-use devices::serial::{COM1_BASE, COM1_IRQ, COM2_BASE, COM2_IRQ, SerialPort, SerialStats, UART_LEN};
+use devices::serial::{COM1_BASE, COM1_IRQ, COM2_BASE, COM2_IRQ, SerialPort, SerialPortState, SerialStats, UART_LEN};
 use devices::virtio::iommu::{self, IommuHandle, VirtioIommu};
 use devices::virtio::pci::{BAR_SIZE as VIRTIO_BAR_SIZE, VirtioPciDevice};
 use kvm_ioctls::VmFd;
@@ -40,6 +40,7 @@ use crate::layout::{
     PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE, pci_mmio64_start,
 };
 use crate::memory::GuestRam;
+use crate::snapshot::{PlatformState, SnapshotError};
 use crate::{DeviceFailure, Error};
 
 /// Device number of the virtio-iommu on bus 0 (requester ID 0x0008).
@@ -67,6 +68,8 @@ pub struct PlatformConfig {
     pub com1: Box<dyn Write + Send>,
     /// Where COM2's output goes; no COM2 without it.
     pub com2: Option<Box<dyn Write + Send>>,
+    /// The devices' state to start from, for a VM restored from a snapshot.
+    pub saved: Option<PlatformState>,
 }
 
 /// A passed-through device on the bus.
@@ -97,6 +100,8 @@ pub struct Platform {
     pub com2: Option<(Arc<Mutex<SerialPort>>, Arc<SerialStats>)>,
     /// Signalled to press the ACPI power button.
     pub power_button: EventFd,
+    /// The CMOS clock.
+    pub rtc: Arc<Mutex<CmosRtc>>,
     /// The PCI root complex.
     pub pci: Arc<Mutex<PciRoot>>,
     /// The virtio-iommu's handle, with `--iommu`.
@@ -170,6 +175,7 @@ struct Legacy {
     serial_stats: Arc<SerialStats>,
     com2: Option<(Arc<Mutex<SerialPort>>, Arc<SerialStats>)>,
     power_button: EventFd,
+    rtc: Arc<Mutex<CmosRtc>>,
 }
 
 /// What a passed-through device needs of the platform.
@@ -192,7 +198,8 @@ pub fn build(
 ) -> Result<Platform, Error> {
     let io_bus = Arc::new(Bus::new());
     let mmio_bus = Arc::new(Bus::new());
-    let legacy = legacy_devices(vm, &io_bus, events, config.com1, config.com2)?;
+    let saved = config.saved.as_ref();
+    let legacy = legacy_devices(vm, &io_bus, events, LegacyOutputs { com1: config.com1, com2: config.com2 }, saved)?;
     let pci = Arc::new(Mutex::new(PciRoot::new(mmio_bus.clone(), io_bus.clone())));
     io_bus.insert(CONFIG_IO_BASE, CONFIG_IO_LEN, Arc::new(Mutex::new(PciConfigIo::new(pci.clone()))))?;
     mmio_bus.insert(PCI_ECAM_BASE, PCI_ECAM_SIZE, Arc::new(Mutex::new(PciConfigMmio::new(pci.clone()))))?;
@@ -223,29 +230,45 @@ pub fn build(
         power_button_gsi: POWER_BUTTON_GSI,
         root_ports,
     };
-    let Legacy { serial, serial_stats, com2, power_button } = legacy;
-    Ok(Platform { io_bus, mmio_bus, serial, serial_stats, com2, power_button, pci, iommu, acpi, passthrough })
+    if let Some(saved) = saved {
+        lock(&pci).restore_state(&saved.pci).map_err(SnapshotError::Pci)?;
+    }
+    let Legacy { serial, serial_stats, com2, power_button, rtc } = legacy;
+    Ok(Platform { io_bus, mmio_bus, serial, serial_stats, com2, power_button, rtc, pci, iommu, acpi, passthrough })
 }
 
-/// The legacy devices on `io_bus`, their interrupts as irqfds.
+/// Where the serial ports' output goes.
+struct LegacyOutputs {
+    com1: Box<dyn Write + Send>,
+    com2: Option<Box<dyn Write + Send>>,
+}
+
+/// The legacy devices on `io_bus`, their interrupts as irqfds; in their `saved` state for a
+/// restored VM.
 fn legacy_devices(
     vm: &VmFd,
     io_bus: &Arc<Bus>,
     events: Arc<dyn GuestEventSink>,
-    com1: Box<dyn Write + Send>,
-    com2: Option<Box<dyn Write + Send>>,
+    outputs: LegacyOutputs,
+    saved: Option<&PlatformState>,
 ) -> Result<Legacy, Error> {
     let irq_line = |gsi: u32, what: &'static str| -> Result<EventFd, Error> {
         let fd = EventFd::new(EFD_NONBLOCK).map_err(Error::Io)?;
         vm.register_irqfd(&fd, gsi).map_err(|source| Error::Kvm { what, source })?;
         Ok(fd)
     };
-    let (serial, serial_stats) = SerialPort::new(irq_line(COM1_IRQ, "KVM_IRQFD (COM1)")?, com1);
+    let uart = |state: Option<&SerialPortState>, interrupt, sink| match state {
+        Some(state) => SerialPort::from_state(state, interrupt, sink)
+            .map_err(|e| Error::from(SnapshotError::Device { what: "a serial port", why: e.to_string() })),
+        None => Ok(SerialPort::new(interrupt, sink)),
+    };
+    let (serial, serial_stats) = uart(saved.map(|s| &s.com1), irq_line(COM1_IRQ, "KVM_IRQFD (COM1)")?, outputs.com1)?;
     let serial = Arc::new(Mutex::new(serial));
     io_bus.insert(COM1_BASE, UART_LEN, serial.clone())?;
-    let com2 = match com2 {
+    let com2 = match outputs.com2 {
         Some(sink) => {
-            let (port, stats) = SerialPort::new(irq_line(COM2_IRQ, "KVM_IRQFD (COM2)")?, sink);
+            let state = saved.and_then(|s| s.com2.as_ref());
+            let (port, stats) = uart(state, irq_line(COM2_IRQ, "KVM_IRQFD (COM2)")?, sink)?;
             let port = Arc::new(Mutex::new(port));
             io_bus.insert(COM2_BASE, UART_LEN, port.clone())?;
             Some((port, stats))
@@ -257,8 +280,14 @@ fn legacy_devices(
     io_bus.insert(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042::new(events.clone()))))?;
     io_bus.insert(PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic::new(events))))?;
     io_bus.insert(0x80, 1, Arc::new(Mutex::new(PostCode)))?;
-    io_bus.insert(RTC_BASE, RTC_LEN, Arc::new(Mutex::new(CmosRtc::default())))?;
-    Ok(Legacy { serial, serial_stats, com2, power_button })
+    let rtc = match saved {
+        Some(saved) => CmosRtc::from_state(&saved.rtc, devices::rtc::host_clock())
+            .map_err(|e| SnapshotError::Device { what: "the RTC", why: e.to_string() })?,
+        None => CmosRtc::default(),
+    };
+    let rtc = Arc::new(Mutex::new(rtc));
+    io_bus.insert(RTC_BASE, RTC_LEN, rtc.clone())?;
+    Ok(Legacy { serial, serial_stats, com2, power_button, rtc })
 }
 
 /// The virtio-iommu on bus 0, in front of every function but itself: the host bridge, the
@@ -451,6 +480,35 @@ impl Passthrough {
 }
 
 impl Platform {
+    /// Why this VM cannot be snapshotted, if it cannot: a passed-through device's state lives
+    /// in the hardware (and a snapshot is taken with the NIC's slot empty); the virtio-iommu's
+    /// and the root ports' state are not saved yet.
+    pub fn snapshot_refusal(&self) -> Option<String> {
+        if let Some(device) = self.passthrough.first() {
+            return Some(format!(
+                "it has a passed-through device ({} at {}), whose state is the hardware's",
+                device.spec, device.bdf
+            ));
+        }
+        if self.iommu.is_some() {
+            return Some("the virtio-iommu's state (its queues and domains) is not saved yet".into());
+        }
+        None
+    }
+
+    /// The emulated devices' state (the vCPUs stopped).
+    pub fn snapshot_state(&self) -> Result<PlatformState, SnapshotError> {
+        if let Some(why) = self.snapshot_refusal() {
+            return Err(SnapshotError::NotSaveable(why));
+        }
+        Ok(PlatformState {
+            com1: lock(&self.serial).state(),
+            com2: self.com2.as_ref().map(|(port, _)| lock(port).state()),
+            rtc: lock(&self.rtc).state(),
+            pci: lock(&self.pci).snapshot_state()?,
+        })
+    }
+
     /// At the end of a run: collects what passed-through devices counted, folds refused DMA into
     /// the IOMMU's fault count, takes their DMA mappings down and resets them.
     pub fn teardown(&self) -> Vec<DeviceSummary> {

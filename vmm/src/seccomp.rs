@@ -7,7 +7,8 @@
 use jail::seccomp::{BpfProgram, RUNTIME, allow_all, compile, ioctl_requests};
 pub use jail::seccomp::{SeccompError, apply};
 use kvm_bindings::{
-    KVMIO, kvm_irq_routing, kvm_irqfd, kvm_regs, kvm_sregs, kvm_translation, kvm_userspace_memory_region,
+    KVMIO, kvm_clock_data, kvm_debugregs, kvm_irq_routing, kvm_irqchip, kvm_irqfd, kvm_lapic_state, kvm_mp_state,
+    kvm_msrs, kvm_regs, kvm_sregs, kvm_translation, kvm_userspace_memory_region, kvm_vcpu_events, kvm_xcrs, kvm_xsave,
 };
 
 /// KVM ioctl request numbers (kvm-ioctls keeps its own private).
@@ -23,6 +24,15 @@ mod request {
     ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
     ioctl_iow_nr!(KVM_IRQFD, KVMIO, 0x76, kvm_irqfd);
     ioctl_iow_nr!(KVM_SET_USER_MEMORY_REGION, KVMIO, 0x46, kvm_userspace_memory_region);
+    ioctl_iowr_nr!(KVM_GET_IRQCHIP, KVMIO, 0x62, kvm_irqchip);
+    ioctl_ior_nr!(KVM_GET_CLOCK, KVMIO, 0x7c, kvm_clock_data);
+    ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_msrs);
+    ioctl_ior_nr!(KVM_GET_LAPIC, KVMIO, 0x8e, kvm_lapic_state);
+    ioctl_ior_nr!(KVM_GET_MP_STATE, KVMIO, 0x98, kvm_mp_state);
+    ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
+    ioctl_ior_nr!(KVM_GET_DEBUGREGS, KVMIO, 0xa1, kvm_debugregs);
+    ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_xsave);
+    ioctl_ior_nr!(KVM_GET_XCRS, KVMIO, 0xa6, kvm_xcrs);
 
     const VFIO_TYPE: u32 = b';' as u32;
     const VFIO_BASE: u32 = 100;
@@ -32,8 +42,10 @@ mod request {
     ioctl_io_nr!(VFIO_IOMMU_UNMAP_DMA, VFIO_TYPE, VFIO_BASE + 14);
 }
 use request::{
-    KVM_GET_REGS, KVM_GET_SREGS, KVM_IRQFD, KVM_RUN, KVM_SET_GSI_ROUTING, KVM_SET_USER_MEMORY_REGION, KVM_TRANSLATE,
-    VFIO_DEVICE_RESET, VFIO_DEVICE_SET_IRQS, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA,
+    KVM_GET_CLOCK, KVM_GET_DEBUGREGS, KVM_GET_IRQCHIP, KVM_GET_LAPIC, KVM_GET_MP_STATE, KVM_GET_MSRS, KVM_GET_REGS,
+    KVM_GET_SREGS, KVM_GET_VCPU_EVENTS, KVM_GET_XCRS, KVM_GET_XSAVE, KVM_IRQFD, KVM_RUN, KVM_SET_GSI_ROUTING,
+    KVM_SET_USER_MEMORY_REGION, KVM_TRANSLATE, VFIO_DEVICE_RESET, VFIO_DEVICE_SET_IRQS, VFIO_IOMMU_MAP_DMA,
+    VFIO_IOMMU_UNMAP_DMA,
 };
 
 /// What passed-through devices need from any thread: MSI-X eventfds, DMA maps, reset.
@@ -72,13 +84,23 @@ pub struct Filters {
     pub control: BpfProgram,
 }
 
-/// The main thread's filter.
-pub fn main_filter() -> Result<BpfProgram, SeccompError> {
+/// What the main thread adds to write a snapshot into the files made before the jail: their
+/// size, the memory file's data extents.
+const SNAPSHOT_WRITES: &[i64] = &[libc::SYS_ftruncate, libc::SYS_lseek];
+
+/// The main thread's filter; with `snapshot` (the VM has somewhere to write one) it may also read
+/// the VM's irqchips and clock and write the snapshot's files.
+pub fn main_filter(snapshot: bool) -> Result<BpfProgram, SeccompError> {
     let mut rules = allow_all(RUNTIME);
     rules.extend(allow_all(COMMON));
     rules.extend(allow_all(MAIN_ONLY));
     // Teardown: passed-through devices are reset and their DMA maps taken down.
-    rules.insert(libc::SYS_ioctl, ioctl_requests(&device_ioctls())?);
+    let mut requests = device_ioctls().to_vec();
+    if snapshot {
+        rules.extend(allow_all(SNAPSHOT_WRITES));
+        requests.extend([KVM_GET_IRQCHIP(), KVM_GET_CLOCK()].map(u64::from));
+    }
+    rules.insert(libc::SYS_ioctl, ioctl_requests(&requests)?);
     compile(rules)
 }
 
@@ -99,8 +121,8 @@ pub fn control_filter(hotplug: bool) -> Result<BpfProgram, SeccompError> {
     compile(rules)
 }
 
-/// A vCPU thread's filter.
-pub fn vcpu_filter() -> Result<BpfProgram, SeccompError> {
+/// A vCPU thread's filter; with `snapshot` it may also read the rest of its vCPU's state.
+pub fn vcpu_filter(snapshot: bool) -> Result<BpfProgram, SeccompError> {
     let mut rules = allow_all(RUNTIME);
     rules.extend(allow_all(COMMON));
     // Device emulation on the vCPU thread reprograms MSI routes and irqfds (MSI-X table writes),
@@ -117,13 +139,28 @@ pub fn vcpu_filter() -> Result<BpfProgram, SeccompError> {
     .map(u64::from)
     .to_vec();
     requests.extend(device_ioctls());
+    if snapshot {
+        requests.extend(
+            [
+                KVM_GET_MP_STATE(),
+                KVM_GET_MSRS(),
+                KVM_GET_XSAVE(),
+                KVM_GET_XCRS(),
+                KVM_GET_DEBUGREGS(),
+                KVM_GET_LAPIC(),
+                KVM_GET_VCPU_EVENTS(),
+            ]
+            .map(u64::from),
+        );
+    }
     rules.insert(libc::SYS_ioctl, ioctl_requests(&requests)?);
     compile(rules)
 }
 
-/// The filters; `hotplug`: the VM has hot-plug slots (see [`control_filter`]).
-pub fn filters(hotplug: bool) -> Result<Filters, SeccompError> {
-    Ok(Filters { main: main_filter()?, vcpu: vcpu_filter()?, control: control_filter(hotplug)? })
+/// The filters; `hotplug`: the VM has hot-plug slots (see [`control_filter`]); `snapshot`: it
+/// may be snapshotted (see [`main_filter`], [`vcpu_filter`]).
+pub fn filters(hotplug: bool, snapshot: bool) -> Result<Filters, SeccompError> {
+    Ok(Filters { main: main_filter(snapshot)?, vcpu: vcpu_filter(snapshot)?, control: control_filter(hotplug)? })
 }
 
 /// Installs the handler that reports a seccomp violation before the process dies of it: one line
@@ -139,7 +176,7 @@ mod tests {
 
     #[test]
     fn a_violation_is_named_on_stderr_and_still_kills_with_sigsys() {
-        let filter = vcpu_filter().unwrap();
+        let filter = vcpu_filter(false).unwrap();
         let mut fds = [0; 2];
         // SAFETY: pipe(2) into a local array.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
@@ -173,8 +210,8 @@ mod tests {
 
     #[test]
     fn forbidden_syscall_kills_the_process() {
-        let vcpu = vcpu_filter().unwrap();
-        let main = main_filter().unwrap();
+        let vcpu = vcpu_filter(false).unwrap();
+        let main = main_filter(false).unwrap();
         fn open_socket() {
             // SAFETY: a plain system call; the filter should kill us before it runs.
             unsafe { libc::syscall(libc::SYS_socket, libc::AF_INET, libc::SOCK_STREAM, 0) };
@@ -199,8 +236,32 @@ mod tests {
     }
 
     #[test]
+    fn only_a_vm_that_may_be_snapshotted_reads_its_state_and_sizes_files() {
+        fn read_the_irqchip() {
+            // SAFETY: KVM_GET_IRQCHIP on an invalid fd fails with EBADF: it was allowed.
+            unsafe { libc::syscall(libc::SYS_ioctl, -1, KVM_GET_IRQCHIP() as u64, 0) };
+        }
+        fn size_a_file() {
+            // SAFETY: ftruncate on an invalid fd fails with EBADF.
+            unsafe { libc::syscall(libc::SYS_ftruncate, -1, 0) };
+        }
+        fn read_the_lapic() {
+            // SAFETY: as above, KVM_GET_LAPIC.
+            unsafe { libc::syscall(libc::SYS_ioctl, -1, KVM_GET_LAPIC() as u64, 0) };
+        }
+        let (main, saving_main) = (main_filter(false).unwrap(), main_filter(true).unwrap());
+        assert_eq!(in_child(&main, read_the_irqchip), (true, libc::SIGSYS));
+        assert_eq!(in_child(&main, size_a_file), (true, libc::SIGSYS));
+        assert_eq!(in_child(&saving_main, read_the_irqchip), (false, 0));
+        assert_eq!(in_child(&saving_main, size_a_file), (false, 0));
+        let (vcpu, saving_vcpu) = (vcpu_filter(false).unwrap(), vcpu_filter(true).unwrap());
+        assert_eq!(in_child(&vcpu, read_the_lapic), (true, libc::SIGSYS));
+        assert_eq!(in_child(&saving_vcpu, read_the_lapic), (false, 0));
+    }
+
+    #[test]
     fn allowed_syscalls_pass() {
-        let vcpu = vcpu_filter().unwrap();
+        let vcpu = vcpu_filter(false).unwrap();
         fn allowed() {
             // SAFETY: KVM_RUN on an invalid fd fails with EBADF, which is fine: it was allowed.
             unsafe { libc::syscall(libc::SYS_ioctl, -1, KVM_RUN() as u64, 0) };

@@ -16,6 +16,7 @@ use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
 use crate::boot::BootEntry;
 use crate::exit::{ExitCounters, ExitKind, StopCause, VmStop};
+use crate::snapshot::{KvmStateError, VcpuSaves, VcpuState};
 use crate::x86::{boot_cpu, cpuid, lapic, msr};
 
 /// KVM_INTERNAL_ERROR_EMULATION.
@@ -72,6 +73,7 @@ pub struct Vcpu {
     stop: Arc<VmStop>,
     counters: Arc<ExitCounters>,
     final_rips: Arc<std::sync::Mutex<Vec<Option<FinalPlace>>>>,
+    saves: Option<Arc<VcpuSaves>>,
 }
 
 /// A running vCPU thread.
@@ -119,6 +121,9 @@ pub struct VcpuShared {
     pub counters: Arc<ExitCounters>,
     /// Where each vCPU was when it stopped (filled as the threads end).
     pub final_rips: Arc<std::sync::Mutex<Vec<Option<FinalPlace>>>>,
+    /// Where each vCPU leaves its state when the VM stops for a snapshot (a VM started with
+    /// somewhere to write one).
+    pub saves: Option<Arc<VcpuSaves>>,
 }
 
 impl Vcpu {
@@ -167,7 +172,33 @@ impl Vcpu {
             stop: shared.stop,
             counters: shared.counters,
             final_rips: shared.final_rips,
+            saves: shared.saves,
         })
+    }
+
+    /// Puts a snapshot's state into this (new, not yet running) vCPU.
+    pub fn restore(&self, state: &VcpuState) -> Result<(), KvmStateError> {
+        state.restore(&self.fd)
+    }
+
+    /// When the VM stops for a snapshot: completes the instruction whose port or MMIO access
+    /// was handled last (KVM finishes it on the next entry, which `immediate_exit` makes return
+    /// at once), then leaves the vCPU's state for the snapshot.
+    fn save_for_snapshot(&mut self) {
+        let Some(saves) = self.saves.clone() else { return };
+        if !matches!(self.stop.reason(), Some(StopCause::Snapshot)) {
+            return;
+        }
+        self.fd.set_kvm_immediate_exit(1);
+        let completed = match self.fd.run() {
+            Err(e) if e.errno() == libc::EINTR => Ok(()),
+            Err(e) => Err(e),
+            // With immediate_exit set KVM does not enter the guest: no exit can come back.
+            Ok(_) => Err(kvm_ioctls::Error::new(libc::EBUSY)),
+        }
+        .map_err(|source| KvmStateError::Kvm { what: "KVM_RUN (completing the last access)", source });
+        self.fd.set_kvm_immediate_exit(0);
+        saves.put(self.id, completed.and_then(|()| VcpuState::capture(&saves.msr_indices, &self.fd)));
     }
 
     /// Starts the vCPU's thread, which installs `seccomp` (if any) before entering the guest.
@@ -186,6 +217,7 @@ impl Vcpu {
             let run = self.fd.get_kvm_run() as *mut kvm_run;
             KVM_RUN.with(|cell| cell.set(run));
             self.run_loop(run);
+            self.save_for_snapshot();
             KVM_RUN.with(|run| run.set(std::ptr::null_mut()));
             let place = self.final_place();
             let mut rips = self.final_rips.lock().unwrap_or_else(|p| p.into_inner());

@@ -11,7 +11,7 @@ use vm_device::guest_event::GuestEventSink;
 use vm_spec::confinement::Confinement;
 use vm_spec::control::{LiveCounters, VmState};
 use vm_spec::exit::SetupPhases;
-use vm_spec::{ExitSummary, VmSpec};
+use vm_spec::{ExitSummary, Restored, SnapshotWritten, VmSpec};
 
 use crate::boot::{self, BootRequest};
 use crate::config;
@@ -23,9 +23,10 @@ use crate::memory::{GuestRam, MIB, RamLayout};
 use crate::memory_slots::KvmSlots;
 use crate::platform::Platform;
 use crate::platform::{self, PlatformConfig};
+use crate::snapshot::{PlatformState, SnapshotError, SnapshotTarget, VcpuSaves, VcpuState, VmSnapshot};
 use crate::vcpu::{self, Vcpu, VcpuShared};
 use crate::x86::boot_cpu;
-use crate::{Error, RunOptions};
+use crate::{Error, Restore, RunOptions};
 
 /// KVM's TSS for real-mode emulation on Intel: three pages just below the BIOS ROM.
 const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
@@ -36,22 +37,26 @@ fn kvm_error(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
     move |source| Error::Kvm { what, source }
 }
 
-/// Boots `spec` and runs the VM until it stops. Returns the exit summary; errors before the guest
-/// ran are `Err`. The phases follow Firecracker's builder: the process's set-up (checks, jail
-/// namespaces, control socket), guest memory with the kernel loaded, the KVM VM, the platform,
-/// the vCPUs, then the jail's rest and the threads; the main thread waits and tears down.
+/// Boots `spec` (or restores it from `options.restore`) and runs the VM until it stops. Returns
+/// the exit summary; errors before the guest ran are `Err`. The phases follow Firecracker's
+/// builder: the process's set-up (checks, jail namespaces, control socket), guest memory with
+/// the kernel loaded (or a snapshot's RAM read back), the KVM VM, the platform, the vCPUs, then
+/// the jail's rest and the threads; the main thread waits and tears down.
 pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     let mut clock = SetupClock::new();
     let process = Process::set_up(spec, options)?;
-    let kernel = config::open_kernel(&spec.kernel, options.probe_image)?;
-    clock.lap(|p| &mut p.image_ms);
-    let (ram, entry) = load_guest(spec, kernel)?;
-    process.control.set_entry(entry.name());
-    clock.lap(|p| &mut p.load_ms);
+    let (ram, guest) = load(spec, options, &mut clock)?;
+    process.control.set_entry(guest.entry_name());
     let (kvm, vm) = create_vm(&ram)?;
     clock.lap(|p| &mut p.kvm_ms);
-    let platform = build_platform(spec, &vm, &ram, &process.stop)?;
+    let platform = build_platform(spec, &vm, &ram, &process.stop, &guest)?;
     clock.lap(|p| &mut p.platform_ms);
+    let saves = match &process.snapshot_target {
+        Some(_) => {
+            Some(Arc::new(VcpuSaves::new(VcpuState::saveable_msrs(&kvm).map_err(SnapshotError::Kvm)?, spec.vcpus)))
+        }
+        None => None,
+    };
     let shared = VcpuShared {
         io_bus: platform.io_bus.clone(),
         mmio_bus: platform.mmio_bus.clone(),
@@ -59,18 +64,59 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         stop: process.stop.clone(),
         counters: Arc::new(ExitCounters::default()),
         final_rips: Arc::new(Mutex::new(vec![None; spec.vcpus as usize])),
+        saves,
     };
-    let vcpus = create_vcpus(spec, &kvm, &vm, &entry, &shared)?;
+    let vcpus = create_vcpus(spec, &kvm, &vm, &guest, &shared)?;
+    let restored = guest.finish_restore(&vm, &vcpus)?;
     clock.lap(|p| &mut p.vcpus_ms);
     let mut process = process;
     process.confine();
     clock.lap(|p| &mut p.jail_ms);
     let running = process.start(vcpus, &platform, &shared)?;
     let setup_ms = ms(running.started - clock.start);
-    let reason = running.wait(spec, &platform);
+    let mut reason = running.wait(spec, &platform);
     let stopped = Instant::now();
     process.control.set_state(VmState::Stopping);
     stop_vcpus(running.threads);
+    let snapshot = match (&reason, &process.snapshot_target, &shared.saves) {
+        (StopCause::Snapshot, Some(target), Some(saves)) => {
+            let taken = SnapshotTaking { target, spec, entry: guest.entry_name(), vm: &vm, ram: &ram, saves };
+            match taken.write(&platform) {
+                Ok(written) => Some(written),
+                Err(e) => {
+                    reason = StopCause::VmmError(format!("snapshot: {}", crate::message_chain(&e)));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let ended = Ended { reason, stopped, setup_ms, clock: clock.phases, snapshot, restored };
+    Ok(summarize(spec, &process, &platform, &ram, &shared, &running.started, ended))
+}
+
+/// How a run ended, for its summary.
+struct Ended {
+    reason: StopCause,
+    stopped: Instant,
+    setup_ms: f64,
+    clock: SetupPhases,
+    snapshot: Option<SnapshotWritten>,
+    restored: Option<Restored>,
+}
+
+/// The exit line of a VM whose vCPUs have stopped: flushes the serial ports, tears the devices
+/// down and gathers the counters.
+fn summarize(
+    spec: &VmSpec,
+    process: &Process,
+    platform: &Platform,
+    ram: &GuestRam,
+    shared: &VcpuShared,
+    started: &Instant,
+    ended: Ended,
+) -> ExitSummary {
+    let reason = ended.reason;
     let (detail, vcpu_state_lost) = match &reason {
         StopCause::Timeout | StopCause::Shutdown => {
             let places = shared.final_rips.lock().unwrap_or_else(|p| p.into_inner());
@@ -83,27 +129,119 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         lock(com2).flush();
     }
     let devices = platform.teardown();
-    Ok(ExitSummary {
+    ExitSummary {
         vmm: "exit".into(),
         reason: reason.reason(),
         exit_code: reason.exit_code(),
         detail,
-        entry: entry.name().into(),
+        entry: process.control.entry().unwrap_or_default(),
         vcpus: spec.vcpus,
         memory_mib: spec.memory_mib,
         huge_pages: Some(ram.huge_pages),
-        setup_ms,
-        setup: Some(clock.phases),
-        run_ms: ms(stopped - running.started),
-        first_serial_ms: platform.serial_stats.first_byte().map(|t| ms(t.saturating_duration_since(running.started))),
+        setup_ms: ended.setup_ms,
+        setup: Some(ended.clock),
+        run_ms: ms(ended.stopped - *started),
+        first_serial_ms: platform.serial_stats.first_byte().map(|t| ms(t.saturating_duration_since(*started))),
         serial_bytes: platform.serial_stats.bytes(),
         com2_bytes: platform.com2.as_ref().map(|(_, stats)| stats.bytes()),
         viommu: platform.iommu.as_ref().map(|iommu| iommu.counts()),
         devices,
         exits: shared.counters.counts(),
-        confinement: Some(process.confinement),
+        confinement: Some(process.confinement.clone()),
         vcpu_state_lost,
-    })
+        snapshot: ended.snapshot,
+        restored: ended.restored,
+    }
+}
+
+/// How the guest's first state comes: its kernel loaded into RAM, or a snapshot.
+enum Guest<'a> {
+    Booted(boot::BootEntry),
+    Restored { restore: &'a Restore, started: Instant },
+}
+
+impl Guest<'_> {
+    fn entry_name(&self) -> &str {
+        match self {
+            Guest::Booted(entry) => entry.name(),
+            Guest::Restored { restore, .. } => &restore.snapshot.entry,
+        }
+    }
+
+    fn saved_platform(&self) -> Option<PlatformState> {
+        match self {
+            Guest::Booted(_) => None,
+            Guest::Restored { restore, .. } => Some(restore.snapshot.platform.clone()),
+        }
+    }
+
+    /// For a restored guest: the VM's irqchips and clock, then each vCPU's state; how long the
+    /// whole restore took.
+    fn finish_restore(&self, vm: &VmFd, vcpus: &[Vcpu]) -> Result<Option<Restored>, Error> {
+        let Guest::Restored { restore, started } = self else { return Ok(None) };
+        let snapshot = &restore.snapshot;
+        if snapshot.vcpus.len() != vcpus.len() {
+            return Err(Error::Platform(format!(
+                "the snapshot has {} vCPUs, the VM {}",
+                snapshot.vcpus.len(),
+                vcpus.len()
+            )));
+        }
+        snapshot.vm.restore(vm).map_err(SnapshotError::Kvm)?;
+        for (vcpu, state) in vcpus.iter().zip(&snapshot.vcpus) {
+            vcpu.restore(state).map_err(SnapshotError::Kvm)?;
+        }
+        let ms = ms(restore.read + started.elapsed());
+        Ok(Some(Restored { ms, ram_data_bytes: snapshot.ram.data_bytes() }))
+    }
+}
+
+/// Guest RAM and how the guest starts: the kernel loaded, or the snapshot's RAM read back.
+fn load<'a>(spec: &VmSpec, options: &'a RunOptions, clock: &mut SetupClock) -> Result<(GuestRam, Guest<'a>), Error> {
+    match &options.restore {
+        None => {
+            let kernel = config::open_kernel(&spec.kernel, options.probe_image)?;
+            clock.lap(|p| &mut p.image_ms);
+            let (ram, entry) = load_guest(spec, kernel)?;
+            clock.lap(|p| &mut p.load_ms);
+            Ok((ram, Guest::Booted(entry)))
+        }
+        Some(restore) => {
+            clock.lap(|p| &mut p.image_ms);
+            let started = Instant::now();
+            let ram = GuestRam::new(ram_layout(spec))?;
+            crate::snapshot::vm_snapshot::load_ram(&restore.dir, &restore.snapshot.ram, &ram.file)?;
+            clock.lap(|p| &mut p.load_ms);
+            Ok((ram, Guest::Restored { restore, started }))
+        }
+    }
+}
+
+/// A snapshot being written: the stopped VM's parts and where they go.
+struct SnapshotTaking<'a> {
+    target: &'a SnapshotTarget,
+    spec: &'a VmSpec,
+    entry: &'a str,
+    vm: &'a VmFd,
+    ram: &'a GuestRam,
+    saves: &'a VcpuSaves,
+}
+
+impl SnapshotTaking<'_> {
+    /// Gathers the vCPUs' states (left by their threads), the VM's and the devices', writes
+    /// guest RAM, then the state file.
+    fn write(&self, platform: &Platform) -> Result<SnapshotWritten, SnapshotError> {
+        let started = Instant::now();
+        let vcpus = self.saves.take()?;
+        let vm = crate::snapshot::VmState::capture(self.vm)?;
+        let devices = platform.snapshot_state()?;
+        let ram = self.target.write_ram(&self.ram.file, self.ram.layout.size())?;
+        let ram_data_bytes = ram.data_bytes();
+        let snapshot =
+            VmSnapshot { spec: self.spec.clone(), entry: self.entry.into(), ram, vm, vcpus, platform: devices };
+        let state_bytes = self.target.write_state(&snapshot)?;
+        Ok(SnapshotWritten { ms: ms(started.elapsed()), state_bytes, ram_data_bytes })
+    }
 }
 
 /// The set-up's phases as they go: each lap's time goes to the phase it names.
@@ -138,6 +276,8 @@ struct Process {
     filters: Option<crate::seccomp::Filters>,
     /// Bound at set-up, served once the process is jailed (the thread would escape the jail).
     control_socket: Option<ControlSocket>,
+    /// Where `vm.snapshot` writes, made before the jail.
+    snapshot_target: Option<SnapshotTarget>,
 }
 
 impl Process {
@@ -150,6 +290,7 @@ impl Process {
         }
         spec.validate()?;
         config::check_host(spec)?;
+        let snapshot_target = options.snapshot_to.as_deref().map(SnapshotTarget::create).transpose()?;
         let jail_spec = jail::JailSpec::from_env("vm", spec.memory_mib * MIB, spec.vcpus as u64, spec.vcpus)
             .map_err(Error::Jail)?;
         let mut confinement = Confinement { jailed: spec.jail, ..Confinement::default() };
@@ -159,9 +300,13 @@ impl Process {
         let stop = Arc::new(VmStop::new());
         let control = Arc::new(ControlState::new(spec.clone(), stop.clone(), pid));
         let hotplug = spec.devices.iter().any(|d| d.slot == vm_spec::Slot::Thunderbolt);
-        let filters = if spec.seccomp { Some(crate::seccomp::filters(hotplug)?) } else { None };
+        let snapshot = snapshot_target.is_some();
+        let filters = if spec.seccomp { Some(crate::seccomp::filters(hotplug, snapshot)?) } else { None };
         let control_socket = options.control_socket.as_deref().map(ControlSocket::bind).transpose()?;
-        Ok(Process { jail_spec, confinement, namespaces, stop, control, filters, control_socket })
+        if let Some(target) = &snapshot_target {
+            control.set_snapshot_dir(target.dir.display().to_string());
+        }
+        Ok(Process { jail_spec, confinement, namespaces, stop, control, filters, control_socket, snapshot_target })
     }
 
     /// Everything is open: the rest of the jail, which the threads started after inherit.
@@ -228,11 +373,17 @@ impl Running {
     }
 }
 
-/// Guest RAM with the kernel, initrd, command line and boot tables loaded; the entry.
-fn load_guest(spec: &VmSpec, kernel: boot::KernelSource<'static>) -> Result<(GuestRam, boot::BootEntry), Error> {
+/// Where guest RAM goes: below 4 GiB, or (for a VM with a Thunderbolt slot, whose guest must
+/// bounce DMA) mostly above it.
+fn ram_layout(spec: &VmSpec) -> RamLayout {
     let size = spec.memory_mib * MIB;
     let untrusted = spec.devices.iter().any(|d| d.slot == vm_spec::Slot::Thunderbolt);
-    let ram = GuestRam::new(if untrusted { RamLayout::with_ram_above_4gib(size) } else { RamLayout::new(size) })?;
+    if untrusted { RamLayout::with_ram_above_4gib(size) } else { RamLayout::new(size) }
+}
+
+/// Guest RAM with the kernel, initrd, command line and boot tables loaded; the entry.
+fn load_guest(spec: &VmSpec, kernel: boot::KernelSource<'static>) -> Result<(GuestRam, boot::BootEntry), Error> {
+    let ram = GuestRam::new(ram_layout(spec))?;
     let e820 = ram.layout.e820();
     let kernel_name = spec.kernel.name();
     let request = BootRequest {
@@ -261,15 +412,26 @@ fn create_vm(ram: &GuestRam) -> Result<(Kvm, Arc<VmFd>), Error> {
 
 /// The platform (devices, buses, PCI, the virtio-iommu, the passed-through devices) and the ACPI
 /// tables that describe it, written into guest RAM.
-fn build_platform(spec: &VmSpec, vm: &Arc<VmFd>, ram: &GuestRam, stop: &Arc<VmStop>) -> Result<Arc<Platform>, Error> {
+fn build_platform(
+    spec: &VmSpec,
+    vm: &Arc<VmFd>,
+    ram: &GuestRam,
+    stop: &Arc<VmStop>,
+    guest: &Guest,
+) -> Result<Arc<Platform>, Error> {
     let com1 = config::open_serial(&spec.serial.com1)?;
     let com2 = spec.serial.com2.as_ref().map(config::open_serial).transpose()?;
     let interrupts = Arc::new(KvmInterrupts::new(vm.clone())?);
     let events: Arc<dyn GuestEventSink> = stop.clone();
+    let saved = guest.saved_platform();
     let platform_config =
-        PlatformConfig { vcpus: spec.vcpus, iommu: spec.iommu, devices: spec.devices.clone(), com1, com2 };
+        PlatformConfig { vcpus: spec.vcpus, iommu: spec.iommu, devices: spec.devices.clone(), com1, com2, saved };
     let slots = Arc::new(KvmSlots::new(vm.clone(), ram.memory.num_regions() as u32));
     let platform = Arc::new(platform::build(vm, ram, interrupts, slots, events, platform_config)?);
+    if matches!(guest, Guest::Restored { .. }) {
+        // The tables are in the restored RAM already, where the guest may have read them.
+        return Ok(platform);
+    }
     let tables = crate::acpi::build(&platform.acpi).map_err(|e| Error::Platform(e.to_string()))?;
     crate::acpi::write(&ram.memory, &tables).map_err(|e| Error::Platform(e.to_string()))?;
     Ok(platform)
@@ -277,13 +439,11 @@ fn build_platform(spec: &VmSpec, vm: &Arc<VmFd>, ram: &GuestRam, stop: &Arc<VmSt
 
 /// The vCPUs: CPUID with this VM's topology and TSC rate, MSRs, registers; the boot vCPU gets
 /// the entry state.
-fn create_vcpus(
-    spec: &VmSpec,
-    kvm: &Kvm,
-    vm: &VmFd,
-    entry: &boot::BootEntry,
-    shared: &VcpuShared,
-) -> Result<Vec<Vcpu>, Error> {
+fn create_vcpus(spec: &VmSpec, kvm: &Kvm, vm: &VmFd, guest: &Guest, shared: &VcpuShared) -> Result<Vec<Vcpu>, Error> {
+    let entry = match guest {
+        Guest::Booted(entry) => Some(entry),
+        Guest::Restored { .. } => None,
+    };
     let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_error("KVM_GET_SUPPORTED_CPUID"))?;
     let mut vcpus = Vec::with_capacity(spec.vcpus as usize);
     let mut tsc_khz = None;
@@ -292,7 +452,7 @@ fn create_vcpus(
         if id == 0 {
             tsc_khz = fd.get_tsc_khz().ok();
         }
-        let boot = (id == 0).then_some(entry);
+        let boot = entry.filter(|_| id == 0);
         vcpus.push(Vcpu::new(fd, id, spec.vcpus, &supported, tsc_khz, boot, shared.clone())?);
     }
     Ok(vcpus)
@@ -332,6 +492,10 @@ impl VmObserver for RunningVm {
 
     fn unplug(&self, request: vm_spec::control::UnplugRequest) -> Result<vm_spec::control::SlotInfo, (u16, String)> {
         self.platform.unplug(&request.device, request.surprise).map_err(|e| (e.status(), e.to_string()))
+    }
+
+    fn snapshot_refusal(&self) -> Option<String> {
+        self.platform.snapshot_refusal()
     }
 
     fn set_bounce_pool(&self, pool: vm_spec::control::BouncePool) -> Result<(), String> {

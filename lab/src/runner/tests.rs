@@ -53,6 +53,8 @@ fn passed(workload: &str) -> Record {
 fn a_hang_whose_vcpu_state_was_lost_is_the_host_s_error_and_a_plain_hang_the_guest_s_failure() {
     let exit = |lost: Option<&str>| vm_spec::ExitSummary {
         vcpu_state_lost: lost.map(String::from),
+        snapshot: None,
+        restored: None,
         ..serde_json::from_str(
             r#"{"vmm":"exit","reason":"shutdown","exit_code":7,"entry":"pvh","vcpus":1,"memory_mib":512,
                 "setup_ms":1,"run_ms":9,"serial_bytes":0,"exits":{"io":0,"mmio":0,"unclaimed":0}}"#,

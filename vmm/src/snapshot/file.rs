@@ -3,6 +3,7 @@
 //! written once (created, never replaced) and read back only by the VMM version that wrote it,
 //! whole and unchanged: anything else is refused with what differs.
 
+use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -86,7 +87,19 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Writes `state` as a new snapshot file at `path` (0600; an existing file is an error, never
 /// replaced).
-pub fn write_snapshot<T: Serialize>(path: &Path, state: &T) -> Result<(), SnapshotFileError> {
+pub fn write_snapshot<T: Serialize>(path: &Path, state: &T) -> Result<u64, SnapshotFileError> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|source| SnapshotFileError::Io { path: path.to_path_buf(), source })?;
+    write_snapshot_into(&file, path, state)
+}
+
+/// Writes `state` into `file`, a new empty file made for it at `path` (a jailed VMM creates its
+/// snapshot's files before it is jailed); the bytes written.
+pub fn write_snapshot_into<T: Serialize>(mut file: &File, path: &Path, state: &T) -> Result<u64, SnapshotFileError> {
     let io = |source| SnapshotFileError::Io { path: path.to_path_buf(), source };
     let body = serde_json::to_vec(state).map_err(|e| io(std::io::Error::other(e)))?;
     let header = Header {
@@ -96,12 +109,12 @@ pub fn write_snapshot<T: Serialize>(path: &Path, state: &T) -> Result<(), Snapsh
         body_len: body.len() as u64,
         body_sha256: hex(&Sha256::digest(&body)),
     };
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(io)?;
     let line = serde_json::to_string(&header).map_err(|e| io(std::io::Error::other(e)))?;
     file.write_all(line.as_bytes()).map_err(io)?;
     file.write_all(b"\n").map_err(io)?;
     file.write_all(&body).map_err(io)?;
-    file.sync_all().map_err(io)
+    file.sync_all().map_err(io)?;
+    Ok((line.len() + 1 + body.len()) as u64)
 }
 
 /// Reads the snapshot at `path` as a `T`, refusing one of another version, changed or cut.

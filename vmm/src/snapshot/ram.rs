@@ -51,6 +51,13 @@ pub struct RamImage {
     pub sha256: String,
 }
 
+impl RamImage {
+    /// Bytes of RAM with data.
+    pub fn data_bytes(&self) -> u64 {
+        self.extents.iter().map(|e| e.1).sum()
+    }
+}
+
 fn io(path: &Path, what: &'static str) -> impl FnOnce(std::io::Error) -> RamError + use<> {
     let path = path.to_path_buf();
     move |source| RamError::Io { path, what, source }
@@ -90,14 +97,20 @@ fn copy(from: &File, to: &File, offset: u64, len: u64, hash: &mut Sha256) -> std
 /// Writes the RAM in `memory` (its memory file, `size` bytes) into a new sparse file at `to`.
 pub fn save(memory: &File, size: u64, to: &Path) -> Result<RamImage, RamError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let memfd = Path::new("memfd");
-    let extents = data_extents(memory, size).map_err(io(memfd, "finding its data"))?;
     let file =
         std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(to).map_err(io(to, "creating"))?;
+    save_into(memory, size, &file, to)
+}
+
+/// Writes the RAM in `memory` into `file`, a new empty file made for it at `to` (a jailed VMM
+/// creates its snapshot's files before it is jailed).
+pub fn save_into(memory: &File, size: u64, file: &File, to: &Path) -> Result<RamImage, RamError> {
+    let memfd = Path::new("memfd");
+    let extents = data_extents(memory, size).map_err(io(memfd, "finding its data"))?;
     file.set_len(size).map_err(io(to, "sizing"))?;
     let mut hash = Sha256::new();
     for &(offset, len) in &extents {
-        copy(memory, &file, offset, len, &mut hash).map_err(io(to, "writing"))?;
+        copy(memory, file, offset, len, &mut hash).map_err(io(to, "writing"))?;
     }
     file.sync_all().map_err(io(to, "syncing"))?;
     Ok(RamImage { size, extents, sha256: format!("{:x}", hash.finalize()) })

@@ -78,10 +78,17 @@ impl std::fmt::Debug for VcpuState {
 }
 
 impl VcpuState {
-    /// Reads `vcpu`'s state (of a VM on `kvm`). The vCPU must not be running.
-    pub fn capture(kvm_fd: &Kvm, vcpu: &VcpuFd) -> Result<VcpuState, KvmStateError> {
+    /// The MSRs KVM lists as saveable (asked of /dev/kvm once, before the vCPU threads run
+    /// under their filters).
+    pub fn saveable_msrs(kvm_fd: &Kvm) -> Result<Vec<u32>, KvmStateError> {
+        Ok(kvm_fd.get_msr_index_list().map_err(kvm("KVM_GET_MSR_INDEX_LIST"))?.as_slice().to_vec())
+    }
+
+    /// Reads `vcpu`'s state, the MSRs among `msr_indices` ([`VcpuState::saveable_msrs`]) with it.
+    /// The vCPU must not be running.
+    pub fn capture(msr_indices: &[u32], vcpu: &VcpuFd) -> Result<VcpuState, KvmStateError> {
         let mp_state = vcpu.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?;
-        let (msrs, msrs_unread) = read_msrs(kvm_fd, vcpu)?;
+        let (msrs, msrs_unread) = read_msrs(msr_indices, vcpu)?;
         Ok(VcpuState {
             regs: vcpu.get_regs().map_err(kvm("KVM_GET_REGS"))?,
             sregs: vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?,
@@ -119,9 +126,8 @@ impl VcpuState {
 
 /// Every MSR KVM lists as saveable that the vCPU lets be read, and those it refused: KVM stops
 /// a read at the first refused one, so the rest is read again past it.
-fn read_msrs(kvm_fd: &Kvm, vcpu: &VcpuFd) -> Result<(Vec<kvm_msr_entry>, Vec<u32>), KvmStateError> {
-    let indices = kvm_fd.get_msr_index_list().map_err(kvm("KVM_GET_MSR_INDEX_LIST"))?;
-    let mut left: &[u32] = indices.as_slice();
+fn read_msrs(indices: &[u32], vcpu: &VcpuFd) -> Result<(Vec<kvm_msr_entry>, Vec<u32>), KvmStateError> {
+    let mut left: &[u32] = indices;
     let (mut read, mut unread) = (Vec::new(), Vec::new());
     while !left.is_empty() {
         let entries: Vec<kvm_msr_entry> =
@@ -176,7 +182,8 @@ mod tests {
         }])
         .unwrap();
         assert_eq!(first.set_msrs(&written).unwrap(), 1);
-        let state = VcpuState::capture(&kvm_fd, &first).unwrap();
+        let indices = VcpuState::saveable_msrs(&kvm_fd).unwrap();
+        let state = VcpuState::capture(&indices, &first).unwrap();
         assert!(state.msrs.iter().any(|m| m.index == KERNEL_GS_BASE && m.data == 0xffff_8880_1234_5000), "{state:?}");
 
         let dir = tempfile::tempdir().unwrap();
@@ -186,7 +193,7 @@ mod tests {
 
         let (_vm2, second) = vcpu(&kvm_fd);
         read.restore(&second).unwrap();
-        let again = VcpuState::capture(&kvm_fd, &second).unwrap();
+        let again = VcpuState::capture(&indices, &second).unwrap();
         let r = again.regs;
         assert_eq!((r.rip, r.rax, r.rsp, r.rflags), (0x10_0000, 0xdead_beef, 0x8000, 0x2));
         assert_eq!(again.sregs.cr0, state.sregs.cr0);

@@ -1,0 +1,254 @@
+//! Snapshots through the real binary: the probe guest, holding for the power button, is
+//! snapshotted over the control socket (`--snapshot-to`), restored twice (`--restore`) into
+//! guests that go on from where it was; snapshots that cannot be used, and VMs that cannot be
+//! snapshotted, are refused with what to do.
+
+#![allow(clippy::unwrap_used)] // a test's unwrap is its assertion
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{kvm_available, start_model, vm_run};
+use engines::vm_control::ControlError;
+use engines::{ControlClient, ProbeReport, VmOutcome, VmProcess};
+use vm_spec::control::{ShutdownRequest, VmState};
+use vm_spec::{ErrorKind, ExitReason};
+
+/// The probe's command line: a failure recorded before the snapshot (an unknown option), whose
+/// report only comes after it, shows that guest memory went through.
+const CMDLINE: &str = "probe.hold=60000 probe.bogus=1";
+
+/// Waits until the console file at `console` has `what`.
+fn wait_for(console: &Path, what: &str) {
+    let seen = || std::fs::read_to_string(console).unwrap_or_default().contains(what);
+    assert!(
+        common::wait_until(Duration::from_secs(60), Duration::from_millis(20), seen),
+        "the console shows {what}: {}",
+        std::fs::read_to_string(console).unwrap_or_default()
+    );
+}
+
+/// Boots the holding probe with `--snapshot-to DIR/name`, snapshots it; the directory and the
+/// VMM's outcome.
+fn take_snapshot(dir: &Path, name: &str) -> (PathBuf, VmOutcome) {
+    let snapshot = dir.join(name);
+    let console = dir.join(format!("{name}.boot.log"));
+    let socket = dir.join(format!("{name}.sock"));
+    let args = [
+        "--kernel".as_ref(),
+        "probe".as_ref(),
+        "--cmdline".as_ref(),
+        CMDLINE.as_ref(),
+        "--memory".as_ref(),
+        "64".as_ref(),
+        "--serial".as_ref(),
+        console.as_os_str(),
+        "--snapshot-to".as_ref(),
+        snapshot.as_os_str(),
+    ];
+    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
+        .with_control(&socket)
+        .start()
+        .unwrap();
+    wait_for(&console, "{\"probe\":\"holding\"");
+    let accepted = ControlClient::new(&socket, Duration::from_secs(5)).snapshot().unwrap();
+    assert_eq!((accepted.state, accepted.dir.as_str()), (VmState::Stopping, snapshot.to_str().unwrap()));
+    (snapshot, vm.wait().unwrap())
+}
+
+/// Restores `snapshot`, presses the power button once the VM runs; the outcome and its console.
+fn restore(snapshot: &Path, dir: &Path, name: &str) -> (VmOutcome, String) {
+    let console = dir.join(format!("{name}.log"));
+    let socket = dir.join(format!("{name}.sock"));
+    let args = ["--restore".as_ref(), snapshot.as_os_str(), "--serial".as_ref(), console.as_os_str()];
+    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
+        .with_control(&socket)
+        .start()
+        .unwrap();
+    let control = ControlClient::new(&socket, Duration::from_secs(5));
+    let running = || control.info().is_ok_and(|i| i.state == VmState::Running);
+    assert!(common::wait_until(Duration::from_secs(30), Duration::from_millis(5), running), "the restored VM runs");
+    control.shutdown(ShutdownRequest::default()).unwrap();
+    let out = vm.wait().unwrap();
+    (out, std::fs::read_to_string(&console).unwrap_or_default())
+}
+
+/// The report without what depends on time: each section but `hold`'s wait.
+fn untimed(console: &str) -> Vec<serde_json::Value> {
+    console
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .map(|mut section| {
+            if let Some(object) = section.as_object_mut() {
+                object.remove("waited_ms");
+            }
+            section
+        })
+        .collect()
+}
+
+#[test]
+fn a_snapshot_of_the_probe_restored_twice_goes_on_from_where_it_was() {
+    if !kvm_available("a_snapshot_of_the_probe_restored_twice_goes_on_from_where_it_was") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (snapshot, taken) = take_snapshot(dir.path(), "snap");
+    let exit = taken.exit.clone().expect("an exit line");
+    assert_eq!((exit.reason, taken.code()), (ExitReason::Snapshot, Some(0)), "{}", taken.stderr);
+    let written = exit.snapshot.expect("the exit line's snapshot");
+    assert!(written.ram_data_bytes > 0 && written.ram_data_bytes < 64 << 20, "{written:?}");
+    assert_eq!(written.state_bytes, std::fs::metadata(snapshot.join("state")).unwrap().len());
+    let boot_console = std::fs::read_to_string(dir.path().join("snap.boot.log")).unwrap();
+    assert!(!boot_console.contains("\"done\""), "the booted VM stopped before its report's end: {boot_console}");
+    let state_before = std::fs::read(snapshot.join("state")).unwrap();
+
+    let mut reports = Vec::new();
+    for name in ["first", "second"] {
+        let (out, console) = restore(&snapshot, dir.path(), name);
+        let exit = out.exit.clone().expect("an exit line");
+        assert_eq!((exit.reason, out.code()), (ExitReason::Poweroff, Some(0)), "{}", out.stderr);
+        let restored = exit.restored.expect("the exit line says it was restored");
+        assert_eq!(restored.ram_data_bytes, written.ram_data_bytes);
+        assert!(restored.ms > 0.0 && restored.ms <= exit.setup_ms + 50.0, "{restored:?} of {}", exit.setup_ms);
+        assert!(exit.confinement.is_some_and(|c| c.jailed), "a restored VM is jailed as any VM");
+        let report = ProbeReport::parse(&console);
+        let hold = report.section("hold").unwrap_or_else(|| panic!("the restored probe reports its hold: {console}"));
+        assert_eq!((hold["power_button"].as_bool(), hold["gsi"].as_u64()), (Some(true), Some(20)), "{console}");
+        let done = report.done().unwrap();
+        assert_eq!(done.failures, ["unknown option probe.bogus"], "a failure recorded before the snapshot");
+        assert!(report.section("boot").is_none(), "no second boot: {console}");
+        reports.push(untimed(&console));
+    }
+    assert_eq!(reports[0], reports[1], "both restored guests report the same");
+    assert_eq!(std::fs::read(snapshot.join("state")).unwrap(), state_before, "a snapshot is never written after");
+}
+
+/// A copy of the snapshot at `from` as `to`, with `change` applied to the file `name`.
+fn changed_copy(from: &Path, to: &Path, name: &str, change: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
+    std::fs::create_dir(to).unwrap();
+    for file in ["state", "ram"] {
+        std::fs::copy(from.join(file), to.join(file)).unwrap();
+    }
+    let mut bytes = std::fs::read(to.join(name)).unwrap();
+    change(&mut bytes);
+    std::fs::write(to.join(name), bytes).unwrap();
+    to.to_path_buf()
+}
+
+fn refused_restore(snapshot: &Path) -> (i32, ErrorKind, String) {
+    let out = vm_run(&["--restore", snapshot.to_str().unwrap()]);
+    let line = out.error.clone().unwrap_or_else(|| panic!("an error line: {}", out.stderr));
+    (out.code().unwrap(), line.kind, line.message)
+}
+
+#[test]
+fn snapshots_that_cannot_be_used_and_vms_that_cannot_be_snapshotted_are_refused() {
+    if !kvm_available("snapshots_that_cannot_be_used_and_vms_that_cannot_be_snapshotted_are_refused") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (snapshot, _) = take_snapshot(dir.path(), "snap");
+    let state = std::fs::read_to_string(snapshot.join("state")).unwrap();
+    let (header, _) = state.split_once('\n').unwrap();
+
+    let body_changed = changed_copy(&snapshot, &dir.path().join("body"), "state", |bytes| {
+        let at = bytes.len() - 10;
+        bytes[at] ^= 0x01;
+    });
+    let (code, kind, message) = refused_restore(&body_changed);
+    assert_eq!((code, kind), (2, ErrorKind::Image), "{message}");
+    assert!(message.contains("does not match its checksum"), "{message}");
+
+    let version = env!("CARGO_PKG_VERSION");
+    let older = changed_copy(&snapshot, &dir.path().join("older"), "state", |bytes| {
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        *bytes = text.replacen(&format!("\"vmm_version\":\"{version}\""), "\"vmm_version\":\"0.0.1\"", 1).into_bytes();
+    });
+    let (code, _, message) = refused_restore(&older);
+    assert!(code == 2 && message.contains("written by driverlab 0.0.1") && message.contains("take a new snapshot"));
+    assert!(header.contains(version), "{header}");
+
+    let ram_changed = changed_copy(&snapshot, &dir.path().join("ram"), "ram", |bytes| {
+        let first_data = bytes.iter().position(|&b| b != 0).unwrap();
+        bytes[first_data] ^= 0xff;
+    });
+    let (code, kind, message) = refused_restore(&ram_changed);
+    assert_eq!((code, kind), (2, ErrorKind::Image), "{message}");
+    assert!(message.contains("RAM was changed"), "{message}");
+
+    // A VM that ended before its snapshot; a directory that exists already.
+    let unwritten = dir.path().join("unwritten");
+    let out = vm_run(&[
+        "--kernel",
+        "probe",
+        "--memory",
+        "64",
+        "--serial",
+        "discard",
+        "--snapshot-to",
+        unwritten.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code(), Some(0), "{}", out.stderr);
+    let (_, _, message) = refused_restore(&unwritten);
+    assert!(message.contains("no snapshot was written"), "{message}");
+    let out = vm_run(&["--kernel", "probe", "--snapshot-to", unwritten.to_str().unwrap()]);
+    let line = out.error.clone().expect("an error line");
+    assert_eq!((out.code(), line.kind), (Some(2), ErrorKind::Spec), "{}", line.message);
+    assert!(line.message.contains("does not exist yet"), "{}", line.message);
+}
+
+/// Starts the holding probe with `extra` flags and asks for a snapshot; the refusal.
+fn snapshot_refusal(dir: &Path, name: &str, extra: &[&str]) -> (u16, String) {
+    let console = dir.join(format!("{name}.log"));
+    let socket = dir.join(format!("{name}.sock"));
+    let mut args: Vec<String> = ["--kernel", "probe", "--cmdline", "probe.hold=60000 probe.viommu_ops=0", "--serial"]
+        .map(String::from)
+        .to_vec();
+    args.push(console.to_str().unwrap().into());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
+        .with_control(&socket)
+        .start()
+        .unwrap();
+    wait_for(&console, "{\"probe\":\"holding\"");
+    let control = ControlClient::new(&socket, Duration::from_secs(5));
+    let refused = control.snapshot().unwrap_err();
+    control.shutdown(ShutdownRequest::default()).unwrap();
+    let out = vm.wait().unwrap();
+    assert_eq!(out.exit.map(|e| e.reason), Some(ExitReason::Poweroff), "a refused snapshot leaves the VM running");
+    match refused {
+        ControlError::Refused { status, message, .. } => (status, message),
+        other => panic!("a refusal, not {other}"),
+    }
+}
+
+#[test]
+fn a_vm_with_a_passed_through_device_or_nowhere_to_write_is_not_snapshotted() {
+    if !kvm_available("a_vm_with_a_passed_through_device_or_nowhere_to_write_is_not_snapshotted") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (status, message) = snapshot_refusal(dir.path(), "nowhere", &[]);
+    assert_eq!(status, 409);
+    assert!(message.contains("without --snapshot-to"), "{message}");
+
+    let model = start_model("testdev", &[]);
+    let device = format!("vfio-user={}", model.socket().display());
+    let target = dir.path().join("with-device");
+    let extra = ["--device", device.as_str(), "--snapshot-to", target.to_str().unwrap()];
+    let (status, message) = snapshot_refusal(dir.path(), "device", &extra);
+    assert_eq!(status, 409);
+    assert!(message.contains("passed-through device") && message.contains("00:02.0"), "{message}");
+    let (_, _, message) = refused_restore(&target);
+    assert!(message.contains("no snapshot was written"), "{message}");
+    drop(model);
+
+    let target = dir.path().join("with-iommu");
+    let (status, message) =
+        snapshot_refusal(dir.path(), "iommu", &["--iommu", "--snapshot-to", target.to_str().unwrap()]);
+    assert_eq!(status, 409);
+    assert!(message.contains("virtio-iommu"), "{message}");
+}

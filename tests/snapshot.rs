@@ -241,14 +241,98 @@ fn a_vm_with_a_passed_through_device_or_nowhere_to_write_is_not_snapshotted() {
     let extra = ["--device", device.as_str(), "--snapshot-to", target.to_str().unwrap()];
     let (status, message) = snapshot_refusal(dir.path(), "device", &extra);
     assert_eq!(status, 409);
-    assert!(message.contains("passed-through device") && message.contains("00:02.0"), "{message}");
+    assert!(message.contains("passed-through device") && message.contains("00:02.0, on the root bus"), "{message}");
     let (_, _, message) = refused_restore(&target);
     assert!(message.contains("no snapshot was written"), "{message}");
     drop(model);
+}
 
-    let target = dir.path().join("with-iommu");
-    let (status, message) =
-        snapshot_refusal(dir.path(), "iommu", &["--iommu", "--snapshot-to", target.to_str().unwrap()]);
-    assert_eq!(status, 409);
-    assert!(message.contains("virtio-iommu"), "{message}");
+/// Starts the holding probe shaped like a lab cell (virtio-iommu, the model's Thunderbolt slot
+/// empty) with `snapshot-to`; the running VM and its control client.
+fn cell(dir: &Path, name: &str, device: &str, snapshot_to: &Path) -> (engines::RunningVm, ControlClient) {
+    let console = dir.join(format!("{name}.log"));
+    let socket = dir.join(format!("{name}.sock"));
+    let slot = format!("{device},slot=thunderbolt,plugged=false");
+    let args = [
+        "--kernel",
+        "probe",
+        "--iommu",
+        "--cmdline",
+        "probe.hold=60000",
+        "--memory",
+        "128",
+        "--device",
+        &slot,
+        "--serial",
+        console.to_str().unwrap(),
+        "--snapshot-to",
+        snapshot_to.to_str().unwrap(),
+    ];
+    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
+        .with_control(&socket)
+        .start()
+        .unwrap();
+    wait_for(&console, "{\"probe\":\"holding\"");
+    (vm, ControlClient::new(&socket, Duration::from_secs(5)))
+}
+
+#[test]
+fn a_cell_with_its_slot_empty_is_snapshotted_and_its_restore_takes_a_new_device_into_the_slot() {
+    if !kvm_available("a_cell_with_its_slot_empty_is_snapshotted_and_its_restore_takes_a_new_device_into_the_slot") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let first = start_model("testdev", &[]);
+    let device = format!("vfio-user={}", first.socket().display());
+    let snapshot = dir.path().join("cell");
+    let (vm, control) = cell(dir.path(), "boot", &device, &snapshot);
+
+    // Plugged, the device is in the guest: refused. Pulled again, the VM is snapshotted.
+    control.plug(&device).unwrap();
+    let refused = control.snapshot().unwrap_err();
+    assert!(
+        matches!(&refused, ControlError::Refused { status: 409, message, .. } if message.contains("plugged into its slot")),
+        "{refused}"
+    );
+    control.unplug(&device, true).unwrap();
+    control.snapshot().unwrap();
+    let taken = vm.wait().unwrap();
+    assert_eq!(taken.exit.as_ref().map(|e| e.reason), Some(ExitReason::Snapshot), "{}", taken.stderr);
+    drop(first);
+
+    // Restored with another model (another socket) in the same slot: it plugs, its DMA goes
+    // through the restored virtio-iommu, the guest goes on and powers off at the button.
+    let second = start_model("testdev", &[]);
+    let device = format!("vfio-user={}", second.socket().display());
+    let slot = format!("{device},slot=thunderbolt,plugged=false");
+    let console = dir.path().join("restored.log");
+    let socket = dir.path().join("restored.sock");
+    let args = ["--restore", snapshot.to_str().unwrap(), "--device", &slot, "--serial", console.to_str().unwrap()];
+    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
+        .with_control(&socket)
+        .start()
+        .unwrap();
+    let control = ControlClient::new(&socket, Duration::from_secs(5));
+    let info = control.wait_until_serving(Duration::from_secs(10)).unwrap();
+    assert_eq!(info.slots.len(), 1);
+    assert_eq!(info.slots[0].state, vm_spec::control::SlotState::Empty, "the slot as the snapshot had it");
+    let plugged = control.plug(&device).unwrap();
+    assert_eq!((plugged.state, plugged.bdf.as_str()), (vm_spec::control::SlotState::Occupied, "01:00.0"));
+    let counters = control.counters().unwrap();
+    let model = counters.devices[0].counters.expect("the model's counters");
+    assert!(model.dma_maps > 0, "the endpoint's DMA is routed by the restored IOMMU: {model:?}");
+    control.shutdown(ShutdownRequest::default()).unwrap();
+    let out = vm.wait().unwrap();
+    let exit = out.exit.clone().expect("an exit line");
+    assert_eq!((exit.reason, out.code()), (ExitReason::Poweroff, Some(0)), "{}", out.stderr);
+    assert!(exit.restored.is_some() && exit.devices.iter().all(|d| d.reset_ok), "{}", out.stderr);
+    let report = ProbeReport::parse(&std::fs::read_to_string(&console).unwrap());
+    assert!(report.done().is_some_and(|d| d.ok), "the restored probe finishes clean");
+
+    // Other devices than the snapshot's slots: refused before anything runs.
+    let out = vm_run(&["--restore", snapshot.to_str().unwrap(), "--device", &device]);
+    let line = out.error.clone().expect("an error line");
+    assert_eq!((out.code(), line.kind), (Some(2), ErrorKind::Usage), "{}", line.message);
+    assert!(line.message.contains("slot=thunderbolt,plugged=false"), "{}", line.message);
+    drop(second);
 }

@@ -19,12 +19,12 @@ mod vector;
 
 pub use config::{BarKind, PciConfiguration, PciIds};
 pub use device::{BarMapping, PciDevice};
-pub use msi::MsiConfig;
-pub use msix::MsixConfig;
+pub use msi::{MsiConfig, MsiState};
+pub use msix::{MsixConfig, MsixState};
 pub use root::{
     Arrival, FunctionState, PciConfigIo, PciConfigMmio, PciRoot, PciRootState, PciStateError, Removal, SlotError,
 };
-pub use root_port::RootPort;
+pub use root_port::{RootPort, RootPortState};
 
 /// Errors building PCI devices and the bus.
 #[derive(Debug, thiserror::Error)]

@@ -23,6 +23,15 @@ const MULTIPLE_ENABLE_SHIFT: u16 = 4;
 /// The largest register block (64-bit, with mask and pending bits).
 const MAX_SIZE: usize = 24;
 
+/// An MSI capability as a snapshot keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MsiState {
+    /// The capability's registers.
+    pub regs: Vec<u8>,
+    /// Each vector's latched signal.
+    pub pending: Vec<bool>,
+}
+
 /// One function's MSI state, addressed by offset from the start of the capability.
 pub struct MsiConfig {
     /// The capability bytes as the guest sees them (ID and next pointer excluded: offsets 0-1
@@ -144,6 +153,31 @@ impl MsiConfig {
             }
         }
         self.update();
+    }
+
+    /// The capability's registers and latched vectors, as a snapshot keeps them.
+    pub fn state(&self) -> MsiState {
+        MsiState { regs: self.regs[..self.size].to_vec(), pending: self.vectors.iter().map(|v| v.pending()).collect() }
+    }
+
+    /// Puts back a state from [`MsiConfig::state`] of a capability with the same layout, and
+    /// routes the vectors it enables.
+    pub fn restore(&mut self, state: &MsiState) -> Result<(), String> {
+        if state.regs.len() != self.size || state.pending.len() != self.vectors.len() {
+            return Err(format!(
+                "MSI: {} bytes and {} vectors saved, the capability has {} and {}",
+                state.regs.len(),
+                state.pending.len(),
+                self.size,
+                self.vectors.len()
+            ));
+        }
+        self.regs[..self.size].copy_from_slice(&state.regs);
+        for (vector, &pending) in self.vectors.iter_mut().zip(&state.pending) {
+            vector.set_pending(pending);
+        }
+        self.update();
+        Ok(())
     }
 
     /// The message vector `vector` sends while enabled.

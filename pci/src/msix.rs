@@ -42,6 +42,19 @@ impl Vector {
     }
 }
 
+/// An MSI-X table and its control bits as a snapshot keeps them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MsixState {
+    /// Each vector's table entry (address, data, vector control), as four dwords.
+    pub entries: Vec<[u32; 4]>,
+    /// Each vector's latched signal.
+    pub pending: Vec<bool>,
+    /// MSI-X enable.
+    pub enabled: bool,
+    /// Function mask.
+    pub function_masked: bool,
+}
+
 /// One function's MSI-X state.
 pub struct MsixConfig {
     vectors: Vec<Vector>,
@@ -164,6 +177,37 @@ impl MsixConfig {
         self.vectors.get(vector as usize).is_some_and(|v| v.irq.pending())
     }
 
+    /// The table and control bits, as a snapshot keeps them.
+    pub fn state(&self) -> MsixState {
+        MsixState {
+            entries: self.vectors.iter().map(|v| [0, 1, 2, 3].map(|i| v.dword(i))).collect(),
+            pending: self.vectors.iter().map(|v| v.irq.pending()).collect(),
+            enabled: self.enabled,
+            function_masked: self.function_masked,
+        }
+    }
+
+    /// Puts back a state from [`MsixConfig::state`] of a table of the same size, and routes the
+    /// vectors it lets fire.
+    pub fn restore(&mut self, state: &MsixState) -> Result<(), String> {
+        if state.entries.len() != self.vectors.len() || state.pending.len() != self.vectors.len() {
+            return Err(format!("MSI-X: {} vectors saved, the table has {}", state.entries.len(), self.vectors.len()));
+        }
+        for ((vector, entry), &pending) in self.vectors.iter_mut().zip(&state.entries).zip(&state.pending) {
+            for (i, dword) in entry.iter().enumerate() {
+                vector.entry[i * 4..i * 4 + 4].copy_from_slice(&dword.to_le_bytes());
+            }
+            vector.entry[12] &= VECTOR_MASKED as u8;
+            vector.entry[13..].fill(0);
+            vector.irq.set_pending(pending);
+        }
+        (self.enabled, self.function_masked) = (state.enabled, state.function_masked);
+        for v in 0..self.vectors.len() {
+            self.update(v);
+        }
+        Ok(())
+    }
+
     /// Brings vector `index`'s route and irqfd in line with the table and control bits.
     fn update(&mut self, index: usize) {
         let v = &mut self.vectors[index];
@@ -225,6 +269,31 @@ mod tests {
         assert_eq!(fake.routes.lock().unwrap()[&gsi].data, 0x42, "re-routed on change");
         msix.table_write(12 + 16, &1u32.to_le_bytes());
         assert!(!fake.irqfds.lock().unwrap().contains_key(&gsi), "per-vector mask");
+    }
+
+    #[test]
+    fn a_restored_table_routes_its_vectors_and_fires_what_was_latched() {
+        let fake = Arc::new(FakeInterrupts::default());
+        let mut msix = MsixConfig::new(3, fake.clone()).unwrap();
+        program(&mut msix, 0, 0xfee0_0000, 0x41, false);
+        program(&mut msix, 2, 0xfee0_0000, 0x43, true);
+        msix.set_control(CONTROL_ENABLE);
+        msix.notify(2);
+        let saved: MsixState = serde_json::from_str(&serde_json::to_string(&msix.state()).unwrap()).unwrap();
+
+        let again = Arc::new(FakeInterrupts::default());
+        let mut restored = MsixConfig::new(3, again.clone()).unwrap();
+        restored.restore(&saved).unwrap();
+        let gsi = |m: &MsixConfig, v: usize| m.vectors[v].irq.gsi;
+        assert_eq!(again.routes.lock().unwrap()[&gsi(&restored, 0)].data, 0x41, "vector 0 routed");
+        assert!(again.irqfds.lock().unwrap().contains_key(&gsi(&restored, 0)));
+        assert!(restored.pending(2), "masked vector 2 keeps its latched signal");
+        let mut entry = [0u8; 16];
+        restored.table_read(32, &mut entry);
+        assert_eq!(entry[8..13], [0x43, 0, 0, 0, 1]);
+        restored.table_write(44, &0u32.to_le_bytes());
+        assert!(!restored.pending(2), "unmasked: the latched signal fires");
+        assert!(MsixConfig::new(2, again).unwrap().restore(&saved).is_err(), "another table size");
     }
 
     #[test]

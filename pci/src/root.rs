@@ -302,6 +302,13 @@ impl PciRoot {
 
     /// Bus 0's functions' states; refused when one of them cannot be saved.
     pub fn snapshot_state(&self) -> Result<PciRootState, PciStateError> {
+        if let Some((&number, port)) = self.ports.iter().find(|(_, p)| p.adapter.is_some()) {
+            let name = port.adapter.as_ref().map_or_else(String::new, |a| lock(&a.device).name().to_string());
+            return Err(PciStateError::NotSaveable {
+                devfn: number << 3,
+                name: format!("{name} in the slot of the port"),
+            });
+        }
         let mut functions = Vec::with_capacity(self.slots.len());
         for (&devfn, slot) in &self.slots {
             let device = lock(&slot.device);

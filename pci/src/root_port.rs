@@ -14,7 +14,7 @@ use vm_device::interrupt::MsiInterrupts;
 use super::PciError;
 use super::config::{PciConfiguration, PciIds};
 use super::device::{BarMapping, PciDevice};
-use super::msi::{self, MsiConfig};
+use super::msi::{self, MsiConfig, MsiState};
 use super::pcie::*;
 
 /// PCI IDs of the port: Red Hat's generic PCIe root port (1b36:000c), which Linux drives with
@@ -43,6 +43,19 @@ const ACS_HEADER: u32 = 0x000d | 1 << 16;
 /// drivers/iommu/iommu.c), as on a real root port; without it the adapter joins the port's
 /// group and its default domain, which is decided before the adapter is seen.
 const ACS_CAPABILITIES: u16 = 0x001f;
+
+/// A root port as a snapshot keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RootPortState {
+    /// Its configuration registers (bus numbers, window, the PCIe capability with the slot's).
+    pub config: Vec<u32>,
+    /// Its MSI capability.
+    pub msi: MsiState,
+    /// Whether the slot's interrupt condition held.
+    pub asserted: bool,
+    /// ACS control.
+    pub acs_control: u16,
+}
 
 /// A root port and the state of its slot.
 pub struct RootPort {
@@ -282,6 +295,24 @@ impl PciDevice for RootPort {
     fn bar_mappings(&self) -> Vec<BarMapping> {
         Vec::new()
     }
+
+    fn snapshot_state(&self) -> Option<serde_json::Value> {
+        let state = RootPortState {
+            config: self.config.registers(),
+            msi: self.msi.1.state(),
+            asserted: self.asserted,
+            acs_control: self.acs_control,
+        };
+        serde_json::to_value(state).ok()
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), String> {
+        let state: RootPortState = serde_json::from_value(state.clone()).map_err(|e| e.to_string())?;
+        self.config.set_registers(&state.config)?;
+        self.msi.1.restore(&state.msi)?;
+        (self.asserted, self.acs_control) = (state.asserted, state.acs_control & ACS_CAPABILITIES);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -338,6 +369,31 @@ mod tests {
         let next = read(&mut port, PCIE + 1, 1) as usize;
         assert_eq!(read(&mut port, next, 1), msi::CAPABILITY_ID as u32);
         assert_eq!(read(&mut port, next + 1, 1), 0, "last capability");
+    }
+
+    #[test]
+    fn a_restored_port_keeps_its_window_acs_and_hot_plug_set_up_and_interrupts_on_a_plug() {
+        let (mut first, _) = port();
+        first.assign(1, (0xc000_0000, 0xc0ff_ffff));
+        enable_msi(&mut first);
+        write16(&mut first, ACS + 6, 0x1f);
+        let enables = SLOT_CONTROL_PDCE | SLOT_CONTROL_DLLSCE | SLOT_CONTROL_HPIE | SLOT_CONTROL_PCC;
+        write16(&mut first, PCIE + SLOT_CONTROL, enables);
+        let saved = first.snapshot_state().unwrap();
+
+        let (mut restored, interrupts) = port();
+        restored.restore_state(&saved).unwrap();
+        assert_eq!((restored.secondary_bus(), restored.memory_window()), (Some(1), Some((0xc000_0000, 0xc0ff_ffff))));
+        assert_eq!(read(&mut restored, ACS + 6, 2), 0x1f);
+        assert_eq!(restored.slot_control(), enables);
+        assert!(!restored.occupied() && !restored.powered(), "still empty, its power off");
+        assert!(!interrupts.routes.lock().unwrap().is_empty(), "MSI routed again");
+        restored.hot_plug();
+        assert!(msi_fired(&restored), "a plug after the restore interrupts as before");
+        let (mut other, _) = port();
+        let mut bad: RootPortState = serde_json::from_value(saved).unwrap();
+        bad.config[0] = 0x1234_5678;
+        assert!(other.restore_state(&serde_json::to_value(bad).unwrap()).is_err(), "another kind of function");
     }
 
     #[test]

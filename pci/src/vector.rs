@@ -73,4 +73,10 @@ impl MsiVector {
     pub(crate) fn pending(&self) -> bool {
         self.pending
     }
+
+    /// Latches a signal (a restored vector's) or drops the latch, without touching the route;
+    /// the next [`MsiVector::steer`] delivers a latched one.
+    pub(crate) fn set_pending(&mut self, pending: bool) {
+        self.pending = pending;
+    }
 }

@@ -87,10 +87,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub snapshot_to: Option<PathBuf>,
     /// Start from the snapshot in DIR instead of booting. The VM is the snapshot's (kernel,
-    /// command line, memory, vCPUs, devices); --serial, --com2, --timeout, --control,
-    /// --snapshot-to, --no-jail and --no-seccomp apply to it.
+    /// command line, memory, vCPUs, IOMMU, slots); --serial, --com2, --timeout, --control,
+    /// --snapshot-to, --no-jail and --no-seccomp apply to it, and --device may name other
+    /// backends for its devices (the same number, in the same slots).
     #[arg(long, value_name = "DIR", conflicts_with_all = [
-        "config", "kernel", "initrd", "cmdline", "memory", "vcpus", "entry", "iommu", "iommu_bypass", "devices",
+        "config", "kernel", "initrd", "cmdline", "memory", "vcpus", "entry", "iommu", "iommu_bypass",
     ])]
     pub restore: Option<PathBuf>,
 }
@@ -188,8 +189,30 @@ fn restored_spec(args: &RunArgs, snapshot: &crate::snapshot::VmSnapshot) -> Resu
     spec.timeout_s = args.timeout;
     spec.seccomp = !args.no_seccomp;
     spec.jail = !args.no_jail;
+    if !args.devices.is_empty() {
+        spec.devices = same_shape(&snapshot.spec.devices, &args.devices)?;
+    }
     spec.validate().map_err(|e| refused(ErrorKind::Spec, e.to_string()))?;
     Ok(spec)
+}
+
+/// `--device` of a restore: other backends for the snapshot's devices, each in the slot (and
+/// the slot's state) the snapshot has it in.
+fn same_shape(saved: &[DeviceSpec], given: &[DeviceSpec]) -> Result<Vec<DeviceSpec>, Refused> {
+    let shape = |d: &DeviceSpec| format!("slot={},plugged={}", d.slot, d.plugged);
+    let differs = saved.len() != given.len() || saved.iter().zip(given).any(|(s, g)| shape(s) != shape(g));
+    if differs {
+        let list = |devices: &[DeviceSpec]| devices.iter().map(shape).collect::<Vec<_>>().join("; ");
+        let message = format!(
+            "--device with --restore: the snapshot's VM has {} device(s) ({}), given {} ({})",
+            saved.len(),
+            list(saved),
+            given.len(),
+            list(given)
+        );
+        return Err(refused(ErrorKind::Usage, message));
+    }
+    Ok(given.to_vec())
 }
 
 /// Reads and checks the snapshot `--restore` names.

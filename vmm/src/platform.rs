@@ -480,20 +480,20 @@ impl Passthrough {
 }
 
 impl Platform {
-    /// Why this VM cannot be snapshotted, if it cannot: a passed-through device's state lives
-    /// in the hardware (and a snapshot is taken with the NIC's slot empty); the virtio-iommu's
-    /// and the root ports' state are not saved yet.
+    /// Why this VM cannot be snapshotted, if it cannot: a passed-through device in the guest
+    /// (its state lives in the hardware; a snapshot is taken with the NIC's slot empty, and the
+    /// device is plugged into the restored VM).
     pub fn snapshot_refusal(&self) -> Option<String> {
-        if let Some(device) = self.passthrough.first() {
-            return Some(format!(
-                "it has a passed-through device ({} at {}), whose state is the hardware's",
-                device.spec, device.bdf
-            ));
-        }
-        if self.iommu.is_some() {
-            return Some("the virtio-iommu's state (its queues and domains) is not saved yet".into());
-        }
-        None
+        let present = self.passthrough.iter().find(|p| match &p.slot {
+            None => true,
+            Some(slot) => *lock(&slot.state) != SlotState::Empty,
+        })?;
+        let place = if present.slot.is_some() { "plugged into its slot" } else { "on the root bus" };
+        Some(format!(
+            "a passed-through device is in the guest ({} at {}, {place}), and its state is the hardware's: \
+             snapshot with its Thunderbolt slot empty (plugged=false) and plug it after the restore",
+            present.spec, present.bdf
+        ))
     }
 
     /// The emulated devices' state (the vCPUs stopped).

@@ -46,4 +46,13 @@ pub trait VirtioDevice: Send {
     fn process_queue(&mut self, index: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool;
     /// Returns to the reset state (the driver wrote 0 to the status).
     fn reset(&mut self);
+    /// Its own state (beside the transport's) as a snapshot keeps it; `None` for a device that
+    /// cannot be snapshotted.
+    fn snapshot_state(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Puts back a state from [`VirtioDevice::snapshot_state`].
+    fn restore_state(&mut self, _state: &serde_json::Value) -> Result<(), String> {
+        Err("this virtio device cannot be restored from a snapshot".into())
+    }
 }

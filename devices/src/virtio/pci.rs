@@ -19,7 +19,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::{F_VERSION_1, VirtioDevice, status};
 use pci::device::{BarMapping, PciDevice, decoded_bars};
-use pci::msix::{self, MsixConfig};
+use pci::msix::{self, MsixConfig, MsixState};
 use pci::{BarKind, PciConfiguration, PciError, PciIds};
 use vm_device::interrupt::MsiInterrupts;
 
@@ -48,6 +48,57 @@ const CFG_NOTIFY: u8 = 2;
 const CFG_ISR: u8 = 3;
 const CFG_DEVICE: u8 = 4;
 const CFG_PCI: u8 = 5;
+
+/// A virtqueue as a snapshot keeps it (virtio-queue's `QueueState`, with serde).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QueueSaved {
+    /// The size the driver chose.
+    pub size: u16,
+    /// Whether the driver enabled it.
+    pub ready: bool,
+    /// The descriptor table's guest address.
+    pub desc_table: u64,
+    /// The available ring's.
+    pub avail_ring: u64,
+    /// The used ring's.
+    pub used_ring: u64,
+    /// The next available entry the device takes.
+    pub next_avail: u16,
+    /// The next used entry the device fills.
+    pub next_used: u16,
+    /// Whether VIRTIO_F_EVENT_IDX is on.
+    pub event_idx: bool,
+}
+
+/// The transport and its device as a snapshot keeps them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct VirtioPciState {
+    /// Configuration registers.
+    pub config: Vec<u32>,
+    /// The MSI-X table.
+    pub msix: MsixState,
+    /// Common configuration: the feature selectors, the driver's features, status, the
+    /// selected queue, the vectors, the ISR.
+    pub device_feature_select: u32,
+    /// See `device_feature_select`.
+    pub driver_feature_select: u32,
+    /// See `device_feature_select`.
+    pub driver_features: u64,
+    /// See `device_feature_select`.
+    pub status: u8,
+    /// See `device_feature_select`.
+    pub queue_select: u16,
+    /// Each queue.
+    pub queues: Vec<QueueSaved>,
+    /// Each queue's MSI-X vector.
+    pub queue_vectors: Vec<u16>,
+    /// The configuration change vector.
+    pub config_vector: u16,
+    /// See `device_feature_select`.
+    pub isr: u8,
+    /// The device's own state.
+    pub device: serde_json::Value,
+}
 
 /// The modern PCI transport around a virtio device.
 pub struct VirtioPciDevice<D: VirtioDevice> {
@@ -146,6 +197,74 @@ impl<D: VirtioDevice> VirtioPciDevice<D> {
     /// The device behind the transport.
     pub fn device(&self) -> &D {
         &self.device
+    }
+
+    fn state(&self) -> Option<VirtioPciState> {
+        let queues = self
+            .queues
+            .iter()
+            .map(|q| {
+                let s = q.state();
+                QueueSaved {
+                    size: s.size,
+                    ready: s.ready,
+                    desc_table: s.desc_table,
+                    avail_ring: s.avail_ring,
+                    used_ring: s.used_ring,
+                    next_avail: s.next_avail,
+                    next_used: s.next_used,
+                    event_idx: s.event_idx_enabled,
+                }
+            })
+            .collect();
+        Some(VirtioPciState {
+            config: self.config.registers(),
+            msix: self.msix.state(),
+            device_feature_select: self.device_feature_select,
+            driver_feature_select: self.driver_feature_select,
+            driver_features: self.driver_features,
+            status: self.status,
+            queue_select: self.queue_select,
+            queues,
+            queue_vectors: self.queue_vectors.clone(),
+            config_vector: self.config_vector,
+            isr: self.isr,
+            device: self.device.snapshot_state()?,
+        })
+    }
+
+    fn restore(&mut self, state: VirtioPciState) -> Result<(), String> {
+        if state.queues.len() != self.queues.len() || state.queue_vectors.len() != self.queues.len() {
+            return Err(format!("{} queues saved, the device has {}", state.queues.len(), self.queues.len()));
+        }
+        let mut queues = Vec::with_capacity(self.queues.len());
+        for (saved, max) in state.queues.iter().zip(self.device.queue_max_sizes()) {
+            let queue = virtio_queue::QueueState {
+                max_size: *max,
+                next_avail: saved.next_avail,
+                next_used: saved.next_used,
+                event_idx_enabled: saved.event_idx,
+                size: saved.size,
+                ready: saved.ready,
+                desc_table: saved.desc_table,
+                avail_ring: saved.avail_ring,
+                used_ring: saved.used_ring,
+            };
+            queues.push(Queue::try_from(queue).map_err(|e| format!("a saved queue: {e:?}"))?);
+        }
+        self.config.set_registers(&state.config)?;
+        self.msix.restore(&state.msix)?;
+        self.device.restore_state(&state.device)?;
+        self.queues = queues;
+        self.device_feature_select = state.device_feature_select;
+        self.driver_feature_select = state.driver_feature_select;
+        self.driver_features = state.driver_features;
+        self.status = state.status;
+        self.queue_select = state.queue_select;
+        self.queue_vectors = state.queue_vectors.iter().map(|&v| self.vector_or_none(v)).collect();
+        self.config_vector = self.vector_or_none(state.config_vector);
+        self.isr = state.isr;
+        Ok(())
     }
 
     fn reset(&mut self) {
@@ -396,5 +515,13 @@ impl<D: VirtioDevice> PciDevice for VirtioPciDevice<D> {
 
     fn bar_mappings(&self) -> Vec<BarMapping> {
         decoded_bars(&self.config)
+    }
+
+    fn snapshot_state(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(self.state()?).ok()
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), String> {
+        self.restore(serde_json::from_value(state.clone()).map_err(|e| e.to_string())?)
     }
 }

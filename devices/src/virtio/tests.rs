@@ -223,6 +223,40 @@ fn completions_raise_the_queue_vector() {
 }
 
 #[test]
+fn a_restored_transport_goes_on_with_the_same_queue_domains_and_vectors() {
+    let mut d = Driver::new(&[8, 16]);
+    d.dev.bar_write(0, 0x4000 + 16, &0xfee0_0000u32.to_le_bytes());
+    d.dev.bar_write(0, 0x4000 + 16 + 8, &0x41u32.to_le_bytes());
+    d.dev.bar_write(0, 0x4000 + 16 + 12, &0u32.to_le_bytes());
+    d.dev.config_write(0x42, &0x8000u16.to_le_bytes());
+    assert_eq!(d.status_of(&attach(1, 8)), 0);
+    assert_eq!(d.status_of(&map(1, 0x1000, 0x1fff, 0x8000, 3)), 0);
+    let saved = d.dev.snapshot_state().expect("the virtio-iommu saves its state");
+    let json = serde_json::to_string(&saved).unwrap();
+
+    // A new device on the same guest memory, in its reset state, given the saved state: the
+    // driver goes on where it was (its next request is the queue's next entry).
+    let interrupts = Arc::new(FakeInterrupts::default());
+    let iommu = VirtioIommu::new([8, 16], vec![(0, MEM as u64)], false);
+    let handle = iommu.handle();
+    let dev = VirtioPciDevice::new("viommu", iommu, iommu::PCI_CLASS, d.mem.clone(), interrupts.clone(), 0xc000_0000)
+        .unwrap();
+    let mut restored = Driver { mem: d.mem.clone(), dev, interrupts, avail_idx: d.avail_idx, used_idx: d.used_idx };
+    restored.dev.restore_state(&serde_json::from_str(&json).unwrap()).unwrap();
+    assert_eq!(restored.interrupts.irqfds.lock().unwrap().len(), 1, "MSI-X vector 1 routed again");
+    assert_eq!(common_read(&mut restored.dev, 0x14, 1) as u8 & status::DRIVER_OK, status::DRIVER_OK);
+    assert_eq!(handle.translate(8, 0x1004, 4, iommu::domains::Access::Write), Ok(0x8004), "the mapping");
+    assert_eq!(restored.status_of(&map(1, 0x3000, 0x3fff, 0x9000, 3)), 0, "the queue goes on");
+    assert_eq!(restored.status_of(&attach(1, 16)), 0);
+    assert_eq!(handle.translate(16, 0x3000, 4, iommu::domains::Access::Read), Ok(0x9000));
+
+    let other = VirtioIommu::new([8], vec![(0, MEM as u64)], false);
+    let mut other =
+        VirtioPciDevice::new("viommu", other, iommu::PCI_CLASS, d.mem.clone(), d.interrupts.clone(), 0).unwrap();
+    assert!(other.restore_state(&saved).is_err(), "another IOMMU's endpoints");
+}
+
+#[test]
 fn pci_cfg_capability_reaches_the_bar() {
     let mut d = Driver::new(&[8]);
     // Find the VIRTIO_PCI_CAP_PCI_CFG capability (cfg_type 5) by walking the list.

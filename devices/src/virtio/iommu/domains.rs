@@ -40,7 +40,7 @@ pub const MAP_F_MMIO: u32 = 1 << 2;
 pub const ATTACH_F_BYPASS: u32 = 1 << 0;
 
 /// One mapping, `[start, end]` inclusive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Mapping {
     /// First IOVA.
     pub start: u64,
@@ -103,6 +103,28 @@ pub enum Fault {
     Permission,
 }
 
+/// The endpoints, domains and mappings as a snapshot keeps them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AddressSpacesState {
+    /// Each endpoint and the domain it is attached to.
+    pub endpoints: Vec<(u32, Option<u32>)>,
+    /// Each domain.
+    pub domains: Vec<DomainState>,
+    /// The `bypass` config field.
+    pub bypass: bool,
+}
+
+/// A domain as a snapshot keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DomainState {
+    /// Its ID.
+    pub id: u32,
+    /// Whether it is a bypass domain.
+    pub bypass: bool,
+    /// Its mappings.
+    pub mappings: Vec<Mapping>,
+}
+
 /// Endpoints, domains and mappings.
 pub struct AddressSpaces {
     limits: Limits,
@@ -151,6 +173,58 @@ impl AddressSpaces {
         for (ep, domain) in detached {
             self.detach_endpoint(ep, domain);
         }
+    }
+
+    /// The endpoints, domains and mappings, as a snapshot keeps them.
+    pub fn state(&self) -> AddressSpacesState {
+        AddressSpacesState {
+            endpoints: self.endpoints.iter().map(|(&ep, &domain)| (ep, domain)).collect(),
+            domains: self
+                .domains
+                .iter()
+                .map(|(&id, d)| DomainState { id, bypass: d.bypass, mappings: d.mappings.values().copied().collect() })
+                .collect(),
+            bypass: self.bypass,
+        }
+    }
+
+    /// Puts back a state from [`AddressSpaces::state`] of an IOMMU in front of the same
+    /// endpoints; the listeners (passed-through devices) see their endpoints' new bypass state
+    /// and mappings.
+    pub fn restore(&mut self, state: &AddressSpacesState) -> Result<(), String> {
+        let saved: BTreeSet<u32> = state.endpoints.iter().map(|e| e.0).collect();
+        if saved.iter().ne(self.endpoints.keys()) {
+            return Err(format!("endpoints {saved:?} saved, this IOMMU has {:?}", self.endpoints.keys()));
+        }
+        let mut domains = BTreeMap::new();
+        for saved in &state.domains {
+            let mappings = saved.mappings.iter().map(|m| (m.start, *m)).collect();
+            domains.insert(saved.id, Domain { bypass: saved.bypass, endpoints: BTreeSet::new(), mappings });
+        }
+        for &(endpoint, domain) in &state.endpoints {
+            if let Some(id) = domain {
+                let domain = domains.get_mut(&id).ok_or(format!("endpoint {endpoint} in domain {id}, not saved"))?;
+                domain.endpoints.insert(endpoint);
+            }
+        }
+        let listening: Vec<(u32, bool)> = self.listeners.keys().map(|&ep| (ep, self.in_bypass(ep))).collect();
+        self.endpoints = state.endpoints.iter().copied().collect();
+        self.domains = domains;
+        self.bypass = state.bypass;
+        for (endpoint, was_bypass) in listening {
+            if self.in_bypass(endpoint) != was_bypass {
+                self.notify_bypass(endpoint, !was_bypass);
+            }
+            let (Some(listener), Some(domain)) = (self.listeners.get(&endpoint), self.domain_of(endpoint)) else {
+                continue;
+            };
+            for m in self.domains[&domain].mappings.values() {
+                if let Err(e) = listener.map(m.start, m.gpa, m.size(), m.flags & MAP_F_WRITE != 0) {
+                    tracing::warn!("endpoint {endpoint}: replaying a restored mapping failed: {e}");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Routes the maps and unmaps affecting `endpoint` to `listener`.
@@ -563,6 +637,36 @@ mod tests {
             self.log.lock().unwrap().push(format!("bypass {enabled}"));
             Ok(())
         }
+    }
+
+    #[test]
+    fn restored_spaces_translate_as_before_and_tell_listeners_what_changed() {
+        let mut first = AddressSpaces::new(limits(), [0, 0x10], true);
+        first.set_bypass(false);
+        first.attach(1, 0x10, 0, true);
+        first.map(1, 0x1000, 0x1fff, 0x8000, RW, false);
+        first.attach(2, 0, 0, true);
+        let saved: AddressSpacesState = serde_json::from_str(&serde_json::to_string(&first.state()).unwrap()).unwrap();
+
+        // The new VM's spaces start from the spec's bypass; endpoint 0's device listens.
+        let mut restored = AddressSpaces::new(limits(), [0, 0x10], true);
+        let rec = Arc::new(Recorder::default());
+        restored.set_listener(0x10, rec.clone());
+        restored.restore(&saved).unwrap();
+        assert_eq!(restored.translate(0x10, 0x1010, 4, Access::Write), Ok(0x8010));
+        assert_eq!(restored.translate(0, 0x1010, 4, Access::Read), Err(Fault::Unmapped));
+        assert_eq!((restored.domain_of(0), restored.bypass()), (Some(2), false));
+        assert_eq!(*rec.log.lock().unwrap(), ["bypass false", "map 0x1000 0x8000 0x1000 true"]);
+        assert_eq!(restored.state(), saved);
+        // Detaching the last endpoint ends the domain as it would have before.
+        assert_eq!(restored.detach(1, 0x10).0, Status::Ok);
+        assert_eq!(restored.live_mappings(), 0);
+
+        let mut other = AddressSpaces::new(limits(), [0, 0x18], true);
+        assert!(other.restore(&saved).unwrap_err().contains("endpoints"));
+        let mut broken = saved.clone();
+        broken.domains.clear();
+        assert!(AddressSpaces::new(limits(), [0, 0x10], true).restore(&broken).is_err());
     }
 
     #[test]

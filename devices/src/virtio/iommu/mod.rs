@@ -116,6 +116,15 @@ impl IommuHandle {
     }
 }
 
+/// The virtio-iommu's own state as a snapshot keeps it (its counters start again).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IommuState {
+    /// The features the driver accepted.
+    pub acked_features: u64,
+    /// Endpoints, domains and mappings.
+    pub spaces: domains::AddressSpacesState,
+}
+
 /// The virtio-iommu device.
 pub struct VirtioIommu {
     handle: IommuHandle,
@@ -359,6 +368,25 @@ impl VirtioDevice for VirtioIommu {
             used = true;
         }
         used
+    }
+
+    fn snapshot_state(&self) -> Option<serde_json::Value> {
+        let state = IommuState { acked_features: self.acked_features, spaces: self.handle.spaces().state() };
+        serde_json::to_value(state).ok()
+    }
+
+    fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), String> {
+        let state: IommuState = serde_json::from_value(state.clone()).map_err(|e| e.to_string())?;
+        if state.acked_features & !self.features() != 0 {
+            return Err(format!(
+                "features {:#x} acked, this device offers {:#x}",
+                state.acked_features,
+                self.features()
+            ));
+        }
+        self.handle.spaces().restore(&state.spaces)?;
+        self.acked_features = state.acked_features;
+        Ok(())
     }
 
     fn reset(&mut self) {

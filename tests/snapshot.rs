@@ -124,6 +124,37 @@ fn a_snapshot_of_the_probe_restored_twice_goes_on_from_where_it_was() {
     }
     assert_eq!(reports[0], reports[1], "both restored guests report the same");
     assert_eq!(std::fs::read(snapshot.join("state")).unwrap(), state_before, "a snapshot is never written after");
+
+    // A restored VM is a new generation: snapshotted again, its VM generation ID (ACPI VGEN's
+    // 16 bytes at 0xff000) is not the first snapshot's.
+    let again = dir.path().join("again");
+    let socket = dir.path().join("again.sock");
+    let args = [
+        "--restore".as_ref(),
+        snapshot.as_os_str(),
+        "--serial".as_ref(),
+        "discard".as_ref(),
+        "--snapshot-to".as_ref(),
+        again.as_os_str(),
+    ];
+    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
+        .with_control(&socket)
+        .start()
+        .unwrap();
+    let control = ControlClient::new(&socket, Duration::from_secs(5));
+    let running = || control.info().is_ok_and(|i| i.state == VmState::Running);
+    assert!(common::wait_until(Duration::from_secs(30), Duration::from_millis(5), running));
+    control.snapshot().unwrap();
+    let out = vm.wait().unwrap();
+    assert_eq!(out.exit.map(|e| e.reason), Some(ExitReason::Snapshot), "a restored VM snapshots too: {}", out.stderr);
+    let generation = |dir: &Path| {
+        let mut id = [0u8; 16];
+        std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(dir.join("ram")).unwrap(), &mut id, 0xff000)
+            .unwrap();
+        id
+    };
+    let (first, second) = (generation(&snapshot), generation(&again));
+    assert!(first != [0; 16] && second != [0; 16] && first != second, "{first:x?} then {second:x?}");
 }
 
 /// A copy of the snapshot at `from` as `to`, with `change` applied to the file `name`.

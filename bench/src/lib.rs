@@ -5,6 +5,7 @@
 pub mod lab_cost;
 pub mod linux_boot;
 pub mod nic;
+pub mod restore;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -88,6 +88,18 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 200)]
         frames: u32,
     },
+    /// A cell started from a snapshot against the same cell booted, in the same run: the probe
+    /// guest behind the virtio-iommu with the AQC100 model's Thunderbolt slot empty, timed from
+    /// the VMM's spawn to the guest running and to a ready cell (the guest at its holding point,
+    /// the NIC plugged). Last line: `restore: ready cell R ms restored, C ms cold (Q.QQx)`.
+    Restore {
+        /// Runs of each kind (interleaved).
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 256)]
+        memory: u64,
+    },
     /// The probe guest receiving from the AQC100 model behind the virtio-iommu, once per RX
     /// buffer strategy: frames per second and IOMMU maps per frame, side by side.
     Nic {
@@ -121,6 +133,7 @@ impl BenchCommand {
             BenchCommand::ModelRx { frames, size, rounds } => model_rx(frames, size, rounds),
             BenchCommand::Nic { frames, strategies } => nic(frames, &strategies),
             BenchCommand::Lab { cells, frames } => lab_cost(cells, frames),
+            BenchCommand::Restore { runs, memory } => restore(runs.max(1), memory),
         }
     }
 }
@@ -177,6 +190,41 @@ fn boot(runs: usize, memory: u64, qemu: Option<PathBuf>, cloud_hypervisor: Optio
     if let Some(ratio) = result.ratio_to_cloud_hypervisor() {
         println!("driverlab / cloud-hypervisor (medians): {ratio:.3}   goal: at most 1.0");
     }
+    Ok(0)
+}
+
+fn restore(runs: usize, memory: u64) -> anyhow::Result<u8> {
+    let dir = ::bench::restore::scratch_dir()?;
+    let programs = super::programs()?;
+    let config = ::bench::restore::RestoreBenchConfig { programs: &programs, runs, memory_mib: memory, dir: &dir };
+    let result = ::bench::restore::restore(&config);
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = result?;
+    let s = &result.snapshot;
+    println!(
+        "a probe cell (virtio-iommu, the AQC100 model's Thunderbolt slot), {memory} MiB, {runs} runs each, interleaved"
+    );
+    println!("snapshot: written in {:.1} ms, {} KiB of RAM with data", s.ms, s.ram_data_bytes / 1024);
+    println!("{:<28} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9}", "ms from spawn", "n", "min", "p10", "median", "p90", "max");
+    let series = |samples: &[::bench::restore::RestoreSample], pick: fn(&::bench::restore::RestoreSample) -> f64| {
+        Summary::of(&samples.iter().map(pick).collect::<Vec<_>>())
+    };
+    row("cold: running", series(&result.cold, |s| s.running_ms));
+    row("cold: ready cell", series(&result.cold, |s| s.ready_ms));
+    row("cold: VMM setup_ms", series(&result.cold, |s| s.setup_ms));
+    row("restored: running", series(&result.restored, |s| s.running_ms));
+    row("restored: ready cell", series(&result.restored, |s| s.ready_ms));
+    row("restored: VMM setup_ms", series(&result.restored, |s| s.setup_ms));
+    let (Some(cold), Some(restored)) = (series(&result.cold, |s| s.ready_ms), series(&result.restored, |s| s.ready_ms))
+    else {
+        anyhow::bail!("no runs");
+    };
+    println!(
+        "restore: ready cell {:.1} ms restored, {:.1} ms cold ({:.2}x)",
+        restored.median,
+        cold.median,
+        cold.median / restored.median
+    );
     Ok(0)
 }
 

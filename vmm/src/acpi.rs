@@ -20,7 +20,7 @@ use zerocopy::{Immutable, IntoBytes};
 
 use crate::layout::{
     ACPI_RSDP_ADDR, ACPI_TABLES_ADDR, ACPI_TABLES_END, IOAPIC_ADDR, LAPIC_ADDR, PCI_ECAM_BASE, PCI_LAST_BUS,
-    PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE,
+    PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE, VMGENID_ADDR,
 };
 
 const OEM_ID: [u8; 6] = *b"DRVLAB";
@@ -55,6 +55,8 @@ pub struct AcpiPlatform {
     pub com2: bool,
     /// The GSI on which the Generic Event Device signals the power button.
     pub power_button_gsi: u32,
+    /// The GSI on which it signals a new VM generation ID (a restored VM).
+    pub generation_gsi: u32,
     /// The root ports on bus 0, each with a node of its own under the host bridge.
     pub root_ports: Vec<RootPortNode>,
 }
@@ -244,22 +246,7 @@ fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
     let com2_crs = aml::Name::new("_CRS".into(), &com2_res);
     let com2 = aml::Device::new("COM2".into(), vec![&uart_hid, &com2_uid, &com2_crs]);
 
-    // The power button: a control-method button (FADT PWR_BUTTON) notified by a Generic Event
-    // Device whose edge interrupt the VMM raises; _EVT has one event to tell, the button.
-    let pwrb_hid = aml::EISAName::new("PNP0C0C");
-    let pwrb_hid = aml::Name::new("_HID".into(), &pwrb_hid);
-    let pwrb_uid = aml::Name::new("_UID".into(), &aml::ZERO);
-    let pwrb = aml::Device::new("PWRB".into(), vec![&pwrb_hid, &pwrb_uid]);
-    let ged_hid = aml::Name::new("_HID".into(), &"ACPI0013");
-    let ged_uid = aml::Name::new("_UID".into(), &aml::ZERO);
-    let ged_irq = aml::Interrupt::new(true, true, false, false, platform.power_button_gsi);
-    let ged_res = aml::ResourceTemplate::new(vec![&ged_irq]);
-    let ged_crs = aml::Name::new("_CRS".into(), &ged_res);
-    let pwrb_path = aml::Path::new("\\_SB_.PWRB");
-    let button_pressed = aml::Byte::from(0x80u8);
-    let notify = aml::Notify::new(&pwrb_path, &button_pressed);
-    let evt = aml::Method::new("_EVT".into(), 1, true, vec![&notify]);
-    let ged = aml::Device::new("GED0".into(), vec![&ged_hid, &ged_uid, &ged_crs, &evt]);
+    let events = RawAml(event_devices(platform));
 
     let pvpanic_hid = aml::Name::new("_HID".into(), &"QEMU0001");
     let pvpanic_io = aml::IO::new(PVPANIC_PORT as u16, PVPANIC_PORT as u16, 1, 1);
@@ -281,7 +268,7 @@ fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
     if platform.com2 {
         devices.push(&com2);
     }
-    devices.extend([&pvpanic as &dyn Aml, &pwrb, &ged]);
+    devices.extend([&pvpanic as &dyn Aml, &events]);
     let sb = aml::Scope::new("_SB_".into(), devices);
     let s5_type = aml::Byte::from(SLP_TYP_S5);
     let s5_package = aml::Package::new(vec![&s5_type, &s5_type]);
@@ -293,6 +280,57 @@ fn dsdt(platform: &AcpiPlatform) -> Vec<u8> {
     let mut sdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     sdt.append_slice(&body);
     sdt.as_slice().to_vec()
+}
+
+/// The power button, the VM generation ID and the Generic Event Device that notifies them.
+///
+/// The power button is a control-method button (FADT PWR_BUTTON). The generation ID (`VGEN`) is
+/// Microsoft's VM Generation ID device as Linux's vmgenid driver matches it (`VMGENCTR`,
+/// drivers/virt/vmgenid.c): `ADDR` gives the guest-physical address of its 16 bytes, which the
+/// VMM changes when a VM is restored from a snapshot; the notify that follows makes Linux read
+/// them and reseed its random number generator (`add_vmfork_randomness()`), so that restored
+/// copies of one snapshot do not share their randomness. The GED's interrupts are edges the
+/// VMM raises; Linux calls `_EVT` with the GSI (drivers/acpi/evged.c), which tells the two
+/// apart. The power button's interrupt comes first (the probe guest takes the first one).
+fn event_devices(platform: &AcpiPlatform) -> Vec<u8> {
+    let pwrb_hid = aml::EISAName::new("PNP0C0C");
+    let pwrb_hid = aml::Name::new("_HID".into(), &pwrb_hid);
+    let pwrb_uid = aml::Name::new("_UID".into(), &aml::ZERO);
+    let pwrb = aml::Device::new("PWRB".into(), vec![&pwrb_hid, &pwrb_uid]);
+
+    let vgen_hid = aml::Name::new("_HID".into(), &"VMGENCTR");
+    let vgen_cid = aml::Name::new("_CID".into(), &"VM_GEN_COUNTER");
+    let vgen_ddn = aml::Name::new("_DDN".into(), &"VM_Gen_Counter");
+    let (low, high) = (aml::DWord::from(VMGENID_ADDR as u32), aml::DWord::from((VMGENID_ADDR >> 32) as u32));
+    let addr_package = aml::Package::new(vec![&low, &high]);
+    let addr = aml::Name::new("ADDR".into(), &addr_package);
+    let vgen = aml::Device::new("VGEN".into(), vec![&vgen_hid, &vgen_cid, &vgen_ddn, &addr]);
+
+    let ged_hid = aml::Name::new("_HID".into(), &"ACPI0013");
+    let ged_uid = aml::Name::new("_UID".into(), &aml::ZERO);
+    let button_irq = aml::Interrupt::new(true, true, false, false, platform.power_button_gsi);
+    let vgen_irq = aml::Interrupt::new(true, true, false, false, platform.generation_gsi);
+    let ged_res = aml::ResourceTemplate::new(vec![&button_irq, &vgen_irq]);
+    let ged_crs = aml::Name::new("_CRS".into(), &ged_res);
+    let pwrb_path = aml::Path::new("\\_SB_.PWRB");
+    let vgen_path = aml::Path::new("\\_SB_.VGEN");
+    let (button_gsi, vgen_gsi) =
+        (aml::DWord::from(platform.power_button_gsi), aml::DWord::from(platform.generation_gsi));
+    let notify_code = aml::Byte::from(0x80u8);
+    let press = aml::Notify::new(&pwrb_path, &notify_code);
+    let changed = aml::Notify::new(&vgen_path, &notify_code);
+    let is_button = aml::Equal::new(&aml::Arg(0), &button_gsi);
+    let is_vgen = aml::Equal::new(&aml::Arg(0), &vgen_gsi);
+    let if_button = aml::If::new(&is_button, vec![&press]);
+    let if_vgen = aml::If::new(&is_vgen, vec![&changed]);
+    let evt = aml::Method::new("_EVT".into(), 1, true, vec![&if_button, &if_vgen]);
+    let ged = aml::Device::new("GED0".into(), vec![&ged_hid, &ged_uid, &ged_crs, &evt]);
+
+    let mut out = Vec::new();
+    for device in [&pwrb as &dyn Aml, &vgen, &ged] {
+        device.to_aml_bytes(&mut out);
+    }
+    out
 }
 
 fn fadt(dsdt_addr: u64) -> Vec<u8> {
@@ -404,6 +442,7 @@ mod tests {
                 .then(|| ViotTopology { iommu: 0x08, endpoints: vec![(0x00, 0x07), (0x10, 0xff), (0x100, 0x1ff)] }),
             com2: viommu,
             power_button_gsi: 20,
+            generation_gsi: 21,
             root_ports: vec![RootPortNode { device: 2, external_facing: true }],
         }
     }
@@ -487,6 +526,13 @@ mod tests {
                     "\"ExternalFacingPort\"",
                     "0x0000,             // Range Minimum",
                     "0x001F,             // Range Maximum",
+                    "Device (VGEN)",
+                    "Name (_HID, \"VMGENCTR\")",
+                    "0x000FF000",
+                    "If ((Arg0 == 0x14))",
+                    "Notify (\\_SB.PWRB, 0x80)",
+                    "If ((Arg0 == 0x15))",
+                    "Notify (\\_SB.VGEN, 0x80)",
                 ] {
                     assert!(dsl.contains(expected), "{expected:?} not in:\n{dsl}");
                 }

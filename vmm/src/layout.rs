@@ -9,6 +9,7 @@
 //! 0x0000_7000  zero page (boot_params)    4 GiB        RAM above the hole
 //! 0x0000_8ff0  boot stack top            0xc000_0000  PCI 32-bit MMIO window (512 MiB)
 //! 0x000e_0000  ACPI RSDP, then tables     0xe000_0000  PCI ECAM, buses 0-31 (32 MiB)
+//! 0x000f_f000  VM generation ID (16 bytes)
 //!                                         0xfec0_0000  IOAPIC, 0xfee0_0000 LAPIC
 //! ```
 //!
@@ -49,7 +50,9 @@ pub const ACPI_RSDP_ADDR: u64 = 0xe_0000;
 /// ACPI tables follow the RSDP.
 pub const ACPI_TABLES_ADDR: u64 = 0xe_0040;
 /// End of the space for ACPI tables.
-pub const ACPI_TABLES_END: u64 = HIGH_MEMORY_START;
+pub const ACPI_TABLES_END: u64 = VMGENID_ADDR;
+/// The VM generation ID's 16 bytes (ACPI `VGEN`), in the reserved BIOS area below 1 MiB.
+pub const VMGENID_ADDR: u64 = 0xf_f000;
 /// PCI 32-bit memory window for BARs.
 pub const PCI_MMIO32_START: u64 = MMIO_HOLE_START;
 /// Its size.

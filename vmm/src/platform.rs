@@ -55,6 +55,8 @@ pub const PORT_WINDOW: u64 = 16 << 20;
 /// The GSI of the ACPI power button (a Generic Event Device interrupt, edge, active high): an
 /// IOAPIC-only pin, so a guest that never programmed the 8259 PIC gets no stray vector.
 pub const POWER_BUTTON_GSI: u32 = 20;
+/// The GSI on which the Generic Event Device announces a new VM generation ID (after a restore).
+pub const GENERATION_GSI: u32 = 21;
 
 /// How the platform is put together.
 pub struct PlatformConfig {
@@ -100,6 +102,8 @@ pub struct Platform {
     pub com2: Option<(Arc<Mutex<SerialPort>>, Arc<SerialStats>)>,
     /// Signalled to press the ACPI power button.
     pub power_button: EventFd,
+    /// Signalled to tell the guest its VM generation ID changed.
+    pub generation_changed: EventFd,
     /// The CMOS clock.
     pub rtc: Arc<Mutex<CmosRtc>>,
     /// The PCI root complex.
@@ -175,6 +179,7 @@ struct Legacy {
     serial_stats: Arc<SerialStats>,
     com2: Option<(Arc<Mutex<SerialPort>>, Arc<SerialStats>)>,
     power_button: EventFd,
+    generation_changed: EventFd,
     rtc: Arc<Mutex<CmosRtc>>,
 }
 
@@ -228,13 +233,27 @@ pub fn build(
         viommu: viot,
         com2: legacy.com2.is_some(),
         power_button_gsi: POWER_BUTTON_GSI,
+        generation_gsi: GENERATION_GSI,
         root_ports,
     };
     if let Some(saved) = saved {
         lock(&pci).restore_state(&saved.pci).map_err(SnapshotError::Pci)?;
     }
-    let Legacy { serial, serial_stats, com2, power_button, rtc } = legacy;
-    Ok(Platform { io_bus, mmio_bus, serial, serial_stats, com2, power_button, rtc, pci, iommu, acpi, passthrough })
+    let Legacy { serial, serial_stats, com2, power_button, generation_changed, rtc } = legacy;
+    Ok(Platform {
+        io_bus,
+        mmio_bus,
+        serial,
+        serial_stats,
+        com2,
+        power_button,
+        generation_changed,
+        rtc,
+        pci,
+        iommu,
+        acpi,
+        passthrough,
+    })
 }
 
 /// Where the serial ports' output goes.
@@ -276,6 +295,7 @@ fn legacy_devices(
         None => None,
     };
     let power_button = irq_line(POWER_BUTTON_GSI, "KVM_IRQFD (power button)")?;
+    let generation_changed = irq_line(GENERATION_GSI, "KVM_IRQFD (VM generation ID)")?;
     io_bus.insert(ACPI_PM_BASE, ACPI_PM_LEN, Arc::new(Mutex::new(AcpiPower::new(events.clone()))))?;
     io_bus.insert(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042::new(events.clone()))))?;
     io_bus.insert(PVPANIC_PORT, 1, Arc::new(Mutex::new(PvPanic::new(events))))?;
@@ -287,7 +307,7 @@ fn legacy_devices(
     };
     let rtc = Arc::new(Mutex::new(rtc));
     io_bus.insert(RTC_BASE, RTC_LEN, rtc.clone())?;
-    Ok(Legacy { serial, serial_stats, com2, power_button, rtc })
+    Ok(Legacy { serial, serial_stats, com2, power_button, generation_changed, rtc })
 }
 
 /// The virtio-iommu on bus 0, in front of every function but itself: the host bridge, the

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use kvm_bindings::{KVM_MAX_CPUID_ENTRIES, kvm_userspace_memory_region};
 use kvm_ioctls::{Kvm, VmFd};
-use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryRegion};
 
 use vm_device::guest_event::GuestEventSink;
 use vm_spec::confinement::Confinement;
@@ -73,6 +73,11 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     process.confine();
     clock.lap(|p| &mut p.jail_ms);
     let running = process.start(vcpus, &platform, &shared)?;
+    if restored.is_some()
+        && let Err(e) = platform.generation_changed.write(1)
+    {
+        tracing::warn!("telling the guest its generation ID changed: {e}");
+    }
     let setup_ms = ms(running.started - clock.start);
     let mut reason = running.wait(spec, &platform);
     let stopped = Instant::now();
@@ -211,6 +216,8 @@ fn load<'a>(spec: &VmSpec, options: &'a RunOptions, clock: &mut SetupClock) -> R
             let started = Instant::now();
             let ram = GuestRam::new(ram_layout(spec))?;
             crate::snapshot::vm_snapshot::load_ram(&restore.dir, &restore.snapshot.ram, &ram.file)?;
+            // A copy of the snapshot is a new generation of the VM: the guest is told once it runs.
+            new_generation(&ram)?;
             clock.lap(|p| &mut p.load_ms);
             Ok((ram, Guest::Restored { restore, started }))
         }
@@ -373,6 +380,15 @@ impl Running {
     }
 }
 
+/// Writes a fresh VM generation ID (16 random bytes from the host) where ACPI's `VGEN` says it is.
+fn new_generation(ram: &GuestRam) -> Result<(), Error> {
+    let mut id = [0u8; 16];
+    rustix::rand::getrandom(&mut id, rustix::rand::GetRandomFlags::empty()).map_err(std::io::Error::from)?;
+    ram.memory
+        .write_slice(&id, vm_memory::GuestAddress(crate::layout::VMGENID_ADDR))
+        .map_err(|e| Error::GuestMemory(e.to_string()))
+}
+
 /// Where guest RAM goes: below 4 GiB, or (for a VM with a Thunderbolt slot, whose guest must
 /// bounce DMA) mostly above it.
 fn ram_layout(spec: &VmSpec) -> RamLayout {
@@ -396,6 +412,7 @@ fn load_guest(spec: &VmSpec, kernel: boot::KernelSource<'static>) -> Result<(Gue
     };
     let entry = boot::load(&request, &ram.memory, &ram.layout, &e820)?;
     boot_cpu::write_tables(&ram.memory, &entry).map_err(|e| Error::GuestMemory(e.to_string()))?;
+    new_generation(&ram)?;
     Ok((ram, entry))
 }
 

@@ -43,6 +43,9 @@ pub const MAX_PAYLOAD: usize = 64 << 20;
 pub enum FrameKind {
     /// The agent started: its version and command line.
     Hello,
+    /// The guest is up with its NIC's slot still empty (`driverlab.snapshot=1`): the lab
+    /// snapshots it here; a restored copy goes on once its NIC is plugged.
+    Ready,
     /// A step's result.
     Step,
     /// The workload starts: the lab reads the counters now.

@@ -2,10 +2,12 @@
 //! while the VM runs by a watchdog thread (live counters, the guest's silence, the agent's
 //! frames), and its exit or error line at the end.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use vm_spec::VmSpec;
 use vm_spec::control::{LiveCounters, ShutdownRequest};
 use vm_spec::counters::{IommuCounts, ModelCounters};
 
@@ -17,7 +19,8 @@ use crate::vm_control::ControlClient;
 use crate::vm_process::{VmOutcome, VmProcess};
 use crate::window::AgentFrames;
 use crate::{
-    BootRequest, Booted, CounterSource, Ending, Engine, HostCpuSource, KILL_GRACE, WATCH_PERIOD, Watch, Window, ms,
+    BootRequest, Booted, CounterSource, Ending, Engine, HostCpuSource, KILL_GRACE, Start, WATCH_PERIOD, Watch, Window,
+    ms,
 };
 
 /// VMM processes of one program (`driverlab-vmm`, or `driverlab vm run`).
@@ -48,22 +51,26 @@ impl Engine for DriverlabEngine {
 impl DriverlabEngine {
     /// Runs the request's VM with its control socket at `socket`.
     fn run(&self, request: BootRequest<'_>, socket: &Path) -> Booted {
-        let BootRequest { spec, watch, model, counters, .. } = request;
+        let BootRequest { spec, watch, model, counters, start, .. } = request;
         // The agent's log, watched for its frames from before the VMM opens it.
         let (agent_watch, waker) = match FileWatch::new(watch.agent_log.as_deref()) {
             Ok(watched) => watched,
             Err(e) => return Booted::failed(Ending::Refused(format!("watching the guest agent's log: {e}"))),
         };
         // Devices whose slot starts empty are plugged once the guest is up, as a user plugs the
-        // cable into a booted machine.
-        let to_plug: Vec<String> = spec.devices.iter().filter(|d| !d.plugged).map(|d| d.backend.to_string()).collect();
+        // cable into a booted machine (at once into a restored guest, which is up; never into
+        // one that is to be snapshotted).
+        let to_plug: Vec<String> = match start {
+            Start::Snapshot { .. } => Vec::new(),
+            _ => spec.devices.iter().filter(|d| !d.plugged).map(|d| d.backend.to_string()).collect(),
+        };
         let spawned = Instant::now();
-        let vm = match VmProcess::new(&self.vmm, spec, KILL_GRACE).with_control(socket).start() {
+        let vm = match self.process(spec, start).with_control(socket).start() {
             Ok(vm) => vm,
             Err(e) => return Booted::failed(Ending::Refused(e.to_string())),
         };
         let host_cpu = HostCpuSource { engine: vm.pid(), model: model.as_ref().map(ModelProcess::pid) };
-        let watched_vm = WatchedVm { socket, spawned, source: counters.clone(), to_plug, host_cpu };
+        let watched_vm = WatchedVm { socket, spawned, source: counters.clone(), to_plug, host_cpu, start };
         let watchdog = Watchdog::start(watched_vm, watch, agent_watch, waker);
         let outcome = vm.wait();
         let watched = watchdog.stop();
@@ -91,6 +98,45 @@ impl DriverlabEngine {
             vmm_stderr: outcome.stderr,
         }
     }
+}
+
+impl DriverlabEngine {
+    /// The VMM process for `spec`, started as `start` says.
+    fn process(&self, spec: VmSpec, start: Start<'_>) -> VmProcess {
+        match start {
+            Start::Boot => VmProcess::new(&self.vmm, spec, KILL_GRACE),
+            Start::Snapshot { dir } => {
+                VmProcess::new(&self.vmm, spec, KILL_GRACE).with_flags(["--snapshot-to".as_ref(), dir.as_os_str()])
+            }
+            Start::Restore { dir } => {
+                let deadline = spec.timeout_s.map_or(Duration::ZERO, Duration::from_secs_f64) + KILL_GRACE;
+                VmProcess::with_args(&self.vmm, restore_flags(&spec, dir), deadline)
+            }
+        }
+    }
+}
+
+/// `vm run`'s flags that restore the snapshot in `dir` as the VM `spec` would be: its devices
+/// (new backends in the snapshot's slots), serial ports and timeout.
+fn restore_flags(spec: &VmSpec, dir: &Path) -> Vec<OsString> {
+    let mut flags: Vec<OsString> = vec!["--restore".into(), dir.into()];
+    for device in &spec.devices {
+        flags.extend(["--device".into(), device.to_string().into()]);
+    }
+    flags.extend(["--serial".into(), spec.serial.com1.to_string().into()]);
+    if let Some(com2) = &spec.serial.com2 {
+        flags.extend(["--com2".into(), com2.to_string().into()]);
+    }
+    if let Some(timeout) = spec.timeout_s {
+        flags.extend(["--timeout".into(), timeout.to_string().into()]);
+    }
+    if !spec.seccomp {
+        flags.push("--no-seccomp".into());
+    }
+    if !spec.jail {
+        flags.push("--no-jail".into());
+    }
+    flags
 }
 
 /// How the VMM process ended, from its last line (or its absence).
@@ -178,11 +224,13 @@ struct WatchedVm<'a> {
     to_plug: Vec<String>,
     /// Its processes, for the host's CPU time.
     host_cpu: HostCpuSource,
+    /// How its guest started.
+    start: Start<'a>,
 }
 
 impl Watchdog {
     fn start(vm: WatchedVm<'_>, watch: Watch, agent_watch: FileWatch, waker: Waker) -> Watchdog {
-        let WatchedVm { socket, spawned, source, to_plug, host_cpu } = vm;
+        let WatchedVm { socket, spawned, source, to_plug, host_cpu, start } = vm;
         let client = ControlClient::new(socket, Duration::from_secs(2));
         let mut watching = Watching {
             client,
@@ -197,6 +245,7 @@ impl Watchdog {
             plugged: Vec::new(),
             to_plug,
             host_cpu,
+            snapshot: SnapshotStep::from(start),
         };
         let thread = std::thread::spawn(move || {
             let mut looked = Instant::now();
@@ -245,6 +294,31 @@ struct Watching {
     plugged: Vec<String>,
     /// The VM's processes, for the window's host CPU time.
     host_cpu: HostCpuSource,
+    /// Where the VM is in a snapshot's life.
+    snapshot: SnapshotStep,
+}
+
+/// A VM's part in a snapshot's life, as the watchdog acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SnapshotStep {
+    /// A booted VM, no snapshot: its devices are plugged at the agent's first frame.
+    None,
+    /// To be snapshotted at the agent's `ready` frame; not asked yet.
+    Take,
+    /// Asked to stop into its snapshot.
+    Asked,
+    /// Restored: its devices are plugged as soon as it runs.
+    Restored,
+}
+
+impl From<Start<'_>> for SnapshotStep {
+    fn from(start: Start<'_>) -> SnapshotStep {
+        match start {
+            Start::Boot => SnapshotStep::None,
+            Start::Snapshot { .. } => SnapshotStep::Take,
+            Start::Restore { .. } => SnapshotStep::Restored,
+        }
+    }
 }
 
 impl Watching {
@@ -255,6 +329,7 @@ impl Watching {
             return;
         }
         self.before_the_workload(&kinds);
+        self.snapshot_when_ready(&kinds);
         let (client, source, host_cpu) = (&self.client, self.source.as_ref(), self.host_cpu);
         self.watched.window.saw(
             &kinds,
@@ -267,10 +342,28 @@ impl Watching {
         self.pull_when_due();
     }
 
-    /// At the agent's first frame (the kernel and its agent are up): plugs the devices whose
-    /// slots started empty, noting when.
+    /// At the agent's `ready` frame, in a VM that is to be snapshotted: asks the VMM to stop
+    /// into its snapshot (once).
+    fn snapshot_when_ready(&mut self, kinds: &[FrameKind]) {
+        if self.snapshot != SnapshotStep::Take || !kinds.contains(&FrameKind::Ready) {
+            return;
+        }
+        self.snapshot = SnapshotStep::Asked;
+        if let Err(e) = self.client.snapshot() {
+            tracing::warn!("asking for the snapshot: {e}");
+            self.watched.plug_error = Some(format!("the snapshot was refused: {e}"));
+            let _ = self.client.shutdown(ShutdownRequest { grace_s: Some(0.0) });
+        }
+    }
+
+    /// At the agent's first frame (the kernel and its agent are up), or as soon as a restored
+    /// VM runs: plugs the devices whose slots started empty, noting when.
     fn plug_when_up(&mut self) {
-        if self.to_plug.is_empty() || self.watched.window.first_frame_ms.is_none() {
+        let up = match self.snapshot {
+            SnapshotStep::Restored => self.watched.answered_ms.is_some(),
+            _ => self.watched.window.first_frame_ms.is_some(),
+        };
+        if self.to_plug.is_empty() || !up {
             return;
         }
         for device in std::mem::take(&mut self.to_plug) {
@@ -332,6 +425,7 @@ impl Watching {
         }
         let kinds = self.frames.fresh(self.watch.agent_log.as_deref());
         self.before_the_workload(&kinds);
+        self.snapshot_when_ready(&kinds);
         // The virtio-iommu's counts as read now, once more when the model is read first.
         let fresh = std::cell::RefCell::new(None::<LiveCounters>);
         let (client, source, host_cpu) = (&self.client, self.source.as_ref(), self.host_cpu);

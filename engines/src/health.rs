@@ -99,6 +99,7 @@ pub fn check_nic(engine: &dyn Engine, dir: &Path, device: &DeviceSpec, frames: u
         dir,
         bzimage: None,
         accel: Default::default(),
+        start: crate::Start::Boot,
     });
     let report = ProbeReport::parse(&std::fs::read_to_string(&serial).unwrap_or_default());
     let nic = report.section("nic");

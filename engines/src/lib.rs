@@ -174,6 +174,29 @@ pub struct BootRequest<'a> {
     pub bzimage: Option<&'a Path>,
     /// How QEMU runs guest code (its engine only).
     pub accel: crate::qemu::Accel,
+    /// How the guest starts: booted, booted into a snapshot, or restored from one (the
+    /// driverlab engine only).
+    pub start: Start<'a>,
+}
+
+/// How a VM's guest starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Start<'a> {
+    /// Its kernel boots.
+    #[default]
+    Boot,
+    /// Its kernel boots up to the guest agent's `ready` frame (the guest up, the NIC's slot
+    /// still empty), and the VM stops into a snapshot in `dir` (which must not exist yet).
+    Snapshot {
+        /// The snapshot's folder.
+        dir: &'a Path,
+    },
+    /// It starts from the snapshot in `dir`; devices whose slots are empty are plugged as soon
+    /// as it runs (the guest agent waits for its NIC at the snapshot's point).
+    Restore {
+        /// The snapshot's folder.
+        dir: &'a Path,
+    },
 }
 
 /// What runs a VM: boots the request's VM and watches it to its end.

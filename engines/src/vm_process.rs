@@ -37,6 +37,8 @@ pub struct VmProcess {
     pub launch: Launch,
     /// A control socket for the VMM to serve (`--control`).
     pub control: Option<PathBuf>,
+    /// More flags after the spec's or the launch's (`--snapshot-to DIR`).
+    pub more_flags: Vec<OsString>,
     /// Kill the process if it runs longer than this (a backstop to the spec's own timeout).
     pub deadline: Duration,
 }
@@ -86,7 +88,13 @@ impl VmProcess {
     /// spec has none).
     pub fn new(program: &Program, spec: VmSpec, grace: Duration) -> Self {
         let deadline = spec.timeout_s.map_or(Duration::ZERO, Duration::from_secs_f64) + grace;
-        VmProcess { program: program.clone(), launch: Launch::Spec(spec), control: None, deadline }
+        VmProcess {
+            program: program.clone(),
+            launch: Launch::Spec(spec),
+            control: None,
+            more_flags: Vec::new(),
+            deadline,
+        }
     }
 
     /// A VMM process with the command-line flags `args`, killed after `deadline`.
@@ -96,12 +104,24 @@ impl VmProcess {
         deadline: Duration,
     ) -> Self {
         let args = args.into_iter().map(Into::into).collect();
-        VmProcess { program: program.clone(), launch: Launch::Args(args), control: None, deadline }
+        VmProcess {
+            program: program.clone(),
+            launch: Launch::Args(args),
+            control: None,
+            more_flags: Vec::new(),
+            deadline,
+        }
     }
 
     /// The same, serving a control socket at `path`.
     pub fn with_control(mut self, path: impl AsRef<Path>) -> Self {
         self.control = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// The same, with more flags.
+    pub fn with_flags(mut self, flags: impl IntoIterator<Item = impl Into<OsString>>) -> Self {
+        self.more_flags.extend(flags.into_iter().map(Into::into));
         self
     }
 
@@ -120,6 +140,7 @@ impl VmProcess {
         if let Some(control) = &self.control {
             command.arg("--control").arg(control);
         }
+        command.args(&self.more_flags);
         let stdin = if matches!(self.launch, Launch::Spec(_)) { Stdio::piped() } else { Stdio::null() };
         die_with_parent(&mut command);
         let mut child = command

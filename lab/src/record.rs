@@ -69,6 +69,17 @@ impl rusqlite::types::FromSql for Status {
     }
 }
 
+/// How a repetition's guest started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema, strum::Display)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum BootKind {
+    /// Its kernel booted.
+    Booted,
+    /// It was restored from a snapshot of its cell's booted guest (`boot = "snapshot"`).
+    Restored,
+}
+
 /// The default domain type of an IOMMU group, as Linux's sysfs `type` names it
 /// (`iommu_group_show_type()` in drivers/iommu/iommu.c).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -277,6 +288,10 @@ pub struct Record {
     pub serial_log: Option<String>,
     /// A crash seen in the serial log.
     pub crash: Option<Crash>,
+    /// How the guest started: booted, or restored from its cell's snapshot. Absent from records
+    /// of older versions (which all booted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<BootKind>,
     /// Earlier attempts of this repetition that the host spoiled (its virtualization lost the
     /// VM's state): each was run again, and this record is the attempt that counts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -327,6 +342,7 @@ impl Record {
             interrupts: None,
             exit: None,
             error: None,
+            boot: None,
             serial_log: None,
             crash: None,
             retried: Vec::new(),

@@ -256,6 +256,9 @@ fn with_retries(
         retried.push(Attempt { reason, artifacts: set_aside(retried.len() + 1) });
         record = attempt();
     }
+    // Host faults first, then whatever the attempt that counts retried itself (a restored
+    // attempt run again booted).
+    retried.append(&mut record.retried);
     record.retried = retried;
     record
 }

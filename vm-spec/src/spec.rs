@@ -362,9 +362,39 @@ impl FromStr for SerialOutput {
     }
 }
 
+impl std::fmt::Display for SerialOutput {
+    /// The command-line form, which parses back into the same output (a file whose path is
+    /// `stdout`, `discard` or starts with `unix:` is written with a `./` in front).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SerialOutput::Stdout => f.write_str("stdout"),
+            SerialOutput::Discard => f.write_str("discard"),
+            SerialOutput::Unix(path) => write!(f, "unix:{}", path.display()),
+            SerialOutput::File(path) => {
+                let text = path.display().to_string();
+                let ambiguous = matches!(text.as_str(), "stdout" | "discard") || text.starts_with("unix:");
+                if ambiguous { write!(f, "./{text}") } else { f.write_str(&text) }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serial_outputs_print_as_they_parse() {
+        for text in ["stdout", "discard", "unix:/run/a.sock", "/tmp/com1.log", "./stdout", "./unix:x"] {
+            let output: SerialOutput = text.parse().unwrap();
+            assert_eq!(output.to_string(), text);
+            assert_eq!(output.to_string().parse::<SerialOutput>().unwrap(), output);
+        }
+        assert_eq!(
+            SerialOutput::File("stdout".into()).to_string().parse::<SerialOutput>().unwrap(),
+            SerialOutput::File("./stdout".into())
+        );
+    }
 
     #[test]
     fn defaults_fill_everything_but_the_kernel() {

@@ -42,6 +42,11 @@ struct Prepared {
 
 impl Engine for QemuEngine {
     fn boot(&self, request: BootRequest<'_>) -> Booted {
+        if request.start != crate::Start::Boot {
+            return Booted::failed(Ending::Refused(
+                "the QEMU engine boots its guests; only driverlab's snapshots them".into(),
+            ));
+        }
         let prepared = match self.prepare(&request) {
             Ok(prepared) => prepared,
             Err(why) => return Booted::failed(Ending::Refused(why)),

@@ -111,6 +111,11 @@ pub struct Matrix {
     /// Seconds the guest may stay silent on its serial ports before it counts as hung.
     #[serde(default = "default_silence")]
     pub silence_s: f64,
+    /// How Linux cells on driverlab's engine start: `cold` (every repetition boots) or
+    /// `snapshot` (the cell's guest is booted once up to its agent's ready point and
+    /// snapshotted; every repetition starts from the snapshot).
+    #[serde(default, skip_serializing_if = "BootMode::is_cold")]
+    pub boot: BootMode,
     /// The devices.
     #[serde(default, rename = "device")]
     pub devices: Vec<Spanned<Device>>,
@@ -151,6 +156,25 @@ impl Matrix {
     /// The matrix as TOML text, which parses into the same matrix.
     pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
         toml::to_string(self)
+    }
+}
+
+/// How a matrix's Linux cells start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BootMode {
+    /// Every repetition boots its kernel.
+    #[default]
+    Cold,
+    /// Repetitions start from a snapshot of the cell's guest, booted once up to its agent's
+    /// ready point with the NIC's slot empty (cells whose NIC sits in a Thunderbolt slot, on
+    /// driverlab's engine; others boot).
+    Snapshot,
+}
+
+impl BootMode {
+    fn is_cold(&self) -> bool {
+        *self == BootMode::Cold
     }
 }
 

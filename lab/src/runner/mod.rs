@@ -7,6 +7,7 @@ mod collect;
 mod device;
 mod judge;
 mod output;
+mod snapshot;
 mod spec;
 #[cfg(test)]
 mod tests;
@@ -18,8 +19,11 @@ use crate::env::LabEnv;
 use crate::failure::{CrashKind, Failure};
 use crate::images::RunPlan;
 use crate::matrix::{Cell, DeviceSource, Image, Workload};
-use crate::record::{Crash, Record};
-use engines::{BootRequest, Booted, Watch};
+use crate::record::{Attempt, BootKind, Crash, Record, Status};
+use device::StartedDevice;
+use engines::{BootRequest, Booted, Engine, Start, Watch};
+use snapshot::CellSnapshot;
+use vm_spec::VmSpec;
 
 /// What every repetition of a run shares.
 #[derive(Debug, Clone)]
@@ -41,8 +45,14 @@ impl RunContext {
 /// `CELL/repN.attempt{attempt}`, so that the next attempt starts afresh and the spoiled one stays
 /// readable; the new folder relative to the artifacts folder, if the move worked.
 pub fn set_attempt_aside(ctx: &RunContext, cell: &Cell, repetition: u32, attempt: usize) -> Option<String> {
+    set_aside(ctx, cell, repetition, &format!("attempt{attempt}"))
+}
+
+/// Moves the repetition's artifacts to `CELL/repN.{suffix}`; the new folder relative to the
+/// artifacts folder, if the move worked.
+fn set_aside(ctx: &RunContext, cell: &Cell, repetition: u32, suffix: &str) -> Option<String> {
     let from = ctx.rep_dir(cell, repetition);
-    let to = ctx.artifacts.join(&cell.id).join(format!("rep{repetition}.attempt{attempt}"));
+    let to = ctx.artifacts.join(&cell.id).join(format!("rep{repetition}.{suffix}"));
     match std::fs::rename(&from, &to) {
         Ok(()) => to.strip_prefix(&ctx.artifacts).ok().map(|p| p.display().to_string()),
         Err(e) => {
@@ -52,12 +62,27 @@ pub fn set_attempt_aside(ctx: &RunContext, cell: &Cell, repetition: u32, attempt
     }
 }
 
-/// Runs repetition `repetition` of `cell`.
+/// Runs repetition `repetition` of `cell`. A repetition restored from its cell's snapshot that
+/// does not pass is run again booted, once, which tells a snapshot's problem from the
+/// variant's: the booted run's record counts, the restored one is among its `retried`.
 pub fn run(env: &LabEnv, plan: &RunPlan, ctx: &RunContext, cell: &Cell, repetition: u32) -> Record {
     let start = Instant::now();
-    let mut record = Record::begun(&ctx.run, cell, repetition);
-    let verdict = Repetition::new(env, plan, ctx, cell, repetition).and_then(|rep| rep.run(&mut record));
-    let mut record = record.judged(verdict.err());
+    let attempt = |cold: bool| {
+        let mut record = Record::begun(&ctx.run, cell, repetition);
+        let verdict = Repetition::new(env, plan, ctx, cell, repetition, cold).and_then(|rep| rep.run(&mut record));
+        record.judged(verdict.err())
+    };
+    let mut record = attempt(false);
+    if record.boot == Some(BootKind::Restored) && record.status != Status::Pass {
+        let reason = format!(
+            "restored from its cell's snapshot, it ended {}: {}; run again booted",
+            record.status,
+            record.reason.clone().unwrap_or_default()
+        );
+        let artifacts = set_aside(ctx, cell, repetition, "restored");
+        record = attempt(true);
+        record.retried.push(Attempt { reason, artifacts });
+    }
     record.timings.total_ms = ms(start.elapsed());
     record
 }
@@ -71,6 +96,8 @@ struct Repetition<'a> {
     image: &'a Image,
     source: &'a DeviceSource,
     dir: PathBuf,
+    /// Boot, whatever the matrix says (the re-run of a restored repetition that failed).
+    cold: bool,
 }
 
 impl<'a> Repetition<'a> {
@@ -80,11 +107,12 @@ impl<'a> Repetition<'a> {
         ctx: &'a RunContext,
         cell: &'a Cell,
         repetition: u32,
+        cold: bool,
     ) -> Result<Repetition<'a>, Failure> {
         let (Some(image), Some(source)) = (plan.plan.image(&cell.image), plan.plan.source(&cell.device)) else {
             return Err(Failure::Setup { what: format!("cell {} names what its matrix lacks", cell.id) });
         };
-        Ok(Repetition { env, plan, ctx, cell, image, source, dir: ctx.rep_dir(cell, repetition) })
+        Ok(Repetition { env, plan, ctx, cell, image, source, dir: ctx.rep_dir(cell, repetition), cold })
     }
 
     /// Whether the image is a Linux kernel (with the guest agent) rather than the probe.
@@ -100,8 +128,13 @@ impl<'a> Repetition<'a> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| Failure::Setup { what: format!("artifacts folder {}: {e}", self.dir.display()) })?;
         let engine = self.env.engine(self.image.engine).map_err(|why| Failure::Setup { what: why.to_string() })?;
-        let device = self.start_device(record)?;
-        let spec = self.vm_spec(&device)?;
+        let (device, spec, snapshot) = self.device_and_start(engine, record)?;
+        let vm_dir = snapshot.as_deref().map(CellSnapshot::vm_dir);
+        let start = match &vm_dir {
+            Some(dir) => Start::Restore { dir },
+            None => Start::Boot,
+        };
+        record.boot = Some(if snapshot.is_some() { BootKind::Restored } else { BootKind::Booted });
         let files = self.plan.files(&self.image.name);
         let unplug = self
             .plan
@@ -122,8 +155,12 @@ impl<'a> Repetition<'a> {
             dir: &self.dir,
             bzimage: files.and_then(|f| f.bzimage.as_deref()),
             accel: self.image.accel,
+            start,
         });
         drop(device.peer);
+        if let Some(folder) = &snapshot {
+            self.prepend_snapshot_logs(folder);
+        }
         if !booted.vmm_stderr.is_empty() {
             let _ = std::fs::write(self.dir.join("vmm.log"), &booted.vmm_stderr);
         }
@@ -137,6 +174,47 @@ impl<'a> Repetition<'a> {
         mark_hang(record, &booted, verdict.as_ref().err());
         verdict
     }
+}
+
+impl Repetition<'_> {
+    /// The device, the VM's spec and the snapshot folder it starts from (`None`: it boots). A
+    /// snapshot the store lacks is taken first, with a device of its own (a model serves one
+    /// VM), and a fresh device is started for the repetition.
+    fn device_and_start(
+        &self,
+        engine: &dyn Engine,
+        record: &mut Record,
+    ) -> Result<(StartedDevice, VmSpec, Option<PathBuf>), Failure> {
+        let device = self.start_device(record)?;
+        let booted = self.vm_spec(&device)?;
+        if self.cold || !self.starts_from_snapshot(&booted) {
+            return Ok((device, booted, None));
+        }
+        let spec = snapshot_spec(booted.clone());
+        match self.cell_snapshot(&spec) {
+            CellSnapshot::Ready(folder) => Ok((device, spec, Some(folder))),
+            CellSnapshot::Failed(why) => {
+                tracing::info!("cell {}: boots; its snapshot could not be taken in this run: {why}", self.cell.id);
+                Ok((device, booted, None))
+            }
+            CellSnapshot::Missing(folder, key) => {
+                let taken = self.take_snapshot(engine, spec, device, (&folder, &key));
+                let device = self.start_device(record)?;
+                let booted = self.vm_spec(&device)?;
+                match taken {
+                    Ok(folder) => Ok((device, snapshot_spec(booted), Some(folder))),
+                    Err(_) => Ok((device, booted, None)),
+                }
+            }
+        }
+    }
+}
+
+/// A Linux cell's spec as its snapshot is taken and restored: its agent stops at its ready
+/// point (`driverlab.snapshot=1`).
+fn snapshot_spec(mut spec: VmSpec) -> VmSpec {
+    spec.cmdline.push_str(" driverlab.snapshot=1");
+    spec
 }
 
 /// A guest that failed by falling silent, with no crash in its log, shows as a hang among the

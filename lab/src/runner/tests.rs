@@ -419,6 +419,11 @@ struct ScriptState {
     cells: VecDeque<Boot>,
     health: VecDeque<Boot>,
     specs: Vec<VmSpec>,
+    /// How each cell's VM was asked to start: `boot`, `snapshot` or `restore`.
+    starts: Vec<&'static str>,
+    /// A VM to be snapshotted stops into its snapshot (its agent reached `ready`), or powers
+    /// off without one.
+    snapshots_fail: bool,
 }
 
 impl Scripted {
@@ -446,12 +451,97 @@ impl Engine for Scripted {
         let mut state = self.state.lock().unwrap();
         state.specs.push(request.spec.clone());
         let health = console.file_name().is_some_and(|n| n == "health.log");
+        match request.start {
+            engines::Start::Snapshot { dir } => {
+                state.starts.push("snapshot");
+                std::fs::write(console, "booted to the ready point\n").unwrap();
+                if state.snapshots_fail {
+                    return stopped(ExitReason::Poweroff, 0);
+                }
+                std::fs::create_dir(dir).unwrap();
+                std::fs::write(dir.join("state"), "a snapshot").unwrap();
+                if let Some(SerialOutput::File(agent)) = &request.spec.serial.com2 {
+                    std::fs::write(agent, encode(0, "ready", false, br#"{"slot":"empty"}"#)).unwrap();
+                }
+                return stopped(ExitReason::Snapshot, 0);
+            }
+            engines::Start::Restore { .. } => state.starts.push("restore"),
+            engines::Start::Boot if !health => state.starts.push("boot"),
+            engines::Start::Boot => {}
+        }
         let boot =
             if health { Some(state.health.pop_front().unwrap_or_else(healthy)) } else { state.cells.pop_front() };
         let Some(boot) = boot else { return Booted::failed(Ending::Refused("no boot scripted".into())) };
         std::fs::write(console, &boot.serial).unwrap();
         boot.booted
     }
+}
+
+/// A Linux matrix of `repetitions` whose NIC (a host device) waits in a Thunderbolt slot, its
+/// cells started from their snapshot; its kernel and initrd are files in `dir`.
+fn snapshot_plan(dir: &Path, repetitions: u32) -> RunPlan {
+    for file in ["vmlinux", "initrd"] {
+        std::fs::write(dir.join(file), file).unwrap();
+    }
+    let text = format!(
+        "name = \"s\"\nrepetitions = {repetitions}\nboot = \"snapshot\"\n[[device]]\nname = \"nic\"\n\
+         bdf = \"0000:63:00.0\"\nslot = \"thunderbolt\"\n[[image]]\nname = \"debian\"\nkernel = \"{0}/vmlinux\"\n\
+         initrd = \"{0}/initrd\"\n[[variant]]\nname = \"stock\"\nimage = \"debian\"\n[[workload]]\nname = \"rx\"\n\
+         kind = \"iperf3\"\nip = 4\nduration_s = 1\n",
+        dir.display()
+    );
+    let plan = Plan::parse(&dir.join("s.toml"), &text).unwrap();
+    RunPlan::prepare(plan, &guest_images::store::ImageStore::new(dir.join("images")), &|_| {}).unwrap()
+}
+
+#[test]
+fn a_cell_is_snapshotted_once_its_repetitions_restored_and_a_failed_restore_run_again_booted() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = snapshot_plan(dir.path(), 2);
+    // Each restored guest and each booted one ends without its agent's frames: a failure.
+    let ended = || Boot { serial: "restored guest's console\n".into(), booted: stopped(ExitReason::Poweroff, 0) };
+    let engine = Scripted::cells((0..4).map(|_| ended()));
+    let env = lab(dir.path(), &engine, false);
+    let ctx = RunContext { run: "r".into(), artifacts: dir.path().join("artifacts") };
+    let cell = &plan.plan.cells[0];
+    let first = run(&env, &plan, &ctx, cell, 0);
+    let second = run(&env, &plan, &ctx, cell, 1);
+    let starts = engine.state.lock().unwrap().starts.clone();
+    assert_eq!(starts, ["snapshot", "restore", "boot", "restore", "boot"], "one snapshot for the cell");
+    for record in [&first, &second] {
+        assert_eq!(record.boot, Some(BootKind::Booted), "the booted re-run counts");
+        assert_eq!(record.retried.len(), 1, "{:?}", record.retried);
+        assert!(record.retried[0].reason.starts_with("restored from its cell's snapshot, it ended FAIL"));
+    }
+    let specs = engine.specs();
+    assert!(specs[0].cmdline.ends_with(" driverlab.snapshot=1") && specs[1].cmdline == specs[0].cmdline);
+    assert!(!specs[2].cmdline.contains("driverlab.snapshot"), "the re-run boots as a cold cell does");
+    assert!(specs[0].devices.iter().all(|d| !d.plugged), "the snapshot's slot is empty");
+    // The restored attempt's console: the snapshot's guest's, then the restored one's.
+    let restored = std::fs::read_to_string(dir.path().join("artifacts/c01/rep0.restored/serial.log")).unwrap();
+    assert_eq!(restored, "booted to the ready point\nrestored guest's console\n");
+    assert_eq!(first.retried[0].artifacts.as_deref(), Some("c01/rep0.restored"));
+    let stored: Vec<_> = std::fs::read_dir(dir.path().join("images/.snapshots")).unwrap().flatten().collect();
+    assert_eq!(stored.len(), 1, "one snapshot in the store");
+    let key = std::fs::read_to_string(stored[0].path().join("key.json")).unwrap();
+    assert!(key.contains("driverlab.snapshot=1") && key.contains("slot=thunderbolt,plugged=false"), "{key}");
+}
+
+#[test]
+fn a_snapshot_that_cannot_be_taken_is_tried_once_and_the_cell_boots() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = snapshot_plan(dir.path(), 2);
+    let ended = || Boot { serial: "console\n".into(), booted: stopped(ExitReason::Poweroff, 0) };
+    let engine = Scripted::cells((0..2).map(|_| ended()));
+    engine.state.lock().unwrap().snapshots_fail = true;
+    let env = lab(dir.path(), &engine, false);
+    let ctx = RunContext { run: "r".into(), artifacts: dir.path().join("artifacts") };
+    let records: Vec<Record> = (0..2).map(|rep| run(&env, &plan, &ctx, &plan.plan.cells[0], rep)).collect();
+    assert_eq!(engine.state.lock().unwrap().starts, ["snapshot", "boot", "boot"]);
+    assert!(records.iter().all(|r| r.boot == Some(BootKind::Booted) && r.retried.is_empty()));
+    let notes: Vec<_> = std::fs::read_dir(dir.path().join("images/.snapshots")).unwrap().flatten().collect();
+    let note = std::fs::read_to_string(notes[0].path()).unwrap();
+    assert!(note.starts_with("r\nthe guest did not reach its ready point"), "{note}");
 }
 
 /// A VM that stopped for `reason`, its virtio-iommu having counted `maps`.

@@ -1,0 +1,235 @@
+//! Cells that start from a snapshot (`boot = "snapshot"`): the cell's guest is booted once up to
+//! its agent's `ready` frame (the kernel up, the virtio-iommu and the driver loaded, the NIC's
+//! Thunderbolt slot empty) and snapshotted into the image store; every repetition then starts
+//! from it, with a fresh device plugged into the restored guest's slot.
+//!
+//! A snapshot is kept per key: the driverlab version, the kernel and initrd files, the command
+//! line, memory, vCPUs, the IOMMU and the devices' slots; a snapshot whose `key.json` is not its
+//! key is not used. Its folder in the store (`.snapshots/KEY/`) holds the VMM's snapshot (`vm/`)
+//! and what the guest said before it (`console.log`, `agent.log`), which go in front of each
+//! restored repetition's own logs, so that its record reads as a booted one's. A snapshot that
+//! cannot be taken leaves a note (`KEY.failed`, naming the run) and the run's repetitions boot.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use engines::{BootRequest, Ending, Engine, Start, Watch};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use vm_spec::{ExitReason, IommuSpec, SerialOutput, VmSpec};
+
+use super::Repetition;
+use super::output::{AGENT_LOG, SERIAL_LOG};
+use crate::matrix::{BootMode, EngineKind};
+
+/// The snapshots' folder in the image store.
+const SNAPSHOTS: &str = ".snapshots";
+/// The VMM's snapshot in a snapshot's folder.
+const VM: &str = "vm";
+/// The key's file in a snapshot's folder.
+const KEY: &str = "key.json";
+
+/// A file as the key names it: its path, size and modification time (the image store's files
+/// are never changed in place).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct FileId {
+    path: PathBuf,
+    len: u64,
+    modified_ns: i128,
+}
+
+impl FileId {
+    fn of(path: &Path) -> Result<FileId, String> {
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let modified_ns = meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128;
+        Ok(FileId { path: path.to_path_buf(), len: meta.len(), modified_ns })
+    }
+}
+
+/// What a snapshot is a snapshot of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SnapshotKey {
+    driverlab: String,
+    kernel: Option<FileId>,
+    initrd: Option<FileId>,
+    cmdline: String,
+    memory_mib: u64,
+    vcpus: u32,
+    iommu: Option<IommuSpec>,
+    /// Each device's slot and whether it starts plugged (not its backend: each repetition has
+    /// its own).
+    slots: Vec<String>,
+}
+
+impl SnapshotKey {
+    fn of(spec: &VmSpec) -> Result<SnapshotKey, String> {
+        let kernel = match &spec.kernel {
+            vm_spec::Kernel::Path(path) => Some(FileId::of(path)?),
+            vm_spec::Kernel::Probe => None,
+        };
+        Ok(SnapshotKey {
+            driverlab: env!("CARGO_PKG_VERSION").into(),
+            kernel,
+            initrd: spec.initrd.as_deref().map(FileId::of).transpose()?,
+            cmdline: spec.cmdline.clone(),
+            memory_mib: spec.memory_mib,
+            vcpus: spec.vcpus,
+            iommu: spec.iommu,
+            slots: spec.devices.iter().map(|d| format!("slot={},plugged={}", d.slot, d.plugged)).collect(),
+        })
+    }
+
+    /// Its name in the store: a hash of it.
+    fn name(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        Sha256::digest(&json).iter().take(12).map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// A cell's snapshot, found in the store or to be taken.
+pub(super) enum CellSnapshot {
+    /// In the store: its folder.
+    Ready(PathBuf),
+    /// Not yet: where it goes, and its key.
+    Missing(PathBuf, String),
+    /// It could not be taken in this run: boot.
+    Failed(String),
+}
+
+impl CellSnapshot {
+    /// The VMM's snapshot in a ready snapshot's folder.
+    pub(super) fn vm_dir(folder: &Path) -> PathBuf {
+        folder.join(VM)
+    }
+}
+
+impl Repetition<'_> {
+    /// Whether this repetition starts from its cell's snapshot: a Linux cell on driverlab's
+    /// engine, in a matrix that asks for it, whose devices all wait in empty Thunderbolt slots
+    /// (a device on the root bus is in the guest from its start, and its state is the
+    /// hardware's).
+    pub(super) fn starts_from_snapshot(&self, spec: &VmSpec) -> bool {
+        self.plan.plan.matrix.boot == BootMode::Snapshot
+            && self.linux()
+            && self.image.engine == EngineKind::Driverlab
+            && !spec.devices.is_empty()
+            && spec.devices.iter().all(|d| !d.plugged)
+    }
+
+    /// The snapshot `spec`'s VM starts from, as the store has it.
+    pub(super) fn cell_snapshot(&self, spec: &VmSpec) -> CellSnapshot {
+        let key = match SnapshotKey::of(spec) {
+            Ok(key) => key,
+            Err(why) => return CellSnapshot::Failed(format!("its key: {why}")),
+        };
+        let store = self.env.images.root().join(SNAPSHOTS);
+        let folder = store.join(key.name());
+        let failed = store.join(format!("{}.failed", key.name()));
+        if let Ok(note) = std::fs::read_to_string(&failed)
+            && let Some((run, why)) = note.split_once('\n')
+            && run == self.ctx.run
+        {
+            return CellSnapshot::Failed(why.to_string());
+        }
+        let saved: Option<SnapshotKey> =
+            std::fs::read(folder.join(KEY)).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok());
+        match saved {
+            Some(saved) if saved == key => CellSnapshot::Ready(folder),
+            Some(_) => {
+                tracing::warn!("snapshot {}: its key is not its name's; taken again", folder.display());
+                let _ = std::fs::remove_dir_all(&folder);
+                CellSnapshot::Missing(folder, serde_json::to_string(&key).unwrap_or_default())
+            }
+            None => CellSnapshot::Missing(folder, serde_json::to_string(&key).unwrap_or_default()),
+        }
+    }
+
+    /// Boots `spec` (its device's backend started for it) up to the agent's ready point and
+    /// snapshots it into `folder`; the folder, or why not (noted for the rest of the run).
+    pub(super) fn take_snapshot(
+        &self,
+        engine: &dyn Engine,
+        spec: VmSpec,
+        device: super::device::StartedDevice,
+        (folder, key): (&Path, &str),
+    ) -> Result<PathBuf, String> {
+        let taken = self.boot_into_snapshot(engine, spec, device, folder, key);
+        if let Err(why) = &taken {
+            tracing::warn!("cell {}: its snapshot could not be taken: {why}", self.cell.id);
+            let failed = folder.with_extension("failed");
+            let _ = std::fs::write(failed, format!("{}\n{why}", self.ctx.run));
+        }
+        taken
+    }
+
+    fn boot_into_snapshot(
+        &self,
+        engine: &dyn Engine,
+        mut spec: VmSpec,
+        device: super::device::StartedDevice,
+        folder: &Path,
+        key: &str,
+    ) -> Result<PathBuf, String> {
+        let parent = folder.parent().ok_or("no store")?;
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        let scratch = tempfile::Builder::new()
+            .prefix(".take-")
+            .tempdir_in(parent)
+            .map_err(|e| format!("a scratch folder in {}: {e}", parent.display()))?;
+        let (console, agent) = (scratch.path().join(SERIAL_LOG), scratch.path().join(AGENT_LOG));
+        spec.serial.com1 = SerialOutput::File(console);
+        spec.serial.com2 = Some(SerialOutput::File(agent.clone()));
+        let watch = Watch {
+            silence: std::time::Duration::from_secs_f64(self.plan.plan.matrix.silence_s),
+            agent_log: Some(agent),
+            unplug: None,
+        };
+        let vm_dir = CellSnapshot::vm_dir(scratch.path());
+        let files = self.plan.files(&self.image.name);
+        let booted = engine.boot(BootRequest {
+            spec,
+            watch,
+            model: device.model,
+            counters: device.counters,
+            dir: scratch.path(),
+            bzimage: files.and_then(|f| f.bzimage.as_deref()),
+            accel: self.image.accel,
+            start: Start::Snapshot { dir: &vm_dir },
+        });
+        drop(device.peer);
+        match &booted.ending {
+            Ending::Stopped { reason: ExitReason::Snapshot, .. } if vm_dir.join("state").exists() => {}
+            ending => {
+                let said = booted.device_error.clone().or_else(|| booted.error.as_ref().map(|e| e.message.clone()));
+                return Err(format!(
+                    "the guest did not reach its ready point ({ending:?}){}",
+                    said.map(|s| format!(": {s}")).unwrap_or_default()
+                ));
+            }
+        }
+        std::fs::write(scratch.path().join(KEY), key).map_err(|e| format!("its key: {e}"))?;
+        let scratch = scratch.keep();
+        match std::fs::rename(&scratch, folder) {
+            Ok(()) => Ok(folder.to_path_buf()),
+            // Another repetition stored the same snapshot first: use that one.
+            Err(_) if folder.join(KEY).exists() => {
+                let _ = std::fs::remove_dir_all(&scratch);
+                Ok(folder.to_path_buf())
+            }
+            Err(e) => Err(format!("storing it at {}: {e}", folder.display())),
+        }
+    }
+
+    /// Puts what the snapshot's guest said before its ready point in front of what the
+    /// restored guest said, in the repetition's console and agent logs.
+    pub(super) fn prepend_snapshot_logs(&self, folder: &Path) {
+        for name in [SERIAL_LOG, AGENT_LOG] {
+            let (before, after) = (folder.join(name), self.dir.join(name));
+            let mut joined = std::fs::read(&before).unwrap_or_default();
+            joined.extend(std::fs::read(&after).unwrap_or_default());
+            if let Err(e) = std::fs::write(&after, joined) {
+                tracing::warn!("{}: {e}", after.display());
+            }
+        }
+    }
+}

@@ -112,6 +112,7 @@ fn a_snapshot_of_the_probe_restored_twice_goes_on_from_where_it_was() {
         assert_eq!((exit.reason, out.code()), (ExitReason::Poweroff, Some(0)), "{}", out.stderr);
         let restored = exit.restored.expect("the exit line says it was restored");
         assert_eq!(restored.ram_data_bytes, written.ram_data_bytes);
+        assert_eq!(restored.ram, vm_spec::RestoredRam::Mapped, "nothing shares this VM's RAM");
         assert!(restored.ms > 0.0 && restored.ms <= exit.setup_ms + 50.0, "{restored:?} of {}", exit.setup_ms);
         assert!(exit.confinement.is_some_and(|c| c.jailed), "a restored VM is jailed as any VM");
         let report = ProbeReport::parse(&console);
@@ -206,9 +207,18 @@ fn snapshots_that_cannot_be_used_and_vms_that_cannot_be_snapshotted_are_refused(
         let first_data = bytes.iter().position(|&b| b != 0).unwrap();
         bytes[first_data] ^= 0xff;
     });
-    let (code, kind, message) = refused_restore(&ram_changed);
-    assert_eq!((code, kind), (2, ErrorKind::Image), "{message}");
-    assert!(message.contains("RAM was changed"), "{message}");
+    // Mapped (no device model shares this VM's RAM), the RAM file is checked while the VM runs:
+    // the VM stops, an error. Copied (with --snapshot-to), it is checked before: refused.
+    let out = vm_run(&["--restore", ram_changed.to_str().unwrap()]);
+    let exit = out.exit.clone().unwrap_or_else(|| panic!("an exit line: {}", out.stderr));
+    assert_eq!((exit.reason, out.code()), (ExitReason::VmmError, Some(1)), "{}", out.stderr);
+    assert!(exit.detail.unwrap_or_default().contains("RAM was changed"), "{}", out.stderr);
+    assert_eq!(exit.restored.map(|r| r.ram), Some(vm_spec::RestoredRam::Mapped));
+    let again = dir.path().join("again");
+    let out = vm_run(&["--restore", ram_changed.to_str().unwrap(), "--snapshot-to", again.to_str().unwrap()]);
+    let line = out.error.clone().unwrap_or_else(|| panic!("an error line: {}", out.stderr));
+    assert_eq!((out.code(), line.kind), (Some(2), ErrorKind::Image), "{}", line.message);
+    assert!(line.message.contains("RAM was changed"), "{}", line.message);
 
     // A VM that ended before its snapshot; a directory that exists already.
     let unwritten = dir.path().join("unwritten");
@@ -356,7 +366,8 @@ fn a_cell_with_its_slot_empty_is_snapshotted_and_its_restore_takes_a_new_device_
     let out = vm.wait().unwrap();
     let exit = out.exit.clone().expect("an exit line");
     assert_eq!((exit.reason, out.code()), (ExitReason::Poweroff, Some(0)), "{}", out.stderr);
-    assert!(exit.restored.is_some() && exit.devices.iter().all(|d| d.reset_ok), "{}", out.stderr);
+    assert_eq!(exit.restored.map(|r| r.ram), Some(vm_spec::RestoredRam::Copied), "a device model shares it");
+    assert!(exit.devices.iter().all(|d| d.reset_ok), "{}", out.stderr);
     let report = ProbeReport::parse(&std::fs::read_to_string(&console).unwrap());
     assert!(report.done().is_some_and(|d| d.ok), "the restored probe finishes clean");
 

@@ -122,10 +122,12 @@ pub struct Timings {
     pub vm_setup_ms: Option<f64>,
     /// From the vCPUs starting to the guest's first serial byte.
     pub first_serial_ms: Option<f64>,
-    /// From the kernel starting to the driver's interface passing the agent's checks (Linux
-    /// images: the end of its `probe` step, by the guest's uptime).
+    /// From the kernel starting (a restored guest: from its restore) to the driver's interface
+    /// passing the agent's checks (Linux images: the end of its `probe` step, by the guest's
+    /// uptime).
     pub driver_probe_ms: Option<f64>,
-    /// From the kernel starting to the link coming up (Linux images: the agent's `link-up` step).
+    /// From the kernel starting (a restored guest: from its restore) to the link coming up
+    /// (Linux images: the agent's `link-up` step).
     pub link_up_ms: Option<f64>,
     /// When the NIC was plugged into its Thunderbolt slot (at the agent's first frame), ms
     /// after spawning the VMM.

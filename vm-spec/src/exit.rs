@@ -253,8 +253,22 @@ pub struct Restored {
     /// the vCPUs', the VM's and the devices' state (part of `setup_ms`, in place of loading a
     /// kernel).
     pub ms: f64,
-    /// Bytes of guest RAM read back.
+    /// Bytes of guest RAM with data in the snapshot.
     pub ram_data_bytes: u64,
+    /// How guest RAM came back.
+    pub ram: RestoredRam,
+}
+
+/// How a restored VM's RAM came back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RestoredRam {
+    /// Mapped private from the snapshot's RAM file (no copy; the file checked against its
+    /// checksum while the VM ran): a VM without device models.
+    Mapped,
+    /// Copied into the VM's memory file, and checked, before it ran: a VM whose device models
+    /// share its RAM, or one that may be snapshotted again.
+    Copied,
 }
 
 /// The VMM's set-up, phase by phase, in milliseconds (they add up to `setup_ms`).

@@ -32,10 +32,15 @@ pub mod nic;
 pub mod pcie_link;
 pub mod spec;
 
+/// The format of the VMM's snapshots: the file's layout and the state's types. Raised with any
+/// change to either, so that a snapshot of another format is refused (and the lab takes its
+/// cells' snapshots again) between builds of one version too.
+pub const SNAPSHOT_FORMAT: u32 = 2;
+
 pub use bdf::Bdf;
 pub use exit::{
     AddressCount, DeviceCounters, DeviceSummary, ErrorKind, ErrorLine, ExitCounts, ExitReason, ExitSummary, Restored,
-    SnapshotWritten,
+    RestoredRam, SnapshotWritten,
 };
 pub use nic::NicKind;
 pub use spec::{

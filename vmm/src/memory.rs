@@ -123,9 +123,13 @@ pub struct GuestRam {
     pub memory: GuestMemoryMmap,
     /// Its layout.
     pub layout: RamLayout,
-    /// The memfd backing all ranges, in layout order (range `i` at the file offset that is the sum
-    /// of the lengths before it).
+    /// The file backing all ranges, in layout order (range `i` at the file offset that is the sum
+    /// of the lengths before it): a memfd, shared with the devices; or, for a VM restored with
+    /// its RAM mapped from its snapshot ([`GuestRam::mapped_from`]), the snapshot's RAM file,
+    /// mapped private (the VM's writes are its own).
     pub file: File,
+    /// Whether the ranges map `file` private (a snapshot's RAM) rather than shared.
+    pub private: bool,
     /// Whether the host took the advice to back guest RAM with transparent huge pages.
     pub huge_pages: bool,
 }
@@ -161,7 +165,34 @@ impl GuestRam {
         }
         let memory = GuestMemoryMmap::from_ranges_with_files(regions).map_err(|e| MemoryError::Mmap(e.to_string()))?;
         let huge_pages = memory.iter().all(|region| advise_huge_pages(region.as_ptr(), region.len() as usize));
-        Ok(GuestRam { memory, layout, file, huge_pages })
+        Ok(GuestRam { memory, layout, file, huge_pages, private: false })
+    }
+
+    /// RAM for `layout` mapped private from `file`, a snapshot's RAM file of the layout's size:
+    /// nothing is copied up front; the guest's pages come from the file (the page cache) as it
+    /// touches them, and what it writes goes to pages of its own (copy on write), never to the
+    /// file. No device model can share it (a vfio-user model maps the memfd); kernel VFIO pins
+    /// the guest's pages where they are, for writing (vfio-ioctls maps DMA read and write), which
+    /// breaks the copy on write at the pin: the device and the guest share the VM's own page.
+    pub fn mapped_from(layout: RamLayout, file: File) -> Result<GuestRam, MemoryError> {
+        use vm_memory::mmap::{GuestRegionMmap, MmapRegionBuilder};
+        let mut offset = 0;
+        let mut regions = Vec::new();
+        for &(addr, size) in &layout.ranges {
+            let clone = file.try_clone().map_err(MemoryError::Memfd)?;
+            let region = MmapRegionBuilder::new(size as usize)
+                .with_file_offset(FileOffset::new(clone, offset))
+                .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+                .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+                .build()
+                .map_err(|e| MemoryError::Mmap(e.to_string()))?;
+            let region = GuestRegionMmap::new(region, GuestAddress(addr))
+                .ok_or_else(|| MemoryError::Mmap(format!("a range at {addr:#x} overflows")))?;
+            regions.push(region);
+            offset += size;
+        }
+        let memory = GuestMemoryMmap::from_regions(regions).map_err(|e| MemoryError::Mmap(e.to_string()))?;
+        Ok(GuestRam { memory, layout, file, huge_pages: false, private: true })
     }
 }
 

@@ -11,7 +11,7 @@ use vm_device::guest_event::GuestEventSink;
 use vm_spec::confinement::Confinement;
 use vm_spec::control::{LiveCounters, VmState};
 use vm_spec::exit::SetupPhases;
-use vm_spec::{ExitSummary, Restored, SnapshotWritten, VmSpec};
+use vm_spec::{ExitSummary, Restored, RestoredRam, SnapshotWritten, VmSpec};
 
 use crate::boot::{self, BootRequest};
 use crate::config;
@@ -79,6 +79,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         tracing::warn!("telling the guest its generation ID changed: {e}");
     }
     let setup_ms = ms(running.started - clock.start);
+    guest.check_mapped_ram(&process.stop);
     let mut reason = running.wait(spec, &platform);
     let stopped = Instant::now();
     process.control.set_state(VmState::Stopping);
@@ -162,7 +163,12 @@ fn summarize(
 /// How the guest's first state comes: its kernel loaded into RAM, or a snapshot.
 enum Guest<'a> {
     Booted(boot::BootEntry),
-    Restored { restore: &'a Restore, started: Instant },
+    Restored {
+        restore: &'a Restore,
+        started: Instant,
+        /// The snapshot's RAM file, when guest RAM is mapped from it: checked while the VM runs.
+        unchecked: Option<std::fs::File>,
+    },
 }
 
 impl Guest<'_> {
@@ -183,7 +189,7 @@ impl Guest<'_> {
     /// For a restored guest: the VM's irqchips and clock, then each vCPU's state; how long the
     /// whole restore took.
     fn finish_restore(&self, vm: &VmFd, vcpus: &[Vcpu]) -> Result<Option<Restored>, Error> {
-        let Guest::Restored { restore, started } = self else { return Ok(None) };
+        let Guest::Restored { restore, started, unchecked } = self else { return Ok(None) };
         let snapshot = &restore.snapshot;
         if snapshot.vcpus.len() != vcpus.len() {
             return Err(Error::Platform(format!(
@@ -197,7 +203,18 @@ impl Guest<'_> {
             vcpu.restore(state).map_err(SnapshotError::Kvm)?;
         }
         let ms = ms(restore.read + started.elapsed());
-        Ok(Some(Restored { ms, ram_data_bytes: snapshot.ram.data_bytes() }))
+        let ram = if unchecked.is_some() { RestoredRam::Mapped } else { RestoredRam::Copied };
+        Ok(Some(Restored { ms, ram_data_bytes: snapshot.ram.data_bytes(), ram }))
+    }
+
+    /// For a guest whose RAM is mapped from its snapshot: checks the RAM file against the
+    /// snapshot's checksum (the main thread does it while the vCPUs run); a file that is not the
+    /// one written stops the VM, an error.
+    fn check_mapped_ram(&self, stop: &VmStop) {
+        let Guest::Restored { restore, unchecked: Some(file), .. } = self else { return };
+        if let Err(e) = crate::snapshot::vm_snapshot::check_ram(&restore.dir, &restore.snapshot.ram, file) {
+            stop.request(StopCause::VmmError(format!("snapshot: {}", crate::message_chain(&e))));
+        }
     }
 }
 
@@ -214,14 +231,35 @@ fn load<'a>(spec: &VmSpec, options: &'a RunOptions, clock: &mut SetupClock) -> R
         Some(restore) => {
             clock.lap(|p| &mut p.image_ms);
             let started = Instant::now();
-            let ram = GuestRam::new(ram_layout(spec))?;
-            crate::snapshot::vm_snapshot::load_ram(&restore.dir, &restore.snapshot.ram, &ram.file)?;
+            let (ram, unchecked) = restored_ram(spec, options, restore)?;
             // A copy of the snapshot is a new generation of the VM: the guest is told once it runs.
             new_generation(&ram)?;
             clock.lap(|p| &mut p.load_ms);
-            Ok((ram, Guest::Restored { restore, started }))
+            Ok((ram, Guest::Restored { restore, started, unchecked }))
         }
     }
+}
+
+/// A restored VM's RAM: mapped private from the snapshot's RAM file when nothing needs to share
+/// it (no device model, which maps the memory file; no `--snapshot-to`, which reads it), with the
+/// file to check while the VM runs; otherwise copied into a memory file and checked first.
+fn restored_ram(
+    spec: &VmSpec,
+    options: &RunOptions,
+    restore: &Restore,
+) -> Result<(GuestRam, Option<std::fs::File>), Error> {
+    use crate::snapshot::vm_snapshot::{load_ram, open_ram};
+    let shared = options.snapshot_to.is_some()
+        || spec.devices.iter().any(|d| matches!(d.backend, vm_spec::DeviceBackend::VfioUser(_)));
+    let image = &restore.snapshot.ram;
+    if shared {
+        let ram = GuestRam::new(ram_layout(spec))?;
+        load_ram(&restore.dir, image, &ram.file)?;
+        return Ok((ram, None));
+    }
+    let file = open_ram(&restore.dir, image)?;
+    let ram = GuestRam::mapped_from(ram_layout(spec), file.try_clone()?)?;
+    Ok((ram, Some(file)))
 }
 
 /// A snapshot being written: the stopped VM's parts and where they go.

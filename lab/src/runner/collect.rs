@@ -123,9 +123,18 @@ fn probe_figures(record: &mut Record, report: &ProbeReport) {
 /// the guest received (its interface's counters before and after), and the IOMMU maps the
 /// virtio-iommu counted between the workload's begin and end frames.
 pub(super) fn agent_figures(record: &mut Record, frames: &Frames, window: &Window) {
-    record.timings.driver_probe_ms = frames.passed_at_ms("probe");
+    // A restored guest's uptime goes on from its snapshot's: its steps count from its restore,
+    // the uptime its agent gave in its `ready` frame.
+    let restored_at_ms = match record.boot {
+        Some(crate::record::BootKind::Restored) => {
+            frames.first(FrameKind::Ready).and_then(|r| r.get("at")?.as_f64()).map(|at| at * 1e3)
+        }
+        _ => None,
+    };
+    let since_start = |at: Option<f64>| at.map(|at| at - restored_at_ms.unwrap_or(0.0));
+    record.timings.driver_probe_ms = since_start(frames.passed_at_ms("probe"));
     record.rx_ring = frames.step("link-up").and_then(|s| s.facts.get("rx_ring")?.as_u64()).filter(|&n| n > 0);
-    record.timings.link_up_ms = frames.passed_at_ms("link-up");
+    record.timings.link_up_ms = since_start(frames.passed_at_ms("link-up"));
     if let Some(iperf) = frames.first(FrameKind::Iperf3) {
         record.workload.output = Some(iperf.clone());
         if let Some(figures) = engines::agent::iperf_figures(iperf) {

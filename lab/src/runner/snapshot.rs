@@ -3,7 +3,8 @@
 //! Thunderbolt slot empty) and snapshotted into the image store; every repetition then starts
 //! from it, with a fresh device plugged into the restored guest's slot.
 //!
-//! A snapshot is kept per key: the driverlab version, the kernel and initrd files, the command
+//! Snapshots are kept in the image store (`.snapshots/`), or where `$DRIVERLAB_SNAPSHOTS` says
+//! (the nested box's store is read-only). A snapshot is kept per key: the driverlab version, the kernel and initrd files, the command
 //! line, memory, vCPUs, the IOMMU and the devices' slots; a snapshot whose `key.json` is not its
 //! key is not used. Its folder in the store (`.snapshots/KEY/`) holds the VMM's snapshot (`vm/`)
 //! and what the guest said before it (`console.log`, `agent.log`), which go in front of each
@@ -24,6 +25,8 @@ use crate::matrix::{BootMode, EngineKind};
 
 /// The snapshots' folder in the image store.
 const SNAPSHOTS: &str = ".snapshots";
+/// Names another folder for the snapshots (a store that is read-only, as the nested box's is).
+pub(super) const SNAPSHOTS_ENV: &str = "DRIVERLAB_SNAPSHOTS";
 /// The VMM's snapshot in a snapshot's folder.
 const VM: &str = "vm";
 /// The key's file in a snapshot's folder.
@@ -50,6 +53,8 @@ impl FileId {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct SnapshotKey {
     driverlab: String,
+    /// The VMM's snapshot format, which changes between builds of one version.
+    format: u32,
     kernel: Option<FileId>,
     initrd: Option<FileId>,
     cmdline: String,
@@ -69,6 +74,7 @@ impl SnapshotKey {
         };
         Ok(SnapshotKey {
             driverlab: env!("CARGO_PKG_VERSION").into(),
+            format: vm_spec::SNAPSHOT_FORMAT,
             kernel,
             initrd: spec.initrd.as_deref().map(FileId::of).transpose()?,
             cmdline: spec.cmdline.clone(),
@@ -122,7 +128,10 @@ impl Repetition<'_> {
             Ok(key) => key,
             Err(why) => return CellSnapshot::Failed(format!("its key: {why}")),
         };
-        let store = self.env.images.root().join(SNAPSHOTS);
+        let store = match std::env::var_os(SNAPSHOTS_ENV) {
+            Some(dir) => PathBuf::from(dir),
+            None => self.env.images.root().join(SNAPSHOTS),
+        };
         let folder = store.join(key.name());
         let failed = store.join(format!("{}.failed", key.name()));
         if let Ok(note) = std::fs::read_to_string(&failed)

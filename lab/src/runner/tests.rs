@@ -149,6 +149,22 @@ fn bounced_maps_are_counted_against_the_pool_and_are_none_without_one() {
 }
 
 #[test]
+fn a_restored_guest_s_steps_count_from_its_restore() {
+    let mut port = encode(0, "ready", false, br#"{"slot":"empty","at":5.5}"#);
+    port.extend(encode(1, "step", false, br#"{"step":"probe","status":"ok","secs":0.4,"at":6.0}"#));
+    port.extend(encode(2, "step", false, br#"{"step":"link-up","status":"ok","secs":1.2,"at":7.25}"#));
+    let frames = engines::agent::parse(&port);
+    let mut restored = passed("iperf-rx");
+    restored.boot = Some(BootKind::Restored);
+    agent_figures(&mut restored, &frames, &Window::default());
+    assert_eq!((restored.timings.driver_probe_ms, restored.timings.link_up_ms), (Some(500.0), Some(1750.0)));
+    let mut booted = passed("iperf-rx");
+    booted.boot = Some(BootKind::Booted);
+    agent_figures(&mut booted, &frames, &Window::default());
+    assert_eq!((booted.timings.driver_probe_ms, booted.timings.link_up_ms), (Some(6000.0), Some(7250.0)));
+}
+
+#[test]
 fn the_agent_s_frames_fill_the_record_over_the_workload_s_window() {
     let mut port = Vec::new();
     port.extend(encode(0, "step", false, br#"{"step":"probe","status":"ok","secs":0.4,"at":2.25}"#));
@@ -461,7 +477,7 @@ impl Engine for Scripted {
                 std::fs::create_dir(dir).unwrap();
                 std::fs::write(dir.join("state"), "a snapshot").unwrap();
                 if let Some(SerialOutput::File(agent)) = &request.spec.serial.com2 {
-                    std::fs::write(agent, encode(0, "ready", false, br#"{"slot":"empty"}"#)).unwrap();
+                    std::fs::write(agent, encode(0, "ready", false, br#"{"slot":"empty","at":5.5}"#)).unwrap();
                 }
                 return stopped(ExitReason::Snapshot, 0);
             }

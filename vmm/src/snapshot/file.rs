@@ -14,8 +14,8 @@ use sha2::{Digest, Sha256};
 
 /// The first field of every snapshot's header.
 pub const MAGIC: &str = "driverlab-snapshot";
-/// The layout of the file (this module's), apart from what the body holds.
-pub const FORMAT: u32 = 1;
+/// The snapshot's format ([`vm_spec::SNAPSHOT_FORMAT`]): the file's layout and the state's types.
+pub const FORMAT: u32 = vm_spec::SNAPSHOT_FORMAT;
 /// Most bytes of a header line.
 const MAX_HEADER: u64 = 4096;
 /// Most bytes of a body (the state, not guest RAM).

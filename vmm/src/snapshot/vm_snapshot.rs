@@ -193,6 +193,17 @@ pub fn load_ram(dir: &Path, image: &RamImage, memory: &File) -> Result<(), Snaps
     Ok(ram::restore(image, &dir.join(RAM_FILE), memory)?)
 }
 
+/// Opens the RAM file of the snapshot in `dir`, to be mapped (it is checked while the VM runs,
+/// [`check_ram`]).
+pub fn open_ram(dir: &Path, image: &RamImage) -> Result<File, SnapshotError> {
+    Ok(ram::open(image, &dir.join(RAM_FILE))?)
+}
+
+/// Checks the snapshot's RAM file `file` (of the snapshot in `dir`) against its checksum.
+pub fn check_ram(dir: &Path, image: &RamImage, file: &File) -> Result<(), SnapshotError> {
+    Ok(ram::check(image, file, &dir.join(RAM_FILE))?)
+}
+
 /// Where the vCPU threads leave their state when the VM stops for a snapshot.
 #[derive(Debug)]
 pub struct VcpuSaves {

@@ -367,8 +367,17 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
                 run_surviving(lab_box, &pinned.display().to_string(), phase)
             })
             .collect();
+    // 3c. The same card's TX cell started from a snapshot of its booted guest (docs/lab.md,
+    // "Cells from a snapshot"): booted once up to the agent's ready point, each repetition
+    // restored with the card plugged into the restored guest's slot.
+    phase("a Thunderbolt cell from its snapshot");
+    let pinned = std::fs::read_to_string(scratch.join("nested-box-thunderbolt.toml")).unwrap_or_default();
+    let twin = scratch.join("snapshot.toml");
+    std::fs::write(&twin, snapshot_twin(&pinned)).unwrap();
+    let restored_run = run_surviving(lab_box, &twin.display().to_string(), phase);
     let lab_box: &Box_ = lab_box;
     thunderbolt_checks(lab_box, &slot_runs, f);
+    snapshot_checks(lab_box, &restored_run, f);
     f.check(
         last == format!("run {run}: 3 cells, 6 passed, 0 failed, 0 errors"),
         format!("seed run: {last}\n{}", String::from_utf8_lossy(&out.stderr)),
@@ -666,6 +675,39 @@ fn thunderbolt_checks(lab_box: &Box_, runs: &[(String, String, Output)], f: &mut
     if let Some(rx) = by("udp-rx") {
         let bounced = rx["rx_bounced_maps_per_packet"].as_f64();
         f.check(bounced.is_some_and(|b| b >= 0.9), format!("lan743x RX bounced maps/packet {bounced:?}"));
+    }
+}
+
+/// The Thunderbolt matrix's TX cell, two repetitions, started from its snapshot.
+fn snapshot_twin(matrix: &str) -> String {
+    let mut m: toml::Table = matrix.parse().expect("the pinned matrix is TOML");
+    m.insert("name".into(), "nested-thunderbolt-snapshot".into());
+    m.insert("repetitions".into(), 2.into());
+    m.insert("boot".into(), "snapshot".into());
+    let workloads = m["workload"].as_array_mut().expect("workloads");
+    workloads.retain(|w| w.get("name").and_then(|n| n.as_str()) == Some("tx-ipv6"));
+    toml::to_string(&m).expect("a matrix")
+}
+
+/// What the snapshot's run must show: both repetitions restored (RAM mapped from the snapshot),
+/// passed without a booted re-run, the card in its slot treated as untrusted, TX maps bounced.
+fn snapshot_checks(lab_box: &Box_, (run, last, _): &(String, String, Output), f: &mut Findings) {
+    f.check(last == &format!("run {run}: 1 cells, 2 passed, 0 failed, 0 errors"), format!("snapshot run: {last}"));
+    for r in lab_box.records(run) {
+        let rep = &r["repetition"];
+        f.check(
+            r["boot"] == "restored" && r["exit"]["restored"]["ram"] == "mapped",
+            format!("rep {rep}: boot {} (restored {})", r["boot"], r["exit"]["restored"]),
+        );
+        f.check(r["retried"].as_array().is_none_or(|a| a.is_empty()), format!("rep {rep}: retried {}", r["retried"]));
+        f.check(
+            r["guest_dma"]["untrusted"] == true && r["tx_bounced_maps_per_packet"].as_f64().is_some_and(|b| b > 0.0),
+            format!("rep {rep}: {} bounced TX maps/packet, DMA {}", r["tx_bounced_maps_per_packet"], r["guest_dma"]),
+        );
+        eprintln!(
+            "{TEST}: restored TX cell: setup {} ms, workload from {} ms, TX maps/packet {}",
+            r["timings"]["vm_setup_ms"], r["timings"]["workload_start_ms"], r["tx_maps_per_packet"]
+        );
     }
 }
 

@@ -7,8 +7,9 @@
 use jail::seccomp::{BpfProgram, RUNTIME, allow_all, compile, ioctl_requests};
 pub use jail::seccomp::{SeccompError, apply};
 use kvm_bindings::{
-    KVMIO, kvm_clock_data, kvm_debugregs, kvm_irq_routing, kvm_irqchip, kvm_irqfd, kvm_lapic_state, kvm_mp_state,
-    kvm_msrs, kvm_regs, kvm_sregs, kvm_translation, kvm_userspace_memory_region, kvm_vcpu_events, kvm_xcrs, kvm_xsave,
+    KVMIO, kvm_clock_data, kvm_debugregs, kvm_device_attr, kvm_irq_routing, kvm_irqchip, kvm_irqfd, kvm_lapic_state,
+    kvm_mp_state, kvm_msrs, kvm_regs, kvm_sregs, kvm_translation, kvm_userspace_memory_region, kvm_vcpu_events,
+    kvm_xcrs, kvm_xsave,
 };
 
 /// KVM ioctl request numbers (kvm-ioctls keeps its own private).
@@ -33,6 +34,8 @@ mod request {
     ioctl_ior_nr!(KVM_GET_DEBUGREGS, KVMIO, 0xa1, kvm_debugregs);
     ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_xsave);
     ioctl_ior_nr!(KVM_GET_XCRS, KVMIO, 0xa6, kvm_xcrs);
+    ioctl_iow_nr!(KVM_GET_DEVICE_ATTR, KVMIO, 0xe2, kvm_device_attr);
+    ioctl_iow_nr!(KVM_HAS_DEVICE_ATTR, KVMIO, 0xe3, kvm_device_attr);
 
     const VFIO_TYPE: u32 = b';' as u32;
     const VFIO_BASE: u32 = 100;
@@ -42,10 +45,10 @@ mod request {
     ioctl_io_nr!(VFIO_IOMMU_UNMAP_DMA, VFIO_TYPE, VFIO_BASE + 14);
 }
 use request::{
-    KVM_GET_CLOCK, KVM_GET_DEBUGREGS, KVM_GET_IRQCHIP, KVM_GET_LAPIC, KVM_GET_MP_STATE, KVM_GET_MSRS, KVM_GET_REGS,
-    KVM_GET_SREGS, KVM_GET_VCPU_EVENTS, KVM_GET_XCRS, KVM_GET_XSAVE, KVM_IRQFD, KVM_RUN, KVM_SET_GSI_ROUTING,
-    KVM_SET_USER_MEMORY_REGION, KVM_TRANSLATE, VFIO_DEVICE_RESET, VFIO_DEVICE_SET_IRQS, VFIO_IOMMU_MAP_DMA,
-    VFIO_IOMMU_UNMAP_DMA,
+    KVM_GET_CLOCK, KVM_GET_DEBUGREGS, KVM_GET_DEVICE_ATTR, KVM_GET_IRQCHIP, KVM_GET_LAPIC, KVM_GET_MP_STATE,
+    KVM_GET_MSRS, KVM_GET_REGS, KVM_GET_SREGS, KVM_GET_VCPU_EVENTS, KVM_GET_XCRS, KVM_GET_XSAVE, KVM_HAS_DEVICE_ATTR,
+    KVM_IRQFD, KVM_RUN, KVM_SET_GSI_ROUTING, KVM_SET_USER_MEMORY_REGION, KVM_TRANSLATE, VFIO_DEVICE_RESET,
+    VFIO_DEVICE_SET_IRQS, VFIO_IOMMU_MAP_DMA, VFIO_IOMMU_UNMAP_DMA,
 };
 
 /// What passed-through devices need from any thread: MSI-X eventfds, DMA maps, reset.
@@ -149,6 +152,8 @@ pub fn vcpu_filter(snapshot: bool) -> Result<BpfProgram, SeccompError> {
                 KVM_GET_DEBUGREGS(),
                 KVM_GET_LAPIC(),
                 KVM_GET_VCPU_EVENTS(),
+                KVM_HAS_DEVICE_ATTR(),
+                KVM_GET_DEVICE_ATTR(),
             ]
             .map(u64::from),
         );

@@ -176,9 +176,10 @@ impl Vcpu {
         })
     }
 
-    /// Puts a snapshot's state into this (new, not yet running) vCPU.
-    pub fn restore(&self, state: &VcpuState) -> Result<(), KvmStateError> {
-        state.restore(&self.fd)
+    /// Puts a snapshot's state into this (new, not yet running) vCPU, its TSC in step with the
+    /// VM's clock as `clock` says.
+    pub fn restore(&self, state: &VcpuState, clock: &crate::snapshot::tsc::ClockPair) -> Result<(), KvmStateError> {
+        state.restore(&self.fd, Some(clock))
     }
 
     /// When the VM stops for a snapshot: completes the instruction whose port or MMIO access

@@ -198,9 +198,9 @@ impl Guest<'_> {
                 vcpus.len()
             )));
         }
-        snapshot.vm.restore(vm).map_err(SnapshotError::Kvm)?;
+        let clock = snapshot.vm.restore(vm).map_err(SnapshotError::Kvm)?;
         for (vcpu, state) in vcpus.iter().zip(&snapshot.vcpus) {
-            vcpu.restore(state).map_err(SnapshotError::Kvm)?;
+            vcpu.restore(state, &clock).map_err(SnapshotError::Kvm)?;
         }
         let ms = ms(restore.read + started.elapsed());
         let ram = if unchecked.is_some() { RestoredRam::Mapped } else { RestoredRam::Copied };

@@ -6,6 +6,7 @@
 
 pub mod file;
 pub mod ram;
+pub mod tsc;
 pub mod vcpu_state;
 pub mod vm_snapshot;
 pub mod vm_state;

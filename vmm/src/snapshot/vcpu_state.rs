@@ -65,6 +65,9 @@ pub struct VcpuState {
     pub events: kvm_vcpu_events,
     /// Running, halted, waiting for SIPI.
     pub mp_state: kvm_mp_state,
+    /// Its TSC offset from the host's, where KVM gives it ([`super::tsc`]).
+    #[serde(default)]
+    pub tsc_offset: Option<u64>,
 }
 
 impl std::fmt::Debug for VcpuState {
@@ -100,11 +103,25 @@ impl VcpuState {
             lapic: vcpu.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?,
             events: vcpu.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?,
             mp_state,
+            tsc_offset: super::tsc::offset(vcpu),
         })
     }
 
-    /// Writes the state into `vcpu` (a new vCPU with the same CPUID as the one it was read from).
-    pub fn restore(&self, vcpu: &VcpuFd) -> Result<(), KvmStateError> {
+    /// Writes the state into `vcpu` (a new vCPU with the same CPUID as the one it was read from),
+    /// then its TSC in step with the VM's clock when `clock` says where that is
+    /// ([`super::tsc`]).
+    pub fn restore(&self, vcpu: &VcpuFd, clock: Option<&super::tsc::ClockPair>) -> Result<(), KvmStateError> {
+        self.restore_registers(vcpu)?;
+        let tsc_khz = vcpu.get_tsc_khz().ok();
+        if let (Some(clock), Some(saved), Some(khz)) = (clock, self.tsc_offset, tsc_khz)
+            && let Some(offset) = clock.offset(saved, khz)
+        {
+            super::tsc::set_offset(vcpu, offset)?;
+        }
+        Ok(())
+    }
+
+    fn restore_registers(&self, vcpu: &VcpuFd) -> Result<(), KvmStateError> {
         vcpu.set_mp_state(self.mp_state).map_err(kvm("KVM_SET_MP_STATE"))?;
         vcpu.set_regs(&self.regs).map_err(kvm("KVM_SET_REGS"))?;
         vcpu.set_sregs(&self.sregs).map_err(kvm("KVM_SET_SREGS"))?;
@@ -192,7 +209,7 @@ mod tests {
         let read: VcpuState = crate::snapshot::read_snapshot(&path).unwrap();
 
         let (_vm2, second) = vcpu(&kvm_fd);
-        read.restore(&second).unwrap();
+        read.restore(&second, None).unwrap();
         let again = VcpuState::capture(&indices, &second).unwrap();
         let r = again.regs;
         assert_eq!((r.rip, r.rax, r.rsp, r.rflags), (0x10_0000, 0xdead_beef, 0x8000, 0x2));

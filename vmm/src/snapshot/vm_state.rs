@@ -41,14 +41,16 @@ impl VmState {
 
     /// Writes the state into `vm` (a new VM with its irqchip created, before its vCPUs run). The
     /// clock goes on from where it was: the guest does not see the time the snapshot waited.
-    pub fn restore(&self, vm: &VmFd) -> Result<(), Error> {
+    /// Returns the saved clock and the clock read back, for the vCPUs' TSCs ([`super::tsc`]).
+    pub fn restore(&self, vm: &VmFd) -> Result<super::tsc::ClockPair, Error> {
         for chip in &self.irqchips {
             vm.set_irqchip(chip).map_err(kvm("KVM_SET_IRQCHIP"))?;
         }
         // Only the clock's value is set: KVM refuses flags it did not give for setting.
         let clock = kvm_clock_data { clock: self.clock.clock, ..Default::default() };
         vm.set_clock(&clock).map_err(kvm("KVM_SET_CLOCK"))?;
-        Ok(())
+        let now = vm.get_clock().map_err(kvm("KVM_GET_CLOCK"))?;
+        Ok(super::tsc::ClockPair { saved: self.clock, now })
     }
 }
 

@@ -128,11 +128,12 @@ mod tests {
         set_offset(&vcpu, wanted).unwrap();
         let after = offset(&vcpu);
         if after == Some(before) {
-            // PVM takes the offset and keeps none: its guests' user code reads the host's TSC.
+            // PVM takes the offset and keeps none: without hardware virtualization its guests'
+            // user code reads the host's TSC.
             testkit::skip(
                 "a_vcpu_s_offset_is_read_and_set_where_kvm_has_it",
-                testkit::Lacks::Setup,
-                "this host's KVM keeps no TSC offset (PVM)",
+                testkit::Lacks::Hardware,
+                "this host's KVM keeps no TSC offset (PVM: no hardware virtualization)",
             );
             return;
         }

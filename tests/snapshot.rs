@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use common::{kvm_available, start_model, vm_run};
 use engines::vm_control::ControlError;
-use engines::{ControlClient, ProbeReport, VmOutcome, VmProcess};
-use vm_spec::control::{ShutdownRequest, VmState};
+use engines::{ControlClient, ProbeReport, RunningVm, VmOutcome, VmProcess};
+use vm_spec::control::{AfterSnapshot, ShutdownRequest, VmState};
 use vm_spec::{ErrorKind, ExitReason};
 
 /// The probe's command line: a failure recorded before the snapshot (an unknown option), whose
@@ -48,14 +48,24 @@ fn take_snapshot(dir: &Path, name: &str) -> (PathBuf, VmOutcome) {
         "--snapshot-to".as_ref(),
         snapshot.as_os_str(),
     ];
-    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
-        .with_control(&socket)
-        .start()
-        .unwrap();
+    let (vm, control) = start_vm(args, &socket);
     wait_for(&console, "{\"probe\":\"holding\"");
-    let accepted = ControlClient::new(&socket, Duration::from_secs(5)).snapshot().unwrap();
+    let accepted = control.snapshot().unwrap();
     assert_eq!((accepted.state, accepted.dir.as_str()), (VmState::Stopping, snapshot.to_str().unwrap()));
     (snapshot, vm.wait().unwrap())
+}
+
+/// Starts the VMM with `args` and its control socket at `socket`; the process and a client of
+/// the socket.
+fn start_vm(
+    args: impl IntoIterator<Item = impl Into<std::ffi::OsString>>,
+    socket: &Path,
+) -> (RunningVm, ControlClient) {
+    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
+        .with_control(socket)
+        .start()
+        .unwrap();
+    (vm, ControlClient::new(socket, Duration::from_secs(5)))
 }
 
 /// Restores `snapshot`, presses the power button once the VM runs; the outcome and its console.
@@ -63,11 +73,7 @@ fn restore(snapshot: &Path, dir: &Path, name: &str) -> (VmOutcome, String) {
     let console = dir.join(format!("{name}.log"));
     let socket = dir.join(format!("{name}.sock"));
     let args = ["--restore".as_ref(), snapshot.as_os_str(), "--serial".as_ref(), console.as_os_str()];
-    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
-        .with_control(&socket)
-        .start()
-        .unwrap();
-    let control = ControlClient::new(&socket, Duration::from_secs(5));
+    let (vm, control) = start_vm(args, &socket);
     let running = || control.info().is_ok_and(|i| i.state == VmState::Running);
     assert!(common::wait_until(Duration::from_secs(30), Duration::from_millis(5), running), "the restored VM runs");
     control.shutdown(ShutdownRequest::default()).unwrap();
@@ -138,11 +144,7 @@ fn a_snapshot_of_the_probe_restored_twice_goes_on_from_where_it_was() {
         "--snapshot-to".as_ref(),
         again.as_os_str(),
     ];
-    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
-        .with_control(&socket)
-        .start()
-        .unwrap();
-    let control = ControlClient::new(&socket, Duration::from_secs(5));
+    let (vm, control) = start_vm(args, &socket);
     let running = || control.info().is_ok_and(|i| i.state == VmState::Running);
     assert!(common::wait_until(Duration::from_secs(30), Duration::from_millis(5), running));
     control.snapshot().unwrap();
@@ -156,6 +158,52 @@ fn a_snapshot_of_the_probe_restored_twice_goes_on_from_where_it_was() {
     };
     let (first, second) = (generation(&snapshot), generation(&again));
     assert!(first != [0; 16] && second != [0; 16] && first != second, "{first:x?} then {second:x?}");
+}
+
+#[test]
+fn a_snapshot_taken_with_resume_lets_the_vm_go_on_and_restores_to_the_same_end() {
+    if !kvm_available("a_snapshot_taken_with_resume_lets_the_vm_go_on_and_restores_to_the_same_end") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (snapshot, console, socket) = (dir.path().join("snap"), dir.path().join("on.log"), dir.path().join("on.sock"));
+    let args = [
+        "--kernel".as_ref(),
+        "probe".as_ref(),
+        "--cmdline".as_ref(),
+        CMDLINE.as_ref(),
+        "--memory".as_ref(),
+        "64".as_ref(),
+        "--serial".as_ref(),
+        console.as_os_str(),
+        "--snapshot-to".as_ref(),
+        snapshot.as_os_str(),
+    ];
+    let (vm, control) = start_vm(args, &socket);
+    wait_for(&console, "{\"probe\":\"holding\"");
+    let answer = control.snapshot_then(AfterSnapshot::Resume).unwrap();
+    assert_eq!((answer.state, answer.dir.as_str()), (VmState::Running, snapshot.to_str().unwrap()));
+    let written = answer.written.expect("what was written");
+    assert_eq!(written.state_bytes, std::fs::metadata(snapshot.join("state")).unwrap().len());
+    assert_eq!(control.info().unwrap().state, VmState::Running, "the VM goes on");
+    let again = control.snapshot().unwrap_err();
+    assert!(
+        matches!(&again, ControlError::Refused { status: 409, message, .. } if message.contains("already")),
+        "{again}"
+    );
+    control.shutdown(ShutdownRequest::default()).unwrap();
+    let out = vm.wait().unwrap();
+    let exit = out.exit.clone().expect("an exit line");
+    assert_eq!((exit.reason, out.code()), (ExitReason::Poweroff, Some(0)), "{}", out.stderr);
+    assert_eq!(exit.snapshot, Some(written), "the exit line tells of the snapshot taken on the way");
+    let went_on = std::fs::read_to_string(&console).unwrap();
+    assert!(ProbeReport::parse(&went_on).done().is_some(), "the probe finished after the snapshot: {went_on}");
+
+    // The snapshot restores to the end the VM that went on reached.
+    let (out, restored) = restore(&snapshot, dir.path(), "restored");
+    assert_eq!(out.exit.map(|e| e.reason), Some(ExitReason::Poweroff), "{}", out.stderr);
+    let (went_on, restored) = (untimed(&went_on), untimed(&restored));
+    assert!(!restored.is_empty() && went_on.ends_with(&restored), "{went_on:?}\nends otherwise than\n{restored:?}");
 }
 
 /// A copy of the snapshot at `from` as `to`, with `change` applied to the file `name`.
@@ -193,6 +241,12 @@ fn snapshots_that_cannot_be_used_and_vms_that_cannot_be_snapshotted_are_refused(
     let (code, kind, message) = refused_restore(&body_changed);
     assert_eq!((code, kind), (2, ErrorKind::Image), "{message}");
     assert!(message.contains("does not match its checksum"), "{message}");
+
+    // Text for the guest to read on COM2 needs a COM2 in the snapshot's VM.
+    let out = vm_run(&["--restore", snapshot.to_str().unwrap(), "--com2-input", "driverlab.nic=atlantic"]);
+    let line = out.error.clone().unwrap_or_else(|| panic!("an error line: {}", out.stderr));
+    assert_eq!((out.code(), line.kind), (Some(2), ErrorKind::Usage), "{}", line.message);
+    assert!(line.message.contains("the snapshot's VM has no COM2"), "{}", line.message);
 
     let version = env!("CARGO_PKG_VERSION");
     let older = changed_copy(&snapshot, &dir.path().join("older"), "state", |bytes| {
@@ -250,12 +304,8 @@ fn snapshot_refusal(dir: &Path, name: &str, extra: &[&str]) -> (u16, String) {
         .to_vec();
     args.push(console.to_str().unwrap().into());
     args.extend(extra.iter().map(|s| s.to_string()));
-    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
-        .with_control(&socket)
-        .start()
-        .unwrap();
+    let (vm, control) = start_vm(args, &socket);
     wait_for(&console, "{\"probe\":\"holding\"");
-    let control = ControlClient::new(&socket, Duration::from_secs(5));
     let refused = control.snapshot().unwrap_err();
     control.shutdown(ShutdownRequest::default()).unwrap();
     let out = vm.wait().unwrap();
@@ -290,7 +340,7 @@ fn a_vm_with_a_passed_through_device_or_nowhere_to_write_is_not_snapshotted() {
 
 /// Starts the holding probe shaped like a lab cell (virtio-iommu, the model's Thunderbolt slot
 /// empty) with `snapshot-to`; the running VM and its control client.
-fn cell(dir: &Path, name: &str, device: &str, snapshot_to: &Path) -> (engines::RunningVm, ControlClient) {
+fn cell(dir: &Path, name: &str, device: &str, snapshot_to: &Path) -> (RunningVm, ControlClient) {
     let console = dir.join(format!("{name}.log"));
     let socket = dir.join(format!("{name}.sock"));
     let slot = format!("{device},slot=thunderbolt,plugged=false");
@@ -309,12 +359,9 @@ fn cell(dir: &Path, name: &str, device: &str, snapshot_to: &Path) -> (engines::R
         "--snapshot-to",
         snapshot_to.to_str().unwrap(),
     ];
-    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
-        .with_control(&socket)
-        .start()
-        .unwrap();
+    let (vm, control) = start_vm(args, &socket);
     wait_for(&console, "{\"probe\":\"holding\"");
-    (vm, ControlClient::new(&socket, Duration::from_secs(5)))
+    (vm, control)
 }
 
 #[test]
@@ -349,11 +396,7 @@ fn a_cell_with_its_slot_empty_is_snapshotted_and_its_restore_takes_a_new_device_
     let console = dir.path().join("restored.log");
     let socket = dir.path().join("restored.sock");
     let args = ["--restore", snapshot.to_str().unwrap(), "--device", &slot, "--serial", console.to_str().unwrap()];
-    let vm = VmProcess::with_args(&common::driverlab_vm(), args, Duration::from_secs(120))
-        .with_control(&socket)
-        .start()
-        .unwrap();
-    let control = ControlClient::new(&socket, Duration::from_secs(5));
+    let (vm, control) = start_vm(args, &socket);
     let info = control.wait_until_serving(Duration::from_secs(10)).unwrap();
     assert_eq!(info.slots.len(), 1);
     assert_eq!(info.slots[0].state, vm_spec::control::SlotState::Empty, "the slot as the snapshot had it");

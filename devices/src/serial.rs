@@ -1,6 +1,7 @@
 //! COM1 and COM2: 16550 UARTs from vm-superio whose interrupt is an EventFd (wired to an irqfd) and whose
 //! output goes to any writer (stdout, a file).
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -117,6 +118,8 @@ pub struct SerialStateError(String);
 /// A 16550 UART on the port bus.
 pub struct SerialPort {
     uart: Serial<EventFdTrigger, NoEvents, Output>,
+    /// Bytes queued for the guest that its receive FIFO has no room for yet.
+    input: VecDeque<u8>,
 }
 
 impl SerialPort {
@@ -124,12 +127,33 @@ impl SerialPort {
     pub fn new(interrupt: EventFd, sink: Box<dyn Write + Send>) -> (Self, Arc<SerialStats>) {
         let stats = Arc::new(SerialStats::default());
         let output = Output { sink, stats: stats.clone(), failed: false };
-        (SerialPort { uart: Serial::new(EventFdTrigger(interrupt), output) }, stats)
+        (SerialPort { uart: Serial::new(EventFdTrigger(interrupt), output), input: VecDeque::new() }, stats)
     }
 
     /// Flushes buffered output to the sink.
     pub fn flush(&mut self) {
         let _ = self.uart.writer_mut().flush();
+    }
+
+    /// Queues `bytes` for the guest to read: the receive FIFO takes what it has room for now
+    /// (raising the received-data interrupt if the guest enabled it), the rest as the guest
+    /// reads.
+    pub fn queue_input(&mut self, bytes: &[u8]) {
+        self.input.extend(bytes);
+        self.fill_fifo();
+    }
+
+    /// Moves queued input into the receive FIFO, as far as it has room.
+    fn fill_fifo(&mut self) {
+        let room = self.uart.fifo_capacity().min(self.input.len());
+        if room == 0 {
+            return;
+        }
+        let chunk: Vec<u8> = self.input.iter().take(room).copied().collect();
+        match self.uart.enqueue_raw_bytes(&chunk) {
+            Ok(taken) => drop(self.input.drain(..taken)),
+            Err(e) => tracing::warn!("serial input: {e:?}"),
+        }
     }
 
     /// Its registers and receive FIFO.
@@ -170,7 +194,7 @@ impl SerialPort {
         let output = Output { sink, stats: stats.clone(), failed: false };
         let uart = Serial::from_state(&saved, EventFdTrigger(interrupt), NoEvents, output)
             .map_err(|e| SerialStateError(format!("{e:?}")))?;
-        Ok((SerialPort { uart }, stats))
+        Ok((SerialPort { uart, input: VecDeque::new() }, stats))
     }
 }
 
@@ -179,6 +203,10 @@ impl BusDevice for SerialPort {
         data.fill(0);
         if let (Some(first), Ok(reg)) = (data.first_mut(), u8::try_from(offset)) {
             *first = self.uart.read(reg);
+        }
+        if offset == 0 && !self.input.is_empty() {
+            // The guest took a byte from the receive buffer: top it up.
+            self.fill_fifo();
         }
     }
 
@@ -253,6 +281,29 @@ mod tests {
         assert_eq!(out.0.lock().unwrap().as_slice(), b"x", "the restored port writes to its new sink");
         let full = SerialPortState { in_buffer: vec![0; 4096], ..state };
         assert!(SerialPort::from_state(&full, EventFd::new(0).unwrap(), Box::new(Shared::default())).is_err());
+    }
+
+    #[test]
+    fn queued_input_reaches_the_guest_past_the_fifo_s_size() {
+        let irq = EventFd::new(libc_nonblock()).unwrap();
+        let (mut port, _) = SerialPort::new(irq.try_clone().unwrap(), Box::new(Shared::default()));
+        port.write(1, &[0x01]); // IER: received data available
+        let line: Vec<u8> = (0..200u8).map(|i| b'a' + i % 26).chain(*b"\n").collect();
+        port.queue_input(&line);
+        assert!(irq.read().unwrap() >= 1, "the guest is told that data arrived");
+        let mut got = Vec::new();
+        for _ in 0..line.len() + 10 {
+            let mut lsr = [0u8; 1];
+            port.read(5, &mut lsr);
+            if lsr[0] & 0x01 == 0 {
+                break;
+            }
+            let mut byte = [0u8; 1];
+            port.read(0, &mut byte);
+            got.push(byte[0]);
+        }
+        assert_eq!(got, line, "every byte, in order, then the buffer empty");
+        assert!(port.input.is_empty());
     }
 
     fn libc_nonblock() -> i32 {

@@ -44,7 +44,8 @@ pub enum FrameKind {
     /// The agent started: its version and command line.
     Hello,
     /// The guest is up with its NIC's slot still empty (`driverlab.snapshot=1`): the lab
-    /// snapshots it here; a restored copy goes on once its NIC is plugged.
+    /// snapshots it here; a restored copy reads its cell's words on the result port, its NIC
+    /// plugged, and goes on.
     Ready,
     /// A step's result.
     Step,
@@ -661,6 +662,34 @@ mod tests {
         assert_eq!(frames.first(FrameKind::DmesgDelta).unwrap(), "plain text\twith a tab\n");
         let verdict = verdict(&frames, "");
         assert!(!verdict.ok && verdict.problems[0].starts_with("step ping failed"));
+    }
+
+    /// The agent at its snapshot point: sends `ready`, takes the cell's line from its result port
+    /// (here a file that holds it), and reads its settings and the driver's parameters from it.
+    #[test]
+    fn the_agent_takes_its_cell_s_line_after_a_restore() {
+        let busybox = ["/bin/busybox", "/usr/bin/busybox"].into_iter().find(|p| std::path::Path::new(p).exists());
+        let Some(busybox) = busybox else {
+            let test = "the_agent_takes_its_cell_s_line_after_a_restore";
+            testkit::skip(test, testkit::Lacks::Setup, "no busybox (apt-get install busybox-static)");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("init"), guest_images::AGENT).unwrap();
+        let line = "driverlab.nic=lan743x driverlab.iperf=rx,10,6,1,tcp lan743x.rxq=3 lan743x.x=1\n";
+        std::fs::write(dir.path().join("port"), line).unwrap();
+        let script = r#"DRIVERLAB_AGENT_LIB=1 . ./init
+            OUT=port; T0=$(cut -d' ' -f1 /proc/uptime)
+            CMDLINE="console=ttyS0 driverlab.nic=atlantic driverlab.snapshot=1"; read_params
+            wait_in_snapshot >/dev/null
+            echo "$NIC|$IPERF|$(modparams "$NIC")""#;
+        let out =
+            std::process::Command::new(busybox).args(["sh", "-c", script]).current_dir(dir.path()).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "lan743x|rx,10,6,1,tcp| rxq=3 x=1");
+        let port = std::fs::read(dir.path().join("port")).unwrap();
+        let frames = parse(&port);
+        assert!(frames.first(FrameKind::Ready).is_some_and(|r| r["slot"] == "empty"), "{frames:?}");
     }
 
     #[test]

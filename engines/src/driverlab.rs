@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use vm_spec::VmSpec;
-use vm_spec::control::{LiveCounters, ShutdownRequest};
+use vm_spec::control::{LiveCounters, ShutdownRequest, VmState};
 use vm_spec::counters::{IommuCounts, ModelCounters};
 
 use crate::agent::FrameKind;
@@ -108,18 +108,22 @@ impl DriverlabEngine {
             Start::Snapshot { dir } => {
                 VmProcess::new(&self.vmm, spec, KILL_GRACE).with_flags(["--snapshot-to".as_ref(), dir.as_os_str()])
             }
-            Start::Restore { dir } => {
+            Start::Restore { dir, com2_input } => {
                 let deadline = spec.timeout_s.map_or(Duration::ZERO, Duration::from_secs_f64) + KILL_GRACE;
-                VmProcess::with_args(&self.vmm, restore_flags(&spec, dir), deadline)
+                VmProcess::with_args(&self.vmm, restore_flags(&spec, dir, com2_input), deadline)
             }
         }
     }
 }
 
 /// `vm run`'s flags that restore the snapshot in `dir` as the VM `spec` would be: its devices
-/// (new backends in the snapshot's slots), serial ports and timeout.
-fn restore_flags(spec: &VmSpec, dir: &Path) -> Vec<OsString> {
+/// (new backends in the snapshot's slots), serial ports and timeout, and what the guest reads on
+/// COM2.
+fn restore_flags(spec: &VmSpec, dir: &Path, com2_input: Option<&str>) -> Vec<OsString> {
     let mut flags: Vec<OsString> = vec!["--restore".into(), dir.into()];
+    if let Some(text) = com2_input {
+        flags.extend(["--com2-input".into(), text.into()]);
+    }
     for device in &spec.devices {
         flags.extend(["--device".into(), device.to_string().into()]);
     }
@@ -246,6 +250,7 @@ impl Watchdog {
             to_plug,
             host_cpu,
             snapshot: SnapshotStep::from(start),
+            running: false,
         };
         let thread = std::thread::spawn(move || {
             let mut looked = Instant::now();
@@ -296,6 +301,8 @@ struct Watching {
     host_cpu: HostCpuSource,
     /// Where the VM is in a snapshot's life.
     snapshot: SnapshotStep,
+    /// The control socket said the vCPUs run (a restored VM's devices are plugged from then on).
+    running: bool,
 }
 
 /// A VM's part in a snapshot's life, as the watchdog acts on it.
@@ -360,7 +367,8 @@ impl Watching {
     /// VM runs: plugs the devices whose slots started empty, noting when.
     fn plug_when_up(&mut self) {
         let up = match self.snapshot {
-            SnapshotStep::Restored => self.watched.answered_ms.is_some(),
+            // Its control socket answers before its vCPUs run (the VMM refuses a plug then).
+            SnapshotStep::Restored => self.running,
             _ => self.watched.window.first_frame_ms.is_some(),
         };
         if self.to_plug.is_empty() || !up {
@@ -414,6 +422,7 @@ impl Watching {
     fn look(&mut self) {
         let Ok(counters) = self.client.counters() else { return };
         self.watched.answered_ms.get_or_insert(ms(self.spawned.elapsed()));
+        self.running |= counters.state == VmState::Running;
         let bytes = counters.serial_bytes + counters.com2_bytes.unwrap_or(0);
         if bytes != self.bytes_seen {
             self.bytes_seen = bytes;

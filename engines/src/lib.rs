@@ -196,6 +196,9 @@ pub enum Start<'a> {
     Restore {
         /// The snapshot's folder.
         dir: &'a Path,
+        /// What the restored guest reads on COM2 as it starts: the guest agent, waiting at the
+        /// snapshot's point, takes its cell's command line from there.
+        com2_input: Option<&'a str>,
     },
 }
 

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use vm_spec::control::{
-    BouncePool, ControlError as ErrorBody, LiveCounters, PlugRequest, ShutdownAccepted, ShutdownRequest, SlotInfo,
-    SnapshotAccepted, UnplugRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO, VM_PLUG, VM_SHUTDOWN, VM_SNAPSHOT,
-    VM_UNPLUG, VmInfo,
+    AfterSnapshot, BouncePool, ControlError as ErrorBody, LiveCounters, PlugRequest, ShutdownAccepted, ShutdownRequest,
+    SlotInfo, SnapshotAccepted, SnapshotRequest, UnplugRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO, VM_PLUG,
+    VM_SHUTDOWN, VM_SNAPSHOT, VM_UNPLUG, VmInfo,
 };
 
 /// Most bytes of an answer read.
@@ -99,6 +99,13 @@ impl ControlClient {
     /// directory (the process's exit line says when it is written).
     pub fn snapshot(&self) -> Result<SnapshotAccepted, ControlError> {
         self.call("PUT", VM_SNAPSHOT, None)
+    }
+
+    /// `PUT /api/v1/vm.snapshot` with `then`: with [`AfterSnapshot::Resume`] the answer comes
+    /// once the snapshot is written (its `written`), the VM running on.
+    pub fn snapshot_then(&self, then: AfterSnapshot) -> Result<SnapshotAccepted, ControlError> {
+        let body = serde_json::to_vec(&SnapshotRequest { then }).expect("a SnapshotRequest always serializes");
+        self.call("PUT", VM_SNAPSHOT, Some(&body))
     }
 
     /// One request; the answer's JSON body as `T`.

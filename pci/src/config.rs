@@ -285,6 +285,17 @@ impl PciConfiguration {
         Ok(())
     }
 
+    /// The registers as the snapshot of a function whose whole state they are takes them.
+    pub fn state(&self) -> Option<serde_json::Value> {
+        serde_json::to_value(self.registers()).ok()
+    }
+
+    /// Puts back registers [`PciConfiguration::state`] gave, as [`PciConfiguration::set_registers`].
+    pub fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), String> {
+        let registers: Vec<u32> = serde_json::from_value(state.clone()).map_err(|e| e.to_string())?;
+        self.set_registers(&registers)
+    }
+
     /// Reads `data.len()` bytes at `offset` without side effects.
     pub fn read(&self, offset: usize, data: &mut [u8]) {
         for (i, b) in data.iter_mut().enumerate() {

@@ -66,11 +66,10 @@ impl PciDevice for HostBridge {
         decoded_bars(&self.config)
     }
     fn snapshot_state(&self) -> Option<serde_json::Value> {
-        serde_json::to_value(self.config.registers()).ok()
+        self.config.state()
     }
     fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), String> {
-        let registers: Vec<u32> = serde_json::from_value(state.clone()).map_err(|e| e.to_string())?;
-        self.config.set_registers(&registers)
+        self.config.restore_state(state)
     }
 }
 
@@ -590,11 +589,10 @@ mod tests {
             self.0.bar_mappings()
         }
         fn snapshot_state(&self) -> Option<serde_json::Value> {
-            serde_json::to_value(self.0.config.registers()).ok()
+            self.0.config.state()
         }
         fn restore_state(&mut self, state: &serde_json::Value) -> Result<(), String> {
-            let registers: Vec<u32> = serde_json::from_value(state.clone()).map_err(|e| e.to_string())?;
-            self.0.config.set_registers(&registers)
+            self.0.config.restore_state(state)
         }
     }
 

@@ -91,14 +91,28 @@ pub enum BenchCommand {
     /// A cell started from a snapshot against the same cell booted, in the same run: the probe
     /// guest behind the virtio-iommu with the AQC100 model's Thunderbolt slot empty, timed from
     /// the VMM's spawn to the guest running and to a ready cell (the guest at its holding point,
-    /// the NIC plugged). Last line: `restore: ready cell R ms restored, C ms cold (Q.QQx)`.
+    /// the NIC plugged). With --url: a Linux cell on the daemon's box (the Debian kernel and the
+    /// guest agent, the box's card in a Thunderbolt slot), two runs of it through the daemon,
+    /// restored then booted; a ready cell has its driver bound and its link up. Last line:
+    /// `restore: ready cell R ms restored, C ms cold (Q.QQx)` (medians).
     Restore {
-        /// Runs of each kind (interleaved).
-        #[arg(long, default_value_t = 20)]
-        runs: usize,
-        /// Guest memory in MiB.
-        #[arg(long, default_value_t = 256)]
-        memory: u64,
+        /// Runs of each kind (interleaved) [here: 20; on a daemon: repetitions of each run, 5].
+        #[arg(long)]
+        runs: Option<usize>,
+        /// Guest memory in MiB [here: 256; on a daemon: 512].
+        #[arg(long)]
+        memory: Option<u64>,
+        /// On a daemon: the device the cell's NIC is (its name on the box; the nested box names
+        /// its card after its model).
+        #[arg(long, default_value = "aqc100")]
+        device: String,
+        /// On a daemon: build the image here, for a daemon that reads this host's image store
+        /// (the nested box), as `lab run --build-here` does.
+        #[arg(long)]
+        build_here: bool,
+        /// Run it on a daemon's box instead.
+        #[command(flatten)]
+        daemon: super::lab::daemon::DaemonArgs,
     },
     /// The probe guest receiving from the AQC100 model behind the virtio-iommu, once per RX
     /// buffer strategy: frames per second and IOMMU maps per frame, side by side.
@@ -133,12 +147,22 @@ impl BenchCommand {
             BenchCommand::ModelRx { frames, size, rounds } => model_rx(frames, size, rounds),
             BenchCommand::Nic { frames, strategies } => nic(frames, &strategies),
             BenchCommand::Lab { cells, frames } => lab_cost(cells, frames),
-            BenchCommand::Restore { runs, memory } => restore(runs.max(1), memory),
+            BenchCommand::Restore { runs, memory, device, build_here, daemon } => match daemon.client()? {
+                Some(client) => super::bench_restore::on_daemon(
+                    client,
+                    runs.unwrap_or(5).max(1),
+                    memory.unwrap_or(512),
+                    &device,
+                    build_here,
+                ),
+                None => restore(runs.unwrap_or(20).max(1), memory.unwrap_or(256)),
+            },
         }
     }
 }
 
-fn row(name: &str, summary: Option<Summary>) {
+/// One row of a figures table: n, min, p10, median, p90, max.
+pub(super) fn row(name: &str, summary: Option<Summary>) {
     match summary {
         Some(s) => println!(
             "{name:<28} {:>5} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",

@@ -2,6 +2,7 @@
 
 mod agent;
 mod bench;
+mod bench_restore;
 mod doctor;
 mod engine;
 mod image;

@@ -9,7 +9,7 @@
 //! | `PUT /api/v1/vm.bounce-pool` | 200 [`BouncePool`]; body [`BouncePool`]: where the guest's swiotlb is |
 //! | `PUT /api/v1/vm.plug`       | 200 [`SlotInfo`]; body [`PlugRequest`]: a device into its empty hot-plug slot |
 //! | `PUT /api/v1/vm.unplug`     | 200 (surprise) or 202 (orderly: the guest lets go, then the slot empties) [`SlotInfo`]; body [`UnplugRequest`] |
-//! | `PUT /api/v1/vm.snapshot`   | 202 [`SnapshotAccepted`]: the vCPUs stop, the snapshot is written to the run's `--snapshot-to` directory, the VM ends (reason `snapshot`); 409 when this VM cannot be snapshotted |
+//! | `PUT /api/v1/vm.snapshot`   | body [`SnapshotRequest`] (optional): `then: stop`: 202 [`SnapshotAccepted`], the vCPUs stop, the snapshot is written to the run's `--snapshot-to` directory, the VM ends (reason `snapshot`); `then: resume`: 200 [`SnapshotAccepted`] once the snapshot is written, the VM running on (500 when it could not be written); 409 when this VM cannot be snapshotted or wrote its snapshot already |
 //!
 //! Errors are JSON [`ControlError`] bodies with 400, 404, 405, 409 or 413. One request per connection
 //! is answered (`Connection: close`).
@@ -161,15 +161,39 @@ pub struct ShutdownAccepted {
     pub grace_s: f64,
 }
 
-/// The answer to `PUT /api/v1/vm.snapshot`: the vCPUs are being stopped; the process then writes
-/// the snapshot and exits with its exit line (reason `snapshot` and the exit line's `snapshot`
-/// once it is written, or `vmm-error` saying why it could not be).
+/// `PUT /api/v1/vm.snapshot`'s body, which may be left out (`{"then":"stop"}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// What the VM does once its snapshot is written.
+    #[serde(default)]
+    pub then: AfterSnapshot,
+}
+
+/// What a VM does once its snapshot is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AfterSnapshot {
+    /// It ends, its exit line's reason `snapshot`.
+    #[default]
+    Stop,
+    /// Its vCPUs go on from where they were stopped (the snapshot is written while they wait).
+    Resume,
+}
+
+/// The answer to `PUT /api/v1/vm.snapshot`. With `then: stop` (202): the vCPUs are being
+/// stopped; the process then writes the snapshot and exits with its exit line (reason `snapshot`
+/// and the exit line's `snapshot` once it is written, or `vmm-error` saying why it could not be).
+/// With `then: resume` (200, once written): the snapshot is written and the VM runs on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotAccepted {
-    /// The state now (`stopping`).
+    /// The state now (`stopping`, or `running` after a resume).
     pub state: VmState,
     /// The directory the snapshot goes to, as given to `--snapshot-to`.
     pub dir: String,
+    /// With `then: resume`: what was written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written: Option<crate::SnapshotWritten>,
 }
 
 /// `PUT /api/v1/vm.bounce-pool`: the guest's swiotlb bounce pool, inclusive guest-physical

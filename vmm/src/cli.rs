@@ -94,7 +94,15 @@ pub struct RunArgs {
         "config", "kernel", "initrd", "cmdline", "memory", "vcpus", "entry", "iommu", "iommu_bypass",
     ])]
     pub restore: Option<PathBuf>,
+    /// With --restore: text the restored guest reads on COM2, queued as its vCPUs start (a guest
+    /// agent waiting in the snapshot reads its cell's settings so; a newline is added; at most
+    /// 4096 bytes).
+    #[arg(long, value_name = "TEXT", requires = "restore")]
+    pub com2_input: Option<String>,
 }
+
+/// The most text `--com2-input` takes.
+pub const COM2_INPUT_MAX: usize = 4096;
 
 /// A failure before the VM ran, as the error line reports it.
 struct Refused(ErrorLine);
@@ -216,10 +224,22 @@ fn same_shape(saved: &[DeviceSpec], given: &[DeviceSpec]) -> Result<Vec<DeviceSp
 }
 
 /// Reads and checks the snapshot `--restore` names.
-fn read_restore(dir: &std::path::Path) -> Result<crate::Restore, Refused> {
+fn read_restore(dir: &std::path::Path, com2_input: Option<&str>) -> Result<crate::Restore, Refused> {
     let started = std::time::Instant::now();
     let snapshot = crate::snapshot::vm_snapshot::load(dir).map_err(|e| Refused(crate::Error::Snapshot(e).to_line()))?;
-    Ok(crate::Restore { dir: dir.to_path_buf(), snapshot: std::sync::Arc::new(snapshot), read: started.elapsed() })
+    let com2_input = match com2_input {
+        None => Vec::new(),
+        Some(_) if snapshot.spec.serial.com2.is_none() => {
+            return Err(refused(ErrorKind::Usage, "--com2-input: the snapshot's VM has no COM2"));
+        }
+        Some(text) if text.len() >= COM2_INPUT_MAX => {
+            let message = format!("--com2-input: {} bytes, at most {} are taken", text.len() + 1, COM2_INPUT_MAX);
+            return Err(refused(ErrorKind::Usage, message));
+        }
+        Some(text) => format!("{text}\n").into_bytes(),
+    };
+    let snapshot = std::sync::Arc::new(snapshot);
+    Ok(crate::Restore { dir: dir.to_path_buf(), snapshot, read: started.elapsed(), com2_input })
 }
 
 /// Prints the error line (after a human-readable line) and returns its exit code.
@@ -232,7 +252,7 @@ pub fn report_error(line: &ErrorLine) -> u8 {
 /// Runs `vm run`: builds the spec, runs the VM (`probe_image` is what `--kernel probe` boots),
 /// prints the exit or error line last on stderr; returns the process's exit code.
 pub fn run(args: RunArgs, probe_image: &'static [u8]) -> u8 {
-    let restore = match args.restore.as_deref().map(read_restore).transpose() {
+    let restore = match args.restore.as_deref().map(|dir| read_restore(dir, args.com2_input.as_deref())).transpose() {
         Ok(restore) => restore,
         Err(Refused(line)) => return report_error(&line),
     };

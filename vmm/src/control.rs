@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -19,13 +19,14 @@ use std::time::{Duration, Instant};
 use jail::seccomp::BpfProgram;
 use vm_spec::confinement::Confinement;
 use vm_spec::control::{
-    BouncePool, ControlError as ErrorBody, DEFAULT_SHUTDOWN_GRACE_S, LiveCounters, MAX_REQUEST_BYTES, PlugRequest,
-    ShutdownAccepted, ShutdownRequest, SlotInfo, SnapshotAccepted, UnplugRequest, VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO,
-    VM_PLUG, VM_SHUTDOWN, VM_SNAPSHOT, VM_UNPLUG, VmInfo, VmState,
+    AfterSnapshot, BouncePool, ControlError as ErrorBody, DEFAULT_SHUTDOWN_GRACE_S, LiveCounters, MAX_REQUEST_BYTES,
+    PlugRequest, ShutdownAccepted, ShutdownRequest, SlotInfo, SnapshotAccepted, SnapshotRequest, UnplugRequest,
+    VM_BOUNCE_POOL, VM_COUNTERS, VM_INFO, VM_PLUG, VM_SHUTDOWN, VM_SNAPSHOT, VM_UNPLUG, VmInfo, VmState,
 };
 use vm_spec::{ExitCounts, VmSpec};
 
 use crate::exit::{StopCause, VmStop};
+use crate::pause::SnapshotPause;
 
 /// How long a connected client may take to send its request.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -95,7 +96,14 @@ pub struct ControlState {
     pid: u32,
     confinement: OnceLock<Confinement>,
     snapshot_dir: OnceLock<String>,
+    /// A snapshot was taken (or tried) while the VM went on: its directory is used.
+    snapshot_written: AtomicBool,
+    /// Where a snapshot taken while the VM goes on is asked for.
+    pub pause: Arc<SnapshotPause>,
 }
+
+/// How long `vm.snapshot` with `then: resume` waits for the snapshot to be written.
+const RESUME_SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl ControlState {
     /// The state of a VM being set up for `spec`, whose stop requests go to `stop`; `pid` is
@@ -111,6 +119,8 @@ impl ControlState {
             pid,
             confinement: OnceLock::new(),
             snapshot_dir: OnceLock::new(),
+            snapshot_written: AtomicBool::new(false),
+            pause: Arc::new(SnapshotPause::default()),
         }
     }
 
@@ -206,9 +216,10 @@ impl ControlState {
         Ok(ShutdownAccepted { state, grace_s: grace })
     }
 
-    /// Stops the vCPUs for a snapshot, when this VM has somewhere to write one and can be
-    /// snapshotted: the HTTP status and why, when not.
-    fn snapshot(&self) -> Result<SnapshotAccepted, (u16, String)> {
+    /// Takes a snapshot, when this VM has somewhere to write one and can be snapshotted: stops
+    /// the vCPUs for it (202), or writes it while they hold and lets them go on (200); the HTTP
+    /// status and why, when not.
+    fn snapshot(&self, request: SnapshotRequest) -> Result<(u16, SnapshotAccepted), (u16, String)> {
         let Some(dir) = self.snapshot_dir.get() else {
             return Err((
                 409,
@@ -224,8 +235,19 @@ impl ControlState {
         if let Some(why) = observer.snapshot_refusal() {
             return Err((409, format!("this VM cannot be snapshotted: {why}")));
         }
-        self.stop.request(StopCause::Snapshot);
-        Ok(SnapshotAccepted { state: VmState::Stopping, dir: dir.clone() })
+        if self.snapshot_written.swap(true, Ordering::SeqCst) {
+            return Err((409, format!("this VM wrote its snapshot to {dir} already: one snapshot per --snapshot-to")));
+        }
+        match request.then {
+            AfterSnapshot::Stop => {
+                self.stop.request(StopCause::Snapshot);
+                Ok((202, SnapshotAccepted { state: VmState::Stopping, dir: dir.clone(), written: None }))
+            }
+            AfterSnapshot::Resume => {
+                let written = self.pause.ask(&self.stop, RESUME_SNAPSHOT_TIMEOUT).map_err(|why| (500, why))?;
+                Ok((200, SnapshotAccepted { state: self.state(), dir: dir.clone(), written: Some(written) }))
+            }
+        }
     }
 }
 
@@ -378,10 +400,12 @@ fn route(state: &ControlState, method: &str, path: &str, body: &[u8]) -> Answer 
     match path {
         VM_INFO => json(200, "OK", &state.info()),
         VM_COUNTERS => json(200, "OK", &state.counters()),
-        VM_SNAPSHOT => match state.snapshot() {
-            Ok(accepted) => json(202, "Accepted", &accepted),
-            Err((status, why)) => error(status, reason_phrase(status), why),
-        },
+        VM_SNAPSHOT => {
+            match optional_body::<SnapshotRequest>(body).map_err(|e| (400, e)).and_then(|r| state.snapshot(r)) {
+                Ok((status, accepted)) => json(status, reason_phrase(status), &accepted),
+                Err((status, why)) => error(status, reason_phrase(status), why),
+            }
+        }
         VM_PLUG => slot_request(state, body, |o, r: PlugRequest| o.plug(r), 200),
         VM_UNPLUG => {
             let surprise = serde_json::from_slice::<UnplugRequest>(body).is_ok_and(|r| r.surprise);
@@ -397,13 +421,9 @@ fn route(state: &ControlState, method: &str, path: &str, body: &[u8]) -> Answer 
             },
         },
         _ => {
-            let request = if body.iter().all(u8::is_ascii_whitespace) {
-                ShutdownRequest::default()
-            } else {
-                match serde_json::from_slice::<ShutdownRequest>(body) {
-                    Ok(request) => request,
-                    Err(e) => return error(400, "Bad Request", format!("invalid body: {e}")),
-                }
+            let request = match optional_body::<ShutdownRequest>(body) {
+                Ok(request) => request,
+                Err(why) => return error(400, "Bad Request", why),
             };
             match state.shutdown(request) {
                 Ok(accepted) => json(202, "Accepted", &accepted),
@@ -434,8 +454,19 @@ fn slot_request<R: serde::de::DeserializeOwned>(
     }
 }
 
+/// A request's JSON body, or its default when the body is empty.
+fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, String> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| format!("invalid body: {e}"))
+}
+
 fn reason_phrase(status: u16) -> &'static str {
     match status {
+        200 => "OK",
+        202 => "Accepted",
+        400 => "Bad Request",
         404 => "Not Found",
         409 => "Conflict",
         _ => "Internal Server Error",
@@ -540,6 +571,10 @@ mod tests {
         assert_eq!((status, slot["state"].as_str()), (202, Some("releasing")), "orderly: accepted");
         let (status, slot) = ask(&path, put_to("vm.unplug", r#"{"device":"vfio-user=/x","surprise":true}"#).as_bytes());
         assert_eq!((status, slot["state"].as_str()), (200, Some("empty")), "surprise: done");
+        let (status, why) = ask(&path, put_to("vm.snapshot", r#"{"then":"later"}"#).as_bytes());
+        assert_eq!(status, 400, "{why}");
+        let (status, why) = ask(&path, put_to("vm.snapshot", r#"{"then":"resume"}"#).as_bytes());
+        assert_eq!(status, 409, "started without --snapshot-to: {why}");
 
         assert_eq!(ask(&path, b"POST /api/v1/vm.info HTTP/1.1\r\n\r\n").0, 405);
         assert_eq!(ask(&path, b"GET /api/v1/vm.reboot HTTP/1.1\r\n\r\n").0, 404);

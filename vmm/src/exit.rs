@@ -151,13 +151,35 @@ impl VmStop {
     /// As [`VmStop::wait`], calling `while_shutting_down` every [`SHUTDOWN_REMINDER`] while a
     /// requested shutdown's grace runs (the VMM presses the power button again, for a guest that
     /// was not listening yet).
-    pub fn wait_with(&self, timeout: Option<Duration>, mut while_shutting_down: impl FnMut()) -> StopCause {
+    pub fn wait_with(&self, timeout: Option<Duration>, while_shutting_down: impl FnMut()) -> StopCause {
+        // Nothing is asked of it here: only a stop ends the wait.
+        self.wait_or(timeout, || false, while_shutting_down)
+            .unwrap_or_else(|| StopCause::VmmError("the VM's wait ended without a stop".into()))
+    }
+
+    /// Wakes whoever waits in [`VmStop::wait_or`], to look at its `asked` again.
+    pub fn nudge(&self) {
+        let _state = self.state();
+        self.changed.notify_all();
+    }
+
+    /// As [`VmStop::wait_with`], returning `None` when `asked` says so (checked at each
+    /// [`VmStop::nudge`]) before a stop.
+    pub fn wait_or(
+        &self,
+        timeout: Option<Duration>,
+        asked: impl Fn() -> bool,
+        mut while_shutting_down: impl FnMut(),
+    ) -> Option<StopCause> {
         let timeout_at = timeout.map(|t| Instant::now() + t);
         let mut reminded_at: Option<Instant> = None;
         let mut state = self.state();
         loop {
             if let Some(reason) = &state.reason {
-                return reason.clone();
+                return Some(reason.clone());
+            }
+            if asked() {
+                return None;
             }
             let now = Instant::now();
             if state.shutdown_by.is_some() {

@@ -17,6 +17,7 @@ pub mod interrupts;
 pub mod layout;
 pub mod memory;
 pub mod memory_slots;
+pub mod pause;
 pub mod platform;
 pub mod seccomp;
 pub mod snapshot;
@@ -53,6 +54,8 @@ pub struct Restore {
     pub snapshot: std::sync::Arc<snapshot::VmSnapshot>,
     /// How long reading and checking the state took.
     pub read: std::time::Duration,
+    /// Text the restored guest reads on COM2, queued as its vCPUs start (empty: none).
+    pub com2_input: Vec<u8>,
 }
 
 /// Why a passed-through device could not be set up.

@@ -128,7 +128,9 @@ pub struct GuestRam {
     /// its RAM mapped from its snapshot ([`GuestRam::mapped_from`]), the snapshot's RAM file,
     /// mapped private (the VM's writes are its own).
     pub file: File,
-    /// Whether the ranges map `file` private (a snapshot's RAM) rather than shared.
+    /// Whether the ranges map `file` private (a snapshot's RAM) rather than shared: then `file`
+    /// lacks what the VM wrote, so no device model may map it and no snapshot may be written
+    /// from it.
     pub private: bool,
     /// Whether the host took the advice to back guest RAM with transparent huge pages.
     pub huge_pages: bool,

@@ -372,6 +372,10 @@ fn add_passthrough(
     let ram = context.ram;
     let backend: Box<dyn VfioBackend> = match &spec.backend {
         DeviceBackend::Vfio(host_bdf) => Box::new(KernelVfio::open(*host_bdf, ram.dma_view()).map_err(backend_error)?),
+        // A model maps the memory file; private RAM's file lacks what the VM wrote.
+        DeviceBackend::VfioUser(_) if ram.private => {
+            return Err(fail("a device model cannot share RAM mapped private from a snapshot".into()));
+        }
         DeviceBackend::VfioUser(socket) => Box::new(
             VfioUserClient::connect(socket, ram.dma_view(), vfio_user::DEFAULT_TIMEOUT).map_err(backend_error)?,
         ),

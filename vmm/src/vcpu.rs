@@ -16,6 +16,7 @@ use vmm_sys_util::signal::{SIGRTMIN, register_signal_handler};
 
 use crate::boot::BootEntry;
 use crate::exit::{ExitCounters, ExitKind, StopCause, VmStop};
+use crate::pause::SnapshotPause;
 use crate::snapshot::{KvmStateError, VcpuSaves, VcpuState};
 use crate::x86::{boot_cpu, cpuid, lapic, msr};
 
@@ -74,6 +75,7 @@ pub struct Vcpu {
     counters: Arc<ExitCounters>,
     final_rips: Arc<std::sync::Mutex<Vec<Option<FinalPlace>>>>,
     saves: Option<Arc<VcpuSaves>>,
+    pause: Arc<SnapshotPause>,
 }
 
 /// A running vCPU thread.
@@ -124,6 +126,8 @@ pub struct VcpuShared {
     /// Where each vCPU leaves its state when the VM stops for a snapshot (a VM started with
     /// somewhere to write one).
     pub saves: Option<Arc<VcpuSaves>>,
+    /// Where a snapshot taken while the VM goes on holds the vCPUs.
+    pub pause: Arc<SnapshotPause>,
 }
 
 impl Vcpu {
@@ -173,6 +177,7 @@ impl Vcpu {
             counters: shared.counters,
             final_rips: shared.final_rips,
             saves: shared.saves,
+            pause: shared.pause,
         })
     }
 
@@ -186,10 +191,21 @@ impl Vcpu {
     /// was handled last (KVM finishes it on the next entry, which `immediate_exit` makes return
     /// at once), then leaves the vCPU's state for the snapshot.
     fn save_for_snapshot(&mut self) {
-        let Some(saves) = self.saves.clone() else { return };
-        if !matches!(self.stop.reason(), Some(StopCause::Snapshot)) {
-            return;
+        if matches!(self.stop.reason(), Some(StopCause::Snapshot)) {
+            self.save_state();
         }
+    }
+
+    /// For a snapshot taken while the VM goes on: saves this vCPU's state as
+    /// [`Vcpu::save_for_snapshot`] does, then holds until the snapshot is written.
+    fn save_and_hold(&mut self) {
+        self.save_state();
+        self.pause.hold(&self.stop);
+    }
+
+    /// Completes the last access and leaves the vCPU's state in `saves`.
+    fn save_state(&mut self) {
+        let Some(saves) = self.saves.clone() else { return };
         self.fd.set_kvm_immediate_exit(1);
         let completed = match self.fd.run() {
             Err(e) if e.errno() == libc::EINTR => Ok(()),
@@ -243,6 +259,10 @@ impl Vcpu {
 
     fn run_loop(&mut self, run: *mut kvm_run) {
         while !self.stop.is_stopping() {
+            if self.pause.is_holding() {
+                self.save_and_hold();
+                continue;
+            }
             if let Some(reason) = self.run_once(run) {
                 self.stop.request(reason);
             }

@@ -21,6 +21,7 @@ use crate::interrupts::KvmInterrupts;
 use crate::layout::ACPI_RSDP_ADDR;
 use crate::memory::{GuestRam, MIB, RamLayout};
 use crate::memory_slots::KvmSlots;
+use crate::pause::SnapshotPause;
 use crate::platform::Platform;
 use crate::platform::{self, PlatformConfig};
 use crate::snapshot::{PlatformState, SnapshotError, SnapshotTarget, VcpuSaves, VcpuState, VmSnapshot};
@@ -65,6 +66,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
         counters: Arc::new(ExitCounters::default()),
         final_rips: Arc::new(Mutex::new(vec![None; spec.vcpus as usize])),
         saves,
+        pause: process.control.pause.clone(),
     };
     let vcpus = create_vcpus(spec, &kvm, &vm, &guest, &shared)?;
     let restored = guest.finish_restore(&vm, &vcpus)?;
@@ -73,30 +75,25 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     process.confine();
     clock.lap(|p| &mut p.jail_ms);
     let running = process.start(vcpus, &platform, &shared)?;
-    if restored.is_some()
-        && let Err(e) = platform.generation_changed.write(1)
-    {
-        tracing::warn!("telling the guest its generation ID changed: {e}");
-    }
+    guest.tell_restored(&platform);
     let setup_ms = ms(running.started - clock.start);
     guest.check_mapped_ram(&process.stop);
-    let mut reason = running.wait(spec, &platform);
-    let stopped = Instant::now();
-    process.control.set_state(VmState::Stopping);
-    stop_vcpus(running.threads);
-    let snapshot = match (&reason, &process.snapshot_target, &shared.saves) {
-        (StopCause::Snapshot, Some(target), Some(saves)) => {
-            let taken = SnapshotTaking { target, spec, entry: guest.entry_name(), vm: &vm, ram: &ram, saves };
-            match taken.write(&platform) {
-                Ok(written) => Some(written),
-                Err(e) => {
-                    reason = StopCause::VmmError(format!("snapshot: {}", crate::message_chain(&e)));
-                    None
-                }
-            }
+    let taking = match (&process.snapshot_target, &shared.saves) {
+        (Some(target), Some(saves)) => {
+            Some(SnapshotTaking { target, spec, entry: guest.entry_name(), vm: &vm, ram: &ram, saves })
         }
         _ => None,
     };
+    let (mut reason, mut snapshot) = running.wait(spec, &platform, taking.as_ref(), &process.control.pause);
+    let stopped = Instant::now();
+    process.control.set_state(VmState::Stopping);
+    stop_vcpus(running.threads);
+    if let (StopCause::Snapshot, Some(taking)) = (&reason, &taking) {
+        match taking.write(&platform) {
+            Ok(written) => snapshot = Some(written),
+            Err(e) => reason = StopCause::VmmError(format!("snapshot: {}", crate::message_chain(&e))),
+        }
+    }
     let ended = Ended { reason, stopped, setup_ms, clock: clock.phases, snapshot, restored };
     Ok(summarize(spec, &process, &platform, &ram, &shared, &running.started, ended))
 }
@@ -207,6 +204,18 @@ impl Guest<'_> {
         Ok(Some(Restored { ms, ram_data_bytes: snapshot.ram.data_bytes(), ram }))
     }
 
+    /// For a restored guest, once its vCPUs run: that its generation ID changed (Linux reseeds
+    /// its random numbers), and the text `--com2-input` gave, on COM2.
+    fn tell_restored(&self, platform: &Platform) {
+        let Guest::Restored { restore, .. } = self else { return };
+        if let Err(e) = platform.generation_changed.write(1) {
+            tracing::warn!("telling the guest its generation ID changed: {e}");
+        }
+        if let (Some((com2, _)), false) = (&platform.com2, restore.com2_input.is_empty()) {
+            lock(com2).queue_input(&restore.com2_input);
+        }
+    }
+
     /// For a guest whose RAM is mapped from its snapshot: checks the RAM file against the
     /// snapshot's checksum (the main thread does it while the vCPUs run); a file that is not the
     /// one written stops the VM, an error.
@@ -276,6 +285,11 @@ impl SnapshotTaking<'_> {
     /// Gathers the vCPUs' states (left by their threads), the VM's and the devices', writes
     /// guest RAM, then the state file.
     fn write(&self, platform: &Platform) -> Result<SnapshotWritten, SnapshotError> {
+        if self.ram.private {
+            // The file behind private RAM is the snapshot it came from, without the VM's writes.
+            let why = "its RAM is mapped private from the snapshot it was restored from";
+            return Err(SnapshotError::NotSaveable(why.into()));
+        }
         let started = Instant::now();
         let vcpus = self.saves.take()?;
         let vm = crate::snapshot::VmState::capture(self.vm)?;
@@ -407,14 +421,52 @@ struct Running {
 
 impl Running {
     /// Waits for the first stop request or the spec's timeout, pressing the power button again
-    /// while a requested shutdown's grace runs.
-    fn wait(&self, spec: &VmSpec, platform: &Platform) -> StopCause {
-        let timeout = spec.timeout_s.map(Duration::from_secs_f64);
-        self.stop.wait_with(timeout, || {
+    /// while a requested shutdown's grace runs, and taking a snapshot the VM goes on from when
+    /// `pause` is asked for one; why the VM stops, and the snapshot written on the way.
+    fn wait(
+        &self,
+        spec: &VmSpec,
+        platform: &Platform,
+        taking: Option<&SnapshotTaking>,
+        pause: &SnapshotPause,
+    ) -> (StopCause, Option<SnapshotWritten>) {
+        let press_again = || {
             if let Err(e) = platform.power_button.write(1) {
                 tracing::warn!("pressing the power button again: {e}");
             }
-        })
+        };
+        let mut written = None;
+        loop {
+            // The timeout runs from the vCPUs' start, whatever the main thread did since.
+            let timeout = spec.timeout_s.map(|t| Duration::from_secs_f64(t).saturating_sub(self.started.elapsed()));
+            if let Some(reason) = self.stop.wait_or(timeout, || pause.is_asked(), press_again) {
+                return (reason, written);
+            }
+            if pause.take_request() {
+                let outcome = match taking {
+                    Some(taking) => self.snapshot_on_hold(taking, platform),
+                    None => Err("this VM has nowhere to write a snapshot".into()),
+                };
+                written = outcome.as_ref().ok().cloned();
+                pause.finish(outcome);
+            }
+        }
+    }
+
+    /// Once every vCPU holds with its state saved (they are kicked out of the guest until
+    /// then), writes the snapshot; the vCPUs go on when the caller finishes the pause.
+    fn snapshot_on_hold(&self, taking: &SnapshotTaking, platform: &Platform) -> Result<SnapshotWritten, String> {
+        let deadline = Instant::now() + VCPU_STOP_GRACE;
+        while !taking.saves.all_put() {
+            if Instant::now() >= deadline {
+                return Err("a vCPU did not stop for the snapshot".into());
+            }
+            for thread in &self.threads {
+                thread.kick();
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        taking.write(platform).map_err(|e| crate::message_chain(&e))
     }
 }
 

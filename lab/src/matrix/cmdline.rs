@@ -79,9 +79,13 @@ impl Plan {
     /// The guest agent's words every traffic workload needs (guest-images/agent/init): the
     /// console, its driver, the MTU.
     fn agent_words(&self, cell: &Cell, mtu: u32) -> [String; 4] {
-        let driver =
-            self.device(&cell.device).map_or_else(|| NicKind::Aqc100.linux_driver().into(), Device::linux_driver);
+        let driver = self.linux_driver(cell);
         ["console=ttyS0".into(), "panic=-1".into(), format!("driverlab.nic={driver}"), format!("driverlab.mtu={mtu}")]
+    }
+
+    /// The Linux driver of a cell's NIC.
+    pub fn linux_driver(&self, cell: &Cell) -> String {
+        self.device(&cell.device).map_or_else(|| NicKind::Aqc100.linux_driver().into(), Device::linux_driver)
     }
 
     /// Every cell's VM as far as the plan fixes it (the image's memory and vCPUs, the cell's

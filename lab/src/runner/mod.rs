@@ -130,8 +130,10 @@ impl<'a> Repetition<'a> {
         let engine = self.env.engine(self.image.engine).map_err(|why| Failure::Setup { what: why.to_string() })?;
         let (device, spec, snapshot) = self.device_and_start(engine, record)?;
         let vm_dir = snapshot.as_deref().map(CellSnapshot::vm_dir);
+        // A restored guest's agent takes the cell's own words from COM2.
+        let line = self.restored_words(&spec);
         let start = match &vm_dir {
-            Some(dir) => Start::Restore { dir },
+            Some(dir) => Start::Restore { dir, com2_input: Some(&line) },
             None => Start::Boot,
         };
         record.boot = Some(if snapshot.is_some() { BootKind::Restored } else { BootKind::Booted });
@@ -177,9 +179,9 @@ impl<'a> Repetition<'a> {
 }
 
 impl Repetition<'_> {
-    /// The device, the VM's spec and the snapshot folder it starts from (`None`: it boots). A
-    /// snapshot the store lacks is taken first, with a device of its own (a model serves one
-    /// VM), and a fresh device is started for the repetition.
+    /// The device, the VM's spec (the cell's, booted or restored) and the snapshot folder it
+    /// starts from (`None`: it boots). A snapshot the store lacks is taken first, with a device
+    /// of its own (a model serves one VM), and a fresh device is started for the repetition.
     fn device_and_start(
         &self,
         engine: &dyn Engine,
@@ -190,9 +192,9 @@ impl Repetition<'_> {
         if self.cold || !self.starts_from_snapshot(&booted) {
             return Ok((device, booted, None));
         }
-        let spec = snapshot_spec(booted.clone());
+        let spec = self.snapshot_spec(booted.clone());
         match self.cell_snapshot(&spec) {
-            CellSnapshot::Ready(folder) => Ok((device, spec, Some(folder))),
+            CellSnapshot::Ready(folder) => Ok((device, booted, Some(folder))),
             CellSnapshot::Failed(why) => {
                 tracing::info!("cell {}: boots; its snapshot could not be taken in this run: {why}", self.cell.id);
                 Ok((device, booted, None))
@@ -201,20 +203,10 @@ impl Repetition<'_> {
                 let taken = self.take_snapshot(engine, spec, device, (&folder, &key));
                 let device = self.start_device(record)?;
                 let booted = self.vm_spec(&device)?;
-                match taken {
-                    Ok(folder) => Ok((device, snapshot_spec(booted), Some(folder))),
-                    Err(_) => Ok((device, booted, None)),
-                }
+                Ok((device, booted, taken.ok()))
             }
         }
     }
-}
-
-/// A Linux cell's spec as its snapshot is taken and restored: its agent stops at its ready
-/// point (`driverlab.snapshot=1`).
-fn snapshot_spec(mut spec: VmSpec) -> VmSpec {
-    spec.cmdline.push_str(" driverlab.snapshot=1");
-    spec
 }
 
 /// A guest that failed by falling silent, with no crash in its log, shows as a hang among the

@@ -1,12 +1,15 @@
 //! Cells that start from a snapshot (`boot = "snapshot"`): the cell's guest is booted once up to
-//! its agent's `ready` frame (the kernel up, the virtio-iommu and the driver loaded, the NIC's
-//! Thunderbolt slot empty) and snapshotted into the image store; every repetition then starts
-//! from it, with a fresh device plugged into the restored guest's slot.
+//! its agent's `ready` frame (the kernel up, the virtio-iommu loaded, the NIC's Thunderbolt slot
+//! empty, the driver not yet loaded) and snapshotted into the image store; every repetition then
+//! starts from it, with a fresh device plugged into the restored guest's slot and the cell's own
+//! words sent on COM2 (the agent loads the driver with their parameters).
 //!
 //! Snapshots are kept in the image store (`.snapshots/`), or where `$DRIVERLAB_SNAPSHOTS` says
-//! (the nested box's store is read-only). A snapshot is kept per key: the driverlab version, the kernel and initrd files, the command
-//! line, memory, vCPUs, the IOMMU and the devices' slots; a snapshot whose `key.json` is not its
-//! key is not used. Its folder in the store (`.snapshots/KEY/`) holds the VMM's snapshot (`vm/`)
+//! (the nested box's store is read-only). A snapshot is kept per key: the driverlab version, the
+//! kernel and initrd files, the command line less the words the guest agent and the NIC's driver
+//! read (each restored guest is sent its cell's on COM2), memory, vCPUs, the IOMMU and the
+//! devices' slots: the cells of one image share it. A snapshot whose `key.json` is not its key
+//! is not used. Its folder in the store (`.snapshots/KEY/`) holds the VMM's snapshot (`vm/`)
 //! and what the guest said before it (`console.log`, `agent.log`), which go in front of each
 //! restored repetition's own logs, so that its record reads as a booted one's. A snapshot that
 //! cannot be taken leaves a note (`KEY.failed`, naming the run) and the run's repetitions boot.
@@ -120,6 +123,27 @@ impl Repetition<'_> {
             && self.image.engine == EngineKind::Driverlab
             && !spec.devices.is_empty()
             && spec.devices.iter().all(|d| !d.plugged)
+    }
+
+    /// The VM a cell's snapshot is taken of: the cell's, its command line without the words
+    /// the guest agent and the NIC's driver read (`driverlab.*`, `DRIVER.*`: they reach each
+    /// restored guest on COM2, so that cells that differ only in them share one snapshot), and
+    /// `driverlab.snapshot=1`, which stops the agent at its ready point.
+    pub(super) fn snapshot_spec(&self, mut spec: VmSpec) -> VmSpec {
+        let driver = self.plan.plan.linux_driver(self.cell);
+        let mut words: Vec<&str> =
+            spec.cmdline.split_whitespace().filter(|w| !read_after_restore(w, &driver)).collect();
+        words.push("driverlab.snapshot=1");
+        spec.cmdline = words.join(" ");
+        spec
+    }
+
+    /// The words of the cell's command line that its snapshot's line lacks: what the restored
+    /// guest's agent is sent on COM2.
+    pub(super) fn restored_words(&self, spec: &VmSpec) -> String {
+        let driver = self.plan.plan.linux_driver(self.cell);
+        let words: Vec<&str> = spec.cmdline.split_whitespace().filter(|w| read_after_restore(w, &driver)).collect();
+        words.join(" ")
     }
 
     /// The snapshot `spec`'s VM starts from, as the store has it.
@@ -239,6 +263,31 @@ impl Repetition<'_> {
             if let Err(e) = std::fs::write(&after, joined) {
                 tracing::warn!("{}: {e}", after.display());
             }
+        }
+    }
+}
+
+/// Whether a command line word is one a restored guest reads from the line it is sent: the
+/// guest agent's (`driverlab.NAME=`) or a parameter of the NIC's driver (`DRIVER.NAME=`, which
+/// the agent gives the driver as it loads it). Every other word (the kernel's, a built-in
+/// module's) is read at boot and stays in the snapshot's line, its key.
+fn read_after_restore(word: &str, driver: &str) -> bool {
+    let module = word.split_once('=').and_then(|(name, _)| name.split_once('.')).map(|(module, _)| module);
+    module.is_some_and(|m| m == "driverlab" || m.replace('-', "_") == driver.replace('-', "_"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_after_restore;
+
+    #[test]
+    fn the_agent_s_and_the_driver_s_words_are_read_after_a_restore() {
+        for word in ["driverlab.iperf=rx,10,6,1,tcp", "atlantic.rxpageorder=3", "driverlab.nic=atlantic"] {
+            assert!(read_after_restore(word, "atlantic"), "{word}");
+        }
+        assert!(read_after_restore("lan743x.x=1", "lan743x"));
+        for word in ["iommu.strict=1", "console=ttyS0", "loglevel=5", "atlantic", "swiotlb=65536", "macsec.x=1"] {
+            assert!(!read_after_restore(word, "atlantic"), "{word}");
         }
     }
 }

@@ -437,6 +437,8 @@ struct ScriptState {
     specs: Vec<VmSpec>,
     /// How each cell's VM was asked to start: `boot`, `snapshot` or `restore`.
     starts: Vec<&'static str>,
+    /// What each restored VM was to read on COM2.
+    com2_inputs: Vec<String>,
     /// A VM to be snapshotted stops into its snapshot (its agent reached `ready`), or powers
     /// off without one.
     snapshots_fail: bool,
@@ -481,7 +483,10 @@ impl Engine for Scripted {
                 }
                 return stopped(ExitReason::Snapshot, 0);
             }
-            engines::Start::Restore { .. } => state.starts.push("restore"),
+            engines::Start::Restore { com2_input, .. } => {
+                state.starts.push("restore");
+                state.com2_inputs.push(com2_input.unwrap_or_default().to_string());
+            }
             engines::Start::Boot if !health => state.starts.push("boot"),
             engines::Start::Boot => {}
         }
@@ -496,14 +501,19 @@ impl Engine for Scripted {
 /// A Linux matrix of `repetitions` whose NIC (a host device) waits in a Thunderbolt slot, its
 /// cells started from their snapshot; its kernel and initrd are files in `dir`.
 fn snapshot_plan(dir: &Path, repetitions: u32) -> RunPlan {
+    snapshot_plan_with(dir, repetitions, "")
+}
+
+/// [`snapshot_plan`] with more of the `stock` variant's lines (its parameters).
+fn snapshot_plan_with(dir: &Path, repetitions: u32, variant: &str) -> RunPlan {
     for file in ["vmlinux", "initrd"] {
         std::fs::write(dir.join(file), file).unwrap();
     }
     let text = format!(
         "name = \"s\"\nrepetitions = {repetitions}\nboot = \"snapshot\"\n[[device]]\nname = \"nic\"\n\
          bdf = \"0000:63:00.0\"\nslot = \"thunderbolt\"\n[[image]]\nname = \"debian\"\nkernel = \"{0}/vmlinux\"\n\
-         initrd = \"{0}/initrd\"\n[[variant]]\nname = \"stock\"\nimage = \"debian\"\n[[workload]]\nname = \"rx\"\n\
-         kind = \"iperf3\"\nip = 4\nduration_s = 1\n",
+         initrd = \"{0}/initrd\"\ncmdline = \"loglevel=5\"\n[[variant]]\nname = \"stock\"\nimage = \"debian\"\n{variant}\n\
+         [[workload]]\nname = \"rx\"\nkind = \"iperf3\"\nip = 4\nduration_s = 1\n",
         dir.display()
     );
     let plan = Plan::parse(&dir.join("s.toml"), &text).unwrap();
@@ -530,7 +540,18 @@ fn a_cell_is_snapshotted_once_its_repetitions_restored_and_a_failed_restore_run_
         assert!(record.retried[0].reason.starts_with("restored from its cell's snapshot, it ended FAIL"));
     }
     let specs = engine.specs();
-    assert!(specs[0].cmdline.ends_with(" driverlab.snapshot=1") && specs[1].cmdline == specs[0].cmdline);
+    assert_eq!(
+        specs[0].cmdline, "loglevel=5 console=ttyS0 panic=-1 driverlab.snapshot=1",
+        "the agent's words go later"
+    );
+    assert!(specs[1].cmdline.contains("driverlab.iperf=rx,1,4,1,tcp"), "{}", specs[1].cmdline);
+    let inputs = engine.state.lock().unwrap().com2_inputs.clone();
+    assert!(inputs.len() == 2 && inputs[0] == inputs[1], "{inputs:?}");
+    assert!(
+        inputs[0].starts_with("driverlab.nic=atlantic driverlab.mtu=1500 driverlab.iperf=rx,1,4,1,tcp"),
+        "{inputs:?}"
+    );
+    assert!(!inputs[0].contains("console="), "only the words the snapshot's line lacks: {inputs:?}");
     assert!(!specs[2].cmdline.contains("driverlab.snapshot"), "the re-run boots as a cold cell does");
     assert!(specs[0].devices.iter().all(|d| !d.plugged), "the snapshot's slot is empty");
     // The restored attempt's console: the snapshot's guest's, then the restored one's.
@@ -541,6 +562,27 @@ fn a_cell_is_snapshotted_once_its_repetitions_restored_and_a_failed_restore_run_
     assert_eq!(stored.len(), 1, "one snapshot in the store");
     let key = std::fs::read_to_string(stored[0].path().join("key.json")).unwrap();
     assert!(key.contains("driverlab.snapshot=1") && key.contains("slot=thunderbolt,plugged=false"), "{key}");
+}
+
+#[test]
+fn cells_that_differ_in_the_driver_s_parameters_share_one_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = snapshot_plan_with(dir.path(), 1, "params = { \"atlantic.rxpageorder\" = [\"0\", \"3\"] }");
+    assert_eq!(plan.plan.cells.len(), 2);
+    let ended = || Boot { serial: "console\n".into(), booted: stopped(ExitReason::Poweroff, 0) };
+    let engine = Scripted::cells((0..4).map(|_| ended()));
+    let env = lab(dir.path(), &engine, false);
+    let ctx = RunContext { run: "r".into(), artifacts: dir.path().join("artifacts") };
+    for cell in &plan.plan.cells {
+        run(&env, &plan, &ctx, cell, 0);
+    }
+    assert_eq!(engine.state.lock().unwrap().starts, ["snapshot", "restore", "boot", "restore", "boot"]);
+    let specs = engine.specs();
+    assert!(!specs[0].cmdline.contains("atlantic."), "the driver's parameters go later: {}", specs[0].cmdline);
+    let inputs = engine.state.lock().unwrap().com2_inputs.clone();
+    assert!(inputs[0].contains("atlantic.rxpageorder=0") && inputs[1].contains("atlantic.rxpageorder=3"), "{inputs:?}");
+    let stored: Vec<_> = std::fs::read_dir(dir.path().join("images/.snapshots")).unwrap().flatten().collect();
+    assert_eq!(stored.len(), 1, "one snapshot for both cells");
 }
 
 #[test]

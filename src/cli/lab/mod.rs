@@ -2,7 +2,7 @@
 //! import; and the devices' leases and quarantines. Each command works in this process or
 //! through a daemon ([`backend`]) and prints the same either way ([`output`]).
 
-mod backend;
+pub(crate) mod backend;
 mod bisect;
 pub mod daemon;
 mod output;

@@ -226,6 +226,11 @@ impl VcpuSaves {
         }
     }
 
+    /// Whether every vCPU left its state (or why it could not).
+    pub fn all_put(&self) -> bool {
+        self.states.lock().unwrap_or_else(|p| p.into_inner()).iter().all(Option::is_some)
+    }
+
     /// Every vCPU's state, in ID order; the first one missing is an error.
     pub fn take(&self) -> Result<Vec<VcpuState>, SnapshotError> {
         let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());

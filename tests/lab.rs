@@ -459,3 +459,24 @@ fn lab_try_writes_shows_and_keeps_the_matrix_and_runs_it_as_lab_run() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("the matrix has no image with `series`"));
 }
+
+#[test]
+fn lab_prune_deletes_the_snapshots_no_run_can_use() {
+    let lab = Lab::new();
+    let images = lab.dir.path().join("images");
+    let stale = images.join(".snapshots").join("0123abcd");
+    std::fs::create_dir_all(&stale).unwrap();
+    let key = r#"{"driverlab":"0.0.1","format":1,"kernel":null,"initrd":null,"cmdline":"","memory_mib":256,"vcpus":1,"iommu":null,"slots":[]}"#;
+    std::fs::write(stale.join("key.json"), key).unwrap();
+    let out = lab
+        .command(&["prune", "--keep", "1"])
+        .env("DRIVERLAB_IMAGES", &images)
+        .env_remove("DRIVERLAB_SNAPSHOTS")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("deleted snapshot 0123abcd: taken by driverlab 0.0.1 (snapshot format 1)"), "{stdout}");
+    assert_eq!(stdout.lines().last(), Some("pruned 0 runs (0 results, 0 MiB of artifacts), kept 1"), "{stdout}");
+    assert!(!stale.exists());
+}

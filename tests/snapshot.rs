@@ -33,6 +33,16 @@ fn wait_for(console: &Path, what: &str) {
 /// Boots the holding probe with `--snapshot-to DIR/name`, snapshots it; the directory and the
 /// VMM's outcome.
 fn take_snapshot(dir: &Path, name: &str) -> (PathBuf, VmOutcome) {
+    let (snapshot, _, vm, control) = holding_probe(dir, name);
+    let accepted = control.snapshot().unwrap();
+    assert_eq!((accepted.state, accepted.dir.as_str()), (VmState::Stopping, snapshot.to_str().unwrap()));
+    (snapshot, vm.wait().unwrap())
+}
+
+/// The probe with [`CMDLINE`], started with `--snapshot-to DIR/NAME` and its console in
+/// `DIR/NAME.boot.log`, once it holds: the snapshot's directory, the console, the VM and its
+/// control socket's client.
+fn holding_probe(dir: &Path, name: &str) -> (PathBuf, PathBuf, RunningVm, ControlClient) {
     let snapshot = dir.join(name);
     let console = dir.join(format!("{name}.boot.log"));
     let socket = dir.join(format!("{name}.sock"));
@@ -50,9 +60,7 @@ fn take_snapshot(dir: &Path, name: &str) -> (PathBuf, VmOutcome) {
     ];
     let (vm, control) = start_vm(args, &socket);
     wait_for(&console, "{\"probe\":\"holding\"");
-    let accepted = control.snapshot().unwrap();
-    assert_eq!((accepted.state, accepted.dir.as_str()), (VmState::Stopping, snapshot.to_str().unwrap()));
-    (snapshot, vm.wait().unwrap())
+    (snapshot, console, vm, control)
 }
 
 /// Starts the VMM with `args` and its control socket at `socket`; the process and a client of
@@ -166,21 +174,7 @@ fn a_snapshot_taken_with_resume_lets_the_vm_go_on_and_restores_to_the_same_end()
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (snapshot, console, socket) = (dir.path().join("snap"), dir.path().join("on.log"), dir.path().join("on.sock"));
-    let args = [
-        "--kernel".as_ref(),
-        "probe".as_ref(),
-        "--cmdline".as_ref(),
-        CMDLINE.as_ref(),
-        "--memory".as_ref(),
-        "64".as_ref(),
-        "--serial".as_ref(),
-        console.as_os_str(),
-        "--snapshot-to".as_ref(),
-        snapshot.as_os_str(),
-    ];
-    let (vm, control) = start_vm(args, &socket);
-    wait_for(&console, "{\"probe\":\"holding\"");
+    let (snapshot, console, vm, control) = holding_probe(dir.path(), "snap");
     let answer = control.snapshot_then(AfterSnapshot::Resume).unwrap();
     assert_eq!((answer.state, answer.dir.as_str()), (VmState::Running, snapshot.to_str().unwrap()));
     let written = answer.written.expect("what was written");

@@ -625,17 +625,25 @@ mod tests {
         assert_eq!(iperf_figures(&udp_bidir).unwrap().received_gbit_s, (2.0e5 + 5.1e7) / 1e9);
     }
 
-    /// Runs the agent's own frame functions in busybox sh and parses what they wrote.
-    #[test]
-    fn the_agent_s_frames_round_trip_through_the_parser() {
+    /// This host's busybox and a folder holding the agent as `init`, for `test` to source it in
+    /// busybox sh; `None` (the test skipped, saying why) without busybox.
+    fn agent_in_busybox(test: &str) -> Option<(&'static str, tempfile::TempDir)> {
         let busybox = ["/bin/busybox", "/usr/bin/busybox"].into_iter().find(|p| std::path::Path::new(p).exists());
         let Some(busybox) = busybox else {
-            let test = "the_agent_s_frames_round_trip_through_the_parser";
             testkit::skip(test, testkit::Lacks::Setup, "no busybox (apt-get install busybox-static)");
-            return;
+            return None;
         };
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("init"), guest_images::AGENT).unwrap();
+        Some((busybox, dir))
+    }
+
+    /// Runs the agent's own frame functions in busybox sh and parses what they wrote.
+    #[test]
+    fn the_agent_s_frames_round_trip_through_the_parser() {
+        let Some((busybox, dir)) = agent_in_busybox("the_agent_s_frames_round_trip_through_the_parser") else {
+            return;
+        };
         let script = r#"DRIVERLAB_AGENT_LIB=1 . ./init
             OUT=port; T0=$(cut -d' ' -f1 /proc/uptime)
             frame_json hello '{"agent":"driverlab","version":1}'
@@ -668,14 +676,9 @@ mod tests {
     /// (here a file that holds it), and reads its settings and the driver's parameters from it.
     #[test]
     fn the_agent_takes_its_cell_s_line_after_a_restore() {
-        let busybox = ["/bin/busybox", "/usr/bin/busybox"].into_iter().find(|p| std::path::Path::new(p).exists());
-        let Some(busybox) = busybox else {
-            let test = "the_agent_takes_its_cell_s_line_after_a_restore";
-            testkit::skip(test, testkit::Lacks::Setup, "no busybox (apt-get install busybox-static)");
+        let Some((busybox, dir)) = agent_in_busybox("the_agent_takes_its_cell_s_line_after_a_restore") else {
             return;
         };
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("init"), guest_images::AGENT).unwrap();
         let line = "driverlab.nic=lan743x driverlab.iperf=rx,10,6,1,tcp lan743x.rxq=3 lan743x.x=1\n";
         std::fs::write(dir.path().join("port"), line).unwrap();
         let script = r#"DRIVERLAB_AGENT_LIB=1 . ./init

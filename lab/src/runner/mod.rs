@@ -23,6 +23,7 @@ use crate::record::{Attempt, BootKind, Crash, Record, Status};
 use device::StartedDevice;
 use engines::{BootRequest, Booted, Engine, Start, Watch};
 use snapshot::CellSnapshot;
+pub use snapshot::{PrunedSnapshot, SNAPSHOT_LEFTOVER_AGE, prune_snapshots, snapshots_dir};
 use vm_spec::VmSpec;
 
 /// What every repetition of a run shares.

@@ -152,10 +152,7 @@ impl Repetition<'_> {
             Ok(key) => key,
             Err(why) => return CellSnapshot::Failed(format!("its key: {why}")),
         };
-        let store = match std::env::var_os(SNAPSHOTS_ENV) {
-            Some(dir) => PathBuf::from(dir),
-            None => self.env.images.root().join(SNAPSHOTS),
-        };
+        let store = snapshots_dir(self.env.images.root());
         let folder = store.join(key.name());
         let failed = store.join(format!("{}.failed", key.name()));
         if let Ok(note) = std::fs::read_to_string(&failed)
@@ -267,6 +264,88 @@ impl Repetition<'_> {
     }
 }
 
+/// The snapshots' folder for the image store at `images_root`: `$DRIVERLAB_SNAPSHOTS`, else the
+/// store's `.snapshots`.
+pub fn snapshots_dir(images_root: &Path) -> PathBuf {
+    match std::env::var_os(SNAPSHOTS_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => images_root.join(SNAPSHOTS),
+    }
+}
+
+/// What `lab prune` deleted from the snapshots' folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrunedSnapshot {
+    /// Its name in the folder.
+    pub name: String,
+    /// Why no run can use it.
+    pub why: String,
+    /// The disk space it held.
+    pub bytes: u64,
+}
+
+/// How long a scratch folder (`.take-*`) or a failed snapshot's note (`KEY.failed`) may be left
+/// before `lab prune` deletes it: longer than any run that could still be using it.
+pub const SNAPSHOT_LEFTOVER_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Deletes from the snapshots' folder `dir` what no run can use again: snapshots of another
+/// driverlab version or snapshot format, or whose kernel or initrd changed or is gone, or
+/// without a readable key; and, older than `leftover_age`, the scratch folders of runs that
+/// were killed while taking one and the notes of snapshots that could not be taken.
+pub fn prune_snapshots(dir: &Path, leftover_age: std::time::Duration) -> Vec<PrunedSnapshot> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut pruned = Vec::new();
+    for entry in entries.flatten() {
+        let (path, name) = (entry.path(), entry.file_name().to_string_lossy().into_owned());
+        let old =
+            entry.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok()) >= Some(leftover_age);
+        let why = if name.starts_with(".take-") {
+            old.then(|| "a scratch folder of a run killed while taking a snapshot".to_string())
+        } else if name.ends_with(".failed") {
+            old.then(|| "the note of a snapshot that could not be taken".to_string())
+        } else {
+            unusable(&path)
+        };
+        let Some(why) = why else { continue };
+        let bytes = disk_bytes(&path);
+        let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        match removed {
+            Ok(()) => pruned.push(PrunedSnapshot { name, why, bytes }),
+            Err(e) => tracing::warn!("{}: {e}", path.display()),
+        }
+    }
+    pruned.sort_by(|a, b| a.name.cmp(&b.name));
+    pruned
+}
+
+/// Why the snapshot in `folder` can never be used again, if so.
+fn unusable(folder: &Path) -> Option<String> {
+    let key: SnapshotKey = match std::fs::read(folder.join(KEY)).map(|b| serde_json::from_slice(&b)) {
+        Ok(Ok(key)) => key,
+        _ => return Some("no readable key".into()),
+    };
+    if key.driverlab != env!("CARGO_PKG_VERSION") || key.format != vm_spec::SNAPSHOT_FORMAT {
+        return Some(format!("taken by driverlab {} (snapshot format {})", key.driverlab, key.format));
+    }
+    for (what, file) in [("kernel", &key.kernel), ("initrd", &key.initrd)] {
+        if let Some(file) = file
+            && FileId::of(&file.path).ok().as_ref() != Some(file)
+        {
+            return Some(format!("its {what} {} changed or is gone", file.path.display()));
+        }
+    }
+    None
+}
+
+/// The disk space of a file or a folder's files (sparse files count what they hold).
+fn disk_bytes(path: &Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else { return 0 };
+    if !meta.is_dir() {
+        return meta.blocks() * 512;
+    }
+    std::fs::read_dir(path).map_or(0, |entries| entries.flatten().map(|e| disk_bytes(&e.path())).sum())
+}
+
 /// Whether a command line word is one a restored guest reads from the line it is sent: the
 /// guest agent's (`driverlab.NAME=`) or a parameter of the NIC's driver (`DRIVER.NAME=`, which
 /// the agent gives the driver as it loads it). Every other word (the kernel's, a built-in
@@ -278,7 +357,55 @@ fn read_after_restore(word: &str, driver: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::read_after_restore;
+    use super::*;
+
+    /// A snapshot folder in `dir` named `name` with `key`, and 4 KiB of RAM.
+    fn stored(dir: &Path, name: &str, key: &SnapshotKey) {
+        std::fs::create_dir_all(dir.join(name).join(VM)).unwrap();
+        std::fs::write(dir.join(name).join(KEY), serde_json::to_vec(key).unwrap()).unwrap();
+        std::fs::write(dir.join(name).join(VM).join("ram"), [1u8; 4096]).unwrap();
+    }
+
+    #[test]
+    fn prune_deletes_what_no_run_can_use_and_keeps_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let kernel = dir.path().join("vmlinux");
+        std::fs::write(&kernel, "a kernel").unwrap();
+        let key = SnapshotKey {
+            driverlab: env!("CARGO_PKG_VERSION").into(),
+            format: vm_spec::SNAPSHOT_FORMAT,
+            kernel: Some(FileId::of(&kernel).unwrap()),
+            initrd: None,
+            cmdline: "console=ttyS0 driverlab.snapshot=1".into(),
+            memory_mib: 512,
+            vcpus: 1,
+            iommu: None,
+            slots: vec!["slot=thunderbolt,plugged=false".into()],
+        };
+        let store = dir.path().join("snapshots");
+        stored(&store, "current", &key);
+        stored(&store, "older", &SnapshotKey { driverlab: "0.0.1".into(), ..key.clone() });
+        let gone =
+            SnapshotKey { kernel: Some(FileId { path: dir.path().join("gone"), len: 1, modified_ns: 1 }), ..key };
+        stored(&store, "gone", &gone);
+        std::fs::create_dir_all(store.join("nokey")).unwrap();
+        std::fs::create_dir_all(store.join(".take-abc")).unwrap();
+        std::fs::write(store.join("current.failed"), "r\nwhy").unwrap();
+
+        // Young leftovers stay: a run may be using them.
+        let pruned = prune_snapshots(&store, SNAPSHOT_LEFTOVER_AGE);
+        let names: Vec<&str> = pruned.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["gone", "nokey", "older"]);
+        assert!(pruned[2].why.contains("driverlab 0.0.1") && pruned[2].bytes >= 4096, "{:?}", pruned[2]);
+        assert!(pruned[0].why.contains("changed or is gone"), "{:?}", pruned[0]);
+        assert!(store.join("current").join(KEY).exists() && store.join(".take-abc").exists());
+        // Old ones go (an age of zero makes every leftover old).
+        let pruned = prune_snapshots(&store, std::time::Duration::ZERO);
+        let names: Vec<&str> = pruned.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, [".take-abc", "current.failed"]);
+        assert!(store.join("current").exists(), "a usable snapshot is never pruned");
+        assert!(prune_snapshots(&dir.path().join("none"), std::time::Duration::ZERO).is_empty());
+    }
 
     #[test]
     fn the_agent_s_and_the_driver_s_words_are_read_after_a_restore() {

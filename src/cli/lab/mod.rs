@@ -430,6 +430,15 @@ fn prune(args: PruneArgs) -> anyhow::Result<u8> {
     for run in &pruned.runs {
         println!("deleted run {run}");
     }
+    let snapshots = lab::runner::snapshots_dir(&guest_images::store::default_root());
+    let deleted = lab::runner::prune_snapshots(&snapshots, lab::runner::SNAPSHOT_LEFTOVER_AGE);
+    for snapshot in &deleted {
+        println!("deleted snapshot {}: {}", snapshot.name, snapshot.why);
+    }
+    if !deleted.is_empty() {
+        let bytes: u64 = deleted.iter().map(|s| s.bytes).sum();
+        println!("pruned {} snapshots ({} MiB) in {}", deleted.len(), bytes >> 20, snapshots.display());
+    }
     println!(
         "pruned {} runs ({} results, {} MiB of artifacts), kept {}",
         pruned.runs.len(),

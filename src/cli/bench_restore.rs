@@ -84,13 +84,12 @@ pub fn on_daemon(client: Client, runs: usize, memory_mib: u64, device: &str, bui
     let dir = tempfile::tempdir()?;
     let backend = Backend::Remote(client);
     let options = RunOptions { build_here, ..RunOptions::default() };
-    let mut kinds = Vec::new();
-    for (boot, kind) in [("snapshot", BootKind::Restored), ("cold", BootKind::Booted)] {
+    let run = |boot: &str, kind: BootKind| {
         eprintln!("bench restore: {runs} repetitions with boot = \"{boot}\" on the daemon's box");
-        let starts = run_one(&backend, &options, dir.path(), &matrix(boot, runs, memory_mib, device), kind)?;
-        kinds.push(starts);
-    }
-    let [restored, cold] = kinds.try_into().map_err(|_| anyhow::anyhow!("two runs"))?;
+        run_one(&backend, &options, dir.path(), &matrix(boot, runs, memory_mib, device), kind)
+    };
+    let restored = run("snapshot", BootKind::Restored)?;
+    let cold = run("cold", BootKind::Booted)?;
     println!(
         "a Linux cell (the Debian kernel, the guest agent, {device} in a Thunderbolt slot), {memory_mib} MiB, \
          {runs} repetitions each: runs {} (snapshot; {} passed restored, {} run again booted) and {} (cold)",

@@ -130,20 +130,22 @@ impl Repetition<'_> {
     /// restored guest on COM2, so that cells that differ only in them share one snapshot), and
     /// `driverlab.snapshot=1`, which stops the agent at its ready point.
     pub(super) fn snapshot_spec(&self, mut spec: VmSpec) -> VmSpec {
-        let driver = self.plan.plan.linux_driver(self.cell);
-        let mut words: Vec<&str> =
-            spec.cmdline.split_whitespace().filter(|w| !read_after_restore(w, &driver)).collect();
-        words.push("driverlab.snapshot=1");
-        spec.cmdline = words.join(" ");
+        let (mut booted, _) = self.split_cmdline(&spec.cmdline);
+        booted.push("driverlab.snapshot=1");
+        spec.cmdline = booted.join(" ");
         spec
     }
 
     /// The words of the cell's command line that its snapshot's line lacks: what the restored
     /// guest's agent is sent on COM2.
     pub(super) fn restored_words(&self, spec: &VmSpec) -> String {
+        self.split_cmdline(&spec.cmdline).1.join(" ")
+    }
+
+    /// A cell's command line as the words read at boot and those read after a restore.
+    fn split_cmdline<'c>(&self, cmdline: &'c str) -> (Vec<&'c str>, Vec<&'c str>) {
         let driver = self.plan.plan.linux_driver(self.cell);
-        let words: Vec<&str> = spec.cmdline.split_whitespace().filter(|w| read_after_restore(w, &driver)).collect();
-        words.join(" ")
+        cmdline.split_whitespace().partition(|w| !read_after_restore(w, &driver))
     }
 
     /// The snapshot `spec`'s VM starts from, as the store has it.

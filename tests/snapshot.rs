@@ -43,6 +43,11 @@ fn take_snapshot(dir: &Path, name: &str) -> (PathBuf, VmOutcome) {
 /// `DIR/NAME.boot.log`, once it holds: the snapshot's directory, the console, the VM and its
 /// control socket's client.
 fn holding_probe(dir: &Path, name: &str) -> (PathBuf, PathBuf, RunningVm, ControlClient) {
+    holding_probe_with(dir, name, &[])
+}
+
+/// [`holding_probe`] with more flags.
+fn holding_probe_with(dir: &Path, name: &str, extra: &[&str]) -> (PathBuf, PathBuf, RunningVm, ControlClient) {
     let snapshot = dir.join(name);
     let console = dir.join(format!("{name}.boot.log"));
     let socket = dir.join(format!("{name}.sock"));
@@ -58,6 +63,7 @@ fn holding_probe(dir: &Path, name: &str) -> (PathBuf, PathBuf, RunningVm, Contro
         "--snapshot-to".as_ref(),
         snapshot.as_os_str(),
     ];
+    let args = args.into_iter().chain(extra.iter().map(std::ffi::OsStr::new));
     let (vm, control) = start_vm(args, &socket);
     wait_for(&console, "{\"probe\":\"holding\"");
     (snapshot, console, vm, control)
@@ -198,6 +204,61 @@ fn a_snapshot_taken_with_resume_lets_the_vm_go_on_and_restores_to_the_same_end()
     assert_eq!(out.exit.map(|e| e.reason), Some(ExitReason::Poweroff), "{}", out.stderr);
     let (went_on, restored) = (untimed(&went_on), untimed(&restored));
     assert!(!restored.is_empty() && went_on.ends_with(&restored), "{went_on:?}\nends otherwise than\n{restored:?}");
+}
+
+#[test]
+fn a_restored_vm_gets_its_payload_in_the_window_its_snapshot_set_aside() {
+    if !kvm_available("a_restored_vm_gets_its_payload_in_the_window_its_snapshot_set_aside") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (snapshot, console, vm, control) = holding_probe_with(dir.path(), "snap", &["--payload-window", "16"]);
+    control.snapshot().unwrap();
+    assert_eq!(vm.wait().unwrap().exit.map(|e| e.reason), Some(ExitReason::Snapshot));
+    // 64 MiB of RAM: the window is the 16 MiB below the last 2, reserved in the guest's E820 map.
+    let window = (64 - 2 - 16) << 20;
+    let boot = ProbeReport::parse(&std::fs::read_to_string(&console).unwrap()).boot().expect("a boot section");
+    let reserved = boot.e820.iter().find(|e| e.addr == window).map(|e| (e.size, e.kind));
+    assert_eq!(reserved, Some((16 << 20, 2)), "{:?}", boot.e820);
+    assert!(boot.e820.iter().any(|e| e.kind == 1 && e.addr == window + (16 << 20)), "usable RAM above it");
+
+    // Restored with a payload (and --snapshot-to, so that its RAM is a file of its own): a
+    // snapshot of the restored VM holds the payload at the window.
+    let payload: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    let file = dir.path().join("payload");
+    std::fs::write(&file, &payload).unwrap();
+    let again = dir.path().join("again");
+    let console = dir.path().join("restored.log");
+    let args: [&std::ffi::OsStr; 8] = [
+        "--restore".as_ref(),
+        snapshot.as_os_str(),
+        "--payload".as_ref(),
+        file.as_os_str(),
+        "--serial".as_ref(),
+        console.as_os_str(),
+        "--snapshot-to".as_ref(),
+        again.as_os_str(),
+    ];
+    let (vm, control) = start_vm(args, &dir.path().join("restored.sock"));
+    let running = || control.info().is_ok_and(|i| i.state == VmState::Running);
+    assert!(common::wait_until(Duration::from_secs(30), Duration::from_millis(5), running), "the restored VM runs");
+    control.snapshot().unwrap();
+    assert_eq!(vm.wait().unwrap().exit.map(|e| e.reason), Some(ExitReason::Snapshot));
+    let mut held = vec![0u8; payload.len()];
+    std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(again.join("ram")).unwrap(), &mut held, window)
+        .unwrap();
+    assert!(held == payload, "the window holds the payload");
+
+    // A payload larger than the window, and one for a snapshot without a window: refused.
+    std::fs::write(&file, vec![1u8; (16 << 20) + 1]).unwrap();
+    let out = vm_run(&["--restore", snapshot.to_str().unwrap(), "--payload", file.to_str().unwrap()]);
+    let line = out.error.unwrap_or_else(|| panic!("an error line: {}", out.stderr));
+    assert_eq!(line.kind, ErrorKind::Usage);
+    assert!(line.message.contains("larger than the snapshot's payload window of 16 MiB"), "{}", line.message);
+    let (plain, _) = take_snapshot(dir.path(), "plain");
+    let out = vm_run(&["--restore", plain.to_str().unwrap(), "--payload", file.to_str().unwrap()]);
+    let line = out.error.unwrap_or_else(|| panic!("an error line: {}", out.stderr));
+    assert!(line.message.contains("has no payload window (boot it with --payload-window)"), "{}", line.message);
 }
 
 /// A copy of the snapshot at `from` as `to`, with `change` applied to the file `name`.

@@ -695,6 +695,54 @@ mod tests {
         assert!(frames.first(FrameKind::Ready).is_some_and(|r| r["slot"] == "empty"), "{frames:?}");
     }
 
+    /// The agent takes a restored copy's payload from the payload window (here a file standing
+    /// for /dev/mem, with /proc/iomem's lines around the window), checks it and unpacks it; a
+    /// payload that is not the one sent fails its `load` step.
+    #[test]
+    fn the_agent_unpacks_the_payload_window_and_refuses_a_wrong_one() {
+        let Some((busybox, dir)) = agent_in_busybox("the_agent_unpacks_the_payload_window_and_refuses_a_wrong_one")
+        else {
+            return;
+        };
+        let mut tree = guest_images::initramfs::Tree::new();
+        tree.file("lib/modules/atlantic.ko", 0o644, b"patched module".to_vec());
+        tree.file("etc/driverlab/modules.atlantic", 0o644, b"atlantic\n".to_vec());
+        let payload = tree.cpio();
+        let window = 0x1e80_0000u64;
+        let iomem = "00000000-00000fff : Reserved\n00001000-0009fbff : System RAM\n0009fc00-000fffff : Reserved\n\
+                     00100000-1e7fffff : System RAM\n  01000000-01ffffff : Kernel code\n1e800000-1f7fffff : Reserved\n\
+                     1f800000-1fffffff : System RAM\ne0000000-e1ffffff : PCI ECAM 0000 [bus 00-1f]\n\
+                     e0000000-e1ffffff : Reserved\n";
+        std::fs::write(dir.path().join("iomem"), iomem).unwrap();
+        let mem = std::fs::File::create(dir.path().join("mem")).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&mem, &payload, window).unwrap();
+        std::fs::create_dir(dir.path().join("root")).unwrap();
+        let sum = guest_images::store::sha256(&payload);
+        let take = |sum: &str| {
+            let script = format!(
+                r#"DRIVERLAB_AGENT_LIB=1 . ./init
+                OUT=port; T0=$(cut -d' ' -f1 /proc/uptime); IOMEM=iomem MEM=mem UNPACK_TO=root
+                PAYLOAD={}:{sum}; STEP=load; take_payload && echo "taken $PAYLOAD_TAKEN"; exit 0"#,
+                payload.len()
+            );
+            let out = std::process::Command::new(busybox)
+                .args(["sh", "-c", &script])
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        assert!(take(&sum).contains(&format!("taken ,\"payload_bytes\":{}", payload.len())));
+        assert_eq!(std::fs::read(dir.path().join("root/lib/modules/atlantic.ko")).unwrap(), b"patched module");
+        let wrong = take(&"0".repeat(64));
+        assert!(!wrong.contains("taken"), "{wrong}");
+        let frames = parse(&std::fs::read(dir.path().join("port")).unwrap());
+        let load = frames.step("load").unwrap();
+        assert_eq!(load.status, StepStatus::Fail);
+        assert!(load.reason.contains("the window at 0x1e800000 holds is not what was sent"), "{}", load.reason);
+    }
+
     #[test]
     fn the_agent_passes_shellcheck() {
         let dir = tempfile::tempdir().unwrap();

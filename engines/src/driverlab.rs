@@ -108,9 +108,9 @@ impl DriverlabEngine {
             Start::Snapshot { dir } => {
                 VmProcess::new(&self.vmm, spec, KILL_GRACE).with_flags(["--snapshot-to".as_ref(), dir.as_os_str()])
             }
-            Start::Restore { dir, com2_input } => {
+            Start::Restore { dir, com2_input, payload } => {
                 let deadline = spec.timeout_s.map_or(Duration::ZERO, Duration::from_secs_f64) + KILL_GRACE;
-                VmProcess::with_args(&self.vmm, restore_flags(&spec, dir, com2_input), deadline)
+                VmProcess::with_args(&self.vmm, restore_flags(&spec, dir, com2_input, payload), deadline)
             }
         }
     }
@@ -118,11 +118,14 @@ impl DriverlabEngine {
 
 /// `vm run`'s flags that restore the snapshot in `dir` as the VM `spec` would be: its devices
 /// (new backends in the snapshot's slots), serial ports and timeout, and what the guest reads on
-/// COM2.
-fn restore_flags(spec: &VmSpec, dir: &Path, com2_input: Option<&str>) -> Vec<OsString> {
+/// COM2 and in the payload window.
+fn restore_flags(spec: &VmSpec, dir: &Path, com2_input: Option<&str>, payload: Option<&Path>) -> Vec<OsString> {
     let mut flags: Vec<OsString> = vec!["--restore".into(), dir.into()];
     if let Some(text) = com2_input {
         flags.extend(["--com2-input".into(), text.into()]);
+    }
+    if let Some(file) = payload {
+        flags.extend(["--payload".into(), file.into()]);
     }
     for device in &spec.devices {
         flags.extend(["--device".into(), device.to_string().into()]);

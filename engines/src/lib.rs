@@ -199,6 +199,9 @@ pub enum Start<'a> {
         /// What the restored guest reads on COM2 as it starts: the guest agent, waiting at the
         /// snapshot's point, takes its cell's command line from there.
         com2_input: Option<&'a str>,
+        /// A file written into the snapshot's payload window before the guest runs (the driver
+        /// variant's modules, which the agent unpacks before loading the driver).
+        payload: Option<&'a Path>,
     },
 }
 

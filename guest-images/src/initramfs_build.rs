@@ -129,6 +129,10 @@ pub struct InitramfsManifest {
     pub kselftest: Option<crate::kselftest::SuiteFacts>,
     /// Every file: path and SHA-256 (links: `-> target`).
     pub files: BTreeMap<String, String>,
+    /// The archive in two parts for a guest started from a snapshot (absent from older
+    /// manifests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_parts: Option<SnapshotParts>,
 }
 
 impl InitramfsManifest {
@@ -136,6 +140,50 @@ impl InitramfsManifest {
     pub fn archive_path(&self, store: &ImageStore) -> PathBuf {
         store.dir(&self.id).join(&self.archive)
     }
+}
+
+/// An initramfs split for snapshots ([`snapshot_split`]): the base a snapshot's guest boots,
+/// the same for every driver variant of one kernel and tool set, and the payload the agent
+/// unpacks after the restore (in the image's folder).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotParts {
+    /// The base archive (gzip-compressed cpio).
+    pub base: String,
+    /// Its SHA-256: the same for images that share it.
+    pub base_sha256: String,
+    /// The payload archive (cpio, uncompressed).
+    pub payload: String,
+    /// Its size in bytes.
+    pub payload_bytes: u64,
+    /// Its SHA-256.
+    pub payload_sha256: String,
+}
+
+/// An image's tree in two: the payload is what the agent's `load` step reads, which a guest
+/// started from a snapshot taken before that step gets after its restore: each driver group's
+/// load list (`etc/driverlab/modules.DRIVER`) and its modules but those the `iommu` group loads
+/// before the snapshot; the base is the rest.
+pub fn snapshot_split(tree: &Tree) -> (Tree, Tree) {
+    let modules_of = |data: &[u8]| -> Vec<String> {
+        String::from_utf8_lossy(data).lines().filter(|l| !l.is_empty()).map(|m| format!("lib/modules/{m}.ko")).collect()
+    };
+    let (mut before, mut after) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+    for (path, node) in tree.nodes() {
+        if let (Some(group), Node::File { data, .. }) = (path.strip_prefix("etc/driverlab/modules."), node) {
+            if group == "iommu" {
+                before.extend(modules_of(data));
+            } else {
+                after.insert(path.clone());
+                after.extend(modules_of(data));
+            }
+        }
+    }
+    let (mut base, mut payload) = (Tree::new(), Tree::new());
+    for (path, node) in tree.nodes() {
+        let part = if after.contains(path) && !before.contains(path) { &mut payload } else { &mut base };
+        part.add(path, node.clone());
+    }
+    (base, payload)
 }
 
 /// A program on this host's `PATH`, from the Debian package `package`.
@@ -220,15 +268,34 @@ pub fn build(store: &ImageStore, request: &InitramfsRequest) -> Result<Initramfs
         tools,
         kselftest,
         files,
+        snapshot_parts: None,
     };
-    if store.manifest::<InitramfsManifest>(&id).is_err() {
-        let scratch = store.scratch("initramfs")?;
-        mkdir(&scratch)?;
-        write(&scratch.join(&manifest.archive), &archive)?;
-        write_manifest(&scratch, &manifest)?;
-        store.commit(&scratch, &id)?;
+    if let Ok(stored) = store.manifest::<InitramfsManifest>(&id) {
+        return Ok(stored);
     }
+    let scratch = store.scratch("initramfs")?;
+    mkdir(&scratch)?;
+    write(&scratch.join(&manifest.archive), &archive)?;
+    let manifest = InitramfsManifest { snapshot_parts: Some(write_snapshot_parts(&scratch, &tree)?), ..manifest };
+    write_manifest(&scratch, &manifest)?;
+    store.commit(&scratch, &id)?;
     Ok(manifest)
+}
+
+/// The archive's [`snapshot_split`] parts, written into the image's folder `dir`.
+fn write_snapshot_parts(dir: &Path, tree: &Tree) -> Result<SnapshotParts, ImageError> {
+    let (base, payload) = snapshot_split(tree);
+    let (base, payload) = (base.cpio_gz(), payload.cpio());
+    let parts = SnapshotParts {
+        base: "snapshot-base.cpio.gz".into(),
+        base_sha256: sha256(&base),
+        payload: "snapshot-payload.cpio".into(),
+        payload_bytes: payload.len() as u64,
+        payload_sha256: sha256(&payload),
+    };
+    write(&dir.join(&parts.base), &base)?;
+    write(&dir.join(&parts.payload), &payload)?;
+    Ok(parts)
 }
 
 /// This host's `program` (of the Debian package `package`) at `bin/PROGRAM`, with every library
@@ -350,6 +417,38 @@ fn add_modules(tree: &mut Tree, tree_index: &ModuleTree, variants: &Variants) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tree as `build` makes it, with `driver`'s module holding `bytes`.
+    fn image(bytes: &[u8]) -> Tree {
+        let mut tree = Tree::new();
+        tree.file("init", 0o755, b"agent".to_vec());
+        tree.file("lib/modules/virtio_iommu.ko", 0o644, b"iommu".to_vec());
+        tree.file("lib/modules/shared.ko", 0o644, b"both".to_vec());
+        tree.file("lib/modules/atlantic.ko", 0o644, bytes.to_vec());
+        tree.file("lib/modules/macsec.ko", 0o644, b"dep".to_vec());
+        tree.file("etc/driverlab/modules.iommu", 0o644, b"shared\nvirtio_iommu\n".to_vec());
+        tree.file("etc/driverlab/modules.atlantic", 0o644, b"shared\nmacsec\natlantic\n".to_vec());
+        tree
+    }
+
+    #[test]
+    fn the_snapshot_split_moves_what_load_reads_and_keeps_one_base_for_every_variant() {
+        let (base, payload) = snapshot_split(&image(b"stock"));
+        let files = |t: &Tree| {
+            t.nodes().iter().filter(|(_, n)| !matches!(n, Node::Dir)).map(|(p, _)| p.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            files(&payload),
+            ["etc/driverlab/modules.atlantic", "lib/modules/atlantic.ko", "lib/modules/macsec.ko"]
+        );
+        assert_eq!(
+            files(&base),
+            ["etc/driverlab/modules.iommu", "init", "lib/modules/shared.ko", "lib/modules/virtio_iommu.ko"]
+        );
+        let (variant_base, variant_payload) = snapshot_split(&image(b"patched"));
+        assert_eq!(variant_base.cpio_gz(), base.cpio_gz(), "one base");
+        assert_ne!(variant_payload.cpio(), payload.cpio());
+    }
 
     #[test]
     fn ldd_output_gives_library_paths() {

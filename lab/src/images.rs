@@ -25,6 +25,26 @@ pub struct Resolved {
     pub initrd: Option<PathBuf>,
     /// The kernel image's manifest, when the kernel is one.
     pub manifest: Option<KernelManifest>,
+    /// The initrd in two parts for a guest started from a snapshot, when it is a store image
+    /// that has them.
+    pub split: Option<SplitInitrd>,
+}
+
+/// An initramfs image's parts for snapshots (`guest_images::initramfs_build::SnapshotParts`):
+/// the base the snapshot's guest boots, shared by the driver variants of one kernel, and the
+/// payload each restored guest gets in its payload window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitInitrd {
+    /// The base archive.
+    pub base: PathBuf,
+    /// Its SHA-256, which names it in a snapshot's key (the same for every image that shares it).
+    pub base_sha256: String,
+    /// The payload archive.
+    pub payload: PathBuf,
+    /// Its size.
+    pub payload_bytes: u64,
+    /// Its SHA-256, which the guest agent checks.
+    pub payload_sha256: String,
 }
 
 /// Why a matrix's images cannot be had.
@@ -142,8 +162,10 @@ fn resolve(plan: &Plan, image: &Image, store: &ImageStore, note: &dyn Fn(&str)) 
             )));
         }
     };
-    let initrd = resolve_initrd(plan, image, store, &kernel_ref, initrd_ref.as_ref()).map_err(ImagesError::Missing)?;
-    for path in std::iter::once(&kernel).chain(initrd.as_ref()) {
+    let (initrd, split) =
+        resolve_initrd(plan, image, store, &kernel_ref, initrd_ref.as_ref()).map_err(ImagesError::Missing)?;
+    let split_files = split.iter().flat_map(|s| [&s.base, &s.payload]);
+    for path in std::iter::once(&kernel).chain(initrd.as_ref()).chain(split_files) {
         if !path.exists() {
             return Err(ImagesError::Missing(format!(
                 "{}: image {:?}: {} does not exist",
@@ -154,19 +176,20 @@ fn resolve(plan: &Plan, image: &Image, store: &ImageStore, note: &dyn Fn(&str)) 
         }
     }
     let bzimage = manifest.as_ref().map(|m| store.dir(&m.id).join(&m.bzimage));
-    Ok(Resolved { kernel, bzimage, initrd, manifest })
+    Ok(Resolved { kernel, bzimage, initrd, manifest, split })
 }
 
-/// An image's initrd file, checked against its kernel when both are store images.
+/// An image's initrd file (and its parts for snapshots, when a store image has them), checked
+/// against its kernel when both are store images.
 fn resolve_initrd(
     plan: &Plan,
     image: &Image,
     store: &ImageStore,
     kernel_ref: &KernelRef,
     initrd_ref: Option<&InitrdRef>,
-) -> Result<Option<PathBuf>, String> {
+) -> Result<(Option<PathBuf>, Option<SplitInitrd>), String> {
     match initrd_ref {
-        None => Ok(None),
+        None => Ok((None, None)),
         Some(InitrdRef::Store(id)) => {
             let manifest: InitramfsManifest =
                 store.manifest(id.as_str()).map_err(|e| format!("image {:?}: {e}", image.name))?;
@@ -178,9 +201,17 @@ fn resolve_initrd(
                     image.name, manifest.id
                 ));
             }
-            Ok(Some(manifest.archive_path(store)))
+            let dir = store.dir(&manifest.id);
+            let split = manifest.snapshot_parts.as_ref().map(|parts| SplitInitrd {
+                base: dir.join(&parts.base),
+                base_sha256: parts.base_sha256.clone(),
+                payload: dir.join(&parts.payload),
+                payload_bytes: parts.payload_bytes,
+                payload_sha256: parts.payload_sha256.clone(),
+            });
+            Ok((Some(manifest.archive_path(store)), split))
         }
-        Some(InitrdRef::Path(path)) => Ok(Some(plan.resolve(path))),
+        Some(InitrdRef::Path(path)) => Ok((Some(plan.resolve(path)), None)),
         Some(InitrdRef::Agent) => Err(format!("image {:?}: the agent's initramfs was not built", image.name)),
     }
 }
@@ -215,7 +246,8 @@ mod tests {
              [[workload]]\nname = \"rx\"\nkind = \"iperf3\"\n"
         );
         let plan = Plan::parse(std::path::Path::new("s.toml"), &text).unwrap();
-        let resolved = || Resolved { kernel: "vmlinux".into(), bzimage: None, initrd: None, manifest: None };
+        let resolved =
+            || Resolved { kernel: "vmlinux".into(), bzimage: None, initrd: None, manifest: None, split: None };
         let mut asked = Vec::new();
         let images = plan.matrix.images.iter().map(|i| i.get_ref());
         let (files, unbuilt) = resolve_all(images, &mut |image| {

@@ -35,7 +35,7 @@ pub mod spec;
 /// The format of the VMM's snapshots: the file's layout and the state's types. Raised with any
 /// change to either, so that a snapshot of another format is refused (and the lab takes its
 /// cells' snapshots again) between builds of one version too.
-pub const SNAPSHOT_FORMAT: u32 = 3;
+pub const SNAPSHOT_FORMAT: u32 = 4;
 
 pub use bdf::Bdf;
 pub use exit::{

@@ -32,6 +32,8 @@ pub const MAX_MEMORY_MIB: u64 = 1 << 20;
 pub const LAB_MAX_MEMORY_MIB: u64 = 16 * 1024;
 /// Most passed-through devices: bus 0 has 32 slots, the host bridge and the virtio-iommu take two.
 pub const MAX_DEVICES: usize = 30;
+/// Largest payload window, in MiB (a quarter of the VM's memory at most, too).
+pub const MAX_PAYLOAD_WINDOW_MIB: u64 = 1024;
 /// Longest timeout, in seconds (a week).
 pub const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
 
@@ -75,6 +77,15 @@ pub struct VmSpec {
     /// Landlock (docs/vmm.md); off only with `--no-jail`.
     #[serde(default = "yes")]
     pub jail: bool,
+    /// MiB of guest RAM set aside as a payload window (0: none): reserved in the guest's E820
+    /// map, inside its RAM, so that the guest reads it through `/dev/mem`; a VM restored from
+    /// a snapshot of this VM gets a file written there (`vm run --restore DIR --payload FILE`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub payload_window_mib: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn default_memory() -> u64 {
@@ -105,6 +116,7 @@ impl VmSpec {
             timeout_s: None,
             seccomp: true,
             jail: true,
+            payload_window_mib: 0,
         }
     }
 
@@ -159,6 +171,10 @@ impl VmSpec {
         }
         if self.cmdline.len() > MAX_CMDLINE {
             return Err(SpecError::Cmdline(format!("{} bytes; at most {MAX_CMDLINE}", self.cmdline.len())));
+        }
+        let window = u64::from(self.payload_window_mib);
+        if window > 0 && (window * 4 > self.memory_mib || window > MAX_PAYLOAD_WINDOW_MIB || self.memory_mib < 16) {
+            return Err(SpecError::PayloadWindow { mib: self.payload_window_mib, memory_mib: self.memory_mib });
         }
         if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
             return Err(SpecError::Vcpus(self.vcpus));
@@ -224,6 +240,16 @@ pub enum SpecError {
     /// A kernel command line the boot protocols cannot carry.
     #[error("cmdline (--cmdline): {0}")]
     Cmdline(String),
+    /// A payload window too large for the VM's memory.
+    #[error(
+        "payload_window_mib (--payload-window) {mib}: at most a quarter of the memory ({memory_mib} MiB; 16 at least), and at most {MAX_PAYLOAD_WINDOW_MIB}"
+    )]
+    PayloadWindow {
+        /// The window asked for.
+        mib: u32,
+        /// The VM's memory.
+        memory_mib: u64,
+    },
     /// A vCPU count out of range.
     #[error("vcpus (--vcpus) {0}: must be between 1 and {MAX_VCPUS}")]
     Vcpus(u32),
@@ -403,6 +429,19 @@ mod tests {
         assert_eq!((spec.memory_mib, spec.vcpus, spec.seccomp), (256, 1, true));
         let err = VmSpec::from_json("{}").unwrap_err().to_string();
         assert!(err.contains("missing field `kernel`"), "{err}");
+    }
+
+    #[test]
+    fn a_payload_window_is_at_most_a_quarter_of_the_memory_and_absent_when_zero() {
+        let spec = VmSpec::from_json(r#"{"kernel":"probe","memory_mib":64,"payload_window_mib":16}"#).unwrap();
+        assert_eq!(spec.payload_window_mib, 16);
+        assert!(spec.to_json().contains(r#""payload_window_mib":16"#));
+        assert!(!VmSpec::new(Kernel::Probe).to_json().contains("payload_window"), "absent when none");
+        for (memory, window) in [(64, 17), (8, 2), (8192, 1025)] {
+            let json = format!(r#"{{"kernel":"probe","memory_mib":{memory},"payload_window_mib":{window}}}"#);
+            let err = VmSpec::from_json(&json).unwrap_err();
+            assert!(matches!(err, SpecError::PayloadWindow { .. }), "{memory} MiB, window {window}: {err}");
+        }
     }
 
     #[test]

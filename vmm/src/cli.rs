@@ -99,6 +99,15 @@ pub struct RunArgs {
     /// 4096 bytes).
     #[arg(long, value_name = "TEXT", requires = "restore")]
     pub com2_input: Option<String>,
+    /// Set aside MIB of guest RAM as a payload window (reserved in the E820 map, inside RAM, so
+    /// the guest reads it through /dev/mem); a snapshot of this VM restored with --payload gets
+    /// a file written there. At most a quarter of the memory.
+    #[arg(long, value_name = "MIB", conflicts_with = "restore")]
+    pub payload_window: Option<u32>,
+    /// With --restore: write FILE at the start of the snapshot's payload window before the
+    /// vCPUs start (the guest agent reads the variant's modules from there).
+    #[arg(long, value_name = "FILE", requires = "restore")]
+    pub payload: Option<PathBuf>,
 }
 
 /// The most text `--com2-input` takes.
@@ -142,6 +151,9 @@ fn spec_of(args: &RunArgs) -> Result<VmSpec, Refused> {
     }
     if let Some(vcpus) = args.vcpus {
         spec.vcpus = vcpus;
+    }
+    if let Some(window) = args.payload_window {
+        spec.payload_window_mib = window;
     }
     if let Some(serial) = &args.serial {
         spec.serial.com1 = serial.parse::<SerialOutput>().map_err(usage)?;
@@ -223,11 +235,11 @@ fn same_shape(saved: &[DeviceSpec], given: &[DeviceSpec]) -> Result<Vec<DeviceSp
     Ok(given.to_vec())
 }
 
-/// Reads and checks the snapshot `--restore` names.
-fn read_restore(dir: &std::path::Path, com2_input: Option<&str>) -> Result<crate::Restore, Refused> {
+/// Reads and checks the snapshot `--restore` names, and what goes into the restored guest.
+fn read_restore(args: &RunArgs, dir: &std::path::Path) -> Result<crate::Restore, Refused> {
     let started = std::time::Instant::now();
     let snapshot = crate::snapshot::vm_snapshot::load(dir).map_err(|e| Refused(crate::Error::Snapshot(e).to_line()))?;
-    let com2_input = match com2_input {
+    let com2_input = match args.com2_input.as_deref() {
         None => Vec::new(),
         Some(_) if snapshot.spec.serial.com2.is_none() => {
             return Err(refused(ErrorKind::Usage, "--com2-input: the snapshot's VM has no COM2"));
@@ -238,8 +250,27 @@ fn read_restore(dir: &std::path::Path, com2_input: Option<&str>) -> Result<crate
         }
         Some(text) => format!("{text}\n").into_bytes(),
     };
+    let payload = match &args.payload {
+        None => Vec::new(),
+        Some(path) => read_payload(path, u64::from(snapshot.spec.payload_window_mib) << 20)?,
+    };
     let snapshot = std::sync::Arc::new(snapshot);
-    Ok(crate::Restore { dir: dir.to_path_buf(), snapshot, read: started.elapsed(), com2_input })
+    Ok(crate::Restore { dir: dir.to_path_buf(), snapshot, read: started.elapsed(), com2_input, payload })
+}
+
+/// The file `--payload` names, if it fits the snapshot's payload window of `window` bytes.
+fn read_payload(path: &std::path::Path, window: u64) -> Result<Vec<u8>, Refused> {
+    let fail = |why: String| refused(ErrorKind::Usage, format!("--payload {}: {why}", path.display()));
+    if window == 0 {
+        return Err(fail("the snapshot's VM has no payload window (boot it with --payload-window)".into()));
+    }
+    let file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
+    let mut payload = Vec::new();
+    file.take(window + 1).read_to_end(&mut payload).map_err(|e| fail(e.to_string()))?;
+    if payload.len() as u64 > window {
+        return Err(fail(format!("larger than the snapshot's payload window of {} MiB", window >> 20)));
+    }
+    Ok(payload)
 }
 
 /// Prints the error line (after a human-readable line) and returns its exit code.
@@ -252,7 +283,7 @@ pub fn report_error(line: &ErrorLine) -> u8 {
 /// Runs `vm run`: builds the spec, runs the VM (`probe_image` is what `--kernel probe` boots),
 /// prints the exit or error line last on stderr; returns the process's exit code.
 pub fn run(args: RunArgs, probe_image: &'static [u8]) -> u8 {
-    let restore = match args.restore.as_deref().map(|dir| read_restore(dir, args.com2_input.as_deref())).transpose() {
+    let restore = match args.restore.as_deref().map(|dir| read_restore(&args, dir)).transpose() {
         Ok(restore) => restore,
         Err(Refused(line)) => return report_error(&line),
     };

@@ -56,6 +56,9 @@ pub struct Restore {
     pub read: std::time::Duration,
     /// Text the restored guest reads on COM2, queued as its vCPUs start (empty: none).
     pub com2_input: Vec<u8>,
+    /// Bytes written at the start of the snapshot's payload window before the vCPUs start
+    /// (empty: none; at most the window's size).
+    pub payload: Vec<u8>,
 }
 
 /// Why a passed-through device could not be set up.

@@ -51,7 +51,14 @@ pub struct E820Entry {
 pub struct RamLayout {
     /// `(guest address, length)` of each RAM range, ascending.
     pub ranges: Vec<(u64, u64)>,
+    /// `(guest address, length)` of the payload window: guest RAM the E820 map reserves
+    /// ([`RamLayout::with_payload_window`]).
+    pub payload_window: Option<(u64, u64)>,
 }
+
+/// RAM the E820 map leaves usable above a payload window, so that the window lies below the
+/// end of the guest's RAM (`high_memory`), where `/dev/mem` serves it.
+pub const RAM_ABOVE_PAYLOAD_WINDOW: u64 = 2 * MIB;
 
 impl RamLayout {
     /// RAM of `size` bytes: below the MMIO hole first, the rest from 4 GiB.
@@ -61,7 +68,7 @@ impl RamLayout {
         if size > low {
             ranges.push((FOUR_GIB, size - low));
         }
-        RamLayout { ranges }
+        RamLayout { ranges, payload_window: None }
     }
 
     /// RAM of `size` bytes with some of it above 4 GiB however small the guest: the last
@@ -74,7 +81,28 @@ impl RamLayout {
         if size > MMIO_HOLE_START || size <= 2 * RAM_ABOVE_4GIB {
             return RamLayout::new(size);
         }
-        RamLayout { ranges: vec![(0, size - RAM_ABOVE_4GIB), (FOUR_GIB, RAM_ABOVE_4GIB)] }
+        RamLayout { ranges: vec![(0, size - RAM_ABOVE_4GIB), (FOUR_GIB, RAM_ABOVE_4GIB)], payload_window: None }
+    }
+
+    /// This layout with `size` bytes (whole MiB) of its low RAM set aside as a payload window,
+    /// just below the last [`RAM_ABOVE_PAYLOAD_WINDOW`] bytes of low RAM: the E820 map reserves
+    /// it (no driver claims it, so Linux's `/dev/mem` reads it: `devmem_is_allowed()` in
+    /// arch/x86/mm/init.c, `do_mark_busy()` in arch/x86/kernel/e820.c) and the initrd goes below
+    /// it. Unchanged when `size` is 0 or more than half of low RAM's room (a spec's checks keep
+    /// it to a quarter of the VM's memory and 1 GiB: `VmSpec::validate`).
+    pub fn with_payload_window(mut self, size: u64) -> RamLayout {
+        let low_end = self.low_end();
+        let room = low_end.saturating_sub(HIGH_MEMORY_START + RAM_ABOVE_PAYLOAD_WINDOW);
+        if size == 0 || size % MIB != 0 || size > room / 2 {
+            return self;
+        }
+        self.payload_window = Some((low_end - RAM_ABOVE_PAYLOAD_WINDOW - size, size));
+        self
+    }
+
+    /// Where RAM for the initrd ends: the payload window's start, or the end of low RAM.
+    pub fn initrd_top(&self) -> u64 {
+        self.payload_window.map_or(self.low_end(), |(addr, _)| addr)
     }
 
     /// End of RAM below the hole.
@@ -101,15 +129,24 @@ impl RamLayout {
     }
 
     /// The E820 map: low RAM up to the EBDA, the EBDA and BIOS area (with the ACPI tables)
-    /// reserved, RAM from 1 MiB, the PCI ECAM window reserved, RAM above 4 GiB.
+    /// reserved, RAM from 1 MiB (less the payload window, reserved), the PCI ECAM window
+    /// reserved, RAM above 4 GiB.
     pub fn e820(&self) -> Vec<E820Entry> {
         let low_end = self.low_end();
         let mut map = vec![
             E820Entry { addr: 0, size: EBDA_START, kind: E820Type::Ram },
             E820Entry { addr: EBDA_START, size: HIGH_MEMORY_START - EBDA_START, kind: E820Type::Reserved },
         ];
-        if low_end > HIGH_MEMORY_START {
-            map.push(E820Entry { addr: HIGH_MEMORY_START, size: low_end - HIGH_MEMORY_START, kind: E820Type::Ram });
+        match self.payload_window {
+            Some((addr, size)) => map.extend([
+                E820Entry { addr: HIGH_MEMORY_START, size: addr - HIGH_MEMORY_START, kind: E820Type::Ram },
+                E820Entry { addr, size, kind: E820Type::Reserved },
+                E820Entry { addr: addr + size, size: low_end - addr - size, kind: E820Type::Ram },
+            ]),
+            None if low_end > HIGH_MEMORY_START => {
+                map.push(E820Entry { addr: HIGH_MEMORY_START, size: low_end - HIGH_MEMORY_START, kind: E820Type::Ram });
+            }
+            None => {}
         }
         map.push(E820Entry { addr: PCI_ECAM_BASE, size: PCI_ECAM_SIZE, kind: E820Type::Reserved });
         map.extend(self.ranges[1..].iter().map(|&(addr, size)| E820Entry { addr, size, kind: E820Type::Ram }));
@@ -273,6 +310,29 @@ mod tests {
         let mut byte = [0u8];
         std::os::unix::fs::FileExt::read_exact_at(&ram.file, &mut byte, 7 * MIB).unwrap();
         assert_eq!(byte, [7], "the high range follows the low one in the file");
+    }
+
+    #[test]
+    fn a_payload_window_is_reserved_ram_below_the_last_usable_ram_and_tops_the_initrd() {
+        for layout in [RamLayout::new(512 * MIB), RamLayout::with_ram_above_4gib(512 * MIB)] {
+            let low_end = layout.low_end();
+            let windowed = layout.clone().with_payload_window(16 * MIB);
+            let start = low_end - RAM_ABOVE_PAYLOAD_WINDOW - 16 * MIB;
+            assert_eq!(windowed.payload_window, Some((start, 16 * MIB)));
+            assert_eq!((windowed.size(), windowed.initrd_top()), (layout.size(), start), "RAM kept, initrd below");
+            let e820 = windowed.e820();
+            assert!(e820.windows(2).all(|w| w[0].addr + w[0].size <= w[1].addr), "sorted, disjoint");
+            let at = |addr: u64| e820.iter().find(|e| e.addr <= addr && addr < e.addr + e.size).map(|e| e.kind);
+            assert_eq!(at(start), Some(E820Type::Reserved));
+            assert_eq!(at(start + 16 * MIB - 1), Some(E820Type::Reserved));
+            assert_eq!((at(start - 1), at(start + 16 * MIB)), (Some(E820Type::Ram), Some(E820Type::Ram)));
+            assert_eq!(at(low_end - 1), Some(E820Type::Ram), "usable RAM above it");
+            let ram: u64 = e820.iter().filter(|e| e.kind == E820Type::Ram).map(|e| e.size).sum();
+            assert_eq!(ram, layout.size() - (HIGH_MEMORY_START - EBDA_START) - 16 * MIB);
+        }
+        let small = RamLayout::new(8 * MIB);
+        assert_eq!(small.clone().with_payload_window(4 * MIB), small, "no room: unchanged");
+        assert_eq!(small.clone().with_payload_window(0), small);
     }
 
     #[test]

@@ -243,9 +243,25 @@ fn load<'a>(spec: &VmSpec, options: &'a RunOptions, clock: &mut SetupClock) -> R
             let (ram, unchecked) = restored_ram(spec, options, restore)?;
             // A copy of the snapshot is a new generation of the VM: the guest is told once it runs.
             new_generation(&ram)?;
+            write_payload(&ram, &restore.payload)?;
             clock.lap(|p| &mut p.load_ms);
             Ok((ram, Guest::Restored { restore, started, unchecked }))
         }
+    }
+}
+
+/// Writes `payload` at the start of the payload window (the window is reserved RAM the guest
+/// does not use, so its snapshot's copy is whatever an earlier VM left there).
+fn write_payload(ram: &GuestRam, payload: &[u8]) -> Result<(), Error> {
+    if payload.is_empty() {
+        return Ok(());
+    }
+    match ram.layout.payload_window {
+        Some((addr, size)) if payload.len() as u64 <= size => ram
+            .memory
+            .write_slice(payload, vm_memory::GuestAddress(addr))
+            .map_err(|e| Error::GuestMemory(format!("the payload window: {e}"))),
+        _ => Err(Error::GuestMemory(format!("{} bytes of payload do not fit the payload window", payload.len()))),
     }
 }
 
@@ -480,11 +496,12 @@ fn new_generation(ram: &GuestRam) -> Result<(), Error> {
 }
 
 /// Where guest RAM goes: below 4 GiB, or (for a VM with a Thunderbolt slot, whose guest must
-/// bounce DMA) mostly above it.
+/// bounce DMA) mostly above it; with the spec's payload window.
 fn ram_layout(spec: &VmSpec) -> RamLayout {
     let size = spec.memory_mib * MIB;
     let untrusted = spec.devices.iter().any(|d| d.slot == vm_spec::Slot::Thunderbolt);
-    if untrusted { RamLayout::with_ram_above_4gib(size) } else { RamLayout::new(size) }
+    let layout = if untrusted { RamLayout::with_ram_above_4gib(size) } else { RamLayout::new(size) };
+    layout.with_payload_window(u64::from(spec.payload_window_mib) * MIB)
 }
 
 /// Guest RAM with the kernel, initrd, command line and boot tables loaded; the entry.

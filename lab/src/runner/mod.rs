@@ -132,9 +132,12 @@ impl<'a> Repetition<'a> {
         let (device, spec, snapshot) = self.device_and_start(engine, record)?;
         let vm_dir = snapshot.as_deref().map(CellSnapshot::vm_dir);
         // A restored guest's agent takes the cell's own words from COM2.
+        // and, when it shares its snapshot with other driver variants, its own modules from the
+        // payload window.
         let line = self.restored_words(&spec);
+        let payload = self.split_initrd(&spec).map(|split| split.payload.as_path());
         let start = match &vm_dir {
-            Some(dir) => Start::Restore { dir, com2_input: Some(&line) },
+            Some(dir) => Start::Restore { dir, com2_input: Some(&line), payload },
             None => Start::Boot,
         };
         record.boot = Some(if snapshot.is_some() { BootKind::Restored } else { BootKind::Booted });

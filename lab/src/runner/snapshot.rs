@@ -24,6 +24,7 @@ use vm_spec::{ExitReason, IommuSpec, SerialOutput, VmSpec};
 
 use super::Repetition;
 use super::output::{AGENT_LOG, SERIAL_LOG};
+use crate::images::SplitInitrd;
 use crate::matrix::{BootMode, EngineKind};
 
 /// The snapshots' folder in the image store.
@@ -34,6 +35,8 @@ pub(super) const SNAPSHOTS_ENV: &str = "DRIVERLAB_SNAPSHOTS";
 const VM: &str = "vm";
 /// The key's file in a snapshot's folder.
 const KEY: &str = "key.json";
+/// The payload window of a snapshot's VM, in MiB: room for a driver variant's modules.
+pub(super) const PAYLOAD_WINDOW_MIB: u32 = 16;
 
 /// A file as the key names it: its path, size and modification time (the image store's files
 /// are never changed in place).
@@ -60,6 +63,13 @@ struct SnapshotKey {
     format: u32,
     kernel: Option<FileId>,
     initrd: Option<FileId>,
+    /// For a snapshot booted from an initramfs's base ([`SplitInitrd`]): the base's SHA-256
+    /// (in place of `initrd`, so that the images that share the base share the snapshot).
+    #[serde(default)]
+    initrd_base: Option<String>,
+    /// The payload window's size.
+    #[serde(default)]
+    payload_window_mib: u32,
     cmdline: String,
     memory_mib: u64,
     vcpus: u32,
@@ -70,16 +80,23 @@ struct SnapshotKey {
 }
 
 impl SnapshotKey {
-    fn of(spec: &VmSpec) -> Result<SnapshotKey, String> {
+    /// The key of a snapshot of `spec`'s VM, whose initrd is `split`'s base when given.
+    fn of(spec: &VmSpec, split: Option<&SplitInitrd>) -> Result<SnapshotKey, String> {
         let kernel = match &spec.kernel {
             vm_spec::Kernel::Path(path) => Some(FileId::of(path)?),
             vm_spec::Kernel::Probe => None,
+        };
+        let initrd = match split {
+            Some(_) => None,
+            None => spec.initrd.as_deref().map(FileId::of).transpose()?,
         };
         Ok(SnapshotKey {
             driverlab: env!("CARGO_PKG_VERSION").into(),
             format: vm_spec::SNAPSHOT_FORMAT,
             kernel,
-            initrd: spec.initrd.as_deref().map(FileId::of).transpose()?,
+            initrd,
+            initrd_base: split.map(|s| s.base_sha256.clone()),
+            payload_window_mib: spec.payload_window_mib,
             cmdline: spec.cmdline.clone(),
             memory_mib: spec.memory_mib,
             vcpus: spec.vcpus,
@@ -128,18 +145,37 @@ impl Repetition<'_> {
     /// The VM a cell's snapshot is taken of: the cell's, its command line without the words
     /// the guest agent and the NIC's driver read (`driverlab.*`, `DRIVER.*`: they reach each
     /// restored guest on COM2, so that cells that differ only in them share one snapshot), and
-    /// `driverlab.snapshot=1`, which stops the agent at its ready point.
+    /// `driverlab.snapshot=1`, which stops the agent at its ready point; for an image whose
+    /// initramfs has its parts for snapshots, the base in place of the whole and a payload
+    /// window (each restored guest gets the image's payload there, so that the driver variants
+    /// of one kernel share one snapshot too).
     pub(super) fn snapshot_spec(&self, mut spec: VmSpec) -> VmSpec {
         let (mut booted, _) = self.split_cmdline(&spec.cmdline);
         booted.push("driverlab.snapshot=1");
         spec.cmdline = booted.join(" ");
+        if let Some(split) = self.split_initrd(&spec) {
+            spec.initrd = Some(split.base.clone());
+            spec.payload_window_mib = PAYLOAD_WINDOW_MIB;
+        }
         spec
     }
 
-    /// The words of the cell's command line that its snapshot's line lacks: what the restored
-    /// guest's agent is sent on COM2.
+    /// The image's initramfs in parts for snapshots, when it has them and its payload fits the
+    /// window `spec`'s VM can have.
+    pub(super) fn split_initrd(&self, spec: &VmSpec) -> Option<&SplitInitrd> {
+        let split = self.plan.files(&self.image.name)?.split.as_ref()?;
+        let window = u64::from(PAYLOAD_WINDOW_MIB);
+        (split.payload_bytes <= window << 20 && spec.memory_mib >= 4 * window).then_some(split)
+    }
+
+    /// What the restored guest's agent is sent on COM2: the words of the cell's command line
+    /// that its snapshot's line lacks, and the payload's size and SHA-256 when it gets one.
     pub(super) fn restored_words(&self, spec: &VmSpec) -> String {
-        self.split_cmdline(&spec.cmdline).1.join(" ")
+        let mut words = self.split_cmdline(&spec.cmdline).1.join(" ");
+        if let Some(split) = self.split_initrd(spec) {
+            words.push_str(&format!(" driverlab.payload={}:{}", split.payload_bytes, split.payload_sha256));
+        }
+        words
     }
 
     /// A cell's command line as the words read at boot and those read after a restore.
@@ -148,9 +184,11 @@ impl Repetition<'_> {
         cmdline.split_whitespace().partition(|w| !read_after_restore(w, &driver))
     }
 
-    /// The snapshot `spec`'s VM starts from, as the store has it.
+    /// The snapshot `spec`'s VM (a [`Repetition::snapshot_spec`]) starts from, as the store
+    /// has it.
     pub(super) fn cell_snapshot(&self, spec: &VmSpec) -> CellSnapshot {
-        let key = match SnapshotKey::of(spec) {
+        let split = self.split_initrd(spec).filter(|_| spec.payload_window_mib > 0);
+        let key = match SnapshotKey::of(spec, split) {
             Ok(key) => key,
             Err(why) => return CellSnapshot::Failed(format!("its key: {why}")),
         };
@@ -378,6 +416,8 @@ mod tests {
             format: vm_spec::SNAPSHOT_FORMAT,
             kernel: Some(FileId::of(&kernel).unwrap()),
             initrd: None,
+            initrd_base: None,
+            payload_window_mib: 0,
             cmdline: "console=ttyS0 driverlab.snapshot=1".into(),
             memory_mib: 512,
             vcpus: 1,

@@ -439,6 +439,8 @@ struct ScriptState {
     starts: Vec<&'static str>,
     /// What each restored VM was to read on COM2.
     com2_inputs: Vec<String>,
+    /// What each restored VM was to get in its payload window.
+    payloads: Vec<Option<std::path::PathBuf>>,
     /// A VM to be snapshotted stops into its snapshot (its agent reached `ready`), or powers
     /// off without one.
     snapshots_fail: bool,
@@ -483,9 +485,10 @@ impl Engine for Scripted {
                 }
                 return stopped(ExitReason::Snapshot, 0);
             }
-            engines::Start::Restore { com2_input, .. } => {
+            engines::Start::Restore { com2_input, payload, .. } => {
                 state.starts.push("restore");
                 state.com2_inputs.push(com2_input.unwrap_or_default().to_string());
+                state.payloads.push(payload.map(Path::to_path_buf));
             }
             engines::Start::Boot if !health => state.starts.push("boot"),
             engines::Start::Boot => {}
@@ -583,6 +586,84 @@ fn cells_that_differ_in_the_driver_s_parameters_share_one_snapshot() {
     assert!(inputs[0].contains("atlantic.rxpageorder=0") && inputs[1].contains("atlantic.rxpageorder=3"), "{inputs:?}");
     let stored: Vec<_> = std::fs::read_dir(dir.path().join("images/.snapshots")).unwrap().flatten().collect();
     assert_eq!(stored.len(), 1, "one snapshot for both cells");
+}
+
+/// An initramfs image `id` in the store at `images` (no kernel named), in parts for snapshots:
+/// `base` and its own `payload`.
+fn split_image(images: &Path, id: &str, base: &[u8], payload: &[u8]) {
+    use guest_images::initramfs_build::{InitramfsManifest, SnapshotParts};
+    use guest_images::store::sha256;
+    let dir = images.join(id);
+    std::fs::create_dir_all(&dir).unwrap();
+    let whole = [base, payload].concat();
+    for (name, bytes) in [("initramfs.cpio.gz", &whole[..]), ("base.cpio.gz", base), ("payload.cpio", payload)] {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    let parts = SnapshotParts {
+        base: "base.cpio.gz".into(),
+        base_sha256: sha256(base),
+        payload: "payload.cpio".into(),
+        payload_bytes: payload.len() as u64,
+        payload_sha256: sha256(payload),
+    };
+    let manifest = InitramfsManifest {
+        id: id.into(),
+        kind: "initramfs".into(),
+        kernel: String::new(),
+        release: "6.12.0".into(),
+        archive: "initramfs.cpio.gz".into(),
+        size: whole.len() as u64,
+        drivers: vec!["atlantic".into()],
+        modules: Vec::new(),
+        patches: Vec::new(),
+        tools: Vec::new(),
+        kselftest: None,
+        files: Default::default(),
+        snapshot_parts: Some(parts),
+    };
+    guest_images::store::write_manifest(&dir, &manifest).unwrap();
+}
+
+#[test]
+fn driver_variants_of_one_kernel_share_one_snapshot_and_each_restored_guest_gets_its_payload() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    let (stock, patched) = ("initramfs-00000000000000aa", "initramfs-00000000000000bb");
+    split_image(&images, stock, b"base", b"stock module");
+    split_image(&images, patched, b"base", b"patched module");
+    std::fs::write(dir.path().join("vmlinux"), "a kernel").unwrap();
+    let image = |name: &str, id: &str| {
+        format!("[[image]]\nname = \"{name}\"\nkernel = \"{}/vmlinux\"\ninitrd = \"{id}\"\n", dir.path().display())
+    };
+    let text = format!(
+        "name = \"s\"\nboot = \"snapshot\"\n[[device]]\nname = \"nic\"\nbdf = \"0000:63:00.0\"\nslot = \"thunderbolt\"\n\
+         {}{}[[variant]]\nname = \"stock\"\nimage = \"stock\"\n[[variant]]\nname = \"patched\"\nimage = \"patched\"\n\
+         [[workload]]\nname = \"rx\"\nkind = \"iperf3\"\nip = 4\nduration_s = 1\n",
+        image("stock", stock),
+        image("patched", patched)
+    );
+    let plan = Plan::parse(&dir.path().join("s.toml"), &text).unwrap();
+    let plan = RunPlan::prepare(plan, &guest_images::store::ImageStore::new(images.clone()), &|_| {}).unwrap();
+    let ended = || Boot { serial: "console\n".into(), booted: stopped(ExitReason::Poweroff, 0) };
+    let engine = Scripted::cells((0..4).map(|_| ended()));
+    let env = lab(dir.path(), &engine, false);
+    let ctx = RunContext { run: "r".into(), artifacts: dir.path().join("artifacts") };
+    for cell in &plan.plan.cells {
+        run(&env, &plan, &ctx, cell, 0);
+    }
+    let state = engine.state.lock().unwrap();
+    assert_eq!(state.starts, ["snapshot", "restore", "boot", "restore", "boot"], "one snapshot for both images");
+    let specs = &state.specs;
+    assert_eq!(specs[0].initrd, Some(images.join(stock).join("base.cpio.gz")), "the snapshot boots the base");
+    assert_eq!(specs[0].payload_window_mib, super::snapshot::PAYLOAD_WINDOW_MIB);
+    assert_eq!(specs[2].initrd, Some(images.join(stock).join("initramfs.cpio.gz")), "a booted cell: the whole");
+    assert_eq!(specs[2].payload_window_mib, 0);
+    let payloads: Vec<_> = state.payloads.iter().map(|p| p.as_ref().unwrap().strip_prefix(&images).unwrap()).collect();
+    assert_eq!(payloads, [Path::new(stock).join("payload.cpio"), Path::new(patched).join("payload.cpio")]);
+    let sum = guest_images::store::sha256(b"patched module");
+    assert!(state.com2_inputs[1].ends_with(&format!(" driverlab.payload=14:{sum}")), "{:?}", state.com2_inputs);
+    let stored: Vec<_> = std::fs::read_dir(images.join(".snapshots")).unwrap().flatten().collect();
+    assert_eq!(stored.len(), 1, "one snapshot in the store");
 }
 
 #[test]

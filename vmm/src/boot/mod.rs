@@ -268,9 +268,10 @@ pub struct Initrd {
     pub size: u64,
 }
 
-/// Places the initrd as high as possible below the hole and `addr_max`, above the kernel.
+/// Places the initrd as high as possible below the hole (and the payload window) and
+/// `addr_max`, above the kernel.
 fn initrd_placement(ram: &RamLayout, size: u64, kernel_end: u64, addr_max: u64) -> Option<u64> {
-    let top = ram.low_end().min(addr_max.saturating_add(1));
+    let top = ram.initrd_top().min(addr_max.saturating_add(1));
     let addr = top.checked_sub(size)? & !(PAGE_SIZE - 1);
     (addr >= kernel_end.max(HIGH_MEMORY_START)).then_some(addr)
 }
@@ -293,7 +294,7 @@ fn load_initrd(
         fail(format!(
             "{} KiB does not fit between the kernel's end at {kernel_end:#x} and {:#x} in {} MiB of guest memory",
             size.div_ceil(1024),
-            ram.low_end().min(addr_max.saturating_add(1)),
+            ram.initrd_top().min(addr_max.saturating_add(1)),
             ram.size() >> 20
         ))
     })?;

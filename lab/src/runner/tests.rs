@@ -567,18 +567,25 @@ fn a_cell_is_snapshotted_once_its_repetitions_restored_and_a_failed_restore_run_
     assert!(key.contains("driverlab.snapshot=1") && key.contains("slot=thunderbolt,plugged=false"), "{key}");
 }
 
+/// Runs one repetition of each of `plan`'s two cells, every guest ending without its agent's
+/// frames (so each restored one is run again booted); the engine, to ask what it started.
+fn each_cell_once(dir: &Path, plan: &RunPlan) -> Scripted {
+    let ended = || Boot { serial: "console\n".into(), booted: stopped(ExitReason::Poweroff, 0) };
+    let engine = Scripted::cells((0..4).map(|_| ended()));
+    let env = lab(dir, &engine, false);
+    let ctx = RunContext { run: "r".into(), artifacts: dir.join("artifacts") };
+    for cell in &plan.plan.cells {
+        run(&env, plan, &ctx, cell, 0);
+    }
+    engine
+}
+
 #[test]
 fn cells_that_differ_in_the_driver_s_parameters_share_one_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let plan = snapshot_plan_with(dir.path(), 1, "params = { \"atlantic.rxpageorder\" = [\"0\", \"3\"] }");
     assert_eq!(plan.plan.cells.len(), 2);
-    let ended = || Boot { serial: "console\n".into(), booted: stopped(ExitReason::Poweroff, 0) };
-    let engine = Scripted::cells((0..4).map(|_| ended()));
-    let env = lab(dir.path(), &engine, false);
-    let ctx = RunContext { run: "r".into(), artifacts: dir.path().join("artifacts") };
-    for cell in &plan.plan.cells {
-        run(&env, &plan, &ctx, cell, 0);
-    }
+    let engine = each_cell_once(dir.path(), &plan);
     assert_eq!(engine.state.lock().unwrap().starts, ["snapshot", "restore", "boot", "restore", "boot"]);
     let specs = engine.specs();
     assert!(!specs[0].cmdline.contains("atlantic."), "the driver's parameters go later: {}", specs[0].cmdline);
@@ -644,13 +651,7 @@ fn driver_variants_of_one_kernel_share_one_snapshot_and_each_restored_guest_gets
     );
     let plan = Plan::parse(&dir.path().join("s.toml"), &text).unwrap();
     let plan = RunPlan::prepare(plan, &guest_images::store::ImageStore::new(images.clone()), &|_| {}).unwrap();
-    let ended = || Boot { serial: "console\n".into(), booted: stopped(ExitReason::Poweroff, 0) };
-    let engine = Scripted::cells((0..4).map(|_| ended()));
-    let env = lab(dir.path(), &engine, false);
-    let ctx = RunContext { run: "r".into(), artifacts: dir.path().join("artifacts") };
-    for cell in &plan.plan.cells {
-        run(&env, &plan, &ctx, cell, 0);
-    }
+    let engine = each_cell_once(dir.path(), &plan);
     let state = engine.state.lock().unwrap();
     assert_eq!(state.starts, ["snapshot", "restore", "boot", "restore", "boot"], "one snapshot for both images");
     let specs = &state.specs;

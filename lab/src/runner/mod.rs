@@ -131,9 +131,8 @@ impl<'a> Repetition<'a> {
         let engine = self.env.engine(self.image.engine).map_err(|why| Failure::Setup { what: why.to_string() })?;
         let (device, spec, snapshot) = self.device_and_start(engine, record)?;
         let vm_dir = snapshot.as_deref().map(CellSnapshot::vm_dir);
-        // A restored guest's agent takes the cell's own words from COM2.
-        // and, when it shares its snapshot with other driver variants, its own modules from the
-        // payload window.
+        // A restored guest's agent takes the cell's own words from COM2 and, when it shares its
+        // snapshot with other driver builds, its image's modules from the payload window.
         let line = self.restored_words(&spec);
         let payload = self.split_initrd(&spec).map(|split| split.payload.as_path());
         let start = match &vm_dir {

@@ -13,7 +13,9 @@
 //!                                         0xfec0_0000  IOAPIC, 0xfee0_0000 LAPIC
 //! ```
 //!
-//! The PCI 64-bit window starts at the first GiB boundary above RAM and 4 GiB.
+//! The PCI 64-bit window starts at the first GiB boundary above RAM and 4 GiB. A VM with a
+//! payload window (`payload_window_mib`) has it in low RAM just below that RAM's last 2 MiB,
+//! reserved in the E820 map, with the initrd below it (`RamLayout::with_payload_window`).
 
 /// Boot GDT.
 pub const GDT_ADDR: u64 = 0x500;

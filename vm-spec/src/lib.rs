@@ -45,4 +45,5 @@ pub use exit::{
 pub use nic::NicKind;
 pub use spec::{
     DeviceBackend, DeviceSpec, Entry, IommuSpec, Kernel, SerialOutput, SerialSpec, Slot, SpecError, VmLimits, VmSpec,
+    payload_window_fits,
 };

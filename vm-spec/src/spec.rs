@@ -34,6 +34,13 @@ pub const LAB_MAX_MEMORY_MIB: u64 = 16 * 1024;
 pub const MAX_DEVICES: usize = 30;
 /// Largest payload window, in MiB (a quarter of the VM's memory at most, too).
 pub const MAX_PAYLOAD_WINDOW_MIB: u64 = 1024;
+/// Whether a VM of `memory_mib` may have a payload window of `window_mib`: at most a quarter of
+/// its memory (of at least 16 MiB) and [`MAX_PAYLOAD_WINDOW_MIB`].
+pub fn payload_window_fits(window_mib: u32, memory_mib: u64) -> bool {
+    let window = u64::from(window_mib);
+    memory_mib >= 16 && window * 4 <= memory_mib && window <= MAX_PAYLOAD_WINDOW_MIB
+}
+
 /// Longest timeout, in seconds (a week).
 pub const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
 
@@ -172,8 +179,7 @@ impl VmSpec {
         if self.cmdline.len() > MAX_CMDLINE {
             return Err(SpecError::Cmdline(format!("{} bytes; at most {MAX_CMDLINE}", self.cmdline.len())));
         }
-        let window = u64::from(self.payload_window_mib);
-        if window > 0 && (window * 4 > self.memory_mib || window > MAX_PAYLOAD_WINDOW_MIB || self.memory_mib < 16) {
+        if self.payload_window_mib > 0 && !payload_window_fits(self.payload_window_mib, self.memory_mib) {
             return Err(SpecError::PayloadWindow { mib: self.payload_window_mib, memory_mib: self.memory_mib });
         }
         if self.vcpus == 0 || self.vcpus > MAX_VCPUS {

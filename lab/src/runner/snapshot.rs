@@ -164,8 +164,9 @@ impl Repetition<'_> {
     /// window `spec`'s VM can have.
     pub(super) fn split_initrd(&self, spec: &VmSpec) -> Option<&SplitInitrd> {
         let split = self.plan.files(&self.image.name)?.split.as_ref()?;
-        let window = u64::from(PAYLOAD_WINDOW_MIB);
-        (split.payload_bytes <= window << 20 && spec.memory_mib >= 4 * window).then_some(split)
+        let fits = split.payload_bytes <= u64::from(PAYLOAD_WINDOW_MIB) << 20
+            && vm_spec::payload_window_fits(PAYLOAD_WINDOW_MIB, spec.memory_mib);
+        fits.then_some(split)
     }
 
     /// What the restored guest's agent is sent on COM2: the words of the cell's command line

@@ -197,6 +197,16 @@ impl WorkloadResult {
     pub fn measured(&self) -> bool {
         self.gbit_s.is_some() || self.latency.is_some() || self.xdp.is_some() || self.kselftest.is_some()
     }
+
+    /// The packets the workload moved: received for rx (and a probe's), sent for tx, both for
+    /// bidir; the count the per-packet figures divide by.
+    pub fn packets(&self) -> Option<u64> {
+        match self.direction {
+            Some(Direction::Tx) => self.tx_packets,
+            Some(Direction::Bidir) => self.rx_packets.zip(self.tx_packets).map(|(r, t)| r + t),
+            Some(Direction::Rx) | None => self.rx_packets,
+        }
+    }
 }
 
 /// One repetition of one cell.

@@ -197,12 +197,20 @@ impl Watching {
             {
                 self.trace.set_bounce_pool(pool);
             }
-            let trace = &self.trace;
-            let host_cpu = HostCpuSource { engine: self.child.id(), model: model.map(ModelProcess::pid) };
+            // The virtio-iommu's counts as QEMU has written them when the window asks (the
+            // model is read before them at the begin): a map QEMU traced after the read above
+            // is counted on the side of the window it fell on.
+            let trace = std::cell::RefCell::new((&mut self.trace, &mut self.trace_read));
+            let (trace_path, host_cpu) =
+                (&self.trace_path, HostCpuSource { engine: self.child.id(), model: model.map(ModelProcess::pid) });
             self.window.saw(
                 &kinds,
                 ms(self.spawned.elapsed()),
-                || Some(trace.counts()),
+                || {
+                    let (trace, read) = &mut *trace.borrow_mut();
+                    **read += read_more(trace_path, **read, trace);
+                    Some(trace.counts())
+                },
                 || model.and_then(ModelProcess::counters),
                 || host_cpu.sample(),
             );

@@ -151,11 +151,7 @@ pub(super) fn agent_figures(record: &mut Record, frames: &Frames, window: &Windo
         (delta("rx_packets"), delta("rx_bytes"), delta("tx_packets"), delta("tx_bytes"));
     // The packets the workload moved: received for rx, sent for tx, both for bidir.
     w.direction = frames.direction();
-    let packets = match w.direction {
-        Some(Direction::Tx) => w.tx_packets,
-        Some(Direction::Bidir) => w.rx_packets.zip(w.tx_packets).map(|(r, t)| r + t),
-        Some(Direction::Rx) | None => w.rx_packets,
-    };
+    let packets = w.packets();
     record.page_reuse = page_reuse(frames);
     let unloaded = frames.step("unload").is_some_and(|s| s.status == StepStatus::Ok);
     if unloaded && let Some(done) = window.done.as_ref().and_then(|s| s.iommu.as_ref()) {

@@ -296,6 +296,14 @@ fn maps_split_by_direction_page_reuse_and_the_teardown_are_recorded() {
     let failure = judge(&booted, &output, &record, 60.0).unwrap_err();
     assert_eq!(failure.status(), Status::Error);
     assert!(failure.to_string().contains("fewer DMA maps (0.9000 per packet) than the virtio-iommu saw"));
+    // A few maps short over the 10000 packets (the last ones on their way to the model when
+    // the window closed) is the window's edge; more is a disagreement.
+    record.model_maps_per_packet = Some(0.9995);
+    let next = judge(&booted, &output, &record, 60.0).unwrap_err();
+    assert_eq!(next.to_string(), "the agent did not finish; its last step: unload", "5 maps short: the next check's");
+    record.model_maps_per_packet = Some(0.9990);
+    let failure = judge(&booted, &output, &record, 60.0).unwrap_err();
+    assert!(matches!(failure, crate::failure::Failure::CountsDisagree { .. }), "10 maps short: {failure}");
 }
 
 #[test]

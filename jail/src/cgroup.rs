@@ -5,6 +5,7 @@
 //! behind empty are removed when the next one is made.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::error::JailError;
 use crate::{JailSpec, MEMORY_OVERHEAD, THREAD_ALLOWANCE};
@@ -19,7 +20,7 @@ pub(crate) struct Joined {
     pids: u64,
     /// CPU time per [`CPU_PERIOD_US`], µs.
     cpu_quota: u64,
-    version: u8,
+    version: Version,
 }
 
 /// The CFS period the CPU quota is given over, µs.
@@ -29,7 +30,7 @@ impl Joined {
     pub(crate) fn describe(&self) -> String {
         format!(
             "cgroup v{} {}: memory {} MiB, {} pids, {:.1} CPUs",
-            self.version,
+            self.version.number(),
             self.path,
             self.memory >> 20,
             self.pids,
@@ -106,10 +107,54 @@ fn make(parent: &Path, kind: &str, pid: u32) -> Result<PathBuf, JailError> {
     }
 }
 
+/// The cgroup hierarchies a host has: the unified one (v2) or the v1 ones, a hierarchy per
+/// controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    V1,
+    V2,
+}
+
+impl Version {
+    /// This host's: v2 where /sys/fs/cgroup is the unified hierarchy.
+    fn of_host() -> Version {
+        if Path::new(ROOT).join("cgroup.controllers").exists() { Version::V2 } else { Version::V1 }
+    }
+
+    /// The file a process writes `0` into to join a cgroup.
+    ///
+    /// v2: `cgroup.procs`. v1: `tasks`, which moves the writing thread alone: the jail's
+    /// process has one thread then, so that moves the process, and the kernel skips the cgroup
+    /// threadgroup rwsem that moving a whole process takes for writing, whose writer waits for
+    /// an RCU grace period (`cgroup_procs_write_start()` takes it only for a pid other than 0 or
+    /// a whole thread group, kernel/cgroup/cgroup.c): 0.3 ms a move here against 5 to 15 ms
+    /// (docs/benchmarks.md).
+    fn member_file(self) -> &'static str {
+        match self {
+            Version::V1 => "tasks",
+            Version::V2 => "cgroup.procs",
+        }
+    }
+
+    fn number(self) -> u8 {
+        match self {
+            Version::V1 => 1,
+            Version::V2 => 2,
+        }
+    }
+}
+
 /// Makes cgroup `KIND-PID` in `parent` (see [`make`]), writes `limits` (file, value) into it and
-/// moves this process in. Another process's sweep may remove the new cgroup while it is still
-/// empty, between its creation and the move: then it is made again (a few times at most).
-fn make_and_enter(parent: &Path, kind: &str, pid: u32, limits: &[(&str, String)]) -> Result<(), JailError> {
+/// moves this single-threaded process in through `member` ([`member_file`]). Another process's
+/// sweep may remove the new cgroup while it is still empty, between its creation and the move:
+/// then it is made again (a few times at most).
+fn make_and_enter(
+    parent: &Path,
+    kind: &str,
+    pid: u32,
+    limits: &[(&str, String)],
+    member: &str,
+) -> Result<(), JailError> {
     const ATTEMPTS: usize = 4;
     let mut attempt = 0;
     loop {
@@ -118,7 +163,7 @@ fn make_and_enter(parent: &Path, kind: &str, pid: u32, limits: &[(&str, String)]
         let result = limits
             .iter()
             .try_for_each(|(file, value)| write(&dir.join(file), value))
-            .and_then(|()| write(&dir.join("cgroup.procs"), "0"));
+            .and_then(|()| write(&dir.join(member), "0"));
         match result {
             Err(_) if attempt < ATTEMPTS && !dir.exists() => continue,
             other => return other,
@@ -126,35 +171,67 @@ fn make_and_enter(parent: &Path, kind: &str, pid: u32, limits: &[(&str, String)]
     }
 }
 
-/// How long moving a process into a cgroup takes on this host: a child that sleeps is moved
-/// into a cgroup of its own below [`crate::CGROUP_PARENT`] (in the unified hierarchy, else the
-/// v1 memory one), timed, ended, and its cgroup removed (`driverlab doctor`).
-pub(crate) fn time_a_move() -> Result<std::time::Duration, JailError> {
-    let root = Path::new(ROOT);
-    let (hierarchy, controller) = if root.join("cgroup.controllers").exists() {
-        (root.to_path_buf(), None)
-    } else {
-        (root.join("memory"), Some("memory"))
+/// How long the jail's move into a cgroup takes on this host (`driverlab doctor`), in a cgroup
+/// of its own below [`crate::CGROUP_PARENT`] (in the unified hierarchy, else the v1 memory one),
+/// removed after: v2, a child that sleeps moved in through `cgroup.procs`; v1, a thread of this
+/// process that moves itself through `tasks` (as the jail's process does) and ends.
+pub(crate) fn time_a_move() -> Result<Duration, JailError> {
+    let version = Version::of_host();
+    let (hierarchy, controller) = match version {
+        Version::V2 => (PathBuf::from(ROOT), None),
+        Version::V1 => (Path::new(ROOT).join("memory"), Some("memory")),
     };
     let own = own_cgroup(controller)?;
     let parent = hierarchy.join(own.trim_start_matches('/')).join(crate::CGROUP_PARENT);
+    match version {
+        Version::V2 => time_moving_a_child(&parent),
+        Version::V1 => time_moving_a_thread(&parent),
+    }
+}
+
+/// Times moving a child process into a new cgroup in `parent` by its pid.
+fn time_moving_a_child(parent: &Path) -> Result<Duration, JailError> {
     let mut child = std::process::Command::new("sleep")
         .arg("10")
         .spawn()
         .map_err(|e| JailError::Host(format!("starting `sleep` to move: {e}")))?;
-    let dir = make(&parent, "doctor", child.id());
-    let timed = dir.and_then(|dir| {
-        let started = std::time::Instant::now();
+    let timed = make(parent, "doctor", child.id()).and_then(|dir| {
+        let started = Instant::now();
         let moved = write(&dir.join("cgroup.procs"), &child.id().to_string());
         let took = started.elapsed();
         let _ = child.kill();
         let _ = child.wait();
-        let _ = std::fs::remove_dir(&dir);
+        remove_when_empty(&dir);
         moved.map(|()| took)
     });
     let _ = child.kill();
     let _ = child.wait();
     timed
+}
+
+/// Times a thread of this process moving itself into a new v1 cgroup in `parent`.
+fn time_moving_a_thread(parent: &Path) -> Result<Duration, JailError> {
+    let dir = make(parent, "doctor", std::process::id())?;
+    let tasks = dir.join(Version::V1.member_file());
+    let moved = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let started = Instant::now();
+                write(&tasks, "0").map(|()| started.elapsed())
+            })
+            .join()
+    });
+    remove_when_empty(&dir);
+    moved.map_err(|_| JailError::Host("the thread timing a move panicked".into()))?
+}
+
+/// Removes cgroup `dir` once the process or thread moved in has left it (an ended task leaves
+/// its cgroup a moment after its waiter sees it end); gives up after a second.
+fn remove_when_empty(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while std::fs::remove_dir(dir).is_err() && dir.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Makes the process's cgroup and moves it there.
@@ -164,7 +241,7 @@ pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, JailE
     let cpu_quota = spec.cpus as u64 * CPU_PERIOD_US + CPU_PERIOD_US / 10;
     let name = format!("{}-{supervisor_pid}", spec.name);
     let root = Path::new(ROOT);
-    if root.join("cgroup.controllers").exists() {
+    if Version::of_host() == Version::V2 {
         let own = own_cgroup(None)?;
         let own_dir = root.join(own.trim_start_matches('/'));
         let parent = own_dir.join(&spec.cgroup_parent);
@@ -183,9 +260,9 @@ pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, JailE
             ("pids.max", pids.to_string()),
             ("cpu.max", format!("{cpu_quota} {CPU_PERIOD_US}")),
         ];
-        make_and_enter(&parent, &spec.name, supervisor_pid, &limits)?;
+        make_and_enter(&parent, &spec.name, supervisor_pid, &limits, Version::V2.member_file())?;
         let path = format!("{}/{}/{name}", own.trim_end_matches('/'), spec.cgroup_parent);
-        return Ok(Joined { path, memory, pids, cpu_quota, version: 2 });
+        return Ok(Joined { path, memory, pids, cpu_quota, version: Version::V2 });
     }
     let mut path = String::new();
     let limits = [
@@ -203,13 +280,13 @@ pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, JailE
         }
         let own = own_cgroup(Some(controller))?;
         let parent = hierarchy.join(own.trim_start_matches('/')).join(&spec.cgroup_parent);
-        make_and_enter(&parent, &spec.name, supervisor_pid, &[(limit, value.to_string())])?;
+        make_and_enter(&parent, &spec.name, supervisor_pid, &[(limit, value.to_string())], Version::V1.member_file())?;
         // The memory hierarchy's path is the one reported (the pids one may sit elsewhere).
         if path.is_empty() {
             path = format!("{}/{}/{name}", own.trim_end_matches('/'), spec.cgroup_parent);
         }
     }
-    Ok(Joined { path, memory, pids, cpu_quota, version: 1 })
+    Ok(Joined { path, memory, pids, cpu_quota, version: Version::V1 })
 }
 
 #[cfg(test)]
@@ -245,14 +322,19 @@ mod tests {
     #[test]
     fn a_cgroup_gets_its_limits_then_the_process() {
         let dir = tempfile::tempdir().unwrap();
-        make_and_enter(dir.path(), "vm", 9, &[("pids.max", "17".into())]).unwrap();
+        make_and_enter(dir.path(), "vm", 9, &[("pids.max", "17".into())], Version::V2.member_file()).unwrap();
         let made = dir.path().join("vm-9");
         assert_eq!(std::fs::read_to_string(made.join("pids.max")).unwrap(), "17");
         assert_eq!(std::fs::read_to_string(made.join("cgroup.procs")).unwrap(), "0");
+        // v1: the thread moves itself through `tasks` (the quick path for one thread).
+        make_and_enter(dir.path(), "model", 9, &[], Version::V1.member_file()).unwrap();
+        let made = dir.path().join("model-9");
+        assert_eq!(std::fs::read_to_string(made.join("tasks")).unwrap(), "0");
+        assert!(!made.join("cgroup.procs").exists());
         // A parent that cannot be made is an error that names it, not a loop.
         let file = dir.path().join("file");
         std::fs::write(&file, "").unwrap();
-        let err = make_and_enter(&file.join("sub"), "vm", 9, &[]).unwrap_err().to_string();
+        let err = make_and_enter(&file.join("sub"), "vm", 9, &[], Version::V2.member_file()).unwrap_err().to_string();
         assert!(err.contains("creating"), "{err}");
     }
 }

@@ -69,7 +69,8 @@ const SLOW_MOVE: Duration = Duration::from_millis(2);
 /// kernel's `favordynmods` (a cgroup2 mount option, global to every hierarchy), a move waits for
 /// an RCU grace period on the cgroup threadgroup rwsem (`cgroup_attach_lock()`,
 /// kernel/cgroup/cgroup.c); with it (and, from Linux 6.18, ever after it was once set), it does
-/// not.
+/// not. On v1 the jail moves its process's one thread through `tasks`, which takes no such lock,
+/// so the option matters on v2 hosts only.
 fn cgroup_moves(moved: Result<Duration, String>, v2: bool) -> Readiness {
     let fix = if v2 {
         "mount -o remount,favordynmods /sys/fs/cgroup (or a kernel with CONFIG_CGROUP_FAVOR_DYNMODS=y)"

@@ -236,6 +236,31 @@ impl GuestRam {
 }
 
 impl GuestRam {
+    /// Writes `bytes` at `offset` of the memory file through this process's mapping of it, so
+    /// that the host backs them as it backs the guest's own touches (in transparent huge pages
+    /// where it gives them; a write to the memfd itself would take small ones).
+    pub fn write_at_file_offset(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+        use vm_memory::Bytes;
+        let mut range_start = 0;
+        let mut written = 0;
+        for &(addr, size) in &self.layout.ranges {
+            let range_end = range_start + size;
+            let at = offset + written as u64;
+            if written < bytes.len() && at < range_end {
+                let n = (bytes.len() - written).min((range_end - at) as usize);
+                self.memory
+                    .write_slice(&bytes[written..written + n], GuestAddress(addr + (at - range_start)))
+                    .map_err(std::io::Error::other)?;
+                written += n;
+            }
+            range_start = range_end;
+        }
+        if written < bytes.len() {
+            return Err(std::io::Error::other(format!("{} bytes at {offset:#x} run past guest RAM", bytes.len())));
+        }
+        Ok(())
+    }
+
     /// Guest RAM as a passthrough backend needs it to map DMA: guest ranges, where this process
     /// has them, and where they are in the memfd.
     pub fn dma_view(&self) -> passthrough::backend::GuestRamMap {
@@ -346,5 +371,21 @@ mod tests {
         // Huge pages asked for; granted exactly when the host's setting grants them.
         let granted = vm_spec::host::shmem_huge_pages().is_some_and(|s| vm_spec::host::shmem_huge_pages_on_request(&s));
         assert_eq!(ram.huge_pages, granted);
+    }
+
+    #[test]
+    fn bytes_for_the_memory_file_land_where_the_file_offset_is_in_guest_ram() {
+        // 510 MiB below 4 GiB, 2 MiB above: file offset 510 MiB is guest address 4 GiB.
+        let ram = GuestRam::new(RamLayout::with_ram_above_4gib(512 * MIB)).unwrap();
+        let bytes: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
+        ram.write_at_file_offset(510 * MIB - 4096, &bytes).unwrap();
+        let (mut low, mut high) = ([0u8; 4096], [0u8; 4096]);
+        ram.memory.read_slice(&mut low, GuestAddress(510 * MIB - 4096)).unwrap();
+        ram.memory.read_slice(&mut high, GuestAddress(FOUR_GIB)).unwrap();
+        assert!(low[..] == bytes[..4096] && high[..] == bytes[4096..], "split across the two ranges");
+        let mut file = [0u8; 8192];
+        std::os::unix::fs::FileExt::read_exact_at(&ram.file, &mut file, 510 * MIB - 4096).unwrap();
+        assert!(file[..] == bytes[..], "and in the memory file at the offset");
+        assert!(ram.write_at_file_offset(512 * MIB - 4096, &bytes).is_err(), "past the end");
     }
 }

@@ -265,9 +265,13 @@ fn write_payload(ram: &GuestRam, payload: &[u8]) -> Result<(), Error> {
     }
 }
 
-/// A restored VM's RAM: mapped private from the snapshot's RAM file when nothing needs to share
-/// it (no device model, which maps the memory file; no `--snapshot-to`, which reads it), with the
-/// file to check while the VM runs; otherwise copied into a memory file and checked first.
+/// A restored VM's RAM: copied into a new memory file, checked first, where something shares
+/// that file (a device model maps it; `--snapshot-to` reads it) or where the host backs it with
+/// transparent huge pages (a private mapping of the snapshot's file would give the guest small
+/// pages: each a nested-paging fault on first touch, and small pages after; restored guests in
+/// the nested box paid up to 1.9 times the CPU per packet of booted ones, docs/experiments.md);
+/// otherwise mapped private from the snapshot's RAM file, with the file to check while the VM
+/// runs.
 fn restored_ram(
     spec: &VmSpec,
     options: &RunOptions,
@@ -277,11 +281,12 @@ fn restored_ram(
     let shared = options.snapshot_to.is_some()
         || spec.devices.iter().any(|d| matches!(d.backend, vm_spec::DeviceBackend::VfioUser(_)));
     let image = &restore.snapshot.ram;
-    if shared {
-        let ram = GuestRam::new(ram_layout(spec))?;
-        load_ram(&restore.dir, image, &ram.file)?;
-        return Ok((ram, None));
+    let copy = GuestRam::new(ram_layout(spec))?;
+    if shared || copy.huge_pages {
+        load_ram(&restore.dir, image, &mut |offset, bytes| copy.write_at_file_offset(offset, bytes))?;
+        return Ok((copy, None));
     }
+    drop(copy);
     let file = open_ram(&restore.dir, image)?;
     let ram = GuestRam::mapped_from(ram_layout(spec), file.try_clone()?)?;
     Ok((ram, Some(file)))

@@ -82,16 +82,19 @@ fn data_extents(file: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
     Ok(extents)
 }
 
-/// Reads `len` bytes at `offset` of `from` into `hash`, copying them to `to` when given.
-fn copy(from: &File, to: Option<&File>, offset: u64, len: u64, hash: &mut Hasher) -> std::io::Result<()> {
+/// Where restored RAM goes: the bytes for each offset of the memory file.
+pub type RamSink<'a> = &'a mut dyn FnMut(u64, &[u8]) -> std::io::Result<()>;
+
+/// Reads `len` bytes at `offset` of `from` into `hash`, giving them to `to` when given.
+fn copy(from: &File, to: &mut Option<RamSink>, offset: u64, len: u64, hash: &mut Hasher) -> std::io::Result<()> {
     let mut buffer = vec![0u8; CHUNK.min(len as usize)];
     let mut done = 0;
     while done < len {
         let n = buffer.len().min((len - done) as usize);
         from.read_exact_at(&mut buffer[..n], offset + done)?;
         hash.write(&buffer[..n]);
-        if let Some(to) = to {
-            to.write_all_at(&buffer[..n], offset + done)?;
+        if let Some(to) = to.as_mut() {
+            to(offset + done, &buffer[..n])?;
         }
         done += n as u64;
     }
@@ -113,18 +116,19 @@ pub fn save_into(memory: &File, size: u64, file: &File, to: &Path) -> Result<Ram
     let extents = data_extents(memory, size).map_err(io(memfd, "finding its data"))?;
     file.set_len(size).map_err(io(to, "sizing"))?;
     let mut hash = Hasher::new();
+    let mut write = |offset: u64, bytes: &[u8]| file.write_all_at(bytes, offset);
     for &(offset, len) in &extents {
-        copy(memory, Some(file), offset, len, &mut hash).map_err(io(to, "writing"))?;
+        copy(memory, &mut Some(&mut write), offset, len, &mut hash).map_err(io(to, "writing"))?;
     }
     file.sync_all().map_err(io(to, "syncing"))?;
     Ok(RamImage { size, extents, xxh3_128: format!("{:032x}", hash.finish_128()) })
 }
 
-/// Reads the RAM file at `from` (saved as `image`) into `memory`, a new memory file of the
-/// image's size, refusing a file that is not the RAM that was saved.
-pub fn restore(image: &RamImage, from: &Path, memory: &File) -> Result<(), RamError> {
+/// Reads the RAM file at `from` (saved as `image`) into `into` (new RAM of the image's size,
+/// zeros where the image has holes), refusing a file that is not the RAM that was saved.
+pub fn restore(image: &RamImage, from: &Path, into: RamSink) -> Result<(), RamError> {
     let file = open(image, from)?;
-    hash_extents(image, &file, from, Some(memory))
+    hash_extents(image, &file, from, Some(into))
 }
 
 /// Opens the RAM file at `from` (saved as `image`), refusing one of another size.
@@ -145,10 +149,10 @@ pub fn check(image: &RamImage, file: &File, from: &Path) -> Result<(), RamError>
     hash_extents(image, file, from, None)
 }
 
-fn hash_extents(image: &RamImage, file: &File, from: &Path, into: Option<&File>) -> Result<(), RamError> {
+fn hash_extents(image: &RamImage, file: &File, from: &Path, mut into: Option<RamSink>) -> Result<(), RamError> {
     let mut hash = Hasher::new();
     for &(offset, len) in &image.extents {
-        copy(file, into, offset, len, &mut hash).map_err(io(from, "reading"))?;
+        copy(file, &mut into, offset, len, &mut hash).map_err(io(from, "reading"))?;
     }
     let found = format!("{:032x}", hash.finish_128());
     if found != image.xxh3_128 {
@@ -188,7 +192,7 @@ mod tests {
         assert!(std::fs::metadata(&path).unwrap().blocks() * 512 < 8 * MIB, "the file is sparse");
 
         let restored = memory(size);
-        restore(&image, &path, &restored).unwrap();
+        restore(&image, &path, &mut |offset, bytes| restored.write_all_at(bytes, offset)).unwrap();
         for (offset, len) in [(0, 4096), (20 * MIB - 4096, 3 * MIB + 8192), (size - 4096, 4096), (40 * MIB, 4096)] {
             let (mut a, mut b) = (vec![0u8; len as usize], vec![0u8; len as usize]);
             guest.read_exact_at(&mut a, offset).unwrap();
@@ -198,7 +202,8 @@ mod tests {
         // A changed RAM file is refused.
         let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         file.write_all_at(b"\x90", 21 * MIB).unwrap();
-        let refused = restore(&image, &path, &memory(size)).unwrap_err();
+        let other = memory(size);
+        let refused = restore(&image, &path, &mut |offset, bytes| other.write_all_at(bytes, offset)).unwrap_err();
         assert!(matches!(refused, RamError::Mismatch { .. }), "{refused}");
         let opened = open(&image, &path).unwrap();
         assert!(matches!(check(&image, &opened, &path), Err(RamError::Mismatch { .. })), "checked without a copy too");

@@ -187,10 +187,10 @@ pub fn load(dir: &Path) -> Result<VmSnapshot, SnapshotError> {
     Ok(read_snapshot(&path)?)
 }
 
-/// Reads the RAM file of the snapshot in `dir` into `memory` (a new memory file of its size),
-/// checked against what the state says it holds.
-pub fn load_ram(dir: &Path, image: &RamImage, memory: &File) -> Result<(), SnapshotError> {
-    Ok(ram::restore(image, &dir.join(RAM_FILE), memory)?)
+/// Reads the RAM file of the snapshot in `dir` into `into` (new RAM of its size), checked
+/// against what the state says it holds.
+pub fn load_ram(dir: &Path, image: &RamImage, into: ram::RamSink) -> Result<(), SnapshotError> {
+    Ok(ram::restore(image, &dir.join(RAM_FILE), into)?)
 }
 
 /// Opens the RAM file of the snapshot in `dir`, to be mapped (it is checked while the VM runs,

@@ -60,9 +60,17 @@ fn run_example_ending(example: &str, counts: &str) -> (serde_json::Value, tempfi
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let clean = counts.contains(" 0 failed, 0 errors");
-    assert_eq!(out.status.code(), Some(if clean { 0 } else { 1 }), "{example}:\n{stdout}\n{stderr}");
     let run = stdout.lines().next().and_then(|l| l.strip_prefix("run ")?.strip_suffix(" started")).unwrap_or_default();
-    assert_eq!(stdout.lines().last(), Some(format!("run {run}: {counts}").as_str()), "{stdout}\n{stderr}");
+    let ended = stdout.lines().last() == Some(format!("run {run}: {counts}").as_str());
+    if !ended || out.status.code() != Some(if clean { 0 } else { 1 }) {
+        // The run's artifacts (serial logs, the model's log) outlive the test that failed.
+        let kept = logs.keep();
+        panic!(
+            "{example} ({}) did not end in `{counts}`; its artifacts are kept in {}:\n{stdout}\n{stderr}",
+            out.status,
+            kept.display()
+        );
+    }
     let show = Command::new(driverlab).args(["lab", "show", run, "--json", "--db"]).arg(&db).output().unwrap();
     let shown = serde_json::from_slice(&show.stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     (shown, logs)

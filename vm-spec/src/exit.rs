@@ -264,10 +264,12 @@ pub struct Restored {
 #[serde(rename_all = "lowercase")]
 pub enum RestoredRam {
     /// Mapped private from the snapshot's RAM file (no copy; the file checked against its
-    /// checksum while the VM ran): a VM without device models.
+    /// checksum while the VM ran): a VM without device models, on a host that gives guest RAM
+    /// no huge pages.
     Mapped,
     /// Copied into the VM's memory file, and checked, before it ran: a VM whose device models
-    /// share its RAM, or one that may be snapshotted again.
+    /// share its RAM, one that may be snapshotted again, or one on a host that gives guest RAM
+    /// huge pages (copied into them).
     Copied,
 }
 

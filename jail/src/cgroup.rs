@@ -145,7 +145,7 @@ impl Version {
 }
 
 /// Makes cgroup `KIND-PID` in `parent` (see [`make`]), writes `limits` (file, value) into it and
-/// moves this single-threaded process in through `member` ([`member_file`]). Another process's
+/// moves this single-threaded process in through `member` ([`Version::member_file`]). Another process's
 /// sweep may remove the new cgroup while it is still empty, between its creation and the move:
 /// then it is made again (a few times at most).
 fn make_and_enter(

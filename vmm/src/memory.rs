@@ -240,20 +240,17 @@ impl GuestRam {
     /// that the host backs them as it backs the guest's own touches (in transparent huge pages
     /// where it gives them; a write to the memfd itself would take small ones).
     pub fn write_at_file_offset(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
-        use vm_memory::Bytes;
-        let mut range_start = 0;
+        use vm_memory::{Bytes, MemoryRegionAddress};
+        let end = offset + bytes.len() as u64;
         let mut written = 0;
-        for &(addr, size) in &self.layout.ranges {
-            let range_end = range_start + size;
-            let at = offset + written as u64;
-            if written < bytes.len() && at < range_end {
-                let n = (bytes.len() - written).min((range_end - at) as usize);
-                self.memory
-                    .write_slice(&bytes[written..written + n], GuestAddress(addr + (at - range_start)))
-                    .map_err(std::io::Error::other)?;
-                written += n;
+        for region in self.memory.iter() {
+            let Some(start) = region.file_offset().map(FileOffset::start) else { continue };
+            let (from, to) = (offset.max(start), end.min(start + region.len()));
+            if from < to {
+                let part = &bytes[(from - offset) as usize..(to - offset) as usize];
+                region.write_slice(part, MemoryRegionAddress(from - start)).map_err(std::io::Error::other)?;
+                written += part.len();
             }
-            range_start = range_end;
         }
         if written < bytes.len() {
             return Err(std::io::Error::other(format!("{} bytes at {offset:#x} run past guest RAM", bytes.len())));

@@ -85,17 +85,15 @@ fn data_extents(file: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
 /// Where restored RAM goes: the bytes for each offset of the memory file.
 pub type RamSink<'a> = &'a mut dyn FnMut(u64, &[u8]) -> std::io::Result<()>;
 
-/// Reads `len` bytes at `offset` of `from` into `hash`, giving them to `to` when given.
-fn copy(from: &File, to: &mut Option<RamSink>, offset: u64, len: u64, hash: &mut Hasher) -> std::io::Result<()> {
+/// Reads `len` bytes at `offset` of `from` into `hash`, giving them to `to`.
+fn copy(from: &File, to: RamSink, offset: u64, len: u64, hash: &mut Hasher) -> std::io::Result<()> {
     let mut buffer = vec![0u8; CHUNK.min(len as usize)];
     let mut done = 0;
     while done < len {
         let n = buffer.len().min((len - done) as usize);
         from.read_exact_at(&mut buffer[..n], offset + done)?;
         hash.write(&buffer[..n]);
-        if let Some(to) = to.as_mut() {
-            to(offset + done, &buffer[..n])?;
-        }
+        to(offset + done, &buffer[..n])?;
         done += n as u64;
     }
     Ok(())
@@ -118,7 +116,7 @@ pub fn save_into(memory: &File, size: u64, file: &File, to: &Path) -> Result<Ram
     let mut hash = Hasher::new();
     let mut write = |offset: u64, bytes: &[u8]| file.write_all_at(bytes, offset);
     for &(offset, len) in &extents {
-        copy(memory, &mut Some(&mut write), offset, len, &mut hash).map_err(io(to, "writing"))?;
+        copy(memory, &mut write, offset, len, &mut hash).map_err(io(to, "writing"))?;
     }
     file.sync_all().map_err(io(to, "syncing"))?;
     Ok(RamImage { size, extents, xxh3_128: format!("{:032x}", hash.finish_128()) })
@@ -128,7 +126,7 @@ pub fn save_into(memory: &File, size: u64, file: &File, to: &Path) -> Result<Ram
 /// zeros where the image has holes), refusing a file that is not the RAM that was saved.
 pub fn restore(image: &RamImage, from: &Path, into: RamSink) -> Result<(), RamError> {
     let file = open(image, from)?;
-    hash_extents(image, &file, from, Some(into))
+    hash_extents(image, &file, from, into)
 }
 
 /// Opens the RAM file at `from` (saved as `image`), refusing one of another size.
@@ -146,13 +144,13 @@ pub fn open(image: &RamImage, from: &Path) -> Result<File, RamError> {
 
 /// Checks the RAM file `file` (at `from`, saved as `image`) against its checksum.
 pub fn check(image: &RamImage, file: &File, from: &Path) -> Result<(), RamError> {
-    hash_extents(image, file, from, None)
+    hash_extents(image, file, from, &mut |_, _| Ok(()))
 }
 
-fn hash_extents(image: &RamImage, file: &File, from: &Path, mut into: Option<RamSink>) -> Result<(), RamError> {
+fn hash_extents(image: &RamImage, file: &File, from: &Path, into: RamSink) -> Result<(), RamError> {
     let mut hash = Hasher::new();
     for &(offset, len) in &image.extents {
-        copy(file, &mut into, offset, len, &mut hash).map_err(io(from, "reading"))?;
+        copy(file, &mut *into, offset, len, &mut hash).map_err(io(from, "reading"))?;
     }
     let found = format!("{:032x}", hash.finish_128());
     if found != image.xxh3_128 {

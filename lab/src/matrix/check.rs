@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use super::{
-    DeviceSource, EngineKind, Image, KernelRef, MAX_DESCRIPTION, MAX_MESSAGE, MAX_NAME, MAX_REPETITIONS,
+    BootMode, DeviceSource, EngineKind, Image, KernelRef, MAX_DESCRIPTION, MAX_MESSAGE, MAX_NAME, MAX_REPETITIONS,
     MAX_SELFTEST_TIMEOUT, MIN_MESSAGE, Matrix, MatrixError, MatrixErrorKind, ParamValues, Workload,
 };
 
@@ -316,7 +316,29 @@ impl Checker<'_> {
             ));
         }
         self.check_xdp_drivers(m)?;
-        self.check_slots(m, probe_cells)
+        self.check_slots(m, probe_cells)?;
+        self.check_boot(m)
+    }
+
+    /// `boot = "snapshot"` restores the cells of Linux images on driverlab's engine whose device
+    /// waits in a Thunderbolt slot (the slot is where the restored guest gets its NIC); a matrix
+    /// with no such cell would boot every repetition while saying it restores them.
+    fn check_boot(&self, m: &Matrix) -> Result<(), MatrixError> {
+        if m.boot != BootMode::Snapshot {
+            return Ok(());
+        }
+        if !m.devices.iter().any(|d| d.get_ref().slot == Some(vm_spec::Slot::Thunderbolt)) {
+            let why = "no device sits in a thunderbolt slot: a restored guest gets its NIC plugged into \
+                       one (put a device in slot = \"thunderbolt\", or drop boot = \"snapshot\")";
+            return Err(self.error(None, "boot", why));
+        }
+        let restorable = |i: &Image| !i.is_probe() && i.engine == EngineKind::Driverlab;
+        if !m.images.iter().any(|i| restorable(i.get_ref())) {
+            let why = "no image is a Linux image on engine = \"driverlab\": only those cells start from a \
+                       snapshot (drop boot = \"snapshot\")";
+            return Err(self.error(None, "boot", why));
+        }
+        Ok(())
     }
 
     /// An xdp cell on a device whose driver has no XDP at all could only fail: refused before

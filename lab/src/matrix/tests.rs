@@ -198,6 +198,28 @@ fn a_thunderbolt_slot_needs_linux_and_a_pull_needs_driverlabs_vmm() {
     assert!(err.message.contains("unknown variant `usb4`, expected `root` or `thunderbolt`"), "{err}");
 }
 
+#[test]
+fn a_matrix_that_asks_for_snapshots_has_a_cell_that_can_start_from_one() {
+    let linux_only = GOOD
+        .replace("image = \"probe\"\nparams = { \"probe.rx\" = \"flip\" }", "image = \"linux\"")
+        .replace("kind = \"probe-rx\"\nframes = 1000", "kind = \"iperf3\"");
+    let snapshot = |text: &str| text.replace("name = \"m\"\n", "name = \"m\"\nboot = \"snapshot\"\n");
+    let thunderbolt = |text: &str| text.replace("model = \"aqc100\"", "model = \"aqc100\"\nslot = \"thunderbolt\"");
+    let plan = parse(&snapshot(&thunderbolt(&linux_only))).unwrap();
+    assert_eq!(plan.matrix.boot, BootMode::Snapshot);
+    // The device on the root bus: every repetition would boot.
+    let err = parse(&snapshot(&linux_only)).unwrap_err();
+    assert_eq!(err.field, "boot", "{err}");
+    assert!(err.message.contains("no device sits in a thunderbolt slot"), "{err}");
+    // Only the QEMU engine's Linux: nothing driverlab's VMM could restore.
+    let qemu = linux_only.replace("kernel = \"/boot/vmlinux\"", "kernel = \"/boot/vmlinux\"\nengine = \"qemu\"");
+    let err = parse(&snapshot(&thunderbolt(&qemu))).unwrap_err();
+    assert_eq!(err.field, "boot", "{err}");
+    assert!(err.message.contains("no image is a Linux image on engine = \"driverlab\""), "{err}");
+    // Cold boot asks for nothing.
+    parse(&linux_only).unwrap();
+}
+
 proptest::proptest! {
     #[test]
     fn the_cell_count_is_the_product_of_the_dimensions(

@@ -236,24 +236,29 @@ impl GuestRam {
 }
 
 impl GuestRam {
-    /// Writes `bytes` at `offset` of the memory file through this process's mapping of it, so
-    /// that the host backs them as it backs the guest's own touches (in transparent huge pages
-    /// where it gives them; a write to the memfd itself would take small ones).
-    pub fn write_at_file_offset(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+    /// Reads `len` bytes at `offset` of `file` into RAM at the same offset of the memory file,
+    /// straight through this process's mapping of it: no copy through a buffer, and the host
+    /// backs the pages as it backs the guest's own touches (in transparent huge pages where it
+    /// gives them; a write to the memfd itself would take small ones).
+    pub fn read_at_file_offset(&self, file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+        use std::io::{Seek, SeekFrom};
         use vm_memory::{Bytes, MemoryRegionAddress};
-        let end = offset + bytes.len() as u64;
-        let mut written = 0;
+        let end = offset + len;
+        let mut read = 0;
+        let mut reader = file;
         for region in self.memory.iter() {
             let Some(start) = region.file_offset().map(FileOffset::start) else { continue };
             let (from, to) = (offset.max(start), end.min(start + region.len()));
             if from < to {
-                let part = &bytes[(from - offset) as usize..(to - offset) as usize];
-                region.write_slice(part, MemoryRegionAddress(from - start)).map_err(std::io::Error::other)?;
-                written += part.len();
+                reader.seek(SeekFrom::Start(from))?;
+                region
+                    .read_exact_volatile_from(MemoryRegionAddress(from - start), &mut reader, (to - from) as usize)
+                    .map_err(std::io::Error::other)?;
+                read += to - from;
             }
         }
-        if written < bytes.len() {
-            return Err(std::io::Error::other(format!("{} bytes at {offset:#x} run past guest RAM", bytes.len())));
+        if read < len {
+            return Err(std::io::Error::other(format!("{len} bytes at {offset:#x} run past guest RAM")));
         }
         Ok(())
     }
@@ -371,11 +376,14 @@ mod tests {
     }
 
     #[test]
-    fn bytes_for_the_memory_file_land_where_the_file_offset_is_in_guest_ram() {
+    fn bytes_of_a_file_land_where_their_offset_is_in_the_memory_file() {
         // 510 MiB below 4 GiB, 2 MiB above: file offset 510 MiB is guest address 4 GiB.
         let ram = GuestRam::new(RamLayout::with_ram_above_4gib(512 * MIB)).unwrap();
         let bytes: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
-        ram.write_at_file_offset(510 * MIB - 4096, &bytes).unwrap();
+        let mut snapshot = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut snapshot, &[vec![0; 510 * MIB as usize - 4096], bytes.clone()].concat())
+            .unwrap();
+        ram.read_at_file_offset(&snapshot, 510 * MIB - 4096, 8192).unwrap();
         let (mut low, mut high) = ([0u8; 4096], [0u8; 4096]);
         ram.memory.read_slice(&mut low, GuestAddress(510 * MIB - 4096)).unwrap();
         ram.memory.read_slice(&mut high, GuestAddress(FOUR_GIB)).unwrap();
@@ -383,6 +391,6 @@ mod tests {
         let mut file = [0u8; 8192];
         std::os::unix::fs::FileExt::read_exact_at(&ram.file, &mut file, 510 * MIB - 4096).unwrap();
         assert!(file[..] == bytes[..], "and in the memory file at the offset");
-        assert!(ram.write_at_file_offset(512 * MIB - 4096, &bytes).is_err(), "past the end");
+        assert!(ram.read_at_file_offset(&snapshot, 512 * MIB - 4096, 8192).is_err(), "past the end");
     }
 }

@@ -70,9 +70,9 @@ const COMMON: &[i64] = &[
     libc::SYS_sendto,
 ];
 
-/// The main thread, once the vCPUs run: wait, stop the vCPUs, print the summary, remove the
-/// control socket, exit.
-const MAIN_ONLY: &[i64] = &[libc::SYS_fsync, libc::SYS_unlink, libc::SYS_unlinkat];
+/// The main thread, once the vCPUs run: check a restored VM's snapshot RAM file (its data
+/// extents, `lseek`), wait, stop the vCPUs, print the summary, remove the control socket, exit.
+const MAIN_ONLY: &[i64] = &[libc::SYS_lseek, libc::SYS_fsync, libc::SYS_unlink, libc::SYS_unlinkat];
 
 /// The control thread: accept a client, bound its time, answer it.
 const CONTROL_ONLY: &[i64] = &[libc::SYS_accept4, libc::SYS_setsockopt];
@@ -88,8 +88,8 @@ pub struct Filters {
 }
 
 /// What the main thread adds to write a snapshot into the files made before the jail: their
-/// size, the memory file's data extents.
-const SNAPSHOT_WRITES: &[i64] = &[libc::SYS_ftruncate, libc::SYS_lseek];
+/// size (the memory file's data extents come through `lseek`, in [`MAIN_ONLY`]).
+const SNAPSHOT_WRITES: &[i64] = &[libc::SYS_ftruncate];
 
 /// The main thread's filter; with `snapshot` (the VM has somewhere to write one) it may also read
 /// the VM's irqchips and clock and write the snapshot's files.

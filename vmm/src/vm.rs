@@ -77,7 +77,7 @@ pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     let running = process.start(vcpus, &platform, &shared)?;
     guest.tell_restored(&platform);
     let setup_ms = ms(running.started - clock.start);
-    guest.check_mapped_ram(&process.stop);
+    guest.check_restored_ram(&process.stop);
     let taking = match (&process.snapshot_target, &shared.saves) {
         (Some(target), Some(saves)) => {
             Some(SnapshotTaking { target, spec, entry: guest.entry_name(), vm: &vm, ram: &ram, saves })
@@ -163,8 +163,10 @@ enum Guest<'a> {
     Restored {
         restore: &'a Restore,
         started: Instant,
-        /// The snapshot's RAM file, when guest RAM is mapped from it: checked while the VM runs.
-        unchecked: Option<std::fs::File>,
+        /// How guest RAM came from the snapshot.
+        ram: RestoredRam,
+        /// The snapshot's RAM file, checked while the VM runs.
+        unchecked: std::fs::File,
     },
 }
 
@@ -186,7 +188,7 @@ impl Guest<'_> {
     /// For a restored guest: the VM's irqchips and clock, then each vCPU's state; how long the
     /// whole restore took.
     fn finish_restore(&self, vm: &VmFd, vcpus: &[Vcpu]) -> Result<Option<Restored>, Error> {
-        let Guest::Restored { restore, started, unchecked } = self else { return Ok(None) };
+        let Guest::Restored { restore, started, ram, .. } = self else { return Ok(None) };
         let snapshot = &restore.snapshot;
         if snapshot.vcpus.len() != vcpus.len() {
             return Err(Error::Platform(format!(
@@ -200,8 +202,7 @@ impl Guest<'_> {
             vcpu.restore(state, &clock).map_err(SnapshotError::Kvm)?;
         }
         let ms = ms(restore.read + started.elapsed());
-        let ram = if unchecked.is_some() { RestoredRam::Mapped } else { RestoredRam::Copied };
-        Ok(Some(Restored { ms, ram_data_bytes: snapshot.ram.data_bytes(), ram }))
+        Ok(Some(Restored { ms, ram_data_bytes: snapshot.ram.data_bytes(), ram: *ram }))
     }
 
     /// For a restored guest, once its vCPUs run: that its generation ID changed (Linux reseeds
@@ -216,11 +217,11 @@ impl Guest<'_> {
         }
     }
 
-    /// For a guest whose RAM is mapped from its snapshot: checks the RAM file against the
-    /// snapshot's checksum (the main thread does it while the vCPUs run); a file that is not the
-    /// one written stops the VM, an error.
-    fn check_mapped_ram(&self, stop: &VmStop) {
-        let Guest::Restored { restore, unchecked: Some(file), .. } = self else { return };
+    /// For a restored guest: checks the snapshot's RAM file against its checksum (the main
+    /// thread does it while the vCPUs run, which a restore does not wait for); a file that is
+    /// not the one written stops the VM, an error.
+    fn check_restored_ram(&self, stop: &VmStop) {
+        let Guest::Restored { restore, unchecked: file, .. } = self else { return };
         if let Err(e) = crate::snapshot::vm_snapshot::check_ram(&restore.dir, &restore.snapshot.ram, file) {
             stop.request(StopCause::VmmError(format!("snapshot: {}", crate::message_chain(&e))));
         }
@@ -240,12 +241,12 @@ fn load<'a>(spec: &VmSpec, options: &'a RunOptions, clock: &mut SetupClock) -> R
         Some(restore) => {
             clock.lap(|p| &mut p.image_ms);
             let started = Instant::now();
-            let (ram, unchecked) = restored_ram(spec, options, restore)?;
+            let (ram, how, unchecked) = restored_ram(spec, options, restore)?;
             // A copy of the snapshot is a new generation of the VM: the guest is told once it runs.
             new_generation(&ram)?;
             write_payload(&ram, &restore.payload)?;
             clock.lap(|p| &mut p.load_ms);
-            Ok((ram, Guest::Restored { restore, started, unchecked }))
+            Ok((ram, Guest::Restored { restore, started, ram: how, unchecked }))
         }
     }
 }
@@ -265,31 +266,31 @@ fn write_payload(ram: &GuestRam, payload: &[u8]) -> Result<(), Error> {
     }
 }
 
-/// A restored VM's RAM: copied into a new memory file, checked first, where something shares
-/// that file (a device model maps it; `--snapshot-to` reads it) or where the host backs it with
+/// A restored VM's RAM, and the snapshot's RAM file to check while the VM runs: copied into a
+/// new memory file (the file's extents read straight into it), where something shares that file
+/// (a device model maps it; `--snapshot-to` reads it) or where the host backs it with
 /// transparent huge pages (a private mapping of the snapshot's file would give the guest small
 /// pages: each a nested-paging fault on first touch, and small pages after; restored guests in
 /// the nested box paid up to 1.9 times the CPU per packet of booted ones, docs/experiments.md);
-/// otherwise mapped private from the snapshot's RAM file, with the file to check while the VM
-/// runs.
+/// otherwise mapped private from the snapshot's RAM file.
 fn restored_ram(
     spec: &VmSpec,
     options: &RunOptions,
     restore: &Restore,
-) -> Result<(GuestRam, Option<std::fs::File>), Error> {
+) -> Result<(GuestRam, RestoredRam, std::fs::File), Error> {
     use crate::snapshot::vm_snapshot::{load_ram, open_ram};
     let shared = options.snapshot_to.is_some()
         || spec.devices.iter().any(|d| matches!(d.backend, vm_spec::DeviceBackend::VfioUser(_)));
     let image = &restore.snapshot.ram;
+    let file = open_ram(&restore.dir, image)?;
     let copy = GuestRam::new(ram_layout(spec))?;
     if shared || copy.huge_pages {
-        load_ram(&restore.dir, image, &mut |offset, bytes| copy.write_at_file_offset(offset, bytes))?;
-        return Ok((copy, None));
+        load_ram(&restore.dir, image, &mut |offset, len| copy.read_at_file_offset(&file, offset, len))?;
+        return Ok((copy, RestoredRam::Copied, file));
     }
     drop(copy);
-    let file = open_ram(&restore.dir, image)?;
     let ram = GuestRam::mapped_from(ram_layout(spec), file.try_clone()?)?;
-    Ok((ram, Some(file)))
+    Ok((ram, RestoredRam::Mapped, file))
 }
 
 /// A snapshot being written: the stopped VM's parts and where they go.

@@ -1,7 +1,9 @@
 //! Guest RAM in a snapshot: the memory file's data extents (a booted guest has touched a part of
-//! its RAM; the rest is a hole, read as zeros) written into a sparse file of the same size, with
-//! the extents and their XXH3-128 kept in the snapshot's state; and read back into a new memory
-//! file, checked. (Mapping the file `MAP_PRIVATE` instead, which costs nothing up front, suits a
+//! its RAM; the rest is a hole, read as zeros) less their pages of zeros, written into a sparse
+//! file of the same size, with the extents and their XXH3-128 kept in the snapshot's state; and
+//! read back into a new memory file, checked. (A Debian guest zeroes each page it allocates,
+//! `init_on_alloc`: half of a booted 512 MiB guest's 162 MiB of touched RAM was zeros, in about
+//! 220 runs between pages with data, 2026-12-07 in the nested box.) (Mapping the file `MAP_PRIVATE` instead, which costs nothing up front, suits a
 //! VM whose devices are kernel VFIO; a device model on vfio-user must share the guest's RAM,
 //! which a private mapping cannot: that choice belongs to the restore, not done yet.)
 
@@ -15,6 +17,9 @@ use twox_hash::xxhash3_128::Hasher;
 
 /// Bytes copied at a time.
 const CHUNK: usize = 4 << 20;
+
+/// The grain at which a snapshot leaves zeros out: a page.
+const PAGE: usize = 4096;
 
 /// Errors saving or restoring guest RAM.
 #[derive(Debug, thiserror::Error)]
@@ -82,22 +87,9 @@ fn data_extents(file: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
     Ok(extents)
 }
 
-/// Where restored RAM goes: the bytes for each offset of the memory file.
-pub type RamSink<'a> = &'a mut dyn FnMut(u64, &[u8]) -> std::io::Result<()>;
-
-/// Reads `len` bytes at `offset` of `from` into `hash`, giving them to `to`.
-fn copy(from: &File, to: RamSink, offset: u64, len: u64, hash: &mut Hasher) -> std::io::Result<()> {
-    let mut buffer = vec![0u8; CHUNK.min(len as usize)];
-    let mut done = 0;
-    while done < len {
-        let n = buffer.len().min((len - done) as usize);
-        from.read_exact_at(&mut buffer[..n], offset + done)?;
-        hash.write(&buffer[..n]);
-        to(offset + done, &buffer[..n])?;
-        done += n as u64;
-    }
-    Ok(())
-}
+/// What reads restored RAM: given each extent's offset and length, it reads them from the RAM
+/// file into the new memory file at the same offset.
+pub type RamReader<'a> = &'a mut dyn FnMut(u64, u64) -> std::io::Result<()>;
 
 /// Writes the RAM in `memory` (its memory file, `size` bytes) into a new sparse file at `to`.
 pub fn save(memory: &File, size: u64, to: &Path) -> Result<RamImage, RamError> {
@@ -113,20 +105,67 @@ pub fn save_into(memory: &File, size: u64, file: &File, to: &Path) -> Result<Ram
     let memfd = Path::new("memfd");
     let extents = data_extents(memory, size).map_err(io(memfd, "finding its data"))?;
     file.set_len(size).map_err(io(to, "sizing"))?;
-    let mut hash = Hasher::new();
-    let mut write = |offset: u64, bytes: &[u8]| file.write_all_at(bytes, offset);
+    let mut saved = SavedExtents::default();
+    let mut buffer = vec![0u8; CHUNK];
     for &(offset, len) in &extents {
-        copy(memory, &mut write, offset, len, &mut hash).map_err(io(to, "writing"))?;
+        let mut done = 0;
+        while done < len {
+            let n = CHUNK.min((len - done) as usize);
+            memory.read_exact_at(&mut buffer[..n], offset + done).map_err(io(memfd, "reading"))?;
+            for (at, bytes) in pages_with_data(&buffer[..n]) {
+                file.write_all_at(bytes, offset + done + at).map_err(io(to, "writing"))?;
+                saved.push(offset + done + at, bytes);
+            }
+            done += n as u64;
+        }
     }
     file.sync_all().map_err(io(to, "syncing"))?;
-    Ok(RamImage { size, extents, xxh3_128: format!("{:032x}", hash.finish_128()) })
+    Ok(RamImage { size, extents: saved.extents, xxh3_128: format!("{:032x}", saved.hash.finish_128()) })
 }
 
-/// Reads the RAM file at `from` (saved as `image`) into `into` (new RAM of the image's size,
-/// zeros where the image has holes), refusing a file that is not the RAM that was saved.
-pub fn restore(image: &RamImage, from: &Path, into: RamSink) -> Result<(), RamError> {
-    let file = open(image, from)?;
-    hash_extents(image, &file, from, into)
+/// The extents a save has written so far, adjacent ones as one, and the hash of their bytes.
+#[derive(Default)]
+struct SavedExtents {
+    extents: Vec<(u64, u64)>,
+    hash: Hasher,
+}
+
+impl SavedExtents {
+    fn push(&mut self, offset: u64, bytes: &[u8]) {
+        self.hash.write(bytes);
+        let len = bytes.len() as u64;
+        match self.extents.last_mut() {
+            Some(last) if last.0 + last.1 == offset => last.1 += len,
+            _ => self.extents.push((offset, len)),
+        }
+    }
+}
+
+/// The runs of pages of `bytes` (from a page boundary) that are not all zeros: their offsets in
+/// `bytes` and their bytes.
+fn pages_with_data(bytes: &[u8]) -> impl Iterator<Item = (u64, &[u8])> {
+    let zero = |page: &[u8]| page.chunks(64).all(|c| c.iter().fold(0, |a, &b| a | b) == 0);
+    let pages = bytes.len().div_ceil(PAGE);
+    let mut page = 0;
+    std::iter::from_fn(move || {
+        while page < pages && zero(&bytes[page * PAGE..bytes.len().min((page + 1) * PAGE)]) {
+            page += 1;
+        }
+        let start = page;
+        while page < pages && !zero(&bytes[page * PAGE..bytes.len().min((page + 1) * PAGE)]) {
+            page += 1;
+        }
+        (start < page).then(|| ((start * PAGE) as u64, &bytes[start * PAGE..bytes.len().min(page * PAGE)]))
+    })
+}
+
+/// Has `into` read the extents of the RAM file at `from` (saved as `image`) into new RAM of the
+/// image's size (zeros where the image has holes). Unchecked: see [`check`].
+pub fn load(image: &RamImage, from: &Path, into: RamReader) -> Result<(), RamError> {
+    for &(offset, len) in &image.extents {
+        into(offset, len).map_err(io(from, "reading"))?;
+    }
+    Ok(())
 }
 
 /// Opens the RAM file at `from` (saved as `image`), refusing one of another size.
@@ -142,15 +181,19 @@ pub fn open(image: &RamImage, from: &Path) -> Result<File, RamError> {
     Ok(file)
 }
 
-/// Checks the RAM file `file` (at `from`, saved as `image`) against its checksum.
+/// Checks the RAM file `file` (at `from`, saved as `image`) against its checksum, and that it
+/// holds nothing outside its extents.
 pub fn check(image: &RamImage, file: &File, from: &Path) -> Result<(), RamError> {
-    hash_extents(image, file, from, &mut |_, _| Ok(()))
-}
-
-fn hash_extents(image: &RamImage, file: &File, from: &Path, into: RamSink) -> Result<(), RamError> {
     let mut hash = Hasher::new();
+    let mut buffer = vec![0u8; CHUNK];
     for &(offset, len) in &image.extents {
-        copy(file, &mut *into, offset, len, &mut hash).map_err(io(from, "reading"))?;
+        let mut done = 0;
+        while done < len {
+            let n = CHUNK.min((len - done) as usize);
+            file.read_exact_at(&mut buffer[..n], offset + done).map_err(io(from, "reading"))?;
+            hash.write(&buffer[..n]);
+            done += n as u64;
+        }
     }
     let found = format!("{:032x}", hash.finish_128());
     if found != image.xxh3_128 {
@@ -159,7 +202,50 @@ fn hash_extents(image: &RamImage, file: &File, from: &Path, into: RamSink) -> Re
             why: format!("XXH3-128 {found}, saved as {}", image.xxh3_128),
         });
     }
+    check_holes(image, file, from)
+}
+
+/// Refuses a RAM file with anything but zeros outside its saved extents: a byte written into
+/// one of its holes would reach a guest whose RAM is mapped from the file. (A file system that
+/// allocates in blocks larger than a page may hold saved zeros there.)
+fn check_holes(image: &RamImage, file: &File, from: &Path) -> Result<(), RamError> {
+    let mut buffer = Vec::new();
+    for (start, len) in data_extents(file, image.size).map_err(io(from, "finding its data"))? {
+        for (offset, len) in uncovered(&image.extents, start, len) {
+            buffer.resize(CHUNK, 0);
+            let mut done = 0;
+            while done < len {
+                let n = CHUNK.min((len - done) as usize);
+                file.read_exact_at(&mut buffer[..n], offset + done).map_err(io(from, "reading"))?;
+                if pages_with_data(&buffer[..n]).next().is_some() {
+                    let why = format!("data at {:#x}, outside what was saved", offset + done);
+                    return Err(RamError::Mismatch { path: from.to_path_buf(), why });
+                }
+                done += n as u64;
+            }
+        }
+    }
     Ok(())
+}
+
+/// The parts of `len` bytes at `start` that none of `extents` (ascending, disjoint) covers.
+fn uncovered(extents: &[(u64, u64)], start: u64, len: u64) -> Vec<(u64, u64)> {
+    let end = start + len;
+    let mut at = start;
+    let mut parts = Vec::new();
+    for &(offset, len) in &extents[extents.partition_point(|e| e.0 + e.1 <= start)..] {
+        if offset >= end {
+            break;
+        }
+        if offset > at {
+            parts.push((at, offset - at));
+        }
+        at = at.max(offset + len);
+    }
+    if at < end {
+        parts.push((at, end - at));
+    }
+    parts
 }
 
 #[cfg(test)]
@@ -181,30 +267,56 @@ mod tests {
         guest.write_all_at(b"\xeb\xfe boot code", 0).unwrap();
         guest.write_all_at(&vec![0x5a; 3 * MIB as usize], 20 * MIB).unwrap();
         guest.write_all_at(b"top of RAM", size - 4096).unwrap();
+        // Touched but zeros (a guest zeroes what it allocates): a page inside the stretch, and
+        // a whole MiB elsewhere.
+        guest.write_all_at(&[0; PAGE], 21 * MIB).unwrap();
+        guest.write_all_at(&vec![0; MIB as usize], 30 * MIB).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ram");
         let image = save(&guest, size, &path).unwrap();
-        let stored: u64 = image.extents.iter().map(|e| e.1).sum();
-        assert!(stored < 4 * MIB, "only the touched pages: {:?}", image.extents);
+        let page = PAGE as u64;
+        let stretch = [(20 * MIB, MIB), (21 * MIB + page, 2 * MIB - page)];
+        assert_eq!(image.extents, [&[(0, page)][..], &stretch, &[(size - page, page)]].concat(), "zeros left out");
+        assert_eq!(image.data_bytes(), 3 * MIB + page);
         use std::os::unix::fs::MetadataExt;
         assert!(std::fs::metadata(&path).unwrap().blocks() * 512 < 8 * MIB, "the file is sparse");
 
         let restored = memory(size);
-        restore(&image, &path, &mut |offset, bytes| restored.write_all_at(bytes, offset)).unwrap();
-        for (offset, len) in [(0, 4096), (20 * MIB - 4096, 3 * MIB + 8192), (size - 4096, 4096), (40 * MIB, 4096)] {
+        let saved = open(&image, &path).unwrap();
+        let mut copy = |offset: u64, len: u64| {
+            let mut bytes = vec![0; len as usize];
+            saved.read_exact_at(&mut bytes, offset)?;
+            restored.write_all_at(&bytes, offset)
+        };
+        load(&image, &path, &mut copy).unwrap();
+        for (offset, len) in [(0, 4096), (20 * MIB - 4096, 3 * MIB + 8192), (size - 4096, 4096), (30 * MIB, MIB)] {
             let (mut a, mut b) = (vec![0u8; len as usize], vec![0u8; len as usize]);
             guest.read_exact_at(&mut a, offset).unwrap();
             restored.read_exact_at(&mut b, offset).unwrap();
             assert!(a == b, "the bytes at {offset:#x}");
         }
-        // A changed RAM file is refused.
-        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        file.write_all_at(b"\x90", 21 * MIB).unwrap();
-        let other = memory(size);
-        let refused = restore(&image, &path, &mut |offset, bytes| other.write_all_at(bytes, offset)).unwrap_err();
-        assert!(matches!(refused, RamError::Mismatch { .. }), "{refused}");
         let opened = open(&image, &path).unwrap();
-        assert!(matches!(check(&image, &opened, &path), Err(RamError::Mismatch { .. })), "checked without a copy too");
+        check(&image, &opened, &path).unwrap();
+        // A changed RAM file is refused: a byte changed in what was saved, or written into a
+        // hole (the page of zeros left out).
         assert!(matches!(save(&guest, size, &path), Err(RamError::Io { .. })), "written once");
+        for (at, what) in [(20 * MIB + 7, "XXH3-128"), (21 * MIB + 5, "outside what was saved")] {
+            let changed = dir.path().join("changed");
+            std::fs::copy(&path, &changed).unwrap();
+            let file = std::fs::OpenOptions::new().write(true).open(&changed).unwrap();
+            file.write_all_at(b"\x90", at).unwrap();
+            let opened = open(&image, &changed).unwrap();
+            let refused = check(&image, &opened, &changed).unwrap_err();
+            assert!(matches!(&refused, RamError::Mismatch { why, .. } if why.contains(what)), "{refused}");
+        }
+    }
+
+    #[test]
+    fn the_parts_no_extent_covers() {
+        let extents = [(10, 10), (30, 5)];
+        assert_eq!(uncovered(&extents, 0, 40), [(0, 10), (20, 10), (35, 5)]);
+        assert_eq!(uncovered(&extents, 12, 20), [(20, 10)]);
+        assert_eq!(uncovered(&extents, 10, 10), []);
+        assert_eq!(uncovered(&[], 4, 4), [(4, 4)]);
     }
 }

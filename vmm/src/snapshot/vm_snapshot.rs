@@ -187,14 +187,14 @@ pub fn load(dir: &Path) -> Result<VmSnapshot, SnapshotError> {
     Ok(read_snapshot(&path)?)
 }
 
-/// Reads the RAM file of the snapshot in `dir` into `into` (new RAM of its size), checked
-/// against what the state says it holds.
-pub fn load_ram(dir: &Path, image: &RamImage, into: ram::RamSink) -> Result<(), SnapshotError> {
-    Ok(ram::restore(image, &dir.join(RAM_FILE), into)?)
+/// Has `into` read the extents of the RAM file of the snapshot in `dir` into new RAM of its
+/// size (unchecked: [`check_ram`]).
+pub fn load_ram(dir: &Path, image: &RamImage, into: ram::RamReader) -> Result<(), SnapshotError> {
+    Ok(ram::load(image, &dir.join(RAM_FILE), into)?)
 }
 
-/// Opens the RAM file of the snapshot in `dir`, to be mapped (it is checked while the VM runs,
-/// [`check_ram`]).
+/// Opens the RAM file of the snapshot in `dir`, to be read or mapped (it is checked while the
+/// VM runs, [`check_ram`]).
 pub fn open_ram(dir: &Path, image: &RamImage) -> Result<File, SnapshotError> {
     Ok(ram::open(image, &dir.join(RAM_FILE))?)
 }

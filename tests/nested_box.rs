@@ -411,6 +411,12 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
                     format!("{name}: the VMM's jail step {must}: {step:?}"),
                 );
             }
+            // The box is a cgroup v2 host: the VMM started in its cgroup (clone3), no move.
+            let cgroup = steps.iter().find(|s| s["step"] == "cgroup").map(|s| s["detail"].to_string());
+            f.check(
+                cgroup.as_ref().is_some_and(|d| d.contains("cgroup v2") && d.contains("started in it")),
+                format!("{name}: the VMM's cgroup {cgroup:?}"),
+            );
             // So did the card's model on the host (its peer's first answer says how), in its
             // wire's network namespace and the host's cgroup tree.
             let model_steps = r["model_confinement"]["steps"].as_array().cloned().unwrap_or_default();

@@ -101,7 +101,7 @@ impl Jailed {
             .map_err(|e| ProcessError::Setup(e.to_string()))?;
         let mut confinement = jail::Confinement { jailed: on, ..jail::Confinement::default() };
         let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
-        let namespaces = on.then(|| jail::enter_namespaces(&mut confinement, &paths, jail::Signals::Forward));
+        let namespaces = on.then(|| jail::enter_namespaces(&mut confinement, &paths, jail::Signals::Forward, &spec));
         block_termination_signals().map_err(io(format!("{name}: blocking SIGINT and SIGTERM")))?;
         Ok(Jailed { namespaces, confinement, spec })
     }

@@ -13,6 +13,7 @@ use crate::{JailSpec, MEMORY_OVERHEAD, THREAD_ALLOWANCE};
 const ROOT: &str = "/sys/fs/cgroup";
 
 /// The cgroup a process joined.
+#[derive(Debug, Clone)]
 pub(crate) struct Joined {
     /// Its path below the hierarchy's root (v1: the memory hierarchy's).
     pub path: String,
@@ -171,10 +172,12 @@ fn make_and_enter(
     }
 }
 
-/// How long the jail's move into a cgroup takes on this host (`driverlab doctor`), in a cgroup
+/// How long the jail's way into a cgroup takes on this host (`driverlab doctor`), in a cgroup
 /// of its own below [`crate::CGROUP_PARENT`] (in the unified hierarchy, else the v1 memory one),
-/// removed after: v2, a child that sleeps moved in through `cgroup.procs`; v1, a thread of this
-/// process that moves itself through `tasks` (as the jail's process does) and ends.
+/// removed after: v2, a child started in it (`clone3`, as the jail's supervisor starts its
+/// child) or, where the kernel refuses that, a child that sleeps moved in through
+/// `cgroup.procs`; v1, a thread of this process that moves itself through `tasks` (as the
+/// jail's process does) and ends.
 pub(crate) fn time_a_move() -> Result<Duration, JailError> {
     let version = Version::of_host();
     let (hierarchy, controller) = match version {
@@ -184,9 +187,31 @@ pub(crate) fn time_a_move() -> Result<Duration, JailError> {
     let own = own_cgroup(controller)?;
     let parent = hierarchy.join(own.trim_start_matches('/')).join(crate::CGROUP_PARENT);
     match version {
-        Version::V2 => time_moving_a_child(&parent),
+        Version::V2 => time_starting_a_child_in(&parent).unwrap_or_else(|| time_moving_a_child(&parent)),
         Version::V1 => time_moving_a_thread(&parent),
     }
+}
+
+/// Times starting a child (which exits at once) in a new cgroup in `parent`; `None` where the
+/// kernel refuses the clone or the cgroup cannot be made.
+fn time_starting_a_child_in(parent: &Path) -> Option<Result<Duration, JailError>> {
+    let dir = make(parent, "doctor", std::process::id()).ok()?;
+    let opened: std::os::fd::OwnedFd = std::fs::File::open(&dir).ok()?.into();
+    let started = Instant::now();
+    let child = crate::namespaces::clone_into_cgroup(&opened);
+    if child == 0 {
+        // SAFETY: _exit(2) ends the child at once, running nothing of its copy of this process.
+        unsafe { libc::_exit(0) };
+    }
+    let took = started.elapsed();
+    if child > 0 {
+        let mut status = 0;
+        // SAFETY: waitpid writes into a live integer.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+    }
+    drop(opened);
+    remove_when_empty(&dir);
+    (child > 0).then_some(Ok(took))
 }
 
 /// Times moving a child process into a new cgroup in `parent` by its pid.
@@ -234,35 +259,86 @@ fn remove_when_empty(dir: &Path) {
     }
 }
 
-/// Makes the process's cgroup and moves it there.
-pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, JailError> {
+/// A v2 cgroup made for a child not yet started, with its limits: the child is started in it
+/// (`clone3` with `CLONE_INTO_CGROUP`, [`crate::namespaces`]), so that no process is moved: a
+/// move into a v2 cgroup takes the cgroup threadgroup rwsem for writing, whose writer waits for
+/// an RCU grace period unless the host mounted cgroup2 with `favordynmods`
+/// (`cgroup_attach_lock()`, kernel/cgroup/cgroup.c), where a child forked into a cgroup only
+/// reads it (`cgroup_css_set_fork()`).
+pub(crate) struct ForChild {
+    /// The cgroup's directory, open: `clone3` takes it.
+    pub dir: std::os::fd::OwnedFd,
+    /// What the child will have joined.
+    pub joined: Joined,
+}
+
+/// The limits of a jailed process's cgroup: memory (bytes), pids, CPU time per
+/// [`CPU_PERIOD_US`] (µs).
+fn limits(spec: &JailSpec) -> (u64, u64, u64) {
     let memory = spec.memory.saturating_add(MEMORY_OVERHEAD);
     let pids = spec.threads + THREAD_ALLOWANCE;
     let cpu_quota = spec.cpus as u64 * CPU_PERIOD_US + CPU_PERIOD_US / 10;
+    (memory, pids, cpu_quota)
+}
+
+/// On a cgroup v2 host, makes the cgroup of the process `supervisor_pid` is about to start (see
+/// [`ForChild`]); `None` on a v1 host, where the process joins its cgroups itself ([`join`]).
+pub(crate) fn make_for_child(spec: &JailSpec, supervisor_pid: u32) -> Result<Option<ForChild>, JailError> {
+    if Version::of_host() != Version::V2 {
+        return Ok(None);
+    }
+    let plan = v2_plan(spec, supervisor_pid)?;
+    let dir = make(&plan.parent, &spec.name, supervisor_pid)?;
+    plan.limits.iter().try_for_each(|(file, value)| write(&dir.join(file), value))?;
+    let opened =
+        std::fs::File::open(&dir).map_err(|source| JailError::File { what: "opening".into(), path: dir, source })?;
+    Ok(Some(ForChild { dir: opened.into(), joined: plan.joined }))
+}
+
+/// A jailed process's v2 cgroup, before it is made.
+struct V2Plan {
+    /// Where it goes, the controllers on for its children.
+    parent: PathBuf,
+    /// What the process will have joined.
+    joined: Joined,
+    /// The files to write in it, and what.
+    limits: [(&'static str, String); 3],
+}
+
+/// Plans a jailed process's v2 cgroup, turning the controllers on in its parent on the way.
+fn v2_plan(spec: &JailSpec, supervisor_pid: u32) -> Result<V2Plan, JailError> {
+    let (memory, pids, cpu_quota) = limits(spec);
+    let own = own_cgroup(None)?;
+    let own_dir = Path::new(ROOT).join(own.trim_start_matches('/'));
+    let parent = own_dir.join(&spec.cgroup_parent);
+    // The controllers must be on for the children of the process's cgroup and of the parent.
+    for dir in [&own_dir, &parent] {
+        create(dir)?;
+        write(&dir.join("cgroup.subtree_control"), "+memory +pids +cpu").map_err(|e| {
+            JailError::Host(format!(
+                "{e} (a cgroup with processes cannot give its children controllers: start driverlab in a \
+                 delegated cgroup)"
+            ))
+        })?;
+    }
+    let limits = [
+        ("memory.max", memory.to_string()),
+        ("pids.max", pids.to_string()),
+        ("cpu.max", format!("{cpu_quota} {CPU_PERIOD_US}")),
+    ];
+    let path = format!("{}/{}/{}-{supervisor_pid}", own.trim_end_matches('/'), spec.cgroup_parent, spec.name);
+    Ok(V2Plan { parent, joined: Joined { path, memory, pids, cpu_quota, version: Version::V2 }, limits })
+}
+
+/// Makes the process's cgroup and moves it there.
+pub(crate) fn join(spec: &JailSpec, supervisor_pid: u32) -> Result<Joined, JailError> {
+    let (memory, pids, cpu_quota) = limits(spec);
     let name = format!("{}-{supervisor_pid}", spec.name);
     let root = Path::new(ROOT);
     if Version::of_host() == Version::V2 {
-        let own = own_cgroup(None)?;
-        let own_dir = root.join(own.trim_start_matches('/'));
-        let parent = own_dir.join(&spec.cgroup_parent);
-        // The controllers must be on for the children of the process's cgroup and of the parent.
-        for dir in [&own_dir, &parent] {
-            create(dir)?;
-            write(&dir.join("cgroup.subtree_control"), "+memory +pids +cpu").map_err(|e| {
-                JailError::Host(format!(
-                    "{e} (a cgroup with processes cannot give its children controllers: start driverlab in a \
-                     delegated cgroup)"
-                ))
-            })?;
-        }
-        let limits = [
-            ("memory.max", memory.to_string()),
-            ("pids.max", pids.to_string()),
-            ("cpu.max", format!("{cpu_quota} {CPU_PERIOD_US}")),
-        ];
-        make_and_enter(&parent, &spec.name, supervisor_pid, &limits, Version::V2.member_file())?;
-        let path = format!("{}/{}/{name}", own.trim_end_matches('/'), spec.cgroup_parent);
-        return Ok(Joined { path, memory, pids, cpu_quota, version: Version::V2 });
+        let plan = v2_plan(spec, supervisor_pid)?;
+        make_and_enter(&plan.parent, &spec.name, supervisor_pid, &plan.limits, Version::V2.member_file())?;
+        return Ok(plan.joined);
     }
     let mut path = String::new();
     let limits = [

@@ -152,9 +152,13 @@ pub fn confine(spec: &JailSpec, namespaces: &Namespaces, confinement: &mut Confi
     }
     let root_user = identity::is_root();
     let id = spec.uid_base.saturating_add(namespaces.supervisor_pid % UID_COUNT);
-    match cgroup::join(spec, namespaces.supervisor_pid) {
-        Ok(joined) => {
-            confinement.done("cgroup", joined.describe());
+    let joined = match &namespaces.cgroup {
+        Some(started_in) => Ok((started_in.clone(), " (started in it)")),
+        None => cgroup::join(spec, namespaces.supervisor_pid).map(|joined| (joined, "")),
+    };
+    match joined {
+        Ok((joined, how)) => {
+            confinement.done("cgroup", format!("{}{how}", joined.describe()));
             confinement.cgroup = Some(joined.path);
         }
         Err(e) => confinement.missed("cgroup", e.to_string()),

@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use vm_spec::confinement::Confinement;
 
+use crate::JailSpec;
+use crate::cgroup::{ForChild, Joined};
+
 /// What [`enter_namespaces`] did.
 #[derive(Debug, Clone)]
 pub struct Namespaces {
@@ -20,6 +23,9 @@ pub struct Namespaces {
     /// The read end of a pipe whose write end only the supervisor holds: it reads end-of-file
     /// (POLLHUP) once the supervisor is gone.
     supervisor_pipe: Option<i32>,
+    /// The cgroup the process was started in (a cgroup v2 host), so [`crate::confine`] need
+    /// not move it into one.
+    pub(crate) cgroup: Option<Joined>,
 }
 
 /// How many threads this process runs.
@@ -95,16 +101,21 @@ pub fn termination_signals() -> libc::sigset_t {
 
 /// Enters new namespaces, recording the step in `confinement`. Must be called while the
 /// process has one thread, before it opens KVM. Returns in the child (PID 1 of the new PID
-/// namespace, its host PID in `confinement.host_pid`); the supervisor never returns: it waits,
-/// handles `signals`, removes each of `remove_after` the child made, and exits with the child's
-/// status (or dies of its signal). Not root, or not single-threaded: nothing is entered and the
-/// step says why.
-pub fn enter_namespaces(confinement: &mut Confinement, remove_after: &[&Path], signals: Signals) -> Namespaces {
+/// namespace, its host PID in `confinement.host_pid`; on a cgroup v2 host started in the cgroup
+/// `jail` gives it); the supervisor never returns: it waits, handles `signals`, removes each of
+/// `remove_after` the child made, and exits with the child's status (or dies of its signal).
+/// Not root, or not single-threaded: nothing is entered and the step says why.
+pub fn enter_namespaces(
+    confinement: &mut Confinement,
+    remove_after: &[&Path],
+    signals: Signals,
+    jail: &JailSpec,
+) -> Namespaces {
     let supervisor_pid = std::process::id();
     let stay = |confinement: &mut Confinement, why: String| {
         confinement.missed("namespaces", why);
         confinement.host_pid = Some(supervisor_pid);
-        Namespaces { entered: false, supervisor_pid, supervisor_pipe: None }
+        Namespaces { entered: false, supervisor_pid, supervisor_pipe: None, cgroup: None }
     };
     let threads = thread_count();
     if threads != 1 {
@@ -134,8 +145,9 @@ pub fn enter_namespaces(confinement: &mut Confinement, remove_after: &[&Path], s
     }
     // SAFETY: both descriptors are fresh and owned here alone.
     let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: the process has a single thread, so the child is a complete copy of it.
-    let child = unsafe { libc::fork() };
+    // A cgroup that cannot be made here is made (or its failure recorded) by `confine`.
+    let for_child = crate::cgroup::make_for_child(jail, supervisor_pid).ok().flatten();
+    let (child, cgroup) = start_child(for_child);
     if child < 0 {
         return stay(confinement, last_error("fork"));
     }
@@ -178,14 +190,69 @@ pub fn enter_namespaces(confinement: &mut Confinement, remove_after: &[&Path], s
     // SAFETY: as above, for the child alone.
     if unsafe { libc::unshare(flags) } != 0 {
         confinement.missed("namespaces", last_error("a pid namespace, but unshare of mount, ipc, uts and net"));
-        return Namespaces { entered: false, supervisor_pid, supervisor_pipe: None };
+        return Namespaces { entered: false, supervisor_pid, supervisor_pipe: None, cgroup };
     }
     let hostname = b"driverlab";
     // SAFETY: sethostname reads `hostname.len()` bytes of a live buffer; it changes only the
     // new UTS namespace.
     unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) };
     confinement.done("namespaces", "mount, pid, ipc, uts and net of its own (no network at all)");
-    Namespaces { entered: true, supervisor_pid, supervisor_pipe: Some(pipe_fd) }
+    Namespaces { entered: true, supervisor_pid, supervisor_pipe: Some(pipe_fd), cgroup }
+}
+
+/// Forks (the process has a single thread, so the child is a complete copy of it); with `into`,
+/// the child starts in that cgroup (`clone3` with `CLONE_INTO_CGROUP`, Linux 5.7), and is given
+/// what it joined. Where the kernel refuses that (older, or the cgroup swept away meanwhile by
+/// another process), a plain fork: the child joins its cgroup itself later.
+fn start_child(into: Option<ForChild>) -> (libc::pid_t, Option<Joined>) {
+    if let Some(cgroup) = into {
+        let child = clone_into_cgroup(&cgroup.dir);
+        if child >= 0 {
+            return (child, (child == 0).then_some(cgroup.joined));
+        }
+    }
+    // SAFETY: the process has a single thread, so the child is a complete copy of it.
+    (unsafe { libc::fork() }, None)
+}
+
+/// `clone3(2)`'s arguments (`struct clone_args`, include/uapi/linux/sched.h, up to `cgroup`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// `CLONE_INTO_CGROUP` (include/uapi/linux/sched.h; not in the libc crate).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// A fork whose child starts in the cgroup `dir`: the child's pid in the parent, 0 in the
+/// child, -1 on failure. A raw `clone3` runs none of glibc's fork handlers: its cached thread
+/// ID stays the parent's in the child, which glibc's `raise()` does not use (it asks the
+/// kernel, so that it works after `vfork`), and the jail's code uses nowhere else.
+pub(crate) fn clone_into_cgroup(dir: &std::os::fd::OwnedFd) -> libc::pid_t {
+    use std::os::fd::AsRawFd;
+    let args = CloneArgs {
+        flags: CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: dir.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: clone3 without CLONE_VM or a stack of its own is a fork: the child gets a copy of
+    // the address space and goes on from this call; the process has a single thread, so the
+    // copy is complete. `args` is live and its size is the one given.
+    unsafe {
+        libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) as libc::pid_t
+    }
 }
 
 /// Sets the death signal again: a change of credentials (the jail's uid) clears it, and the
@@ -232,5 +299,68 @@ fn supervise(child: libc::pid_t, cleanup: Vec<Cleanup>) -> ! {
         } else if waited < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether this process's cgroup in the unified hierarchy, read in a child with only
+    /// async-signal-safe calls (the test harness runs threads), is `want` (`0::/want\n`).
+    fn child_is_in(want: &[u8]) -> bool {
+        let mut text = [0u8; 4096];
+        // SAFETY: open(2) of a NUL-terminated path, read(2) into a live stack buffer of the
+        // length given, close(2) of the descriptor opened here.
+        let n = unsafe {
+            let fd = libc::open(c"/proc/self/cgroup".as_ptr(), libc::O_RDONLY);
+            let n = libc::read(fd, text.as_mut_ptr().cast(), text.len());
+            libc::close(fd);
+            n
+        };
+        let text = &text[..n.max(0) as usize];
+        text.split(|&b| b == b'\n').any(|line| line.strip_prefix(b"0::").is_some_and(|path| path == want))
+    }
+
+    #[test]
+    fn a_child_cloned_into_a_cgroup_starts_in_it() {
+        let test = "a_child_cloned_into_a_cgroup_starts_in_it";
+        // SAFETY: geteuid has no arguments and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            testkit::skip(test, testkit::Lacks::Setup, "not root: mounting a cgroup2 hierarchy needs root");
+            return;
+        }
+        // A cgroup2 hierarchy of the test's own (the host's may be v1): membership needs no
+        // controller.
+        let dir = tempfile::tempdir().unwrap();
+        let mount = std::process::Command::new("mount").args(["-t", "cgroup2", "none"]).arg(dir.path()).output();
+        if !mount.as_ref().is_ok_and(|o| o.status.success()) {
+            testkit::skip(test, testkit::Lacks::Setup, format!("mount -t cgroup2 failed here: {mount:?}"));
+            return;
+        }
+        let cgroup = dir.path().join("child-test");
+        std::fs::create_dir(&cgroup).unwrap();
+        let opened: std::os::fd::OwnedFd = std::fs::File::open(&cgroup).unwrap().into();
+        let child = clone_into_cgroup(&opened);
+        if child == 0 {
+            // SAFETY: _exit(2) ends the child without running the parent's destructors.
+            unsafe { libc::_exit(if child_is_in(b"/child-test") { 0 } else { 1 }) };
+        }
+        assert!(child > 0, "clone3: {}", std::io::Error::last_os_error());
+        let mut status = 0;
+        // SAFETY: waitpid writes into a live integer.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        std::fs::remove_dir(&cgroup).unwrap();
+        // A cgroup gone (swept by another process) is refused, and the jail forks instead.
+        let gone = clone_into_cgroup(&opened);
+        if gone == 0 {
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        drop(opened);
+        let umount = std::process::Command::new("umount").arg(dir.path()).status();
+        assert!(umount.is_ok_and(|s| s.success()), "umount");
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child saw another cgroup: {status:#x}");
+        assert!(gone < 0, "clone3 into a removed cgroup");
     }
 }

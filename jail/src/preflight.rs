@@ -64,13 +64,15 @@ pub fn preflight() -> Vec<Readiness> {
 /// A move into a cgroup slower than this is worth the operator's fix.
 const SLOW_MOVE: Duration = Duration::from_millis(2);
 
-/// What `moved` (how long moving a process into a cgroup took here, or why it could not be
-/// timed) means for the jail (`v2`: the unified hierarchy is at /sys/fs/cgroup). Without the
-/// kernel's `favordynmods` (a cgroup2 mount option, global to every hierarchy), a move waits for
+/// What `moved` (how long the jail's way into a cgroup took here, or why it could not be timed)
+/// means for the jail (`v2`: the unified hierarchy is at /sys/fs/cgroup). Without the kernel's
+/// `favordynmods` (a cgroup2 mount option, global to every hierarchy), moving a process waits for
 /// an RCU grace period on the cgroup threadgroup rwsem (`cgroup_attach_lock()`,
 /// kernel/cgroup/cgroup.c); with it (and, from Linux 6.18, ever after it was once set), it does
-/// not. On v1 the jail moves its process's one thread through `tasks`, which takes no such lock,
-/// so the option matters on v2 hosts only.
+/// not. On v2 the jail starts its process in its cgroup (`clone3`), which takes that lock only
+/// for reading, and moves one only where the kernel refuses that clone; on v1 it moves its
+/// process's one thread through `tasks`, which takes no such lock. So the option matters on v2
+/// hosts whose kernel predates `CLONE_INTO_CGROUP` (5.7) only.
 fn cgroup_moves(moved: Result<Duration, String>, v2: bool) -> Readiness {
     let fix = if v2 {
         "mount -o remount,favordynmods /sys/fs/cgroup (or a kernel with CONFIG_CGROUP_FAVOR_DYNMODS=y)"
@@ -81,11 +83,11 @@ fn cgroup_moves(moved: Result<Duration, String>, v2: bool) -> Readiness {
     };
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let result = match moved {
-        Ok(took) if took <= SLOW_MOVE => Ok(format!("moving a process into a cgroup took {:.2} ms here", ms(took))),
+        Ok(took) if took <= SLOW_MOVE => Ok(format!("a process's way into its cgroup took {:.2} ms here", ms(took))),
         Ok(took) => Err((
             format!(
-                "moving a process into a cgroup took {:.1} ms here (an RCU grace period): every VMM and model pays \
-                 it, most of the jail's cost (docs/benchmarks.md)",
+                "a process's way into its cgroup took {:.1} ms here (an RCU grace period): every VMM and model \
+                 pays it, most of the jail's cost (docs/benchmarks.md)",
                 ms(took)
             ),
             fix.to_string(),

@@ -51,8 +51,8 @@ fn check(result: libc::c_long) -> std::io::Result<()> {
 /// Runs the attempts; prints `{"confinement":...,"attempts":[...]}`.
 pub fn run(args: &JailBreakArgs) -> u8 {
     let mut confinement = jail::Confinement { jailed: true, ..jail::Confinement::default() };
-    let namespaces = jail::enter_namespaces(&mut confinement, &[], jail::Signals::EndBoth);
     let spec = jail::JailSpec::new("vm", args.memory_mib << 20, 1, 1);
+    let namespaces = jail::enter_namespaces(&mut confinement, &[], jail::Signals::EndBoth, &spec);
     jail::confine(&spec, &namespaces, &mut confinement);
     let pid = args.pid;
     let null = std::ptr::null_mut::<libc::c_void>();

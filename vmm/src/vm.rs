@@ -376,7 +376,8 @@ impl Process {
             .map_err(Error::Jail)?;
         let mut confinement = Confinement { jailed: spec.jail, ..Confinement::default() };
         let socket: Vec<&std::path::Path> = options.control_socket.as_deref().into_iter().collect();
-        let namespaces = spec.jail.then(|| jail::enter_namespaces(&mut confinement, &socket, jail::Signals::EndBoth));
+        let namespaces =
+            spec.jail.then(|| jail::enter_namespaces(&mut confinement, &socket, jail::Signals::EndBoth, &jail_spec));
         let pid = namespaces.as_ref().map_or(std::process::id(), |n| n.supervisor_pid);
         let stop = Arc::new(VmStop::new());
         let control = Arc::new(ControlState::new(spec.clone(), stop.clone(), pid));

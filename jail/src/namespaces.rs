@@ -237,8 +237,10 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// A fork whose child starts in the cgroup `dir`: the child's pid in the parent, 0 in the
 /// child, -1 on failure. A raw `clone3` runs none of glibc's fork handlers: its cached thread
-/// ID stays the parent's in the child, which glibc's `raise()` does not use (it asks the
-/// kernel, so that it works after `vfork`), and the jail's code uses nowhere else.
+/// ID stays the parent's in the child. glibc's `raise()` (an abort's) asks the kernel for the
+/// thread ID instead, so that it works after `vfork` (`__pthread_kill_implementation()`,
+/// nptl/pthread_kill.c); Rust's std locks with futexes of its own,
+/// not glibc's owner-checked mutexes; threads the child starts get their own.
 pub(crate) fn clone_into_cgroup(dir: &std::os::fd::OwnedFd) -> libc::pid_t {
     use std::os::fd::AsRawFd;
     let args = CloneArgs {

@@ -107,20 +107,36 @@ pub fn save_into(memory: &File, size: u64, file: &File, to: &Path) -> Result<Ram
     file.set_len(size).map_err(io(to, "sizing"))?;
     let mut saved = SavedExtents::default();
     let mut buffer = vec![0u8; CHUNK];
-    for &(offset, len) in &extents {
-        let mut done = 0;
-        while done < len {
-            let n = CHUNK.min((len - done) as usize);
-            memory.read_exact_at(&mut buffer[..n], offset + done).map_err(io(memfd, "reading"))?;
-            for (at, bytes) in pages_with_data(&buffer[..n]) {
-                file.write_all_at(bytes, offset + done + at).map_err(io(to, "writing"))?;
-                saved.push(offset + done + at, bytes);
+    for &extent in &extents {
+        for_each_chunk(memory, memfd, extent, &mut buffer, |at, chunk| {
+            for (page, bytes) in pages_with_data(chunk) {
+                file.write_all_at(bytes, at + page).map_err(io(to, "writing"))?;
+                saved.push(at + page, bytes);
             }
-            done += n as u64;
-        }
+            Ok(())
+        })?;
     }
     file.sync_all().map_err(io(to, "syncing"))?;
     Ok(RamImage { size, extents: saved.extents, xxh3_128: format!("{:032x}", saved.hash.finish_128()) })
+}
+
+/// Reads `len` bytes at `offset` of `file` (at `path`) a buffer at a time, giving `each` every
+/// piece's offset in the file and its bytes.
+fn for_each_chunk(
+    file: &File,
+    path: &Path,
+    (offset, len): (u64, u64),
+    buffer: &mut [u8],
+    mut each: impl FnMut(u64, &[u8]) -> Result<(), RamError>,
+) -> Result<(), RamError> {
+    let mut done = 0;
+    while done < len {
+        let n = buffer.len().min((len - done) as usize);
+        file.read_exact_at(&mut buffer[..n], offset + done).map_err(io(path, "reading"))?;
+        each(offset + done, &buffer[..n])?;
+        done += n as u64;
+    }
+    Ok(())
 }
 
 /// The extents a save has written so far, adjacent ones as one, and the hash of their bytes.
@@ -186,14 +202,11 @@ pub fn open(image: &RamImage, from: &Path) -> Result<File, RamError> {
 pub fn check(image: &RamImage, file: &File, from: &Path) -> Result<(), RamError> {
     let mut hash = Hasher::new();
     let mut buffer = vec![0u8; CHUNK];
-    for &(offset, len) in &image.extents {
-        let mut done = 0;
-        while done < len {
-            let n = CHUNK.min((len - done) as usize);
-            file.read_exact_at(&mut buffer[..n], offset + done).map_err(io(from, "reading"))?;
-            hash.write(&buffer[..n]);
-            done += n as u64;
-        }
+    for &extent in &image.extents {
+        for_each_chunk(file, from, extent, &mut buffer, |_, chunk| {
+            hash.write(chunk);
+            Ok(())
+        })?;
     }
     let found = format!("{:032x}", hash.finish_128());
     if found != image.xxh3_128 {
@@ -202,27 +215,22 @@ pub fn check(image: &RamImage, file: &File, from: &Path) -> Result<(), RamError>
             why: format!("XXH3-128 {found}, saved as {}", image.xxh3_128),
         });
     }
-    check_holes(image, file, from)
+    check_holes(image, file, from, &mut buffer)
 }
 
 /// Refuses a RAM file with anything but zeros outside its saved extents: a byte written into
 /// one of its holes would reach a guest whose RAM is mapped from the file. (A file system that
 /// allocates in blocks larger than a page may hold saved zeros there.)
-fn check_holes(image: &RamImage, file: &File, from: &Path) -> Result<(), RamError> {
-    let mut buffer = Vec::new();
+fn check_holes(image: &RamImage, file: &File, from: &Path, buffer: &mut [u8]) -> Result<(), RamError> {
     for (start, len) in data_extents(file, image.size).map_err(io(from, "finding its data"))? {
-        for (offset, len) in uncovered(&image.extents, start, len) {
-            buffer.resize(CHUNK, 0);
-            let mut done = 0;
-            while done < len {
-                let n = CHUNK.min((len - done) as usize);
-                file.read_exact_at(&mut buffer[..n], offset + done).map_err(io(from, "reading"))?;
-                if pages_with_data(&buffer[..n]).next().is_some() {
-                    let why = format!("data at {:#x}, outside what was saved", offset + done);
-                    return Err(RamError::Mismatch { path: from.to_path_buf(), why });
-                }
-                done += n as u64;
-            }
+        for part in uncovered(&image.extents, start, len) {
+            for_each_chunk(file, from, part, buffer, |at, chunk| match pages_with_data(chunk).next() {
+                Some((page, _)) => Err(RamError::Mismatch {
+                    path: from.to_path_buf(),
+                    why: format!("data at {:#x}, outside what was saved", at + page),
+                }),
+                None => Ok(()),
+            })?;
         }
     }
     Ok(())

@@ -672,6 +672,67 @@ mod tests {
         assert!(!verdict.ok && verdict.problems[0].starts_with("step ping failed"));
     }
 
+    /// The ready path's shell-only pieces: a step's seconds from two uptimes (hundredths, no awk),
+    /// a JSON frame's byte count in a UTF-8 locale, every setting read in one pass (defaults,
+    /// the last word winning), a wait that ticks on its FIFO and a module looked up in a file.
+    #[test]
+    fn the_agent_s_ready_path_does_its_arithmetic_and_parsing_in_the_shell() {
+        let Some((busybox, dir)) =
+            agent_in_busybox("the_agent_s_ready_path_does_its_arithmetic_and_parsing_in_the_shell")
+        else {
+            return;
+        };
+        let script = r#"DRIVERLAB_AGENT_LIB=1 . ./init
+            OUT=port; TICK=./tick; mkfifo "$TICK"
+            read_uptime() { NOW=$FAKE_NOW; }
+            FAKE_NOW=6.16; T0=5.53; STEP=load; ok
+            FAKE_NOW=10.00; T0=9.99; STEP=probe; ok
+            FAKE_NOW=3.05; T0=0; STEP=boot; ok
+            FAKE_NOW=1.00; T0=2.00; STEP=clock; ok
+            frame_json hello '{"agent":"naïve – ünïcode"}'
+            CMDLINE="console=ttyS0 driverlab.ip6=fd00::2/64 driverlab.nic=lan743x driverlab.mtu=9000 driverlab.nic=atlantic driverlab.iperf=rx,10,6,1,tcp x=driverlab.check=1"
+            read_params
+            echo "$NIC|$IP|$IP6|$MTU|$IPERF|$CHECK|$UNPLUG|$RXRING"
+            wait_for 1 true && echo waited-true
+            tries=0; bump() { tries=$((tries + 1)); [ "$tries" -ge 3 ]; }
+            wait_for 1 bump && echo "waited-$tries"
+            wait_for 0 false || echo gave-up
+            printf 'virtio_iommu 32768 0 - Live 0x0\natlantic 253952 0 - Live 0x0\n' >modules
+            sed -i 's#</proc/modules#<modules#' ./init
+            . ./init
+            module_loaded atlantic && ! module_loaded atlanti && ! module_loaded macsec && echo modules-ok"#;
+        let out = std::process::Command::new(busybox)
+            .args(["sh", "-c", script])
+            .env("LANG", "C.UTF-8")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let said = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = said.lines().filter(|l| !l.starts_with("agent: ")).collect();
+        assert_eq!(
+            lines,
+            [
+                "atlantic|10.77.0.2/24|fd00::2/64|9000|rx,10,6,1,tcp|0|none|0",
+                "waited-true",
+                "waited-3",
+                "gave-up",
+                "modules-ok"
+            ]
+        );
+        let frames = parse(&std::fs::read(dir.path().join("port")).unwrap());
+        assert_eq!(frames.broken, 0, "a frame's byte count is its bytes, not its characters");
+        let secs: Vec<(f64, f64)> = ["load", "probe", "boot", "clock"]
+            .iter()
+            .map(|s| {
+                let step = frames.step(s).unwrap();
+                (step.secs.unwrap(), step.at.unwrap())
+            })
+            .collect();
+        assert_eq!(secs, [(0.63, 6.16), (0.01, 10.0), (3.05, 3.05), (0.0, 1.0)]);
+        assert_eq!(frames.first(FrameKind::Hello).unwrap()["agent"], "naïve – ünïcode");
+    }
+
     /// The agent at its snapshot point: sends `ready`, takes the cell's line from its result port
     /// (here a file that holds it), and reads its settings and the driver's parameters from it.
     #[test]

@@ -31,6 +31,8 @@ use crate::{Error, Restore, RunOptions};
 
 /// KVM's TSS for real-mode emulation on Intel: three pages just below the BIOS ROM.
 const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
+/// Threads that copy a snapshot's RAM into a restored VM's memory file, at most (one a core).
+const MAX_RAM_COPIERS: usize = 4;
 /// How long the main thread waits for vCPU threads to leave KVM_RUN after being kicked.
 const VCPU_STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -285,7 +287,10 @@ fn restored_ram(
     let file = open_ram(&restore.dir, image)?;
     let copy = GuestRam::new(ram_layout(spec))?;
     if shared || copy.huge_pages {
-        load_ram(&restore.dir, image, &mut |offset, len| copy.read_at_file_offset(&file, offset, len))?;
+        let copiers = std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_RAM_COPIERS));
+        load_ram(&restore.dir, image, &file, copiers, &|file, offset, len| {
+            copy.read_at_file_offset(file, offset, len)
+        })?;
         return Ok((copy, RestoredRam::Copied, file));
     }
     drop(copy);

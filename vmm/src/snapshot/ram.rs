@@ -3,9 +3,8 @@
 //! file of the same size, with the extents and their XXH3-128 kept in the snapshot's state; and
 //! read back into a new memory file, checked. (A Debian guest zeroes each page it allocates,
 //! `init_on_alloc`: half of a booted 512 MiB guest's 162 MiB of touched RAM was zeros, in about
-//! 220 runs between pages with data, 2026-12-07 in the nested box.) (Mapping the file `MAP_PRIVATE` instead, which costs nothing up front, suits a
-//! VM whose devices are kernel VFIO; a device model on vfio-user must share the guest's RAM,
-//! which a private mapping cannot: that choice belongs to the restore, not done yet.)
+//! 220 runs between pages with data, 2026-12-07 in the nested box.) Copied by threads that
+//! share the extents, or mapped `MAP_PRIVATE` instead: the restore chooses (`vm::restored_ram`).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -87,9 +86,13 @@ fn data_extents(file: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
     Ok(extents)
 }
 
-/// What reads restored RAM: given each extent's offset and length, it reads them from the RAM
-/// file into the new memory file at the same offset.
-pub type RamReader<'a> = &'a mut dyn FnMut(u64, u64) -> std::io::Result<()>;
+/// What reads restored RAM: given a handle on the RAM file (each copier has its own, with its own
+/// file position), an extent's offset and length, it reads them into the new memory file at the
+/// same offset.
+pub type RamReader<'a> = &'a (dyn Fn(&File, u64, u64) -> std::io::Result<()> + Sync);
+
+/// The grain at which copiers share the extents: a huge page, each faulted in by one copier.
+const SHARE_GRAIN: u64 = 2 << 20;
 
 /// Writes the RAM in `memory` (its memory file, `size` bytes) into a new sparse file at `to`.
 pub fn save(memory: &File, size: u64, to: &Path) -> Result<RamImage, RamError> {
@@ -177,11 +180,68 @@ fn pages_with_data(bytes: &[u8]) -> impl Iterator<Item = (u64, &[u8])> {
 
 /// Has `into` read the extents of the RAM file at `from` (saved as `image`) into new RAM of the
 /// image's size (zeros where the image has holes). Unchecked: see [`check`].
-pub fn load(image: &RamImage, from: &Path, into: RamReader) -> Result<(), RamError> {
-    for &(offset, len) in &image.extents {
-        into(offset, len).map_err(io(from, "reading"))?;
+/// Has `into` read the image's extents from `file` (the RAM file at `from`) with up to `copiers`
+/// threads, each about the same share of the bytes: the copy into a new memory file is the
+/// restore's cost (zeroing and filling its huge pages), which threads share where the host has
+/// cores for them. Each copier past the first opens `from` again, refused if that is not the
+/// file `file` is (the checksum is taken through `file`).
+pub fn load(image: &RamImage, file: &File, from: &Path, copiers: usize, into: RamReader) -> Result<(), RamError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata().map_err(io(from, "reading its metadata"))?;
+    let identity = (meta.dev(), meta.ino());
+    let shares = shares(&image.extents, copiers.max(1));
+    let (first, rest) = shares.split_first().map_or((&[][..], &[][..]), |(f, r)| (f.as_slice(), r));
+    std::thread::scope(|scope| {
+        let copiers: Vec<_> = rest
+            .iter()
+            .map(|share| {
+                scope.spawn(move || {
+                    let own = File::open(from).map_err(io(from, "opening"))?;
+                    let meta = own.metadata().map_err(io(from, "reading its metadata"))?;
+                    if (meta.dev(), meta.ino()) != identity {
+                        let why = "replaced while it was read".to_string();
+                        return Err(RamError::Mismatch { path: from.to_path_buf(), why });
+                    }
+                    copy_share(share, &own, from, into)
+                })
+            })
+            .collect();
+        let done = copy_share(first, file, from, into);
+        copiers.into_iter().map(|c| c.join().unwrap_or_else(|_| Err(copier_panicked(from)))).fold(done, Result::and)
+    })
+}
+
+fn copier_panicked(from: &Path) -> RamError {
+    RamError::Io { path: from.to_path_buf(), what: "copying", source: std::io::Error::other("a copier panicked") }
+}
+
+/// Reads one copier's share of the extents through `file`.
+fn copy_share(share: &[(u64, u64)], file: &File, from: &Path, into: RamReader) -> Result<(), RamError> {
+    for &(offset, len) in share {
+        into(file, offset, len).map_err(io(from, "reading"))?;
     }
     Ok(())
+}
+
+/// `extents` cut into `n` runs of about equal bytes, at multiples of [`SHARE_GRAIN`] (an extent
+/// may be cut in two); fewer runs where there is less to copy.
+fn shares(extents: &[(u64, u64)], n: usize) -> Vec<Vec<(u64, u64)>> {
+    let total: u64 = extents.iter().map(|e| e.1).sum();
+    let per = total.div_ceil(n as u64).div_ceil(SHARE_GRAIN).max(1) * SHARE_GRAIN;
+    let mut shares = vec![Vec::new()];
+    let mut room = per;
+    for &(mut offset, mut len) in extents {
+        while len > 0 {
+            if room == 0 {
+                shares.push(Vec::new());
+                room = per;
+            }
+            let take = len.min(room);
+            shares.last_mut().expect("one share at least").push((offset, take));
+            (offset, len, room) = (offset + take, len - take, room - take);
+        }
+    }
+    shares
 }
 
 /// Opens the RAM file at `from` (saved as `image`), refusing one of another size.
@@ -289,20 +349,30 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         assert!(std::fs::metadata(&path).unwrap().blocks() * 512 < 8 * MIB, "the file is sparse");
 
-        let restored = memory(size);
-        let saved = open(&image, &path).unwrap();
-        let mut copy = |offset: u64, len: u64| {
-            let mut bytes = vec![0; len as usize];
-            saved.read_exact_at(&mut bytes, offset)?;
-            restored.write_all_at(&bytes, offset)
-        };
-        load(&image, &path, &mut copy).unwrap();
-        for (offset, len) in [(0, 4096), (20 * MIB - 4096, 3 * MIB + 8192), (size - 4096, 4096), (30 * MIB, MIB)] {
-            let (mut a, mut b) = (vec![0u8; len as usize], vec![0u8; len as usize]);
-            guest.read_exact_at(&mut a, offset).unwrap();
-            restored.read_exact_at(&mut b, offset).unwrap();
-            assert!(a == b, "the bytes at {offset:#x}");
+        // One copier, or three (the stretch cut between them).
+        for copiers in [1, 3] {
+            let restored = memory(size);
+            let saved = open(&image, &path).unwrap();
+            let copy = |file: &File, offset: u64, len: u64| {
+                let mut bytes = vec![0; len as usize];
+                file.read_exact_at(&mut bytes, offset)?;
+                restored.write_all_at(&bytes, offset)
+            };
+            load(&image, &saved, &path, copiers, &copy).unwrap();
+            for (offset, len) in [(0, 4096), (20 * MIB - 4096, 3 * MIB + 8192), (size - 4096, 4096), (30 * MIB, MIB)] {
+                let (mut a, mut b) = (vec![0u8; len as usize], vec![0u8; len as usize]);
+                guest.read_exact_at(&mut a, offset).unwrap();
+                restored.read_exact_at(&mut b, offset).unwrap();
+                assert!(a == b, "the bytes at {offset:#x}, {copiers} copiers");
+            }
         }
+        // A copier refuses a file put in the RAM file's place after the restore opened it.
+        let opened = open(&image, &path).unwrap();
+        let other = dir.path().join("other");
+        std::fs::copy(&path, &other).unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        let refused = load(&image, &opened, &path, 2, &|_: &File, _, _| Ok(())).unwrap_err();
+        assert!(matches!(&refused, RamError::Mismatch { why, .. } if why.contains("replaced")), "{refused}");
         let opened = open(&image, &path).unwrap();
         check(&image, &opened, &path).unwrap();
         // A changed RAM file is refused: a byte changed in what was saved, or written into a
@@ -317,6 +387,31 @@ mod tests {
             let refused = check(&image, &opened, &changed).unwrap_err();
             assert!(matches!(&refused, RamError::Mismatch { why, .. } if why.contains(what)), "{refused}");
         }
+    }
+
+    #[test]
+    fn copiers_share_the_extents_evenly_at_huge_page_bounds() {
+        const MIB: u64 = 1 << 20;
+        let extents = [(0, 4096), (10 * MIB, 9 * MIB), (40 * MIB, 2 * MIB)];
+        let two = shares(&extents, 2);
+        // 11 MiB and a page: shares of 6 MiB (rounded up to 2 MiB), the second extent cut.
+        assert_eq!(
+            two,
+            [vec![(0, 4096), (10 * MIB, 6 * MIB - 4096)], vec![(16 * MIB - 4096, 3 * MIB + 4096), (40 * MIB, 2 * MIB)]]
+        );
+        for n in [1, 2, 3, 4, 16] {
+            let cut = shares(&extents, n);
+            assert!(cut.len() <= n, "{n}: {cut:?}");
+            let mut joined: Vec<(u64, u64)> = Vec::new();
+            for &(offset, len) in cut.iter().flatten() {
+                match joined.last_mut() {
+                    Some(last) if last.0 + last.1 == offset => last.1 += len,
+                    _ => joined.push((offset, len)),
+                }
+            }
+            assert_eq!(joined, extents, "{n} shares cover the extents exactly");
+        }
+        assert_eq!(shares(&[], 4), [Vec::<(u64, u64)>::new()]);
     }
 
     #[test]

@@ -187,10 +187,16 @@ pub fn load(dir: &Path) -> Result<VmSnapshot, SnapshotError> {
     Ok(read_snapshot(&path)?)
 }
 
-/// Has `into` read the extents of the RAM file of the snapshot in `dir` into new RAM of its
-/// size (unchecked: [`check_ram`]).
-pub fn load_ram(dir: &Path, image: &RamImage, into: ram::RamReader) -> Result<(), SnapshotError> {
-    Ok(ram::load(image, &dir.join(RAM_FILE), into)?)
+/// Has `into` read the extents of the RAM file of the snapshot in `dir` (opened as `file`) into
+/// new RAM of its size, with up to `copiers` threads (unchecked: [`check_ram`]).
+pub fn load_ram(
+    dir: &Path,
+    image: &RamImage,
+    file: &File,
+    copiers: usize,
+    into: ram::RamReader,
+) -> Result<(), SnapshotError> {
+    Ok(ram::load(image, file, &dir.join(RAM_FILE), copiers, into)?)
 }
 
 /// Opens the RAM file of the snapshot in `dir`, to be read or mapped (it is checked while the

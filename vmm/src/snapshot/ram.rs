@@ -178,37 +178,39 @@ fn pages_with_data(bytes: &[u8]) -> impl Iterator<Item = (u64, &[u8])> {
     })
 }
 
-/// Has `into` read the extents of the RAM file at `from` (saved as `image`) into new RAM of the
-/// image's size (zeros where the image has holes). Unchecked: see [`check`].
-/// Has `into` read the image's extents from `file` (the RAM file at `from`) with up to `copiers`
-/// threads, each about the same share of the bytes: the copy into a new memory file is the
-/// restore's cost (zeroing and filling its huge pages), which threads share where the host has
-/// cores for them. Each copier past the first opens `from` again, refused if that is not the
-/// file `file` is (the checksum is taken through `file`).
+/// Has `into` read the image's extents from `file` (the RAM file at `from`) into new RAM of the
+/// image's size (zeros where the image has holes), with up to `copiers` threads, each about the
+/// same share of the bytes: the copy into a new memory file is the restore's cost (zeroing and
+/// filling its huge pages), which threads share where the host has cores for them. Each copier
+/// past the first opens `from` again, refused if that is not the file `file` is (the checksum
+/// is taken through `file`). Unchecked: see [`check`].
 pub fn load(image: &RamImage, file: &File, from: &Path, copiers: usize, into: RamReader) -> Result<(), RamError> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = file.metadata().map_err(io(from, "reading its metadata"))?;
-    let identity = (meta.dev(), meta.ino());
+    let expected = identity(file).map_err(io(from, "reading its metadata"))?;
     let shares = shares(&image.extents, copiers.max(1));
     let (first, rest) = shares.split_first().map_or((&[][..], &[][..]), |(f, r)| (f.as_slice(), r));
     std::thread::scope(|scope| {
-        let copiers: Vec<_> = rest
-            .iter()
-            .map(|share| {
-                scope.spawn(move || {
-                    let own = File::open(from).map_err(io(from, "opening"))?;
-                    let meta = own.metadata().map_err(io(from, "reading its metadata"))?;
-                    if (meta.dev(), meta.ino()) != identity {
-                        let why = "replaced while it was read".to_string();
-                        return Err(RamError::Mismatch { path: from.to_path_buf(), why });
-                    }
-                    copy_share(share, &own, from, into)
-                })
-            })
-            .collect();
+        let copiers: Vec<_> =
+            rest.iter().map(|share| scope.spawn(move || copy_own_share(share, from, expected, into))).collect();
         let done = copy_share(first, file, from, into);
         copiers.into_iter().map(|c| c.join().unwrap_or_else(|_| Err(copier_panicked(from)))).fold(done, Result::and)
     })
+}
+
+/// A file's device and inode.
+fn identity(file: &File) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata()?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// One copier's share, read through a handle of its own on `from`, which must be the file
+/// whose device and inode are `expected`.
+fn copy_own_share(share: &[(u64, u64)], from: &Path, expected: (u64, u64), into: RamReader) -> Result<(), RamError> {
+    let own = File::open(from).map_err(io(from, "opening"))?;
+    if identity(&own).map_err(io(from, "reading its metadata"))? != expected {
+        return Err(RamError::Mismatch { path: from.to_path_buf(), why: "replaced while it was read".into() });
+    }
+    copy_share(share, &own, from, into)
 }
 
 fn copier_panicked(from: &Path) -> RamError {

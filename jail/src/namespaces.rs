@@ -324,26 +324,6 @@ mod tests {
         text.split(|&b| b == b'\n').any(|line| line.strip_prefix(b"0::").is_some_and(|path| path == want))
     }
 
-    /// A hierarchy the test mounted: unmounted when the test ends, also when it panics first.
-    struct Mounted(Option<std::path::PathBuf>);
-
-    impl Mounted {
-        /// Unmounts it now; whether `umount` succeeded.
-        fn unmount(mut self) -> bool {
-            let path = self.0.take().expect("mounted");
-            std::process::Command::new("umount").arg(path).status().is_ok_and(|s| s.success())
-        }
-    }
-
-    impl Drop for Mounted {
-        fn drop(&mut self) {
-            if let Some(path) = self.0.take() {
-                // Lazily: a panic may have left a file in it open.
-                let _ = std::process::Command::new("umount").arg("-l").arg(path).status();
-            }
-        }
-    }
-
     #[test]
     fn a_child_cloned_into_a_cgroup_starts_in_it() {
         let test = "a_child_cloned_into_a_cgroup_starts_in_it";
@@ -360,7 +340,7 @@ mod tests {
             testkit::skip(test, testkit::Lacks::Setup, format!("mount -t cgroup2 failed here: {mount:?}"));
             return;
         }
-        let mounted = Mounted(Some(dir.path().to_path_buf()));
+        let mounted = testkit::Mounted::at(dir.path());
         let cgroup = dir.path().join("child-test");
         std::fs::create_dir(&cgroup).unwrap();
         let opened: std::os::fd::OwnedFd = std::fs::File::open(&cgroup).unwrap().into();

@@ -29,3 +29,28 @@ pub fn skip(test: &str, lacks: Lacks, reason: impl std::fmt::Display) {
         "{test} must run here (DRIVERLAB_REQUIRE=1) and would skip: {reason}"
     );
 }
+
+/// A filesystem a test mounted at a path: unmounted when dropped (lazily, `umount -l`: a
+/// panicking test may leave a file in it open), or now by [`Mounted::unmount`].
+pub struct Mounted(Option<std::path::PathBuf>);
+
+impl Mounted {
+    /// The mount at `path`, which the caller has just made.
+    pub fn at(path: impl Into<std::path::PathBuf>) -> Mounted {
+        Mounted(Some(path.into()))
+    }
+
+    /// Unmounts it now; whether `umount` succeeded.
+    pub fn unmount(mut self) -> bool {
+        let path = self.0.take().expect("mounted until now");
+        std::process::Command::new("umount").arg(path).status().is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::process::Command::new("umount").arg("-l").arg(path).status();
+        }
+    }
+}

@@ -292,13 +292,7 @@ fn a_run_on_a_full_disk_is_refused_with_507_saying_so() {
     std::fs::create_dir(&small).unwrap();
     let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=32m", "tmpfs"]).arg(&small).status().unwrap();
     assert!(mounted.success(), "mount -t tmpfs");
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(small.clone());
+    let _unmount = testkit::Mounted::at(&small);
     let daemon = Daemon::start(&small, &[]);
     let matrix = std::fs::read(probe_matrix()).unwrap();
     let answer = call(&daemon.client(), "POST", "/v1/runs", &[("content-type", "application/toml")], Some(&matrix));

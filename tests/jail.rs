@@ -92,6 +92,13 @@ fn a_running_vmm_is_jailed_and_its_exit_line_says_how() {
     for kind in ["mnt", "pid", "net", "ipc", "uts"] {
         assert_ne!(namespace(&pid.to_string(), kind), namespace("self", kind), "{kind} namespace");
     }
+    // Its network namespace is the one its supervisor made while it set up, which no other
+    // process joins; the supervisor keeps the host's other namespaces.
+    let supervisor = vm.pid().to_string();
+    assert_eq!(namespace(&pid.to_string(), "net"), namespace(&supervisor, "net"), "the supervisor's network");
+    for kind in ["mnt", "ipc", "uts"] {
+        assert_eq!(namespace(&supervisor, kind), namespace("self", kind), "the supervisor's {kind} namespace");
+    }
     let its_root = std::fs::metadata(format!("/proc/{pid}/root/")).unwrap();
     let host_root = std::fs::metadata("/").unwrap();
     assert_ne!((its_root.dev(), its_root.ino()), (host_root.dev(), host_root.ino()), "its root is not the host's");

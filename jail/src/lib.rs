@@ -4,12 +4,13 @@
 //!
 //! Two calls, both while the process has a single thread:
 //!
-//! 1. [`enter_namespaces`], first thing: new mount, PID, IPC, UTS and network namespaces. A new
-//!    PID namespace takes a fork: the process that was started stays behind as a supervisor
-//!    that waits and passes the exit status on, the work goes on in its child (PID 1 inside).
-//!    It must come before anything a fork cannot carry (KVM ties a VM to the process that
-//!    created it).
-//! 2. [`confine`], once every file, device and socket is open: its own cgroup (memory, pids),
+//! 1. [`enter_namespaces`], first thing: new mount, PID, IPC and UTS namespaces. A new PID
+//!    namespace takes a fork: the process that was started stays behind as a supervisor that
+//!    waits and passes the exit status on, the work goes on in its child (PID 1 inside). It
+//!    must come before anything a fork cannot carry (KVM ties a VM to the process that created
+//!    it). The supervisor then makes a new network namespace while the child sets up.
+//! 2. [`confine`], once every file, device and socket is open: that network namespace joined
+//!    (the child's sockets until then are Unix sockets by path), its own cgroup (memory, pids),
 //!    rlimits, an empty root (`pivot_root` onto a read-only tmpfs, the host's tree unmounted),
 //!    a per-process uid and gid without capabilities, `no_new_privs`, and a Landlock ruleset
 //!    that denies every filesystem and TCP access and signals and abstract sockets outside it.
@@ -143,6 +144,7 @@ pub fn parse_cgroup_parent(text: &str) -> Result<String, SettingError> {
 /// each in `confinement`. The process must still have a single thread: threads started later
 /// inherit the jail, threads started before would escape it.
 pub fn confine(spec: &JailSpec, namespaces: &Namespaces, confinement: &mut Confinement) {
+    namespaces::join_network(namespaces, confinement);
     let threads = namespaces::thread_count();
     if threads != 1 {
         for step in &vm_spec::confinement::STEPS[1..] {

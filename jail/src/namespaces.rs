@@ -1,11 +1,19 @@
 //! New mount, PID, IPC, UTS and network namespaces, and the supervisor a new PID namespace
 //! needs: the process that was started forks, its child goes on as PID 1 of the new namespace,
-//! and it waits for that child and leaves with the child's status.
+//! and it waits for that child and leaves with the child's status. A new network namespace is
+//! the dearest of them (about 0.6 ms, the kernel's per-namespace set-up of every network
+//! subsystem): the supervisor, idle otherwise, makes it while its child sets up, and the child
+//! joins it when [`crate::confine`] starts ([`join_network`]); each jailed process still has one
+//! of its own, shared with its supervisor alone.
 
 use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rustix::process::{PidfdFlags, getpid, pidfd_open};
+use rustix::thread::{ThreadNameSpaceType, move_into_thread_name_spaces};
 
 use vm_spec::confinement::Confinement;
 
@@ -26,7 +34,14 @@ pub struct Namespaces {
     /// The cgroup the process was started in (a cgroup v2 host), so [`crate::confine`] need
     /// not move it into one.
     pub(crate) cgroup: Option<Joined>,
+    /// The network namespace still to join (taken by [`join_network`]): the supervisor's pidfd,
+    /// or `None` where there is none (the child makes its own).
+    network: Arc<Mutex<Option<Option<OwnedFd>>>>,
 }
+
+/// The byte the supervisor writes after the child's PID: whether it made the network namespace
+/// the child is to join.
+const NETWORK_MADE: u8 = 1;
 
 /// How many threads this process runs.
 pub(crate) fn thread_count() -> usize {
@@ -115,7 +130,7 @@ pub fn enter_namespaces(
     let stay = |confinement: &mut Confinement, why: String| {
         confinement.missed("namespaces", why);
         confinement.host_pid = Some(supervisor_pid);
-        Namespaces { entered: false, supervisor_pid, supervisor_pipe: None, cgroup: None }
+        Namespaces { entered: false, supervisor_pid, supervisor_pipe: None, cgroup: None, network: Arc::default() }
     };
     let threads = thread_count();
     if threads != 1 {
@@ -147,6 +162,9 @@ pub fn enter_namespaces(
     let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // A cgroup that cannot be made here is made (or its failure recorded) by `confine`.
     let for_child = crate::cgroup::make_for_child(jail, supervisor_pid).ok().flatten();
+    // The child joins the network namespace the supervisor makes through this (Linux 5.8);
+    // without it, the child makes its own.
+    let supervisor = pidfd_open(getpid(), PidfdFlags::empty()).ok();
     let (child, cgroup) = start_child(for_child);
     if child < 0 {
         return stay(confinement, last_error("fork"));
@@ -155,6 +173,8 @@ pub fn enter_namespaces(
         drop(read_end);
         let mut pipe = std::fs::File::from(write_end);
         let _ = pipe.write_all(&(child as u32).to_le_bytes());
+        let made = supervisor.is_some() && make_network_namespace();
+        let _ = pipe.write_all(&[u8::from(made)]);
         // The write end stays open until the supervisor exits: the child's sign it is alive.
         std::mem::forget(pipe);
         if signals == Signals::Forward {
@@ -186,18 +206,54 @@ pub fn enter_namespaces(
     // Kept open for the life of the process (see `rearm_death_signal`).
     let pipe_fd = std::os::fd::IntoRawFd::into_raw_fd(pipe);
     confinement.host_pid = Some(host_pid);
-    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNET;
+    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
     // SAFETY: as above, for the child alone.
     if unsafe { libc::unshare(flags) } != 0 {
-        confinement.missed("namespaces", last_error("a pid namespace, but unshare of mount, ipc, uts and net"));
-        return Namespaces { entered: false, supervisor_pid, supervisor_pipe: None, cgroup };
+        confinement.missed("namespaces", last_error("a pid namespace, but unshare of mount, ipc and uts"));
+        return Namespaces { entered: false, supervisor_pid, supervisor_pipe: None, cgroup, network: Arc::default() };
     }
     let hostname = b"driverlab";
     // SAFETY: sethostname reads `hostname.len()` bytes of a live buffer; it changes only the
     // new UTS namespace.
     unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) };
+    let network = Arc::new(Mutex::new(Some(supervisor)));
+    Namespaces { entered: true, supervisor_pid, supervisor_pipe: Some(pipe_fd), cgroup, network }
+}
+
+/// The supervisor's half: a new network namespace for itself, which its child joins. Whether
+/// it was made.
+fn make_network_namespace() -> bool {
+    // SAFETY: unshare(2) with a namespace flag changes only this (single-threaded) process.
+    unsafe { libc::unshare(libc::CLONE_NEWNET) == 0 }
+}
+
+/// The child's half, first thing in [`crate::confine`]: joins the network namespace its
+/// supervisor made meanwhile (waiting for the supervisor's word that it did), or makes one of
+/// its own where the supervisor could not; then records the namespaces step. A thread of its
+/// own: call it while the process has one, as `confine` is. Does nothing the second time, or
+/// where no namespaces were entered.
+pub(crate) fn join_network(namespaces: &Namespaces, confinement: &mut Confinement) {
+    let Some(supervisor) = namespaces.network.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+    let (Some(pipe), true) = (namespaces.supervisor_pipe, namespaces.entered) else { return };
+    let mut word = [0u8];
+    // SAFETY: read(2) of one byte into a live buffer, from the pipe kept open for the life of
+    // the process.
+    if unsafe { libc::read(pipe, word.as_mut_ptr().cast(), 1) } != 1 {
+        // The supervisor died before it said: the death signal is on its way.
+        std::process::exit(1);
+    }
+    let joined = match supervisor {
+        Some(fd) if word[0] == NETWORK_MADE => {
+            move_into_thread_name_spaces(fd.as_fd(), ThreadNameSpaceType::NETWORK).is_ok()
+        }
+        _ => false,
+    };
+    // SAFETY: as in `enter_namespaces`, for this thread alone.
+    if !joined && unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        confinement.missed("namespaces", last_error("mount, pid, ipc and uts of its own, but unshare of net"));
+        return;
+    }
     confinement.done("namespaces", "mount, pid, ipc, uts and net of its own (no network at all)");
-    Namespaces { entered: true, supervisor_pid, supervisor_pipe: Some(pipe_fd), cgroup }
 }
 
 /// Forks (the process has a single thread, so the child is a complete copy of it); with `into`,
@@ -322,6 +378,109 @@ mod tests {
         };
         let text = &text[..n.max(0) as usize];
         text.split(|&b| b == b'\n').any(|line| line.strip_prefix(b"0::").is_some_and(|path| path == want))
+    }
+
+    fn net_of(pid: &str) -> std::path::PathBuf {
+        std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap()
+    }
+
+    /// Runs [`join_network`] in a forked child, as a jailed process's first step of `confine`:
+    /// its supervisor (`supervisor`, a pidfd) said `word`. The child's network namespace, or
+    /// `None` if it did not record the namespaces step as taken.
+    fn joined_in_child(supervisor: Option<OwnedFd>, word: u8) -> Option<std::path::PathBuf> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe(2) writes two descriptors into the array; write(2) reads one byte of a
+        // live buffer.
+        unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            assert_eq!(libc::write(fds[1], [word].as_ptr().cast(), 1), 1);
+        }
+        let mut report = [0; 2];
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::pipe(report.as_mut_ptr()) }, 0);
+        let network = Arc::new(Mutex::new(Some(supervisor)));
+        let namespaces =
+            Namespaces { entered: true, supervisor_pid: 0, supervisor_pipe: Some(fds[0]), cgroup: None, network };
+        // SAFETY: glibc's fork(2) leaves malloc usable in the child; the child touches no lock
+        // another thread of the harness could hold (no output) and ends with _exit.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            let mut confinement = Confinement::default();
+            join_network(&namespaces, &mut confinement);
+            join_network(&namespaces, &mut confinement);
+            let taken = confinement.steps.len() == 1 && confinement.steps[0].done;
+            let net = if taken { net_of("self").into_os_string().into_encoded_bytes() } else { Vec::new() };
+            // SAFETY: write(2) of a live buffer; _exit(2) ends the child without the parent's
+            // destructors.
+            unsafe {
+                libc::write(report[1], net.as_ptr().cast(), net.len());
+                libc::_exit(0);
+            }
+        }
+        assert!(child > 0, "fork: {}", std::io::Error::last_os_error());
+        let mut status = 0;
+        // SAFETY: waitpid writes into a live integer; close(2) of the descriptors made here.
+        unsafe {
+            assert_eq!(libc::waitpid(child, &mut status, 0), child);
+            for fd in [fds[0], fds[1], report[1]] {
+                libc::close(fd);
+            }
+        }
+        // SAFETY: the read end is this function's alone.
+        let mut said = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(report[0]) });
+        let mut net = Vec::new();
+        said.read_to_end(&mut net).unwrap();
+        (!net.is_empty()).then(|| std::path::PathBuf::from(String::from_utf8(net).unwrap()))
+    }
+
+    #[test]
+    fn a_jailed_child_joins_its_supervisors_new_network_namespace_or_makes_its_own() {
+        let test = "a_jailed_child_joins_its_supervisors_new_network_namespace_or_makes_its_own";
+        // SAFETY: geteuid has no arguments and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            testkit::skip(test, testkit::Lacks::Setup, "not root: a new network namespace needs CAP_SYS_ADMIN");
+            return;
+        }
+        let host = net_of("self");
+        // A supervisor: makes its network namespace, then waits to be killed.
+        let mut ready = [0; 2];
+        // SAFETY: as in `joined_in_child`.
+        assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+        // SAFETY: as in `joined_in_child`; the child makes only system calls.
+        let supervisor = unsafe { libc::fork() };
+        if supervisor == 0 {
+            let made = u8::from(make_network_namespace());
+            // SAFETY: write(2) of a live byte, then pause(2) until the test kills it.
+            unsafe {
+                libc::write(ready[1], [made].as_ptr().cast(), 1);
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        assert!(supervisor > 0, "fork: {}", std::io::Error::last_os_error());
+        let mut made = [0u8];
+        // SAFETY: read(2) of one byte into a live buffer.
+        assert_eq!(unsafe { libc::read(ready[0], made.as_mut_ptr().cast(), 1) }, 1);
+        let theirs = net_of(&supervisor.to_string());
+        let pid = rustix::process::Pid::from_raw(supervisor).unwrap();
+        let pidfd = || Some(pidfd_open(pid, PidfdFlags::empty()).expect("pidfd_open (Linux 5.3)"));
+        let joined = joined_in_child(pidfd(), NETWORK_MADE);
+        // Where the supervisor said it made none, or had no pidfd: a namespace of the child's own.
+        let refused = joined_in_child(pidfd(), 0);
+        let own = joined_in_child(None, 0);
+        // SAFETY: kill(2) and waitpid(2) of the child forked here.
+        unsafe {
+            libc::kill(supervisor, libc::SIGKILL);
+            libc::waitpid(supervisor, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(made, [1], "the supervisor made its network namespace");
+        assert_ne!(theirs, host);
+        assert_eq!(joined.as_ref(), Some(&theirs), "the child joined the supervisor's");
+        let own = own.expect("the namespaces step is taken");
+        assert!(own != host && own != theirs, "{own:?}: neither the host's nor the supervisor's");
+        let refused = refused.expect("the namespaces step is taken");
+        assert!(refused != host && refused != theirs, "{refused:?}: not the supervisor's when it did not say so");
     }
 
     #[test]

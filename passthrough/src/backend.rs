@@ -142,4 +142,11 @@ pub trait VfioBackend: Send {
     fn dma_unmap(&mut self, iova: u64, size: u64) -> Result<(), BackendError>;
     /// Resets the device.
     fn reset(&mut self) -> Result<(), BackendError>;
+    /// Whether the device is still as a reset at its opening left it (vfio-pci resets a device
+    /// whose reset works when it is first opened, `vfio_pci_core_enable()`), so that the check
+    /// before its first use need not reset it again: true at most once, and only before anything
+    /// used it.
+    fn fresh_from_reset(&mut self) -> bool {
+        false
+    }
 }

@@ -120,8 +120,8 @@ impl Drop for PciPassthroughDevice {
 }
 
 impl PciPassthroughDevice {
-    /// Takes the device behind `backend`: resets it, checks that it is healthy, and builds the
-    /// shadow configuration. BARs are placed with `place_bar(index, size, kind)`.
+    /// Takes the device behind `backend`: resets it (unless its opening just did), checks that it
+    /// is healthy, and builds the shadow configuration. BARs are placed with `place_bar(index, size, kind)`.
     pub fn new(
         backend: SharedBackend,
         interrupts: Arc<dyn MsiInterrupts>,
@@ -130,7 +130,10 @@ impl PciPassthroughDevice {
     ) -> Result<Self, DeviceError> {
         let name = lock(&backend).name().to_string();
         let unhealthy = |reason: String| DeviceError::Unhealthy { name: name.clone(), reason };
-        let config = reset_and_check(&backend, None).map_err(|e| match e {
+        // A function-level reset waits 100 ms or more: a device its opening reset is only checked.
+        let fresh = lock(&backend).fresh_from_reset();
+        let checked = if fresh { check(&backend, None) } else { reset_and_check(&backend, None) };
+        let config = checked.map_err(|e| match e {
             DeviceError::Unhealthy { reason, .. } => unhealthy(reason),
             other => other,
         })?;
@@ -385,14 +388,19 @@ impl PciPassthroughDevice {
     }
 }
 
-/// Resets the device behind `backend` and checks that its configuration space reads back sane:
-/// a vendor ID, the same IDs as before (if known), and BARs that answer a size probe and take
-/// their old value back.
+/// Resets the device behind `backend` and checks it ([`check`]).
 pub fn reset_and_check(backend: &SharedBackend, before: Option<&[u8; 256]>) -> Result<[u8; 256], DeviceError> {
+    lock(backend).reset()?;
+    check(backend, before)
+}
+
+/// Checks that the configuration space of the device behind `backend` reads back sane: a vendor
+/// ID, the same IDs as before (if known), and BARs that answer a size probe and take their old
+/// value back.
+fn check(backend: &SharedBackend, before: Option<&[u8; 256]>) -> Result<[u8; 256], DeviceError> {
     let mut b = lock(backend);
     let name = b.name().to_string();
     let unhealthy = |reason: String| DeviceError::Unhealthy { name: name.clone(), reason };
-    b.reset()?;
     let config = read_config(b.as_mut())?;
     let vendor = u16_at(&config, VENDOR_ID);
     if vendor == 0xffff || vendor == 0 {
@@ -614,6 +622,8 @@ mod tests {
         regions: Vec<RegionInfo>,
         log: Arc<Mutex<Log>>,
         fail_bar_reads: bool,
+        /// What `fresh_from_reset` answers, once.
+        fresh: bool,
     }
 
     fn fake(log: Arc<Mutex<Log>>, fail_bar_reads: bool) -> FakeBackend {
@@ -645,7 +655,7 @@ mod tests {
             region(6, 0x10000),
             region(7, 256),
         ];
-        FakeBackend { config: c, regions, log, fail_bar_reads }
+        FakeBackend { config: c, regions, log, fail_bar_reads, fresh: false }
     }
 
     impl VfioBackend for FakeBackend {
@@ -708,6 +718,9 @@ mod tests {
             self.log.lock().unwrap().resets += 1;
             Ok(())
         }
+        fn fresh_from_reset(&mut self) -> bool {
+            std::mem::take(&mut self.fresh)
+        }
     }
 
     struct Interrupts(Mutex<u32>);
@@ -758,6 +771,33 @@ mod tests {
         // The health check at start probes BARs through the device; what follows is the guest's.
         log.lock().unwrap().forwarded_writes.clear();
         (dev, log)
+    }
+
+    #[test]
+    fn a_device_its_opening_reset_is_checked_not_reset_again_and_later_resets_happen() {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let backend: SharedBackend =
+            Arc::new(Mutex::new(Box::new(FakeBackend { fresh: true, ..fake(log.clone(), false) })));
+        let mut next = 0xc000_0000;
+        let mut dev = PciPassthroughDevice::new(
+            backend,
+            Arc::new(Interrupts(Mutex::new(23))),
+            Arc::new(NoSlots),
+            |_, size, _| {
+                let at = next;
+                next += size;
+                Ok(at)
+            },
+        )
+        .unwrap();
+        assert_eq!(log.lock().unwrap().resets, 0, "the opening's reset stands");
+        assert_eq!(dev.config_read(0), 0x00b1_1d6a, "checked: its IDs read");
+        dev.reset().unwrap();
+        dev.reset().unwrap();
+        assert_eq!(log.lock().unwrap().resets, 2, "every later reset is one");
+        // Its BARs were probed all the same (the check writes all-ones and the old value back).
+        let (_, probed) = device(false);
+        assert_eq!(probed.lock().unwrap().resets, 1, "a device not reset by its opening is reset first");
     }
 
     #[test]

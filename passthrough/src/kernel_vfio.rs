@@ -23,6 +23,20 @@ pub struct KernelVfio {
     container: Arc<VfioContainer>,
     regions: Vec<RegionInfo>,
     ram: GuestRamMap,
+    /// Whether vfio-pci reset the device as it opened it, until the device's first check.
+    reset_at_open: bool,
+}
+
+/// A device opened through VFIO (its container, its file descriptor, its regions) that has no
+/// guest RAM to map DMA into yet: opening needs none, and is slow (vfio-pci resets the device
+/// as it is opened, `vfio_pci_core_enable()` calling `pci_try_reset_function()`, 100 ms or more
+/// for a function-level reset), so a VMM opens it while it loads the guest's RAM.
+pub struct OpenedVfio {
+    name: String,
+    device: VfioDevice,
+    container: Arc<VfioContainer>,
+    regions: Vec<RegionInfo>,
+    reset_at_open: bool,
 }
 
 fn host(what: &str, e: impl std::fmt::Display) -> BackendError {
@@ -32,6 +46,13 @@ fn host(what: &str, e: impl std::fmt::Display) -> BackendError {
 impl KernelVfio {
     /// Opens `bdf` through VFIO. `ram` is the guest memory that DMA maps refer to.
     pub fn open(bdf: Bdf, ram: GuestRamMap) -> Result<Self, BackendError> {
+        OpenedVfio::open(bdf).map(|opened| opened.with_ram(ram))
+    }
+}
+
+impl OpenedVfio {
+    /// Opens `bdf` through VFIO, in a container of its own.
+    pub fn open(bdf: Bdf) -> Result<Self, BackendError> {
         let name = format!("vfio {bdf}");
         let sysfs = PathBuf::from(format!("/sys/bus/pci/devices/{bdf}"));
         if !sysfs.exists() {
@@ -66,8 +87,46 @@ impl KernelVfio {
                 if flags & region::FLAG_MMAP != 0 { Some((file()?, device.get_region_offset(index))) } else { None };
             regions.push(RegionInfo { index, flags, size: device.get_region_size(index), mmap, sparse });
         }
-        Ok(KernelVfio { name, device, container, regions, ram })
+        let reset_at_open = device_flags(&device).map_err(|e| host(&name, e))? & VFIO_DEVICE_FLAGS_RESET != 0;
+        Ok(OpenedVfio { name, device, container, regions, reset_at_open })
     }
+
+    /// The backend, its DMA maps referring to `ram`.
+    pub fn with_ram(self, ram: GuestRamMap) -> KernelVfio {
+        let OpenedVfio { name, device, container, regions, reset_at_open } = self;
+        KernelVfio { name, device, container, regions, ram, reset_at_open }
+    }
+}
+
+/// `struct vfio_device_info` (include/uapi/linux/vfio.h).
+#[repr(C)]
+#[derive(Default)]
+struct DeviceInfo {
+    argsz: u32,
+    flags: u32,
+    num_regions: u32,
+    num_irqs: u32,
+    cap_offset: u32,
+    pad: u32,
+}
+
+/// `VFIO_DEVICE_FLAGS_RESET`: the device's reset works, which for vfio-pci means that the reset
+/// it tried as it opened the device worked (`vdev->reset_works`, `vfio_pci_core_enable()` and
+/// `vfio_pci_ioctl_get_info()`, drivers/vfio/pci/vfio_pci_core.c).
+const VFIO_DEVICE_FLAGS_RESET: u32 = 1 << 0;
+
+mod ioctls {
+    // VFIO_BASE + 7 of type ';' (include/uapi/linux/vfio.h).
+    vmm_sys_util::ioctl_io_nr!(VFIO_DEVICE_GET_INFO, b';' as u32, 100 + 7);
+}
+
+/// The device's flags (`VFIO_DEVICE_GET_INFO`; vfio-ioctls keeps them to itself).
+fn device_flags(device: &VfioDevice) -> std::io::Result<u32> {
+    let mut info = DeviceInfo { argsz: std::mem::size_of::<DeviceInfo>() as u32, ..DeviceInfo::default() };
+    // SAFETY: VFIO_DEVICE_GET_INFO writes at most `argsz` bytes into the live struct it is given,
+    // on the device's own descriptor.
+    let ret = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(device, ioctls::VFIO_DEVICE_GET_INFO(), &mut info) };
+    if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(info.flags) }
 }
 
 impl VfioBackend for KernelVfio {
@@ -129,5 +188,9 @@ impl VfioBackend for KernelVfio {
     fn reset(&mut self) -> Result<(), BackendError> {
         self.device.reset();
         Ok(())
+    }
+
+    fn fresh_from_reset(&mut self) -> bool {
+        std::mem::take(&mut self.reset_at_open)
     }
 }

@@ -17,6 +17,7 @@ pub mod interrupts;
 pub mod layout;
 pub mod memory;
 pub mod memory_slots;
+pub mod opening;
 pub mod pause;
 pub mod platform;
 pub mod seccomp;

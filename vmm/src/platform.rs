@@ -22,7 +22,7 @@ use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 use passthrough::backend::{BackendError, VfioBackend};
 use passthrough::device::{PciPassthroughDevice, SharedBackend};
 use passthrough::dma::DmaMirror;
-use passthrough::kernel_vfio::KernelVfio;
+use passthrough::kernel_vfio::OpenedVfio;
 use passthrough::vfio_user::{self, VfioUserClient};
 use pci::{Arrival, BarKind, PciError, RootPort};
 
@@ -40,6 +40,7 @@ use crate::layout::{
     PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_MMIO32_SIZE, PCI_MMIO32_START, PCI_MMIO64_SIZE, pci_mmio64_start,
 };
 use crate::memory::GuestRam;
+use crate::opening::OpenedDevices;
 use crate::snapshot::{PlatformState, SnapshotError};
 use crate::{DeviceFailure, Error};
 
@@ -66,6 +67,8 @@ pub struct PlatformConfig {
     pub iommu: Option<IommuSpec>,
     /// Devices to pass through.
     pub devices: Vec<DeviceSpec>,
+    /// Those of them opened ahead (kernel VFIO, while the RAM was loaded).
+    pub opened: OpenedDevices,
     /// Where COM1's output goes.
     pub com1: Box<dyn Write + Send>,
     /// Where COM2's output goes; no COM2 without it.
@@ -199,7 +202,7 @@ pub fn build(
     interrupts: Arc<dyn MsiInterrupts>,
     slots: Arc<dyn GuestMemorySlots>,
     events: Arc<dyn GuestEventSink>,
-    config: PlatformConfig,
+    mut config: PlatformConfig,
 ) -> Result<Platform, Error> {
     let io_bus = Arc::new(Bus::new());
     let mmio_bus = Arc::new(Bus::new());
@@ -219,8 +222,9 @@ pub fn build(
     };
     let context = PassthroughContext { ram, interrupts: &interrupts, slots: &slots, iommu: iommu.as_ref(), pci: &pci };
     let mut passthrough = Vec::new();
-    for (spec, placement) in config.devices.iter().zip(&placements) {
-        passthrough.push(add_passthrough(&context, &mut windows, spec, *placement)?);
+    for (index, (spec, placement)) in config.devices.iter().zip(&placements).enumerate() {
+        let opened = config.opened.take(index);
+        passthrough.push(add_passthrough(&context, &mut windows, spec, *placement, opened)?);
     }
     let root_ports = placements
         .iter()
@@ -347,14 +351,15 @@ fn add_iommu(
     Ok((handle, ViotTopology { iommu: own, endpoints: ranges }))
 }
 
-/// Device `spec` passed through where `placement` says: its backend opened, its BARs placed
-/// (in its root port's window, in a Thunderbolt slot), its DMA mirrored (through the
-/// virtio-iommu, or identity-mapped without one).
+/// Device `spec` passed through where `placement` says: its backend opened (or `opened`
+/// ahead), its BARs placed (in its root port's window, in a Thunderbolt slot), its DMA mirrored
+/// (through the virtio-iommu, or identity-mapped without one).
 fn add_passthrough(
     context: &PassthroughContext<'_>,
     windows: &mut BarWindows,
     spec: &DeviceSpec,
     placement: Placement,
+    opened: Option<Result<OpenedVfio, BackendError>>,
 ) -> Result<Passthrough, Error> {
     let bdf = placement.bdf();
     // A vfio-user peer's failures are the peer's; kernel VFIO's are the host's.
@@ -371,7 +376,10 @@ fn add_passthrough(
     };
     let ram = context.ram;
     let backend: Box<dyn VfioBackend> = match &spec.backend {
-        DeviceBackend::Vfio(host_bdf) => Box::new(KernelVfio::open(*host_bdf, ram.dma_view()).map_err(backend_error)?),
+        DeviceBackend::Vfio(host_bdf) => {
+            let opened = opened.unwrap_or_else(|| OpenedVfio::open(*host_bdf)).map_err(backend_error)?;
+            Box::new(opened.with_ram(ram.dma_view()))
+        }
         // A model maps the memory file; private RAM's file lacks what the VM wrote.
         DeviceBackend::VfioUser(_) if ram.private => {
             return Err(fail("a device model cannot share RAM mapped private from a snapshot".into()));

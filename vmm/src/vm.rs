@@ -21,6 +21,7 @@ use crate::interrupts::KvmInterrupts;
 use crate::layout::ACPI_RSDP_ADDR;
 use crate::memory::{GuestRam, MIB, RamLayout};
 use crate::memory_slots::KvmSlots;
+use crate::opening::{OpenedDevices, OpeningDevices};
 use crate::pause::SnapshotPause;
 use crate::platform::Platform;
 use crate::platform::{self, PlatformConfig};
@@ -48,11 +49,12 @@ fn kvm_error(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
 pub fn run(spec: &VmSpec, options: &RunOptions) -> Result<ExitSummary, Error> {
     let mut clock = SetupClock::new();
     let process = Process::set_up(spec, options)?;
+    let opening = OpeningDevices::start(&spec.devices);
     let (ram, guest) = load(spec, options, &mut clock)?;
     process.control.set_entry(guest.entry_name());
     let (kvm, vm) = create_vm(&ram)?;
     clock.lap(|p| &mut p.kvm_ms);
-    let platform = build_platform(spec, &vm, &ram, &process.stop, &guest)?;
+    let platform = build_platform(spec, &vm, &ram, &process.stop, &guest, opening.finish())?;
     clock.lap(|p| &mut p.platform_ms);
     let saves = match &process.snapshot_target {
         Some(_) => {
@@ -554,14 +556,15 @@ fn build_platform(
     ram: &GuestRam,
     stop: &Arc<VmStop>,
     guest: &Guest,
+    opened: OpenedDevices,
 ) -> Result<Arc<Platform>, Error> {
     let com1 = config::open_serial(&spec.serial.com1)?;
     let com2 = spec.serial.com2.as_ref().map(config::open_serial).transpose()?;
     let interrupts = Arc::new(KvmInterrupts::new(vm.clone())?);
     let events: Arc<dyn GuestEventSink> = stop.clone();
     let saved = guest.saved_platform();
-    let platform_config =
-        PlatformConfig { vcpus: spec.vcpus, iommu: spec.iommu, devices: spec.devices.clone(), com1, com2, saved };
+    let devices = spec.devices.clone();
+    let platform_config = PlatformConfig { vcpus: spec.vcpus, iommu: spec.iommu, devices, opened, com1, com2, saved };
     let slots = Arc::new(KvmSlots::new(vm.clone(), ram.memory.num_regions() as u32));
     let platform = Arc::new(platform::build(vm, ram, interrupts, slots, events, platform_config)?);
     if matches!(guest, Guest::Restored { .. }) {

@@ -105,8 +105,10 @@ impl Box_ {
         self.api("GET", &format!("/v1/results?run={run}")).as_array().cloned().unwrap_or_default()
     }
 
-    fn down(&self) {
-        let _ = Command::new(&self.bin).args(["nested-box", "down", "--dir"]).arg(&self.dir).output();
+    /// `nested-box down`: what it printed.
+    fn down(&self) -> String {
+        let out = Command::new(&self.bin).args(["nested-box", "down", "--dir"]).arg(&self.dir).output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).to_string()).unwrap_or_default()
     }
 }
 
@@ -174,7 +176,7 @@ fn the_nested_box_runs_the_driverlab_engine_end_to_end() {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         phases(&mut lab_box, root, scratch.path(), &phase, &mut f);
     }));
-    lab_box.down();
+    let _ = lab_box.down();
     // A failure keeps the folder for a post-mortem: the box's console, the models' logs, and its
     // disk (ext4: the runs' database and every repetition's serial log and vmm.log under
     // /var/lib/driverlab), which `debugfs -R 'rdump /var/lib/driverlab OUT' disk.img` reads.
@@ -590,7 +592,8 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
         String::from_utf8_lossy(&again.stdout).starts_with("imported 0 runs and 0 results"),
         "a second import adds nothing",
     );
-    second.down();
+    let down = second.down();
+    clean_stop_checks(second, &down, 5, scratch, f);
     let qemu_matrix = scratch.join("qemu.toml");
     std::fs::write(&qemu_matrix, qemu_twin(&std::fs::read_to_string(&matrix).unwrap())).unwrap();
     let out = Command::new(&second.bin).args(["lab", "run"]).arg(&qemu_matrix).args(["--db", &db]).output().unwrap();
@@ -611,6 +614,24 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
 /// What a record of the driverlab engine in the box says the CPU paid: the box's own vCPU
 /// threads (the VMM's, in the box) ran, the guest was busy, both per packet; the card's model runs
 /// on the host, beyond the box's sight, so its share is 0.
+/// `nested-box down` stopped the box cleanly (docs/nested-box.md, "Stopping a box"): its daemon
+/// ended, its disk unmounted (e2fsck finds the file system clean), its results database whole
+/// with the `runs` it held.
+fn clean_stop_checks(lab_box: &Box_, down: &str, runs: usize, scratch: &Path, f: &mut Findings) {
+    f.check(down.contains("(the box powered off)"), format!("nested-box down: {down}"));
+    let disk = lab_box.dir.join("disk.img");
+    let fsck = Command::new("e2fsck").arg("-fn").arg(&disk).output().unwrap();
+    f.check(fsck.status.success(), format!("e2fsck -fn of the box's disk: {}", String::from_utf8_lossy(&fsck.stdout)));
+    let db = scratch.join("box-after-down.db");
+    let dump = format!("dump /lab.db {}", db.display());
+    let dumped = Command::new("debugfs").args(["-R", &dump]).arg(&disk).output().unwrap();
+    let opened = lab::results_db::ResultsDb::open(&db).and_then(|db| db.run_count());
+    f.check(
+        matches!(opened, Ok(n) if n == runs),
+        format!("the box's database after down: {opened:?} ({})", String::from_utf8_lossy(&dumped.stderr)),
+    );
+}
+
 fn cpu_checks(name: &str, r: &Value, f: &mut Findings) {
     let cpu = &r["cpu"];
     f.check(

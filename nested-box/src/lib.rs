@@ -269,6 +269,10 @@ impl BoxDir {
     pub fn token(&self) -> PathBuf {
         self.share().join("token")
     }
+    /// The file in the share that asks the box to stop cleanly (its init watches for it).
+    pub fn stop_request(&self) -> PathBuf {
+        self.share().join("stop")
+    }
     /// The peers' sshd: configuration, host key, authorized keys.
     pub fn sshd(&self) -> PathBuf {
         self.path("sshd")

@@ -160,13 +160,7 @@ fn run(dir: &BoxDir, mut plan: BoxPlan, state: &mut BoxState, stop: &AtomicBool)
             ));
         }
         if stop.load(Ordering::SeqCst) {
-            // Our own child's PID, which it stays until we wait for it.
-            signal(qemu_child.0.id(), rustix::process::Signal::TERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline && matches!(qemu_child.0.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            return Ok("stopped by `driverlab nested-box down`".into());
+            return Ok(stop_box(dir, &mut qemu_child));
         }
         if state.phase == "starting" && ready(dir, plan.port, &token) {
             state.phase = "up".into();
@@ -174,6 +168,37 @@ fn run(dir: &BoxDir, mut plan: BoxPlan, state: &mut BoxState, stop: &AtomicBool)
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// How long a box has to stop cleanly once asked: its daemon ended (its running run left
+/// `interrupted`, its database closed), its disk written out and unmounted, its poweroff.
+pub const CLEAN_STOP: Duration = Duration::from_secs(30);
+
+/// Stops the box: asks it to (the stop file in its share, which its init watches) and waits
+/// [`CLEAN_STOP`] for its poweroff to end QEMU; ends QEMU if it has not (SIGTERM: to the box, a
+/// power cut). What happened, for the state's `ended`.
+fn stop_box(dir: &BoxDir, qemu: &mut Owned) -> String {
+    let exited = |qemu: &mut Owned, within: Duration| {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if !matches!(qemu.0.try_wait(), Ok(None)) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    };
+    let asked = std::fs::write(dir.stop_request(), b"").is_ok();
+    if asked && exited(qemu, CLEAN_STOP) {
+        return "stopped by `driverlab nested-box down` (the box powered off)".into();
+    }
+    // Our own child's PID, which it stays until we wait for it.
+    signal(qemu.0.id(), rustix::process::Signal::TERM);
+    exited(qemu, Duration::from_secs(10));
+    format!(
+        "stopped by `driverlab nested-box down` (the box did not power off within {} s: its QEMU was ended)",
+        CLEAN_STOP.as_secs()
+    )
 }
 
 /// Starts the peers' sshd on the host's loopback and waits until it listens.

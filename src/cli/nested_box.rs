@@ -166,7 +166,8 @@ impl NestedBoxCommand {
                 Ok(0)
             }
             NestedBoxCommand::Down(args) => {
-                let state = nested_box::down(&args.dir(), Duration::from_secs(30)).map_err(coded)?;
+                let state = nested_box::down(&args.dir(), nested_box::supervisor::CLEAN_STOP + Duration::from_secs(15))
+                    .map_err(coded)?;
                 println!("box {} down: {}", state.url, state.ended.unwrap_or_else(|| "stopped".into()));
                 Ok(0)
             }

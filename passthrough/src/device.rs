@@ -754,8 +754,16 @@ mod tests {
     }
 
     fn device(fail_bar_reads: bool) -> (PciPassthroughDevice, Arc<Mutex<Log>>) {
+        let (dev, log) = device_of(|log| fake(log, fail_bar_reads));
+        // The health check at start probes BARs through the device; what follows is the guest's.
+        log.lock().unwrap().forwarded_writes.clear();
+        (dev, log)
+    }
+
+    /// A device on the backend `make` builds around the log.
+    fn device_of(make: impl FnOnce(Arc<Mutex<Log>>) -> FakeBackend) -> (PciPassthroughDevice, Arc<Mutex<Log>>) {
         let log = Arc::new(Mutex::new(Log::default()));
-        let backend: SharedBackend = Arc::new(Mutex::new(Box::new(fake(log.clone(), fail_bar_reads))));
+        let backend: SharedBackend = Arc::new(Mutex::new(Box::new(make(log.clone()))));
         let mut next = 0xc000_0000;
         let dev = PciPassthroughDevice::new(
             backend,
@@ -768,34 +776,20 @@ mod tests {
             },
         )
         .unwrap();
-        // The health check at start probes BARs through the device; what follows is the guest's.
-        log.lock().unwrap().forwarded_writes.clear();
         (dev, log)
     }
 
     #[test]
     fn a_device_its_opening_reset_is_checked_not_reset_again_and_later_resets_happen() {
-        let log = Arc::new(Mutex::new(Log::default()));
-        let backend: SharedBackend =
-            Arc::new(Mutex::new(Box::new(FakeBackend { fresh: true, ..fake(log.clone(), false) })));
-        let mut next = 0xc000_0000;
-        let mut dev = PciPassthroughDevice::new(
-            backend,
-            Arc::new(Interrupts(Mutex::new(23))),
-            Arc::new(NoSlots),
-            |_, size, _| {
-                let at = next;
-                next += size;
-                Ok(at)
-            },
-        )
-        .unwrap();
+        let (mut dev, log) = device_of(|log| FakeBackend { fresh: true, ..fake(log, false) });
         assert_eq!(log.lock().unwrap().resets, 0, "the opening's reset stands");
-        assert_eq!(dev.config_read(0), 0x00b1_1d6a, "checked: its IDs read");
+        // Checked all the same: its IDs read, its BARs size-probed (all ones, then the old value).
+        assert_eq!(dev.config_read(0), 0x00b1_1d6a);
+        let probes = log.lock().unwrap().forwarded_writes.iter().filter(|w| w.1 == 0x10).count();
+        assert_eq!(probes, 2, "BAR 0 probed and put back");
         dev.reset().unwrap();
         dev.reset().unwrap();
         assert_eq!(log.lock().unwrap().resets, 2, "every later reset is one");
-        // Its BARs were probed all the same (the check writes all-ones and the old value back).
         let (_, probed) = device(false);
         assert_eq!(probed.lock().unwrap().resets, 1, "a device not reset by its opening is reset first");
     }

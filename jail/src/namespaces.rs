@@ -229,9 +229,9 @@ fn make_network_namespace() -> bool {
 
 /// The child's half, first thing in [`crate::confine`]: joins the network namespace its
 /// supervisor made meanwhile (waiting for the supervisor's word that it did), or makes one of
-/// its own where the supervisor could not; then records the namespaces step. A thread of its
-/// own: call it while the process has one, as `confine` is. Does nothing the second time, or
-/// where no namespaces were entered.
+/// its own where the supervisor could not; then records the namespaces step. Only the calling
+/// thread moves: call it while the process has one thread, as `confine` does. Does nothing the
+/// second time, or where no namespaces were entered.
 pub(crate) fn join_network(namespaces: &Namespaces, confinement: &mut Confinement) {
     let Some(supervisor) = namespaces.network.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
     let (Some(pipe), true) = (namespaces.supervisor_pipe, namespaces.entered) else { return };

@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::Bdf;
 use crate::backend::{BackendError, GuestRamMap, RegionInfo, VfioBackend, region};
 
-/// A device bound to vfio-pci, in its own container.
+/// A device bound to vfio-pci, in its own container: an [`OpenedVfio`] given the guest RAM.
 pub struct KernelVfio {
     name: String,
     device: VfioDevice,
@@ -41,13 +41,6 @@ pub struct OpenedVfio {
 
 fn host(what: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::Host(format!("{what}: {e} (run `driverlab doctor --device BDF`)"))
-}
-
-impl KernelVfio {
-    /// Opens `bdf` through VFIO. `ram` is the guest memory that DMA maps refer to.
-    pub fn open(bdf: Bdf, ram: GuestRamMap) -> Result<Self, BackendError> {
-        OpenedVfio::open(bdf).map(|opened| opened.with_ram(ram))
-    }
 }
 
 impl OpenedVfio {

@@ -388,7 +388,8 @@ impl PciPassthroughDevice {
     }
 }
 
-/// Resets the device behind `backend` and checks it ([`check`]).
+/// Resets the device behind `backend` and checks that its configuration space reads back sane
+/// (a vendor ID, the same IDs as before if known, BARs that answer a size probe).
 pub fn reset_and_check(backend: &SharedBackend, before: Option<&[u8; 256]>) -> Result<[u8; 256], DeviceError> {
     lock(backend).reset()?;
     check(backend, before)

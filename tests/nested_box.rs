@@ -611,9 +611,6 @@ fn phases(lab_box: &mut Box_, root: &Path, scratch: &Path, phase: &dyn Fn(&str),
     );
 }
 
-/// What a record of the driverlab engine in the box says the CPU paid: the box's own vCPU
-/// threads (the VMM's, in the box) ran, the guest was busy, both per packet; the card's model runs
-/// on the host, beyond the box's sight, so its share is 0.
 /// `nested-box down` stopped the box cleanly (docs/nested-box.md, "Stopping a box"): its daemon
 /// ended, its disk unmounted (e2fsck finds the file system clean), its results database whole
 /// with the `runs` it held.
@@ -632,6 +629,9 @@ fn clean_stop_checks(lab_box: &Box_, down: &str, runs: usize, scratch: &Path, f:
     );
 }
 
+/// What a record of the driverlab engine in the box says the CPU paid: the box's own vCPU
+/// threads (the VMM's, in the box) ran, the guest was busy, both per packet; the card's model runs
+/// on the host, beyond the box's sight, so its share is 0.
 fn cpu_checks(name: &str, r: &Value, f: &mut Findings) {
     let cpu = &r["cpu"];
     f.check(

@@ -34,9 +34,19 @@ pub struct Namespaces {
     /// The cgroup the process was started in (a cgroup v2 host), so [`crate::confine`] need
     /// not move it into one.
     pub(crate) cgroup: Option<Joined>,
-    /// The network namespace still to join (taken by [`join_network`]): the supervisor's pidfd,
-    /// or `None` where there is none (the child makes its own).
-    network: Arc<Mutex<Option<Option<OwnedFd>>>>,
+    /// The network namespace still to join, until [`join_network`] settles it.
+    network: Arc<Mutex<Network>>,
+}
+
+/// Where a jailed process's network namespace stands.
+#[derive(Debug, Default)]
+enum Network {
+    /// To join the one its supervisor makes, through the supervisor's pidfd; without one (no
+    /// pidfd, Linux before 5.8), to make its own.
+    ToJoin(Option<OwnedFd>),
+    /// Joined or made, or no namespaces entered: nothing left to do.
+    #[default]
+    Settled,
 }
 
 /// The byte the supervisor writes after the child's PID: whether it made the network namespace
@@ -216,7 +226,7 @@ pub fn enter_namespaces(
     // SAFETY: sethostname reads `hostname.len()` bytes of a live buffer; it changes only the
     // new UTS namespace.
     unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) };
-    let network = Arc::new(Mutex::new(Some(supervisor)));
+    let network = Arc::new(Mutex::new(Network::ToJoin(supervisor)));
     Namespaces { entered: true, supervisor_pid, supervisor_pipe: Some(pipe_fd), cgroup, network }
 }
 
@@ -233,7 +243,8 @@ fn make_network_namespace() -> bool {
 /// thread moves: call it while the process has one thread, as `confine` does. Does nothing the
 /// second time, or where no namespaces were entered.
 pub(crate) fn join_network(namespaces: &Namespaces, confinement: &mut Confinement) {
-    let Some(supervisor) = namespaces.network.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+    let network = std::mem::take(&mut *namespaces.network.lock().unwrap_or_else(|e| e.into_inner()));
+    let Network::ToJoin(supervisor) = network else { return };
     let (Some(pipe), true) = (namespaces.supervisor_pipe, namespaces.entered) else { return };
     let mut word = [0u8];
     // SAFETY: read(2) of one byte into a live buffer, from the pipe kept open for the life of
@@ -398,7 +409,7 @@ mod tests {
         let mut report = [0; 2];
         // SAFETY: as above.
         assert_eq!(unsafe { libc::pipe(report.as_mut_ptr()) }, 0);
-        let network = Arc::new(Mutex::new(Some(supervisor)));
+        let network = Arc::new(Mutex::new(Network::ToJoin(supervisor)));
         let namespaces =
             Namespaces { entered: true, supervisor_pid: 0, supervisor_pipe: Some(fds[0]), cgroup: None, network };
         // SAFETY: glibc's fork(2) leaves malloc usable in the child; the child touches no lock

@@ -10,6 +10,7 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use vfio_bindings::bindings::vfio::{VFIO_DEVICE_FLAGS_RESET, vfio_device_info};
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioOps, VfioRegionInfoCap};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -18,13 +19,8 @@ use crate::backend::{BackendError, GuestRamMap, RegionInfo, VfioBackend, region}
 
 /// A device bound to vfio-pci, in its own container: an [`OpenedVfio`] given the guest RAM.
 pub struct KernelVfio {
-    name: String,
-    device: VfioDevice,
-    container: Arc<VfioContainer>,
-    regions: Vec<RegionInfo>,
+    opened: OpenedVfio,
     ram: GuestRamMap,
-    /// Whether vfio-pci reset the device as it opened it, until the device's first check.
-    reset_at_open: bool,
 }
 
 /// A device opened through VFIO (its container, its file descriptor, its regions) that has no
@@ -36,6 +32,7 @@ pub struct OpenedVfio {
     device: VfioDevice,
     container: Arc<VfioContainer>,
     regions: Vec<RegionInfo>,
+    /// Whether vfio-pci reset the device as it opened it, until the device's first check.
     reset_at_open: bool,
 }
 
@@ -86,36 +83,22 @@ impl OpenedVfio {
 
     /// The backend, its DMA maps referring to `ram`.
     pub fn with_ram(self, ram: GuestRamMap) -> KernelVfio {
-        let OpenedVfio { name, device, container, regions, reset_at_open } = self;
-        KernelVfio { name, device, container, regions, ram, reset_at_open }
+        KernelVfio { opened: self, ram }
     }
 }
 
-/// `struct vfio_device_info` (include/uapi/linux/vfio.h).
-#[repr(C)]
-#[derive(Default)]
-struct DeviceInfo {
-    argsz: u32,
-    flags: u32,
-    num_regions: u32,
-    num_irqs: u32,
-    cap_offset: u32,
-    pad: u32,
-}
-
-/// `VFIO_DEVICE_FLAGS_RESET`: the device's reset works, which for vfio-pci means that the reset
-/// it tried as it opened the device worked (`vdev->reset_works`, `vfio_pci_core_enable()` and
-/// `vfio_pci_ioctl_get_info()`, drivers/vfio/pci/vfio_pci_core.c).
-const VFIO_DEVICE_FLAGS_RESET: u32 = 1 << 0;
-
 mod ioctls {
-    // VFIO_BASE + 7 of type ';' (include/uapi/linux/vfio.h).
-    vmm_sys_util::ioctl_io_nr!(VFIO_DEVICE_GET_INFO, b';' as u32, 100 + 7);
+    use vfio_bindings::bindings::vfio::{VFIO_BASE, VFIO_TYPE};
+    // include/uapi/linux/vfio.h; vfio-ioctls keeps its own to itself.
+    vmm_sys_util::ioctl_io_nr!(VFIO_DEVICE_GET_INFO, VFIO_TYPE as u32, VFIO_BASE + 7);
 }
 
-/// The device's flags (`VFIO_DEVICE_GET_INFO`; vfio-ioctls keeps them to itself).
+/// The device's flags (`VFIO_DEVICE_GET_INFO`; vfio-ioctls keeps them to itself). For vfio-pci,
+/// `VFIO_DEVICE_FLAGS_RESET` says the reset it tried as it opened the device worked
+/// (`vdev->reset_works`, `vfio_pci_core_enable()` and `vfio_pci_ioctl_get_info()`,
+/// drivers/vfio/pci/vfio_pci_core.c).
 fn device_flags(device: &VfioDevice) -> std::io::Result<u32> {
-    let mut info = DeviceInfo { argsz: std::mem::size_of::<DeviceInfo>() as u32, ..DeviceInfo::default() };
+    let mut info = vfio_device_info { argsz: std::mem::size_of::<vfio_device_info>() as u32, ..Default::default() };
     // SAFETY: VFIO_DEVICE_GET_INFO writes at most `argsz` bytes into the live struct it is given,
     // on the device's own descriptor.
     let ret = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(device, ioctls::VFIO_DEVICE_GET_INFO(), &mut info) };
@@ -124,15 +107,15 @@ fn device_flags(device: &VfioDevice) -> std::io::Result<u32> {
 
 impl VfioBackend for KernelVfio {
     fn name(&self) -> &str {
-        &self.name
+        &self.opened.name
     }
 
     fn region(&self, index: u32) -> Option<&RegionInfo> {
-        self.regions.get(index as usize)
+        self.opened.regions.get(index as usize)
     }
 
     fn irq_count(&mut self, index: u32) -> Result<u32, BackendError> {
-        Ok(self.device.get_irq_info(index).map_or(0, |info| info.count))
+        Ok(self.opened.device.get_irq_info(index).map_or(0, |info| info.count))
     }
 
     fn read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), BackendError> {
@@ -140,7 +123,7 @@ impl VfioBackend for KernelVfio {
         if offset.checked_add(data.len() as u64).is_none_or(|end| end > size) {
             return Err(BackendError::Invalid(format!("region {index}: {} bytes at {offset:#x}", data.len())));
         }
-        self.device.region_read(index, data, offset);
+        self.opened.device.region_read(index, data, offset);
         Ok(())
     }
 
@@ -149,16 +132,16 @@ impl VfioBackend for KernelVfio {
         if offset.checked_add(data.len() as u64).is_none_or(|end| end > size) {
             return Err(BackendError::Invalid(format!("region {index}: {} bytes at {offset:#x}", data.len())));
         }
-        self.device.region_write(index, data, offset);
+        self.opened.device.region_write(index, data, offset);
         Ok(())
     }
 
     fn enable_irqs(&mut self, index: u32, fds: &[&EventFd]) -> Result<(), BackendError> {
-        self.device.enable_irq(index, fds.to_vec()).map_err(|e| host(&self.name, e))
+        self.opened.device.enable_irq(index, fds.to_vec()).map_err(|e| host(&self.opened.name, e))
     }
 
     fn disable_irqs(&mut self, index: u32) -> Result<(), BackendError> {
-        self.device.disable_irq(index).map_err(|e| host(&self.name, e))
+        self.opened.device.disable_irq(index).map_err(|e| host(&self.opened.name, e))
     }
 
     fn dma_map(&mut self, iova: u64, size: u64, gpa: u64, _write: bool) -> Result<(), BackendError> {
@@ -170,20 +153,29 @@ impl VfioBackend for KernelVfio {
         // SAFETY: the range is guest RAM that the VMM keeps mapped for the VM's lifetime and
         // only touches through volatile guest-memory accessors; the mapping is removed before the
         // memory is unmapped (teardown unmaps all DMA first).
-        unsafe { self.container.vfio_dma_map(iova, size as usize, host_addr as *mut u8) }
-            .map_err(|e| host(&self.name, e))
+        unsafe { self.opened.container.vfio_dma_map(iova, size as usize, host_addr as *mut u8) }
+            .map_err(|e| host(&self.opened.name, e))
     }
 
     fn dma_unmap(&mut self, iova: u64, size: u64) -> Result<(), BackendError> {
-        self.container.vfio_dma_unmap(iova, size as usize).map_err(|e| host(&self.name, e))
+        self.opened.container.vfio_dma_unmap(iova, size as usize).map_err(|e| host(&self.opened.name, e))
     }
 
     fn reset(&mut self) -> Result<(), BackendError> {
-        self.device.reset();
+        self.opened.device.reset();
         Ok(())
     }
 
     fn fresh_from_reset(&mut self) -> bool {
-        std::mem::take(&mut self.reset_at_open)
+        std::mem::take(&mut self.opened.reset_at_open)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_device_info_ioctl_is_the_kernel_s() {
+        // _IO(';', 100 + 7): no size or direction bits (include/uapi/linux/vfio.h).
+        assert_eq!(super::ioctls::VFIO_DEVICE_GET_INFO(), 0x3b6b);
     }
 }
